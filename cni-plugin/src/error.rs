@@ -1,0 +1,254 @@
+//! The plugin's one error type, and its mapping to CNI error codes (spec section 5,
+//! "Error"; codes 50 and 51 from spec 1.1.0 STATUS).
+use std::io;
+
+/// Everything that can go wrong in the plugin. Each variant names the value that
+/// was wrong so that the message alone tells an operator what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Code 1.
+    #[error("incompatible CNI version {version:?}: {reason}")]
+    IncompatibleVersion { version: String, reason: String },
+
+    /// Code 2: the spec requires the key and the value in the message.
+    #[error("unsupported field {key}={value}: {reason}")]
+    UnsupportedField {
+        key: String,
+        value: String,
+        reason: String,
+    },
+
+    /// Code 3.
+    #[error("unknown container {container_id:?}: {reason}")]
+    UnknownContainer {
+        container_id: String,
+        reason: String,
+    },
+
+    /// Code 4: names the variable(s).
+    #[error("invalid environment variable {name}={value:?}: {reason}")]
+    InvalidEnv {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+
+    /// Code 5.
+    #[error("I/O error while {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// Code 6.
+    #[error("failed to decode {what}: {reason}")]
+    Decode { what: String, reason: String },
+
+    /// Code 7: names the key and the value.
+    #[error("invalid network config: {key}={value}: {reason}")]
+    InvalidConfig {
+        key: String,
+        value: String,
+        reason: String,
+    },
+
+    /// Code 11.
+    #[error("try again later: {reason}")]
+    TryAgain { reason: String },
+
+    /// Code 50 (STATUS): ADD cannot succeed now.
+    #[error("plugin not available: {reason}")]
+    NotAvailable { reason: String },
+
+    /// Code 100: a netlink request failed.
+    #[error("netlink {op} failed: {detail}")]
+    Netlink { op: String, detail: String },
+
+    /// Code 101: loading, attaching or updating the eBPF datapath failed.
+    #[error("datapath {op} failed: {detail}")]
+    Datapath { op: String, detail: String },
+
+    /// Code 102: no address left in the configured ranges.
+    #[error("no free IP address in {ranges}")]
+    IpamExhausted { ranges: String },
+
+    /// Code 103: a specifically requested address cannot be given.
+    #[error("requested IP {ip} is not available: {reason}")]
+    IpamUnavailable { ip: String, reason: String },
+
+    /// Code 104: a delegated plugin (IPAM) returned an error; its own code is kept
+    /// in `code` and is what the runtime sees.
+    #[error("delegated plugin {plugin} failed: {msg}")]
+    Delegate {
+        plugin: String,
+        code: u32,
+        msg: String,
+        details: String,
+    },
+
+    /// Code 105: CHECK found the attachment not as ADD left it.
+    #[error("check failed: {what}")]
+    CheckFailed { what: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The CNI error code of this error.
+    pub fn code(&self) -> u32 {
+        match self {
+            Self::IncompatibleVersion { .. } => 1,
+            Self::UnsupportedField { .. } => 2,
+            Self::UnknownContainer { .. } => 3,
+            Self::InvalidEnv { .. } => 4,
+            Self::Io { .. } => 5,
+            Self::Decode { .. } => 6,
+            Self::InvalidConfig { .. } => 7,
+            Self::TryAgain { .. } => 11,
+            Self::NotAvailable { .. } => 50,
+            Self::Netlink { .. } => 100,
+            Self::Datapath { .. } => 101,
+            Self::IpamExhausted { .. } => 102,
+            Self::IpamUnavailable { .. } => 103,
+            Self::Delegate { code, .. } => *code,
+            Self::CheckFailed { .. } => 105,
+        }
+    }
+
+    /// A short phrase for the CNI `msg` field.
+    pub fn short(&self) -> &'static str {
+        match self {
+            Self::IncompatibleVersion { .. } => "incompatible CNI version",
+            Self::UnsupportedField { .. } => "unsupported field in network configuration",
+            Self::UnknownContainer { .. } => "container unknown or does not exist",
+            Self::InvalidEnv { .. } => "invalid environment variables",
+            Self::Io { .. } => "I/O failure",
+            Self::Decode { .. } => "failed to decode content",
+            Self::InvalidConfig { .. } => "invalid network config",
+            Self::TryAgain { .. } => "try again later",
+            Self::NotAvailable { .. } => "plugin not available",
+            Self::Netlink { .. } => "netlink operation failed",
+            Self::Datapath { .. } => "eBPF datapath operation failed",
+            Self::IpamExhausted { .. } => "no IP addresses available",
+            Self::IpamUnavailable { .. } => "requested IP address not available",
+            Self::Delegate { .. } => "delegated plugin failed",
+            Self::CheckFailed { .. } => "attachment is not as expected",
+        }
+    }
+
+    /// `Io` with what the plugin was doing.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// `InvalidConfig` naming the key and the value.
+    pub fn config(
+        key: impl Into<String>,
+        value: impl std::fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::InvalidConfig {
+            key: key.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn netlink(op: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        Self::Netlink {
+            op: op.into(),
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn datapath(op: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        Self::Datapath {
+            op: op.into(),
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn check(what: impl Into<String>) -> Self {
+        Self::CheckFailed { what: what.into() }
+    }
+
+    /// The `details` of the CNI error: the full message with its causes.
+    pub fn details(&self) -> String {
+        match self {
+            Self::Delegate { details, .. } if !details.is_empty() => {
+                format!("{self}: {details}")
+            }
+            _ => {
+                let mut s = self.to_string();
+                let mut src = std::error::Error::source(self);
+                while let Some(e) = src {
+                    s.push_str(": ");
+                    s.push_str(&e.to_string());
+                    src = e.source();
+                }
+                s
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_spec_table() {
+        let cases: Vec<(Error, u32)> = vec![
+            (
+                Error::IncompatibleVersion {
+                    version: "9.9.9".into(),
+                    reason: "x".into(),
+                },
+                1,
+            ),
+            (
+                Error::UnsupportedField {
+                    key: "k".into(),
+                    value: "v".into(),
+                    reason: "x".into(),
+                },
+                2,
+            ),
+            (
+                Error::InvalidEnv {
+                    name: "CNI_IFNAME",
+                    value: "".into(),
+                    reason: "x".into(),
+                },
+                4,
+            ),
+            (Error::io("reading stdin", io::Error::other("boom")), 5),
+            (
+                Error::Decode {
+                    what: "config".into(),
+                    reason: "x".into(),
+                },
+                6,
+            ),
+            (Error::config("mtu", "abc", "not a number"), 7),
+            (Error::TryAgain { reason: "x".into() }, 11),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.code(), code, "{e}");
+        }
+    }
+
+    #[test]
+    fn config_errors_name_key_and_value() {
+        let e = Error::config("ipam.subnet", "10.0.0.0/33", "not a CIDR");
+        let s = e.to_string();
+        assert!(
+            s.contains("ipam.subnet") && s.contains("10.0.0.0/33"),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! Map key and value types shared by the Sluice eBPF programs and userspace.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding so that both sides agree on
+//! the byte layout. Changing a type, a map name or a map's key/value size is a layout
+//! change: bump [`LAYOUT_VERSION`] so that the plugin and `sluicectl` notice a pinned
+//! datapath of another layout instead of misreading it.
+#![no_std]
+
+/// Version of the map layout below. Stored in the pinned `sl_meta` map.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Default base of the pin roots: one directory per network below it.
+pub const DEFAULT_PIN_BASE: &str = "/sys/fs/bpf/sluice";
+
+/// Sub-directories of a network's pin root.
+pub mod pin_dirs {
+    /// Pinned maps (pinned by name by the loader).
+    pub const MAPS: &str = "maps";
+    /// Pinned programs, reused by every ADD after the first.
+    pub const PROGS: &str = "progs";
+    /// Pinned tcx/XDP links, one per attachment point.
+    pub const LINKS: &str = "links";
+}
+
+/// Names of the maps, as they appear in the object, in bpffs and in `bpftool map`.
+/// The kernel keeps 15 characters of a map name.
+pub mod map_names {
+    /// [`crate::IpKey`] -> [`crate::Endpoint`]: every pod address on this node.
+    pub const ENDPOINTS: &str = "sl_endpoints";
+    /// host veth ifindex -> [`crate::EndpointStats`] (per CPU).
+    pub const ENDPOINT_STATS: &str = "sl_ep_stats";
+    /// host veth ifindex -> [`crate::EndpointInfo`]: who owns the endpoint (userspace only).
+    pub const ENDPOINT_INFO: &str = "sl_ep_info";
+    /// index 0 -> [`crate::DatapathMeta`].
+    pub const META: &str = "sl_meta";
+}
+
+/// Names of the programs in the object (and of their pins under `progs/`).
+pub mod prog_names {
+    /// tc ingress of a host veth: packets coming from the pod.
+    pub const FROM_POD: &str = "from_pod";
+    /// tc egress of a host veth: packets going to the pod.
+    pub const TO_POD: &str = "to_pod";
+}
+
+/// Default sizes of the maps (entries).
+pub mod map_sizes {
+    pub const ENDPOINTS: u32 = 16_384;
+    pub const ENDPOINT_STATS: u32 = 8_192;
+    pub const ENDPOINT_INFO: u32 = 8_192;
+}
+
+/// An IP address as a map key: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`), so one map serves both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct IpKey {
+    pub addr: [u8; 16],
+}
+
+impl IpKey {
+    /// Key of an IPv4 address given in network byte order as four bytes.
+    #[inline(always)]
+    pub const fn v4(octets: [u8; 4]) -> Self {
+        let [a, b, c, d] = octets;
+        Self {
+            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
+        }
+    }
+
+    /// Key of an IPv6 address.
+    #[inline(always)]
+    pub const fn v6(octets: [u8; 16]) -> Self {
+        Self { addr: octets }
+    }
+
+    /// The IPv4 address if this key holds one.
+    pub fn as_v4(&self) -> Option<[u8; 4]> {
+        let a = &self.addr;
+        if a[..10].iter().all(|b| *b == 0) && a[10] == 0xff && a[11] == 0xff {
+            Some([a[12], a[13], a[14], a[15]])
+        } else {
+            None
+        }
+    }
+}
+
+/// Where a pod address lives: the host side of its veth and the MACs on the wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    /// ifindex of the host-side veth (node namespace).
+    pub ifindex: u32,
+    /// [`endpoint_flags`].
+    pub flags: u32,
+    /// MAC of the pod's interface.
+    pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth.
+    pub host_mac: [u8; 6],
+}
+
+pub mod endpoint_flags {
+    /// The endpoint's address is IPv6.
+    pub const IPV6: u32 = 1 << 0;
+}
+
+/// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EndpointStats {
+    /// Packets the pod sent (seen on host veth ingress).
+    pub from_pod_packets: u64,
+    pub from_pod_bytes: u64,
+    /// Packets sent to the pod (seen on host veth egress).
+    pub to_pod_packets: u64,
+    pub to_pod_bytes: u64,
+}
+
+impl EndpointStats {
+    /// Sum of two per-CPU values.
+    pub fn add(self, o: Self) -> Self {
+        Self {
+            from_pod_packets: self.from_pod_packets.wrapping_add(o.from_pod_packets),
+            from_pod_bytes: self.from_pod_bytes.wrapping_add(o.from_pod_bytes),
+            to_pod_packets: self.to_pod_packets.wrapping_add(o.to_pod_packets),
+            to_pod_bytes: self.to_pod_bytes.wrapping_add(o.to_pod_bytes),
+        }
+    }
+}
+
+/// Length of the container id kept in [`EndpointInfo`] (longer ids are cut).
+pub const CONTAINER_ID_LEN: usize = 64;
+/// Length of an interface name buffer (IFNAMSIZ).
+pub const IFNAME_LEN: usize = 16;
+
+/// Who owns an endpoint. Written by the plugin, read by `sluicectl`; the programs
+/// never look at it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// `CNI_CONTAINERID`, NUL-padded (cut at [`CONTAINER_ID_LEN`]).
+    pub container_id: [u8; CONTAINER_ID_LEN],
+    /// `CNI_IFNAME`, NUL-padded.
+    pub ifname: [u8; IFNAME_LEN],
+    /// Host-side veth name, NUL-padded.
+    pub host_ifname: [u8; IFNAME_LEN],
+    /// Inode of the pod's network namespace (0 if unknown).
+    pub netns_ino: u64,
+    /// Seconds since the epoch when ADD created the endpoint.
+    pub created_unix: u64,
+}
+
+impl Default for EndpointInfo {
+    fn default() -> Self {
+        Self {
+            container_id: [0; CONTAINER_ID_LEN],
+            ifname: [0; IFNAME_LEN],
+            host_ifname: [0; IFNAME_LEN],
+            netns_ino: 0,
+            created_unix: 0,
+        }
+    }
+}
+
+/// Identity of the loaded datapath, at index 0 of the `sl_meta` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DatapathMeta {
+    /// [`LAYOUT_VERSION`] of the maps.
+    pub layout_version: u32,
+    pub _pad: u32,
+    /// Hash of the eBPF object the pinned programs were loaded from.
+    pub object_hash: u64,
+    /// Seconds since the epoch of that load.
+    pub loaded_unix: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all types are repr(C), Copy, have no padding bytes and every bit
+    // pattern is a valid value.
+    unsafe impl aya::Pod for super::IpKey {}
+    unsafe impl aya::Pod for super::Endpoint {}
+    unsafe impl aya::Pod for super::EndpointStats {}
+    unsafe impl aya::Pod for super::EndpointInfo {}
+    unsafe impl aya::Pod for super::DatapathMeta {}
+}
+
+/// Copies `s` into a NUL-padded buffer, cutting it at `N` bytes.
+pub fn to_cbuf<const N: usize>(s: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = if s.len() < N { s.len() } else { N };
+    out[..n].copy_from_slice(&s[..n]);
+    out
+}
+
+/// The bytes of a NUL-padded buffer up to the first NUL.
+pub fn from_cbuf(buf: &[u8]) -> &[u8] {
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    &buf[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn ipv4_keys_are_mapped_ipv6() {
+        let k = IpKey::v4([10, 1, 2, 3]);
+        assert_eq!(
+            k.addr,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3]
+        );
+        assert_eq!(k.as_v4(), Some([10, 1, 2, 3]));
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfd;
+        v6[15] = 1;
+        assert_eq!(IpKey::v6(v6).as_v4(), None);
+    }
+
+    #[test]
+    fn layouts_have_no_padding() {
+        use core::mem::size_of;
+        assert_eq!(size_of::<IpKey>(), 16);
+        assert_eq!(size_of::<Endpoint>(), 4 + 4 + 6 + 6);
+        assert_eq!(size_of::<EndpointStats>(), 32);
+        assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
+        assert_eq!(size_of::<DatapathMeta>(), 24);
+    }
+
+    #[test]
+    fn cbuf_roundtrip_and_cut() {
+        let b: [u8; 4] = to_cbuf(b"ab");
+        assert_eq!(b, [b'a', b'b', 0, 0]);
+        assert_eq!(from_cbuf(&b), b"ab");
+        let cut: [u8; 2] = to_cbuf(b"abc");
+        assert_eq!(from_cbuf(&cut), b"ab");
+    }
+}
