@@ -23,13 +23,9 @@ fn main() {
         );
         Vec::new()
     });
-    // FNV-1a 64: a stable identity of the embedded object, compared with the one
+    // A stable identity of the embedded object, compared with the one
     // recorded in the pinned `sl_meta` map to decide whether programs need reloading.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in &bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = sluice_common::fnv1a64(&bytes);
     println!("cargo:rustc-env=SLUICE_EBPF_HASH={h:016x}");
     if let Err(e) = fs::write(&out, &bytes) {
         panic!("writing {}: {e}", out.display());

@@ -28,7 +28,7 @@ pub enum Error {
     /// Code 4: names the variable(s).
     #[error("invalid environment variable {name}={value:?}: {reason}")]
     InvalidEnv {
-        name: &'static str,
+        name: String,
         value: String,
         reason: String,
     },
@@ -158,6 +158,19 @@ impl Error {
         }
     }
 
+    /// `InvalidEnv` naming the variable and its value.
+    pub fn env(
+        name: impl Into<String>,
+        value: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::InvalidEnv {
+            name: name.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+
     pub fn netlink(op: impl Into<String>, detail: impl std::fmt::Display) -> Self {
         Self::Netlink {
             op: op.into(),
@@ -220,7 +233,7 @@ mod tests {
             ),
             (
                 Error::InvalidEnv {
-                    name: "CNI_IFNAME",
+                    name: "CNI_IFNAME".into(),
                     value: "".into(),
                     reason: "x".into(),
                 },

@@ -1,1 +1,464 @@
-//! TODO
+//! The network configuration on stdin (spec section 1 and 3): the well-known keys,
+//! Sluice's own keys, `runtimeConfig`, `args`, `prevResult` and, for GC,
+//! `cni.dev/valid-attachments`. Unknown keys are accepted: runtimes add their own.
+use std::{net::IpAddr, path::PathBuf};
+
+use serde_json::Value;
+
+use super::{
+    json::{self, array, boolean, object, string, uint},
+    result::{CniResult, Dns},
+    runtime_config::{parse_ip_list, RuntimeConfig},
+    version::{self, Version},
+    AttachmentId,
+};
+use crate::error::Error;
+
+/// Largest network config accepted on stdin. A config is a few KiB; 10,000 port
+/// mappings are under 1 MiB. Anything bigger is refused rather than read unbounded.
+pub const MAX_STDIN_BYTES: u64 = 8 << 20;
+
+/// Default directory for per-attachment records (`<stateDir>/<network>/`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
+
+/// Which IPAM serves this network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IpamKind {
+    /// `"type": "sluice"`: the built-in host-local-compatible allocator.
+    Builtin,
+    /// Any other type: a plugin executed from `CNI_PATH` (spec section 4).
+    Delegate(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct IpamConf {
+    pub kind: IpamKind,
+    /// The whole `ipam` object, read by the built-in allocator.
+    pub raw: Value,
+}
+
+/// A parsed, validated network configuration.
+#[derive(Clone, Debug)]
+pub struct NetConf {
+    pub cni_version: Version,
+    pub name: String,
+    pub plugin_type: String,
+    pub ipam: Option<IpamConf>,
+    /// Config-level DNS, returned in the result when set.
+    pub dns: Option<Dns>,
+    /// MTU of both veth ends; `None`: the node uplink's MTU.
+    pub mtu: Option<u32>,
+    /// `ipMasq` (acted on by the masquerade datapath).
+    pub ip_masq: bool,
+    /// bpffs directory of this network's datapath.
+    pub pin_root: PathBuf,
+    /// Directory of this network's attachment records.
+    pub state_dir: PathBuf,
+    pub runtime: RuntimeConfig,
+    pub prev_result: Option<CniResult>,
+    /// `args.cni.ips`.
+    pub arg_ips: Vec<IpAddr>,
+    /// GC: `cni.dev/valid-attachments`.
+    pub valid_attachments: Option<Vec<AttachmentId>>,
+    /// The bytes read from stdin, passed unchanged to delegated plugins.
+    pub raw: Vec<u8>,
+}
+
+/// Reads `cniVersion` only, for errors and VERSION. Undecodable input gives `None`.
+pub fn peek_version(bytes: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    v.get("cniVersion")?.as_str().map(str::to_string)
+}
+
+/// A network name (spec section 1): alphanumeric first, then alphanumerics, `_`, `.`, `-`.
+pub fn valid_network_name(name: &str) -> bool {
+    let mut b = name.bytes();
+    b.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+        && name.len() <= 200
+}
+
+impl NetConf {
+    /// Parses stdin. Undecodable JSON is code 6, an unsupported version code 1, a
+    /// bad value code 7 naming the key.
+    pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+            what: "network config from stdin".into(),
+            reason: e.to_string(),
+        })?;
+        let o = v.as_object().ok_or_else(|| Error::Decode {
+            what: "network config from stdin".into(),
+            reason: "expected a JSON object".into(),
+        })?;
+
+        let ver_s = match o.get("cniVersion") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(Error::Decode {
+                    what: "cniVersion".into(),
+                    reason: format!("{other} is not a string"),
+                })
+            }
+        };
+        let cni_version = version::require_supported(&ver_s)?;
+
+        let name = string(o, "name", "")?.unwrap_or_default();
+        if !valid_network_name(&name) {
+            return Err(Error::config(
+                "name",
+                &name,
+                "must start with an alphanumeric character, continue with alphanumerics, '_', '.' or '-', and be at most 200 characters",
+            ));
+        }
+        let plugin_type = string(o, "type", "")?.unwrap_or_default();
+
+        let ipam = match o.get("ipam").filter(|v| !v.is_null()) {
+            None => None,
+            Some(raw) => {
+                let io = object(raw, "ipam")?;
+                let t = string(io, "type", "ipam")?.unwrap_or_default();
+                if t.is_empty() {
+                    return Err(Error::config("ipam.type", "\"\"", "is required"));
+                }
+                if t.contains('/') || t == "." || t == ".." {
+                    return Err(Error::config(
+                        "ipam.type",
+                        &t,
+                        "must be a plugin file name, not a path",
+                    ));
+                }
+                let kind = if t == "sluice" {
+                    IpamKind::Builtin
+                } else {
+                    IpamKind::Delegate(t)
+                };
+                Some(IpamConf {
+                    kind,
+                    raw: raw.clone(),
+                })
+            }
+        };
+
+        let dns = match o.get("dns").filter(|v| !v.is_null()) {
+            Some(d) => Some(Dns::from_json(d, "dns")?).filter(|d| !d.is_empty()),
+            None => None,
+        };
+
+        let mtu = uint(o, "mtu", "")?;
+        if let Some(m) = mtu {
+            // 68 is the IPv4 minimum (RFC 791); veth accepts up to 65535.
+            if !(68..=65535).contains(&m) {
+                return Err(Error::config("mtu", m, "must be between 68 and 65535"));
+            }
+        }
+        let ip_masq = boolean(o, "ipMasq", "")?.unwrap_or(false);
+
+        let pin_root = match string(o, "pinRoot", "")? {
+            Some(p) => {
+                let path = absolute_path("pinRoot", &p)?;
+                if p.contains('.') {
+                    return Err(Error::config(
+                        "pinRoot",
+                        &p,
+                        "bpffs does not allow '.' in names",
+                    ));
+                }
+                path
+            }
+            None => PathBuf::from(sluice_common::DEFAULT_PIN_BASE).join(pin_dir_name(&name)),
+        };
+        let state_dir = match string(o, "stateDir", "")? {
+            Some(p) => absolute_path("stateDir", &p)?,
+            None => PathBuf::from(DEFAULT_STATE_DIR),
+        }
+        .join(&name);
+
+        let runtime = match o.get("runtimeConfig").filter(|v| !v.is_null()) {
+            Some(rc) => RuntimeConfig::parse(rc)?,
+            None => RuntimeConfig::default(),
+        };
+
+        let prev_result = match o.get("prevResult").filter(|v| !v.is_null()) {
+            Some(p) => Some(CniResult::from_json(p, "prevResult")?),
+            None => None,
+        };
+
+        let mut arg_ips = Vec::new();
+        if let Some(args) = o.get("args").filter(|v| !v.is_null()) {
+            let ao = object(args, "args")?;
+            if let Some(cni) = ao.get("cni").filter(|v| !v.is_null()) {
+                let co = object(cni, "args.cni")?;
+                if let Some(ips) = co.get("ips").filter(|v| !v.is_null()) {
+                    arg_ips = parse_ip_list(ips, "args.cni.ips")?;
+                }
+            }
+        }
+
+        // libcni sends both spellings (containernetworking/cni#1101).
+        let valid_attachments = match ["cni.dev/valid-attachments", "cni.dev/attachments"]
+            .iter()
+            .find(|k| o.get(**k).is_some_and(|v| !v.is_null()))
+        {
+            Some(k) => Some(parse_attachments(o, k)?),
+            None => None,
+        };
+
+        Ok(Self {
+            cni_version,
+            name,
+            plugin_type,
+            ipam,
+            dns,
+            mtu,
+            ip_masq,
+            pin_root,
+            state_dir,
+            runtime,
+            prev_result,
+            arg_ips,
+            valid_attachments,
+            raw: bytes.to_vec(),
+        })
+    }
+
+    /// Addresses requested for this attachment, from every source the conventions
+    /// define: `CNI_ARGS IP=`, `args.cni.ips` and the `ips` capability.
+    pub fn requested_ips(&self, cni_args_ips: &[IpAddr]) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for ip in self
+            .runtime
+            .ips
+            .iter()
+            .chain(&self.arg_ips)
+            .chain(cni_args_ips)
+        {
+            if !out.contains(ip) {
+                out.push(*ip);
+            }
+        }
+        out
+    }
+}
+
+/// The directory name of a network under the pin base. bpffs refuses names with
+/// a dot, which network names may have: those get the dots replaced and a hash of
+/// the real name appended, so distinct networks keep distinct directories.
+pub fn pin_dir_name(network: &str) -> String {
+    if network.contains('.') {
+        let h = sluice_common::fnv1a64(network.as_bytes());
+        format!("{}-{:08x}", network.replace('.', "_"), h & 0xffff_ffff)
+    } else {
+        network.to_string()
+    }
+}
+
+fn absolute_path(key: &str, p: &str) -> Result<PathBuf, Error> {
+    let path = PathBuf::from(p);
+    if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
+        return Err(Error::config(
+            key,
+            p,
+            "must be an absolute path without '..'",
+        ));
+    }
+    Ok(path)
+}
+
+fn parse_attachments(o: &json::Object, key: &str) -> Result<Vec<AttachmentId>, Error> {
+    let mut out = Vec::new();
+    for (i, a) in array(o, key, "")?.iter().enumerate() {
+        let what = format!("{key}[{i}]");
+        let ao = object(a, &what)?;
+        let container_id = string(ao, "containerID", &what)?.unwrap_or_default();
+        let ifname = string(ao, "ifname", &what)?.unwrap_or_default();
+        if container_id.is_empty() || ifname.is_empty() {
+            return Err(Error::config(&what, a, "needs containerID and ifname"));
+        }
+        out.push(AttachmentId {
+            container_id,
+            ifname,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn parse(v: Value) -> Result<NetConf, Error> {
+        NetConf::parse(v.to_string().as_bytes())
+    }
+
+    fn base() -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "slnet",
+            "type": "sluice",
+            "ipam": {"type": "sluice", "subnet": "10.22.0.0/24"}
+        })
+    }
+
+    fn with(k: &str, v: Value) -> Value {
+        let mut b = base();
+        b[k] = v;
+        b
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse(base()).unwrap();
+        assert_eq!(c.cni_version, Version::V1_0_0);
+        assert_eq!(c.name, "slnet");
+        assert_eq!(c.ipam.unwrap().kind, IpamKind::Builtin);
+        assert_eq!(c.pin_root, PathBuf::from("/sys/fs/bpf/sluice/slnet"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/cni/sluice/slnet"));
+        assert_eq!(c.mtu, None);
+        assert!(!c.ip_masq);
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let c = parse(json!({
+            "cniVersion": "1.1.0",
+            "name": "net.a_b-c",
+            "type": "sluice",
+            "mtu": 1400,
+            "ipMasq": true,
+            "pinRoot": "/sys/fs/bpf/test-x",
+            "stateDir": "/tmp/state-x",
+            "dns": {"nameservers": ["10.0.0.10"]},
+            "ipam": {"type": "host-local", "subnet": "10.22.0.0/24"},
+            "runtimeConfig": {"mac": "02:00:00:00:00:01", "ips": ["10.22.0.9"]},
+            "args": {"cni": {"ips": ["10.22.0.10/24"], "labels": [{"key": "a", "value": "b"}]}},
+            "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.9.0.2/24"}]},
+            "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}],
+            "someUnknownKey": [1, 2, 3]
+        }))
+        .unwrap();
+        assert_eq!(c.mtu, Some(1400));
+        assert!(c.ip_masq);
+        assert_eq!(c.pin_root, PathBuf::from("/sys/fs/bpf/test-x"));
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/state-x/net.a_b-c"));
+        assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.10"]);
+        assert_eq!(
+            c.ipam.unwrap().kind,
+            IpamKind::Delegate("host-local".into())
+        );
+        assert_eq!(c.prev_result.unwrap().ips.len(), 1);
+        assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c1");
+        let args_ip: IpAddr = "10.22.0.11".parse().unwrap();
+        let req = NetConf::parse(&c.raw).unwrap().requested_ips(&[args_ip]);
+        assert_eq!(req.len(), 3);
+    }
+
+    #[test]
+    fn legacy_gc_key_is_read() {
+        let c = parse(with(
+            "cni.dev/attachments",
+            json!([{"containerID": "c2", "ifname": "net1"}]),
+        ))
+        .unwrap();
+        assert_eq!(c.valid_attachments.unwrap()[0].ifname, "net1");
+    }
+
+    #[test]
+    fn decode_errors_are_code_6() {
+        for raw in ["", "{", "[1,2]", "nul", "{\"cniVersion\": 1}"] {
+            let e = NetConf::parse(raw.as_bytes()).unwrap_err();
+            assert_eq!(e.code(), 6, "{raw}");
+        }
+    }
+
+    #[test]
+    fn version_errors_are_code_1() {
+        for v in ["0.2.0", "2.0.0", "0.1.0"] {
+            let e = parse(with("cniVersion", json!(v))).unwrap_err();
+            assert_eq!(e.code(), 1, "{v}");
+            assert!(e.to_string().contains(v));
+        }
+        let mut b = base();
+        b.as_object_mut().unwrap().remove("cniVersion");
+        assert_eq!(parse(b).unwrap_err().code(), 1);
+    }
+
+    #[test]
+    fn bad_values_are_code_7_naming_key_and_value() {
+        let cases = [
+            (with("name", json!("-bad")), "name", "-bad"),
+            (with("name", json!("a/b")), "name", "a/b"),
+            (with("name", json!(7)), "name", "7"),
+            (with("mtu", json!(40)), "mtu", "40"),
+            (with("mtu", json!("1500")), "mtu", "1500"),
+            (with("mtu", json!(70000)), "mtu", "70000"),
+            (with("ipMasq", json!("yes")), "ipMasq", "yes"),
+            (with("pinRoot", json!("relative")), "pinRoot", "relative"),
+            (
+                with("pinRoot", json!("/sys/fs/bpf/../x")),
+                "pinRoot",
+                "/sys/fs/bpf/../x",
+            ),
+            (with("stateDir", json!(3)), "stateDir", "3"),
+            (with("ipam", json!([])), "ipam", "[]"),
+            (with("ipam", json!({})), "ipam.type", "\"\""),
+            (with("ipam", json!({"type": "../x"})), "ipam.type", "../x"),
+            (
+                with("dns", json!({"nameservers": ["nope"]})),
+                "dns.nameservers",
+                "nope",
+            ),
+            (
+                with("runtimeConfig", json!({"mac": "x"})),
+                "runtimeConfig.mac",
+                "x",
+            ),
+            (
+                with("args", json!({"cni": {"ips": ["x"]}})),
+                "args.cni.ips",
+                "x",
+            ),
+            (
+                with("prevResult", json!({"ips": [{"address": "x"}]})),
+                "prevResult.ips[0].address",
+                "x",
+            ),
+            (
+                with("cni.dev/valid-attachments", json!([{"ifname": "eth0"}])),
+                "cni.dev/valid-attachments[0]",
+                "eth0",
+            ),
+        ];
+        for (v, key, val) in cases {
+            let e = parse(v.clone()).unwrap_err();
+            assert_eq!(e.code(), 7, "{v}: {e}");
+            let s = e.to_string();
+            assert!(
+                s.contains(key) && s.contains(val),
+                "{s} should name {key} and {val}"
+            );
+        }
+    }
+
+    #[test]
+    fn dotted_network_names_get_dot_free_distinct_pin_dirs() {
+        assert_eq!(pin_dir_name("k8s-pods"), "k8s-pods");
+        let a = pin_dir_name("a.b");
+        assert!(!a.contains('.'));
+        assert_ne!(a, pin_dir_name("a_b"));
+        assert_ne!(a, pin_dir_name("a.c"));
+        let c = parse(with("name", json!("net.one"))).unwrap();
+        assert!(!c.pin_root.to_string_lossy().contains('.'));
+    }
+
+    #[test]
+    fn peek_version_tolerates_garbage() {
+        assert_eq!(
+            peek_version(b"{\"cniVersion\":\"0.4.0\"}").as_deref(),
+            Some("0.4.0")
+        );
+        assert_eq!(peek_version(b"garbage"), None);
+    }
+}

@@ -2,6 +2,7 @@
 pub mod args;
 pub mod config;
 pub mod env;
+pub mod json;
 pub mod result;
 pub mod runtime_config;
 pub mod version;

@@ -9,7 +9,10 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 use serde_json::{json, Map, Value};
 
-use super::version::Version;
+use super::{
+    json::{array, bad, string, uint},
+    version::Version,
+};
 use crate::error::Error;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -394,38 +397,6 @@ impl Dns {
             search: list("search")?,
             options: list("options")?,
         })
-    }
-}
-
-/// A config error naming the key path and the offending value.
-fn bad(key: &str, value: &Value, reason: &str) -> Error {
-    Error::config(key, value, reason)
-}
-
-fn array<'a>(o: &'a Map<String, Value>, k: &str, what: &str) -> Result<&'a [Value], Error> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Array(a)) => Ok(a),
-        Some(other) => Err(bad(&format!("{what}.{k}"), other, "must be a list")),
-    }
-}
-
-fn string(o: &Map<String, Value>, k: &str, what: &str) -> Result<Option<String>, Error> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(bad(&format!("{what}.{k}"), other, "must be a string")),
-    }
-}
-
-fn uint(o: &Map<String, Value>, k: &str, what: &str) -> Result<Option<u32>, Error> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| bad(&format!("{what}.{k}"), v, "must be a non-negative integer")),
     }
 }
 

@@ -116,9 +116,11 @@ pub struct EndpointStats {
     pub to_pod_bytes: u64,
 }
 
-impl EndpointStats {
+impl core::ops::Add for EndpointStats {
+    type Output = Self;
+
     /// Sum of two per-CPU values.
-    pub fn add(self, o: Self) -> Self {
+    fn add(self, o: Self) -> Self {
         Self {
             from_pod_packets: self.from_pod_packets.wrapping_add(o.from_pod_packets),
             from_pod_bytes: self.from_pod_bytes.wrapping_add(o.from_pod_bytes),
@@ -186,6 +188,18 @@ mod pod {
     unsafe impl aya::Pod for super::DatapathMeta {}
 }
 
+/// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
+pub const fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < data.len() {
+        h ^= data[i] as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    h
+}
+
 /// Copies `s` into a NUL-padded buffer, cutting it at `N` bytes.
 pub fn to_cbuf<const N: usize>(s: &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
@@ -227,6 +241,12 @@ mod tests {
         assert_eq!(size_of::<EndpointStats>(), 32);
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
+    }
+
+    #[test]
+    fn fnv_matches_reference_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 
     #[test]

@@ -1,0 +1,235 @@
+//! ADD: reserve addresses, create and configure the veth pair, attach the
+//! datapath, record what was made, print the result. Any failure after the
+//! preconditions undoes everything this ADD made (and, per spec section 4, runs
+//! DEL on a delegated IPAM plugin).
+use serde_json::Value;
+
+use super::del::teardown;
+use crate::{
+    cni::{
+        config::NetConf,
+        env::Env,
+        result::{CniResult, Interface, IpConfig},
+        runtime_config::Mac,
+        AttachmentId,
+    },
+    datapath::{Datapath, EndpointSpec},
+    error::Error,
+    interface,
+    ipam::Ipam,
+    netlink::Netlink,
+    netns::Netns,
+    state::{host_veth_name, AttachmentRecord, StateStore},
+};
+
+pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
+    let id = env.attachment()?;
+    let netns_path = env
+        .netns
+        .as_ref()
+        .ok_or_else(|| Error::env("CNI_NETNS", "", "required for ADD"))?;
+    let pod_ns = Netns::open(netns_path)?;
+    let host_nl = Netlink::open()?;
+    let pod_nl = Netlink::open_in(&pod_ns)?;
+
+    // Spec section 2: an existing interface of that name is an error. Checked
+    // before anything is made, so the rollback below never touches what another
+    // attachment owns.
+    if pod_nl.link_by_name(&id.ifname).await?.is_some() {
+        return Err(Error::env(
+            "CNI_IFNAME",
+            id.ifname.clone(),
+            format!(
+                "an interface of that name already exists in {}",
+                netns_path.display()
+            ),
+        ));
+    }
+    let pod_mac = pod_mac(conf, env)?;
+    let ipam = Ipam::new(conf, &env.path)?;
+    let store = StateStore::new(&conf.state_dir);
+    let host_ifname = host_veth_name(&conf.name, id);
+
+    let ctx = AddCtx {
+        env,
+        conf,
+        id,
+        ipam: &ipam,
+        store: &store,
+        host_ifname: &host_ifname,
+        pod_ns: &pod_ns,
+        host_nl: &host_nl,
+        pod_nl: &pod_nl,
+    };
+    match add_steps(&ctx, pod_mac).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            if let Err(undo) = teardown(conf, id, &ipam, &store, &host_nl).await {
+                eprintln!(
+                    "sluice: rollback after failed ADD of {}/{} was incomplete: {undo}",
+                    id.container_id, id.ifname
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The MAC requested through the `mac` capability or `CNI_ARGS MAC=`.
+fn pod_mac(conf: &NetConf, env: &Env) -> Result<Option<Mac>, Error> {
+    if let Some(m) = conf.runtime.mac {
+        return Ok(Some(m));
+    }
+    match &env.args.mac {
+        Some(s) => s
+            .parse::<Mac>()
+            .map(Some)
+            .map_err(|r| Error::env("CNI_ARGS", format!("MAC={s}"), r)),
+        None => Ok(None),
+    }
+}
+
+/// Everything an ADD works with once its preconditions hold.
+struct AddCtx<'a> {
+    env: &'a Env,
+    conf: &'a NetConf,
+    id: &'a AttachmentId,
+    ipam: &'a Ipam,
+    store: &'a StateStore,
+    host_ifname: &'a str,
+    pod_ns: &'a Netns,
+    host_nl: &'a Netlink,
+    pod_nl: &'a Netlink,
+}
+
+async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Error> {
+    let AddCtx {
+        env,
+        conf,
+        id,
+        ipam,
+        store,
+        host_ifname,
+        pod_ns,
+        host_nl,
+        pod_nl,
+    } = *ctx;
+    let requested = conf.requested_ips(&env.args.ips);
+    let ipam_result = ipam.add(conf, id, &requested)?;
+    if ipam_result.ips.is_empty() {
+        return Err(Error::Delegate {
+            plugin: ipam.name().to_string(),
+            code: 999,
+            msg: "IPAM returned no addresses".into(),
+            details: String::new(),
+        });
+    }
+    let gws = interface::gateways(&ipam_result.ips);
+    // Recorded before anything else exists, so a crash from here on leaves a
+    // record that DEL and GC can follow.
+    let mut record = AttachmentRecord {
+        container_id: id.container_id.clone(),
+        ifname: id.ifname.clone(),
+        netns: Some(pod_ns.path().display().to_string()),
+        host_ifname: host_ifname.to_string(),
+        host_ifindex: None,
+        ips: ipam_result.ips.iter().map(|i| i.address).collect(),
+        gateways: gws.clone(),
+        ipam: ipam.name().to_string(),
+        port_mappings: conf.runtime.port_mappings.clone(),
+        bandwidth: conf.runtime.bandwidth,
+        created_unix: crate::datapath::now_unix(),
+        complete: false,
+    };
+    store.save(&record)?;
+
+    let mtu = match conf.mtu {
+        Some(m) => m,
+        None => interface::uplink_mtu(host_nl).await?,
+    };
+    let pair = interface::create(
+        host_nl,
+        pod_nl,
+        pod_ns,
+        host_ifname,
+        &id.ifname,
+        mtu,
+        pod_mac.map(|m| m.0),
+    )
+    .await?;
+    record.host_ifindex = Some(pair.host.index);
+    store.save(&record)?;
+
+    interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
+    interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;
+    interface::enable_forwarding(&ipam_result.ips)?;
+
+    let host_mac = pair.host.mac.unwrap_or_default();
+    let pod_mac = pair.pod.mac.unwrap_or_default();
+    let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
+    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    let guard = dp.ensure_loaded()?;
+    dp.add_endpoint(
+        &guard,
+        &EndpointSpec {
+            id,
+            host_ifname,
+            host_ifindex: pair.host.index,
+            host_mac,
+            pod_mac,
+            ips: &ips,
+            netns_ino: pod_ns.inode(),
+        },
+    )?;
+
+    record.complete = true;
+    store.save(&record)?;
+
+    let ours = CniResult {
+        interfaces: vec![
+            Interface {
+                name: host_ifname.to_string(),
+                mac: Some(fmt_mac(host_mac)),
+                mtu: Some(mtu),
+                ..Default::default()
+            },
+            Interface {
+                name: id.ifname.clone(),
+                mac: Some(fmt_mac(pod_mac)),
+                mtu: Some(mtu),
+                sandbox: Some(pod_ns.path().display().to_string()),
+                ..Default::default()
+            },
+        ],
+        ips: ipam_result
+            .ips
+            .iter()
+            .map(|i| IpConfig {
+                interface: Some(1),
+                ..i.clone()
+            })
+            .collect(),
+        routes: ipam_result.routes.clone(),
+        // runtimeConfig.dns, then config dns, then what IPAM found (bridge plugin order).
+        dns: conf
+            .runtime
+            .dns
+            .clone()
+            .or_else(|| conf.dns.clone())
+            .unwrap_or(ipam_result.dns),
+    };
+    // Spec section 5: with a prevResult, output it with our changes included.
+    let result = match &conf.prev_result {
+        Some(prev) => {
+            let mut r = prev.clone();
+            r.merge(ours);
+            r
+        }
+        None => ours,
+    };
+    Ok(result.to_json(conf.cni_version))
+}
+
+pub fn fmt_mac(m: [u8; 6]) -> String {
+    Mac(m).to_string()
+}

@@ -1,0 +1,106 @@
+//! DEL: undo everything ADD made. Works without `CNI_NETNS`, without prevResult,
+//! after the netns is gone and twice in a row (spec section 2), and always
+//! releases the address reservation.
+use crate::{
+    cni::{config::NetConf, env::Env, AttachmentId},
+    datapath::Datapath,
+    error::Error,
+    ipam::Ipam,
+    netlink::Netlink,
+    state::{host_veth_name, StateStore},
+};
+
+pub async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
+    let id = env.attachment()?;
+    // A runtime giving up on us mid-DEL must not leave half a pod behind
+    // (netavark does the same): finish, then exit.
+    ignore_termination_signals();
+    let host_nl = Netlink::open()?;
+    let store = StateStore::new(&conf.state_dir);
+    match Ipam::new(conf, &env.path) {
+        Ok(ipam) => teardown(conf, id, &ipam, &store, &host_nl).await,
+        Err(e) => {
+            // Without IPAM we still remove the interface and datapath state, then
+            // report why the reservation could not be released.
+            let _ = teardown_node(conf, id, &store, &host_nl).await;
+            Err(e)
+        }
+    }
+}
+
+fn ignore_termination_signals() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: installing SIG_IGN runs no handler code.
+        let _ = unsafe { signal(s, SigHandler::SigIgn) };
+    }
+}
+
+/// Removes everything the attachment owns: datapath entries and links, the veth
+/// pair, the address reservation and finally the record. Best effort: it goes on
+/// past errors and returns the first; the record stays while something failed, so
+/// a later DEL or GC can retry.
+pub async fn teardown(
+    conf: &NetConf,
+    id: &AttachmentId,
+    ipam: &Ipam,
+    store: &StateStore,
+    host_nl: &Netlink,
+) -> Result<(), Error> {
+    let mut first_err = teardown_node(conf, id, store, host_nl).await.err();
+    if let Err(e) = ipam.del(conf, id) {
+        first_err.get_or_insert(e);
+    }
+    match first_err {
+        None => store.remove(id),
+        Some(e) => Err(e),
+    }
+}
+
+/// The node-side part of [`teardown`]: datapath and veth.
+async fn teardown_node(
+    conf: &NetConf,
+    id: &AttachmentId,
+    store: &StateStore,
+    host_nl: &Netlink,
+) -> Result<(), Error> {
+    let record = store.load(id).unwrap_or_else(|e| {
+        eprintln!("sluice: ignoring unreadable record: {e}");
+        None
+    });
+    let host_ifname = record
+        .as_ref()
+        .map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
+    let mut first_err: Option<Error> = None;
+
+    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    if let Err(e) = dp.remove_endpoint(
+        &host_ifname,
+        record.as_ref().and_then(|r| r.host_ifindex),
+        id,
+    ) {
+        first_err.get_or_insert(e);
+    }
+    if let Err(e) = delete_host_veth(host_nl, &host_ifname).await {
+        first_err.get_or_insert(e);
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Deletes our host veth (and with it the pod end and everything on both). Only
+/// a veth is ever deleted, whatever its name.
+pub async fn delete_host_veth(host_nl: &Netlink, host_ifname: &str) -> Result<(), Error> {
+    if let Some(link) = host_nl.link_by_name(host_ifname).await? {
+        if link.kind.as_deref() != Some("veth") {
+            return Err(Error::netlink(
+                format!("delete {host_ifname}"),
+                format!(
+                    "it is a {} interface, not a veth Sluice made",
+                    link.kind.as_deref().unwrap_or("plain")
+                ),
+            ));
+        }
+        host_nl.delete_link(link.index).await?;
+    }
+    Ok(())
+}

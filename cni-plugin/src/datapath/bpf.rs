@@ -1,0 +1,417 @@
+//! Every aya call of the plugin lives here, so an aya upgrade touches one file.
+//!
+//! Layout under the pin root (see `sluice_common::pin_dirs`):
+//! `maps/<map>`, `progs/<program>`, `links/<host veth>-<program>`.
+//! bpffs refuses names with a dot (EPERM from `bpf_lookup`, kernel/bpf/inode.c:
+//! dots are reserved), so no pin name has one.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc::SchedClassifierLink,
+        SchedClassifier, TcAttachType,
+    },
+    EbpfLoader,
+};
+use sluice_common::{
+    map_names, prog_names, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
+    LAYOUT_VERSION,
+};
+
+use super::bpffs::unpin;
+use crate::error::Error;
+
+/// The eBPF object `cargo xtask build` embedded (see build.rs).
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice-ebpf.o"));
+
+/// FNV-1a hash of [`OBJECT`], computed by build.rs.
+pub fn object_hash() -> u64 {
+    u64::from_str_radix(env!("SLUICE_EBPF_HASH"), 16).unwrap_or(0)
+}
+
+/// The TC programs and where each attaches on a pod's host veth.
+const TC_PROGRAMS: [(&str, TcAttachType); 2] = [
+    (prog_names::FROM_POD, TcAttachType::Ingress),
+    (prog_names::TO_POD, TcAttachType::Egress),
+];
+
+/// Key and value sizes each pinned map must have for this layout. aya reuses a
+/// pinned map by name without comparing its shape, so the plugin does.
+fn expected_maps() -> [(&'static str, usize, usize); 4] {
+    use std::mem::size_of;
+    [
+        (
+            map_names::ENDPOINTS,
+            size_of::<IpKey>(),
+            size_of::<Endpoint>(),
+        ),
+        (
+            map_names::ENDPOINT_STATS,
+            size_of::<u32>(),
+            size_of::<EndpointStats>(),
+        ),
+        (
+            map_names::ENDPOINT_INFO,
+            size_of::<u32>(),
+            size_of::<EndpointInfo>(),
+        ),
+        (map_names::META, size_of::<u32>(), size_of::<DatapathMeta>()),
+    ]
+}
+
+fn dp_err(op: impl Into<String>, e: impl std::fmt::Display) -> Error {
+    Error::datapath(op, e)
+}
+
+fn open_map(maps_dir: &Path, name: &str) -> Result<Map, Error> {
+    let path = maps_dir.join(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| dp_err(format!("open pinned map {}", path.display()), e))?;
+    Map::from_map_data(data).map_err(|e| dp_err(format!("open pinned map {}", path.display()), e))
+}
+
+/// Reads the identity of the pinned datapath, `None` when nothing is pinned yet.
+pub fn read_meta(maps_dir: &Path) -> Result<Option<DatapathMeta>, Error> {
+    if !maps_dir.join(map_names::META).exists() {
+        return Ok(None);
+    }
+    let map = open_map(maps_dir, map_names::META)?;
+    let arr: Array<MapData, DatapathMeta> =
+        Array::try_from(map).map_err(|e| dp_err("open sl_meta", e))?;
+    let meta = arr.get(&0, 0).map_err(|e| dp_err("read sl_meta", e))?;
+    // A zeroed entry: the maps were created by a load that did not finish.
+    Ok(Some(meta).filter(|m| m.layout_version != 0))
+}
+
+fn write_meta(maps_dir: &Path, meta: DatapathMeta) -> Result<(), Error> {
+    let map = open_map(maps_dir, map_names::META)?;
+    let mut arr: Array<MapData, DatapathMeta> =
+        Array::try_from(map).map_err(|e| dp_err("open sl_meta", e))?;
+    arr.set(0, meta, 0).map_err(|e| dp_err("write sl_meta", e))
+}
+
+/// Refuses pinned maps whose key or value size differs from this layout.
+pub fn check_pinned_maps(maps_dir: &Path) -> Result<(), Error> {
+    for (name, key, value) in expected_maps() {
+        let path = maps_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&path)
+            .map_err(|e| dp_err(format!("open pinned map {}", path.display()), e))?;
+        let info = data
+            .info()
+            .map_err(|e| dp_err(format!("inspect pinned map {}", path.display()), e))?;
+        if info.key_size() as usize != key || info.value_size() as usize != value {
+            return Err(dp_err(
+                format!("reuse pinned map {}", path.display()),
+                format!(
+                    "it has key/value sizes {}/{}, layout v{LAYOUT_VERSION} needs {key}/{value}; \
+                     the pin root holds another map layout (remove it or migrate)",
+                    info.key_size(),
+                    info.value_size()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether every program is pinned.
+pub fn programs_pinned(progs_dir: &Path) -> bool {
+    TC_PROGRAMS
+        .iter()
+        .all(|(name, _)| progs_dir.join(name).exists())
+}
+
+/// Loads the embedded object (reusing pinned maps), pins its programs, moves every
+/// existing attachment to the new programs atomically (`bpf_link_update`), and
+/// records the object's identity. Runs under the datapath's exclusive lock.
+pub fn load_and_pin(maps_dir: &Path, progs_dir: &Path, links_dir: &Path) -> Result<(), Error> {
+    if OBJECT.is_empty() {
+        return Err(dp_err(
+            "load",
+            "this sluice binary was built without its eBPF object; build it with `cargo xtask build`",
+        ));
+    }
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(maps_dir)
+        .load(OBJECT)
+        .map_err(|e| dp_err("load the eBPF object", e))?;
+    for (name, attach_type) in TC_PROGRAMS {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?
+            .try_into()
+            .map_err(|e| dp_err(format!("load {name}"), e))?;
+        prog.load()
+            .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+        let staged = progs_dir.join(format!("{name}-new"));
+        unpin(&staged)?;
+        prog.pin(&staged)
+            .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
+        for link_path in link_pins(links_dir, name)? {
+            replace_link_program(prog, &link_path, attach_type)?;
+        }
+        // Readers (`attach`) open progs/<name>; the rename swaps it in one step.
+        let final_path = progs_dir.join(name);
+        fs::rename(&staged, &final_path).map_err(|e| {
+            Error::io(
+                format!("renaming {} to {}", staged.display(), final_path.display()),
+                e,
+            )
+        })?;
+    }
+    write_meta(
+        maps_dir,
+        DatapathMeta {
+            layout_version: LAYOUT_VERSION,
+            _pad: 0,
+            object_hash: object_hash(),
+            loaded_unix: now_unix(),
+        },
+    )
+}
+
+/// Pinned links of program `prog` (`links/*-<prog>`).
+fn link_pins(links_dir: &Path, prog: &str) -> Result<Vec<PathBuf>, Error> {
+    let suffix = format!("-{prog}");
+    let rd = match fs::read_dir(links_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("listing {}", links_dir.display()), e)),
+    };
+    Ok(rd
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(&suffix))
+        })
+        .collect())
+}
+
+/// Points the pinned link at `prog` without detaching it (tcx `bpf_link_update`).
+/// A link whose interface is gone cannot be updated; its pin is dropped.
+fn replace_link_program(
+    prog: &mut SchedClassifier,
+    link_path: &Path,
+    _attach_type: TcAttachType,
+) -> Result<(), Error> {
+    let pinned = PinnedLink::from_pin(link_path)
+        .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
+    let link: SchedClassifierLink = FdLink::from(pinned)
+        .try_into()
+        .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
+    match prog.attach_to_link(link) {
+        Ok(id) => {
+            // The pin keeps the link alive; taking it out of `prog` keeps the
+            // program's drop from touching it.
+            let link = prog
+                .take_link(id)
+                .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e))?;
+            drop(FdLink::try_from(link));
+            Ok(())
+        }
+        Err(e) => {
+            // ENOLINK: the veth went away under the link (defunct link).
+            let msg = e.to_string();
+            eprintln!(
+                "sluice: dropping pinned link {} that cannot be updated: {msg}",
+                link_path.display()
+            );
+            unpin(link_path)
+        }
+    }
+}
+
+fn link_path(links_dir: &Path, host_ifname: &str, prog: &str) -> PathBuf {
+    links_dir.join(format!("{host_ifname}-{prog}"))
+}
+
+/// Attaches every TC program to `host_ifname` with tcx and pins the links so the
+/// attachment outlives this process. The interface is resolved in the calling
+/// thread's namespace (the node's).
+pub fn attach(progs_dir: &Path, links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
+    for (name, attach_type) in TC_PROGRAMS {
+        let lp = link_path(links_dir, host_ifname, name);
+        // A pin left by a crashed ADD of the same attachment points at a dead link.
+        unpin(&lp)?;
+        let mut prog = SchedClassifier::from_pin(progs_dir.join(name))
+            .map_err(|e| dp_err(format!("open pinned program {name}"), e))?;
+        let id = prog
+            .attach(host_ifname, attach_type)
+            .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;
+        let fd_link: FdLink = link
+            .try_into()
+            .map_err(|e| dp_err(format!("link of {name} on {host_ifname}"), e))?;
+        fd_link
+            .pin(&lp)
+            .map_err(|e| dp_err(format!("pin {}", lp.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Removes the pinned links of `host_ifname`; the kernel detaches a tcx link when
+/// its last reference (the pin) goes. Missing pins are fine.
+pub fn detach(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
+    let mut first_err = None;
+    for (name, _) in TC_PROGRAMS {
+        if let Err(e) = unpin(&link_path(links_dir, host_ifname, name)) {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Host veths that have pinned links, from the link pin names.
+pub fn attached_interfaces(links_dir: &Path) -> Result<Vec<String>, Error> {
+    let mut out: Vec<String> = Vec::new();
+    for (name, _) in TC_PROGRAMS {
+        for p in link_pins(links_dir, name)? {
+            if let Some(ifname) = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(&format!("-{name}")))
+            {
+                if !out.iter().any(|o| o == ifname) {
+                    out.push(ifname.to_string());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Verifies that each program's pinned link exists and that the program it runs
+/// is the one attached to `host_ifname` (tcx query).
+pub fn check_attached(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
+    for (name, attach_type) in TC_PROGRAMS {
+        let lp = link_path(links_dir, host_ifname, name);
+        let pinned = PinnedLink::from_pin(&lp)
+            .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
+        let fd_link = FdLink::from(pinned);
+        let info = fd_link
+            .info()
+            .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?;
+        let (_, progs) = SchedClassifier::query_tcx(host_ifname, attach_type).map_err(|e| {
+            Error::check(format!("cannot query tcx programs of {host_ifname}: {e}"))
+        })?;
+        if !progs.iter().any(|p| p.id() == info.program_id()) {
+            return Err(Error::check(format!(
+                "{name} (program id {}) is not attached to {host_ifname}",
+                info.program_id()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The pinned maps the plugin writes.
+pub struct Maps {
+    endpoints: HashMap<MapData, IpKey, Endpoint>,
+    stats: PerCpuHashMap<MapData, u32, EndpointStats>,
+    info: HashMap<MapData, u32, EndpointInfo>,
+}
+
+impl Maps {
+    pub fn open(maps_dir: &Path) -> Result<Self, Error> {
+        let endpoints = HashMap::try_from(open_map(maps_dir, map_names::ENDPOINTS)?)
+            .map_err(|e| dp_err("open sl_endpoints", e))?;
+        let stats = PerCpuHashMap::try_from(open_map(maps_dir, map_names::ENDPOINT_STATS)?)
+            .map_err(|e| dp_err("open sl_ep_stats", e))?;
+        let info = HashMap::try_from(open_map(maps_dir, map_names::ENDPOINT_INFO)?)
+            .map_err(|e| dp_err("open sl_ep_info", e))?;
+        Ok(Self {
+            endpoints,
+            stats,
+            info,
+        })
+    }
+
+    /// Adds the per-interface entries (zeroed counters, owner).
+    pub fn insert_interface(&mut self, ifindex: u32, info: &EndpointInfo) -> Result<(), Error> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::io("counting CPUs", e))?;
+        let zero = PerCpuValues::try_from(vec![EndpointStats::default(); cpus])
+            .map_err(|e| dp_err("build per-CPU counters", e))?;
+        self.stats
+            .insert(ifindex, zero, 0)
+            .map_err(|e| dp_err(format!("insert counters of ifindex {ifindex}"), e))?;
+        self.info
+            .insert(ifindex, *info, 0)
+            .map_err(|e| dp_err(format!("insert owner of ifindex {ifindex}"), e))
+    }
+
+    pub fn insert_endpoint(&mut self, key: IpKey, ep: Endpoint) -> Result<(), Error> {
+        self.endpoints
+            .insert(key, ep, 0)
+            .map_err(|e| dp_err("insert endpoint", e))
+    }
+
+    pub fn endpoint(&self, key: &IpKey) -> Option<Endpoint> {
+        self.endpoints.get(key, 0).ok()
+    }
+
+    pub fn endpoints(&self) -> Vec<(IpKey, Endpoint)> {
+        self.endpoints.iter().filter_map(Result::ok).collect()
+    }
+
+    pub fn interfaces(&self) -> Vec<(u32, EndpointInfo)> {
+        self.info.iter().filter_map(Result::ok).collect()
+    }
+
+    pub fn has_counters(&self, ifindex: u32) -> bool {
+        self.stats.get(&ifindex, 0).is_ok()
+    }
+
+    /// Removes an endpoint address; a missing one is fine.
+    pub fn remove_endpoint(&mut self, key: &IpKey) -> Result<(), Error> {
+        match self.endpoints.remove(key) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(dp_err("remove endpoint", e)),
+        }
+    }
+
+    /// Removes the per-interface entries; missing ones are fine.
+    pub fn remove_interface(&mut self, ifindex: u32) -> Result<(), Error> {
+        let a = match self.stats.remove(&ifindex) {
+            Err(e) if !is_not_found(&e) => Err(dp_err("remove counters", e)),
+            _ => Ok(()),
+        };
+        let b = match self.info.remove(&ifindex) {
+            Err(e) if !is_not_found(&e) => Err(dp_err("remove owner", e)),
+            _ => Ok(()),
+        };
+        a.and(b)
+    }
+}
+
+fn is_not_found(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Whether this binary carries an eBPF object.
+pub fn has_object() -> bool {
+    !OBJECT.is_empty()
+}

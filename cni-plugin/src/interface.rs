@@ -1,0 +1,253 @@
+//! The pod's network interface: a veth pair whose host end stays in the node's
+//! namespace (no bridge: every pod packet enters the node through its own veth,
+//! where the datapath sees it).
+//!
+//! Addressing is point-to-point, as the reference `ptp` plugin does it:
+//! - pod: the IPAM address (without the kernel's subnet route), `gw/32 dev eth0
+//!   scope link`, the subnet and IPAM routes via the gateway, and a permanent
+//!   neighbour entry gateway -> host veth MAC (no ARP/ND needed);
+//! - node: the gateway address on the host veth (so the pod can reach it), a /32
+//!   (/128) route to the pod, and a permanent neighbour pod IP -> pod MAC.
+//!
+//! With these kernel routes pods stay reachable even with no program attached; the
+//! datapath only makes the path shorter.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnetwork::IpNetwork;
+
+use crate::{
+    cni::result::{IpConfig, Route},
+    error::Error,
+    netlink::{LinkInfo, Netlink, RouteSpec},
+    netns::Netns,
+};
+
+/// Gateway used for a family when IPAM gives none: link-local, as Calico does.
+pub const DEFAULT_GW_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+pub const DEFAULT_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// Both ends of a pod's veth after creation.
+pub struct VethPair {
+    pub host: LinkInfo,
+    pub pod: LinkInfo,
+}
+
+/// Creates the veth pair and sets both ends up.
+pub async fn create(
+    host_nl: &Netlink,
+    pod_nl: &Netlink,
+    pod_ns: &Netns,
+    host_name: &str,
+    pod_name: &str,
+    mtu: u32,
+    pod_mac: Option<[u8; 6]>,
+) -> Result<VethPair, Error> {
+    host_nl
+        .create_veth(&crate::netlink::VethSpec {
+            host_name,
+            peer_name: pod_name,
+            peer_ns: pod_ns,
+            mtu,
+            peer_mac: pod_mac,
+        })
+        .await?;
+    let host = host_nl
+        .link_by_name(host_name)
+        .await?
+        .ok_or_else(|| Error::netlink(format!("find {host_name}"), "vanished after creation"))?;
+    let pod = pod_nl
+        .link_by_name(pod_name)
+        .await?
+        .ok_or_else(|| Error::netlink(format!("find {pod_name}"), "not in the pod namespace"))?;
+    host_nl.set_up(host.index).await?;
+    pod_nl.set_up(pod.index).await?;
+    Ok(VethPair { host, pod })
+}
+
+/// The gateway of each family the pod has addresses in: IPAM's, or the default.
+pub fn gateways(ips: &[IpConfig]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    for v6 in [false, true] {
+        let fam: Vec<&IpConfig> = ips.iter().filter(|i| i.address.is_ipv6() == v6).collect();
+        if fam.is_empty() {
+            continue;
+        }
+        let gw = fam.iter().find_map(|i| i.gateway).unwrap_or(if v6 {
+            IpAddr::V6(DEFAULT_GW_V6)
+        } else {
+            IpAddr::V4(DEFAULT_GW_V4)
+        });
+        out.push(gw);
+    }
+    out
+}
+
+fn host_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+fn host_net(ip: IpAddr) -> Result<IpNetwork, Error> {
+    IpNetwork::new(ip, host_prefix(ip)).map_err(|e| Error::netlink("route", e))
+}
+
+fn gw_for(gws: &[IpAddr], v6: bool) -> Option<IpAddr> {
+    gws.iter().copied().find(|g| g.is_ipv6() == v6)
+}
+
+/// Addresses, routes and the gateway neighbour inside the pod.
+pub async fn configure_pod(
+    pod_nl: &Netlink,
+    pair: &VethPair,
+    ips: &[IpConfig],
+    routes: &[Route],
+    gws: &[IpAddr],
+) -> Result<(), Error> {
+    let idx = pair.pod.index;
+    let host_mac = pair
+        .host
+        .mac
+        .ok_or_else(|| Error::netlink("read host veth MAC", "no address"))?;
+    for gw in gws {
+        pod_nl
+            .add_route(&RouteSpec {
+                oif: Some(idx),
+                link_scope: true,
+                ..RouteSpec::new(host_net(*gw)?)
+            })
+            .await?;
+        pod_nl.set_permanent_neighbour(idx, *gw, host_mac).await?;
+    }
+    for ip in ips {
+        pod_nl
+            .add_address(idx, ip.address.ip(), ip.address.prefix(), true)
+            .await?;
+        let subnet = IpNetwork::new(ip.address.network(), ip.address.prefix())
+            .map_err(|e| Error::netlink("route", e))?;
+        if subnet.prefix() < host_prefix(subnet.ip()) {
+            if let Some(gw) = gw_for(gws, subnet.is_ipv6()) {
+                pod_nl
+                    .add_route(&RouteSpec {
+                        gw: Some(gw),
+                        oif: Some(idx),
+                        onlink: true,
+                        ..RouteSpec::new(subnet)
+                    })
+                    .await?;
+            }
+        }
+    }
+    for r in routes {
+        let gw = r.gw.or_else(|| gw_for(gws, r.dst.is_ipv6()));
+        pod_nl
+            .add_route(&RouteSpec {
+                gw,
+                oif: Some(idx),
+                onlink: gw.is_some(),
+                mtu: r.mtu,
+                priority: r.priority,
+                table: r.table,
+                ..RouteSpec::new(r.dst)
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// The gateway address, pod routes and pod neighbours on the node side.
+pub async fn configure_host(
+    host_nl: &Netlink,
+    pair: &VethPair,
+    ips: &[IpConfig],
+    gws: &[IpAddr],
+) -> Result<(), Error> {
+    let idx = pair.host.index;
+    let pod_mac = pair
+        .pod
+        .mac
+        .ok_or_else(|| Error::netlink("read pod MAC", "no address"))?;
+    for gw in gws {
+        host_nl
+            .add_address(idx, *gw, host_prefix(*gw), true)
+            .await?;
+    }
+    for ip in ips {
+        let a = ip.address.ip();
+        host_nl
+            .add_route(&RouteSpec {
+                oif: Some(idx),
+                link_scope: true,
+                ..RouteSpec::new(host_net(a)?)
+            })
+            .await?;
+        host_nl.set_permanent_neighbour(idx, a, pod_mac).await?;
+    }
+    Ok(())
+}
+
+/// Turns on forwarding in the node namespace for the families the pod uses (as
+/// the reference bridge plugin does); pods reach each other through the node.
+pub fn enable_forwarding(ips: &[IpConfig]) -> Result<(), Error> {
+    let mut files = Vec::new();
+    if ips.iter().any(|i| i.address.is_ipv4()) {
+        files.push("/proc/sys/net/ipv4/ip_forward");
+    }
+    if ips.iter().any(|i| i.address.is_ipv6()) {
+        files.push("/proc/sys/net/ipv6/conf/all/forwarding");
+    }
+    for f in files {
+        let cur = std::fs::read_to_string(f).unwrap_or_default();
+        if cur.trim() != "1" {
+            std::fs::write(f, "1").map_err(|e| Error::io(format!("writing 1 to {f}"), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// MTU of the node's uplink (interface of the IPv4 default route), or 1500.
+pub async fn uplink_mtu(host_nl: &Netlink) -> Result<u32, Error> {
+    if let Some(oif) = host_nl.default_route_oif().await? {
+        if let Some(l) = host_nl.link_by_index(oif).await? {
+            if l.mtu >= 68 {
+                return Ok(l.mtu);
+            }
+        }
+    }
+    Ok(1500)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipc(a: &str, gw: Option<&str>) -> IpConfig {
+        IpConfig {
+            address: a.parse().unwrap(),
+            gateway: gw.map(|g| g.parse().unwrap()),
+            interface: None,
+        }
+    }
+
+    #[test]
+    fn gateways_per_family_with_defaults() {
+        let g = gateways(&[
+            ipc("10.0.0.5/24", Some("10.0.0.1")),
+            ipc("fd00::5/64", None),
+        ]);
+        assert_eq!(
+            g,
+            vec![
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                IpAddr::V6(DEFAULT_GW_V6)
+            ]
+        );
+        assert_eq!(
+            gateways(&[ipc("10.0.0.5/32", None)]),
+            vec![IpAddr::V4(DEFAULT_GW_V4)]
+        );
+        assert!(gateways(&[]).is_empty());
+    }
+}

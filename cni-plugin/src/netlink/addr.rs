@@ -1,0 +1,71 @@
+//! Interface addresses.
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+
+use super::{errno, nl_err, Netlink};
+use crate::error::Error;
+
+impl Netlink {
+    /// Adds `addr/prefix` to link `index`. `no_prefix_route` keeps the kernel from
+    /// adding the subnet route (IFA_F_NOPREFIXROUTE): pods route their subnet via
+    /// the gateway. IPv6 addresses skip DAD (IFA_F_NODAD): the address is ours alone
+    /// on a point-to-point veth and must be usable at once.
+    pub async fn add_address(
+        &self,
+        index: u32,
+        addr: IpAddr,
+        prefix: u8,
+        no_prefix_route: bool,
+    ) -> Result<(), Error> {
+        let mut req = self.handle.address().add(index, addr, prefix);
+        let mut flags = AddressFlags::empty();
+        if no_prefix_route {
+            flags |= AddressFlags::Noprefixroute;
+        }
+        if addr.is_ipv6() {
+            flags |= AddressFlags::Nodad;
+        }
+        if !flags.is_empty() {
+            req.message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(flags));
+        }
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(nl_err(
+                format!("add address {addr}/{prefix} to link #{index}"),
+                e,
+            )),
+        }
+    }
+
+    /// The addresses on link `index`.
+    pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, Error> {
+        let mut s = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        let mut out = Vec::new();
+        while let Some(m) = s
+            .try_next()
+            .await
+            .map_err(|e| nl_err(format!("list addresses of link #{index}"), e))?
+        {
+            let prefix = m.header.prefix_len;
+            for a in &m.attributes {
+                if let AddressAttribute::Address(ip) = a {
+                    if let Ok(n) = IpNetwork::new(*ip, prefix) {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,51 @@
+//! Typed rtnetlink operations: links, addresses, routes and neighbours. Callers
+//! never see raw netlink messages. A [`Netlink`] is bound to the namespace it was
+//! opened in (see [`crate::netns`]).
+mod addr;
+mod link;
+mod neigh;
+mod route;
+
+use rtnetlink::Handle;
+
+pub use link::{LinkInfo, VethSpec};
+pub use route::RouteSpec;
+
+use crate::{error::Error, netns::Netns};
+
+/// A netlink route socket in one network namespace.
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// Opens a socket in the namespace this thread is in. Must be called inside a
+    /// tokio runtime (the socket is driven by a spawned task).
+    pub fn open() -> Result<Self, Error> {
+        let (conn, handle, _) = rtnetlink::new_connection()
+            .map_err(|e| Error::io("opening a netlink route socket", e))?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// Opens a socket inside `ns`; the thread returns to its namespace at once.
+    pub fn open_in(ns: &Netns) -> Result<Self, Error> {
+        ns.run(Self::open)?
+    }
+}
+
+/// The errno of a failed request, if the kernel sent one.
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+fn nl_err(op: impl Into<String>, e: rtnetlink::Error) -> Error {
+    let detail = match &e {
+        rtnetlink::Error::NetlinkError(m) => m.to_io().to_string(),
+        other => other.to_string(),
+    };
+    Error::netlink(op, detail)
+}

@@ -1,0 +1,172 @@
+//! Routes in the main table.
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use rtnetlink::{
+    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
+    RouteMessageBuilder,
+};
+
+use super::{errno, nl_err, Netlink};
+use crate::error::Error;
+
+/// A route to add or look for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
+    /// Output interface.
+    pub oif: Option<u32>,
+    /// `scope link` (a directly connected destination, e.g. the gateway /32).
+    pub link_scope: bool,
+    /// `onlink`: the gateway is on this link even without a route to it.
+    pub onlink: bool,
+    pub mtu: Option<u32>,
+    pub priority: Option<u32>,
+    pub table: Option<u32>,
+}
+
+impl RouteSpec {
+    pub fn new(dst: IpNetwork) -> Self {
+        Self {
+            dst,
+            gw: None,
+            oif: None,
+            link_scope: false,
+            onlink: false,
+            mtu: None,
+            priority: None,
+            table: None,
+        }
+    }
+
+    fn message(&self) -> Result<RouteMessage, Error> {
+        let mut b = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(self.dst.network(), self.dst.prefix())
+            .map_err(|e| Error::netlink(format!("route {}", self.dst), e))?;
+        if let Some(gw) = self.gw {
+            b = b
+                .gateway(gw)
+                .map_err(|e| Error::netlink(format!("route {}", self.dst), e))?;
+        }
+        if let Some(oif) = self.oif {
+            b = b.output_interface(oif);
+        }
+        if self.link_scope {
+            b = b.scope(RouteScope::Link);
+        }
+        if self.onlink {
+            b = b.onlink();
+        }
+        if let Some(p) = self.priority {
+            b = b.priority(p);
+        }
+        if let Some(t) = self.table {
+            b = b.table_id(t);
+        }
+        let mut msg = b.build();
+        if let Some(mtu) = self.mtu {
+            use rtnetlink::packet_route::route::RouteMetric;
+            msg.attributes
+                .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+        }
+        Ok(msg)
+    }
+}
+
+impl Netlink {
+    /// Adds a route; an identical existing route is fine.
+    pub async fn add_route(&self, r: &RouteSpec) -> Result<(), Error> {
+        match self.handle.route().add(r.message()?).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(nl_err(
+                format!(
+                    "add route {}{}",
+                    r.dst,
+                    r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
+                ),
+                e,
+            )),
+        }
+    }
+
+    /// Deletes a route; a missing one is fine.
+    pub async fn del_route(&self, r: &RouteSpec) -> Result<(), Error> {
+        match self.handle.route().del(r.message()?).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(libc::ESRCH) => Ok(()),
+            Err(e) => Err(nl_err(format!("delete route {}", r.dst), e)),
+        }
+    }
+
+    /// The routes of the main table of one family: (dst, gateway, oif).
+    pub async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, Error> {
+        let q = if v6 {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+        };
+        let mut s = self.handle.route().get(q).execute();
+        let mut out = Vec::new();
+        while let Some(m) = s.try_next().await.map_err(|e| nl_err("list routes", e))? {
+            if m.header.table != 254
+                && !m
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, RouteAttribute::Table(254)))
+            {
+                continue;
+            }
+            let plen = m.header.destination_prefix_length;
+            let mut dst: Option<IpAddr> = None;
+            let mut r = RouteSpec::new(
+                IpNetwork::new(
+                    if v6 {
+                        IpAddr::from([0u16; 8])
+                    } else {
+                        IpAddr::from([0u8; 4])
+                    },
+                    0,
+                )
+                .map_err(|e| Error::netlink("list routes", e))?,
+            );
+            for a in &m.attributes {
+                match a {
+                    RouteAttribute::Destination(d) => dst = addr(d),
+                    RouteAttribute::Gateway(g) => r.gw = addr(g),
+                    RouteAttribute::Oif(i) => r.oif = Some(*i),
+                    RouteAttribute::Priority(p) => r.priority = Some(*p),
+                    _ => {}
+                }
+            }
+            if let Some(d) = dst {
+                if let Ok(n) = IpNetwork::new(d, plen) {
+                    r.dst = n;
+                }
+            }
+            r.link_scope = m.header.scope == RouteScope::Link;
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// The output interface of the IPv4 default route (the node's uplink), if any.
+    pub async fn default_route_oif(&self) -> Result<Option<u32>, Error> {
+        Ok(self
+            .routes(false)
+            .await?
+            .into_iter()
+            .find(|r| r.dst.prefix() == 0)
+            .and_then(|r| r.oif))
+    }
+}
+
+fn addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}

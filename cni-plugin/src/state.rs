@@ -1,0 +1,245 @@
+//! Attachment records: what an ADD made, kept on disk so that DEL (which may come
+//! without prevResult or netns), CHECK and GC can find and undo it.
+//!
+//! One JSON file per attachment in `<stateDir>/<network>/attachments/`, written
+//! atomically (temp file + rename), readable by root only.
+use std::{
+    fs::{self, OpenOptions},
+    io::Write,
+    net::IpAddr,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+use ipnetwork::IpNetwork;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cni::{
+        runtime_config::{Bandwidth, PortMapping},
+        AttachmentId,
+    },
+    datapath::bpffs::create_dirs,
+    error::Error,
+};
+
+/// Prefix of every host-side veth Sluice creates.
+pub const HOST_VETH_PREFIX: &str = "sl";
+
+/// The host-side veth name of an attachment: `sl` + 12 hex digits of a hash of
+/// (network, container id, ifname). Stable, so DEL finds it without any record, and
+/// 14 characters, under the kernel's 15.
+pub fn host_veth_name(network: &str, id: &AttachmentId) -> String {
+    let key = format!("{network}\0{}\0{}", id.container_id, id.ifname);
+    let h = sluice_common::fnv1a64(key.as_bytes());
+    format!("{HOST_VETH_PREFIX}{:012x}", h & 0xffff_ffff_ffff)
+}
+
+/// What one ADD created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentRecord {
+    pub container_id: String,
+    pub ifname: String,
+    #[serde(default)]
+    pub netns: Option<String>,
+    pub host_ifname: String,
+    /// Known once the veth exists.
+    #[serde(default)]
+    pub host_ifindex: Option<u32>,
+    /// Addresses given to the pod, with their prefix lengths.
+    #[serde(default)]
+    pub ips: Vec<IpNetwork>,
+    /// Gateways put on the host veth.
+    #[serde(default)]
+    pub gateways: Vec<IpAddr>,
+    /// `sluice` (built-in) or the delegated IPAM plugin's type.
+    pub ipam: String,
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+    pub created_unix: u64,
+    /// False until ADD finished; a record left at false is a crashed ADD.
+    #[serde(default)]
+    pub complete: bool,
+}
+
+impl AttachmentRecord {
+    pub fn id(&self) -> AttachmentId {
+        AttachmentId {
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+        }
+    }
+}
+
+/// The records of one network.
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+impl StateStore {
+    /// Records under `state_dir` (already `<stateDir>/<network>`).
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join("attachments"),
+        }
+    }
+
+    fn path(&self, id: &AttachmentId) -> PathBuf {
+        // Both parts are validated (no '/', not '.' or '..'); a very long container
+        // id is replaced by its hash to stay under NAME_MAX.
+        let name = format!("{}.{}.json", id.container_id, id.ifname);
+        if name.len() <= 200 {
+            self.dir.join(name)
+        } else {
+            let h = sluice_common::fnv1a64(id.container_id.as_bytes());
+            self.dir.join(format!("h{h:016x}.{}.json", id.ifname))
+        }
+    }
+
+    /// Writes (or replaces) a record atomically.
+    pub fn save(&self, rec: &AttachmentRecord) -> Result<(), Error> {
+        create_dirs(&self.dir)?;
+        let path = self.path(&rec.id());
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let body = serde_json::to_vec_pretty(rec).map_err(|e| Error::Decode {
+            what: "attachment record".into(),
+            reason: e.to_string(),
+        })?;
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            Error::io(format!("writing {}", path.display()), e)
+        })
+    }
+
+    /// The record of `id`, if any. A record that cannot be parsed is reported.
+    pub fn load(&self, id: &AttachmentId) -> Result<Option<AttachmentRecord>, Error> {
+        let path = self.path(id);
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| Error::Decode {
+                    what: format!("attachment record {}", path.display()),
+                    reason: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    /// Removes the record of `id`; a missing one is fine.
+    pub fn remove(&self, id: &AttachmentId) -> Result<(), Error> {
+        let path = self.path(id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", path.display()), e)),
+        }
+    }
+
+    /// Every readable record (GC). Unreadable files are skipped with a log line.
+    pub fn list(&self) -> Result<Vec<AttachmentRecord>, Error> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("listing {}", self.dir.display()), e)),
+        };
+        let mut out = Vec::new();
+        for entry in rd.filter_map(Result::ok) {
+            let p = entry.path();
+            if p.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            match fs::read(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(r) => out.push(r),
+                Err(e) => eprintln!("sluice: skipping unreadable record {}: {e}", p.display()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(c: &str, i: &str) -> AttachmentId {
+        AttachmentId {
+            container_id: c.into(),
+            ifname: i.into(),
+        }
+    }
+
+    #[test]
+    fn veth_names_are_stable_short_and_distinct() {
+        let a = host_veth_name("net", &id("abc", "eth0"));
+        assert_eq!(a, host_veth_name("net", &id("abc", "eth0")));
+        assert_eq!(a.len(), 14);
+        assert!(a.starts_with("sl"));
+        assert_ne!(a, host_veth_name("net", &id("abc", "eth1")));
+        assert_ne!(a, host_veth_name("net2", &id("abc", "eth0")));
+    }
+
+    fn record(c: &str) -> AttachmentRecord {
+        AttachmentRecord {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            netns: Some("/run/netns/x".into()),
+            host_ifname: "sl000000000001".into(),
+            host_ifindex: Some(7),
+            ips: vec!["10.1.0.2/24".parse().unwrap()],
+            gateways: vec!["10.1.0.1".parse().unwrap()],
+            ipam: "sluice".into(),
+            port_mappings: vec![],
+            bandwidth: None,
+            created_unix: 1,
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn save_load_list_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::new(dir.path());
+        assert!(s.load(&id("c1", "eth0")).unwrap().is_none());
+        s.save(&record("c1")).unwrap();
+        s.save(&record("c2")).unwrap();
+        assert_eq!(s.load(&id("c1", "eth0")).unwrap(), Some(record("c1")));
+        assert_eq!(s.list().unwrap().len(), 2);
+        s.remove(&id("c1", "eth0")).unwrap();
+        s.remove(&id("c1", "eth0")).unwrap();
+        assert_eq!(s.list().unwrap().len(), 1);
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("attachments"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().and_then(|x| x.to_str()) != Some("json"))
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left behind");
+    }
+
+    #[test]
+    fn long_ids_get_hashed_names_that_stay_in_the_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::new(dir.path());
+        let long = "a".repeat(300);
+        let p = s.path(&id(&long, "eth0"));
+        assert!(p.starts_with(dir.path()));
+        assert!(p.file_name().unwrap().len() < 255);
+    }
+}
