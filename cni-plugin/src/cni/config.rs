@@ -166,7 +166,7 @@ impl NetConf {
                 }
                 path
             }
-            None => PathBuf::from(sluice_common::DEFAULT_PIN_BASE).join(pin_dir_name(&name)),
+            None => sluice_common::user::default_pin_root(&name),
         };
         let state_dir = match string(o, "stateDir", "")? {
             Some(p) => absolute_path("stateDir", &p)?,
@@ -238,18 +238,6 @@ impl NetConf {
             }
         }
         out
-    }
-}
-
-/// The directory name of a network under the pin base. bpffs refuses names with
-/// a dot, which network names may have: those get the dots replaced and a hash of
-/// the real name appended, so distinct networks keep distinct directories.
-pub fn pin_dir_name(network: &str) -> String {
-    if network.contains('.') {
-        let h = sluice_common::fnv1a64(network.as_bytes());
-        format!("{}-{:08x}", network.replace('.', "_"), h & 0xffff_ffff)
-    } else {
-        network.to_string()
     }
 }
 
@@ -444,6 +432,7 @@ mod tests {
 
     #[test]
     fn dotted_network_names_get_dot_free_distinct_pin_dirs() {
+        use sluice_common::user::pin_dir_name;
         assert_eq!(pin_dir_name("k8s-pods"), "k8s-pods");
         let a = pin_dir_name("a.b");
         assert!(!a.contains('.'));

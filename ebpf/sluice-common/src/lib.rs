@@ -177,6 +177,31 @@ pub struct DatapathMeta {
     pub loaded_unix: u64,
 }
 
+/// Userspace helpers shared by the plugin and `sluicectl`.
+#[cfg(feature = "user")]
+pub mod user {
+    extern crate std;
+    use std::{format, path::PathBuf, string::String, string::ToString};
+
+    /// The directory name of a network under [`crate::DEFAULT_PIN_BASE`]. bpffs
+    /// refuses names with a dot (EPERM from `bpf_lookup`, kernel/bpf/inode.c), which
+    /// network names may have: those get the dots replaced and a hash of the real
+    /// name appended, so distinct networks keep distinct directories.
+    pub fn pin_dir_name(network: &str) -> String {
+        if network.contains('.') {
+            let h = crate::fnv1a64(network.as_bytes());
+            format!("{}-{:08x}", network.replace('.', "_"), h & 0xffff_ffff)
+        } else {
+            network.to_string()
+        }
+    }
+
+    /// The default pin root of a network.
+    pub fn default_pin_root(network: &str) -> PathBuf {
+        PathBuf::from(crate::DEFAULT_PIN_BASE).join(pin_dir_name(network))
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all types are repr(C), Copy, have no padding bytes and every bit

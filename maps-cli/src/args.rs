@@ -1,0 +1,47 @@
+//! The command-line tree.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sluicectl",
+    version,
+    about = "Inspect and change Sluice's pinned eBPF datapath"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Which network's datapath: by name (default pin root) or by pin root.
+#[derive(Args, Clone)]
+pub struct Target {
+    /// Network name from the CNI config; the pin root is /sys/fs/bpf/sluice/<name>.
+    #[arg(long, short = 'n', global = true, env = "SLUICE_NETWORK")]
+    pub network: Option<String>,
+    /// Pin root of the datapath (overrides --network).
+    #[arg(long, global = true, env = "SLUICE_PIN_ROOT")]
+    pub pin_root: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// List pod endpoints with their packet and byte counters.
+    Endpoints(EndpointsArgs),
+}
+
+#[derive(Args)]
+pub struct EndpointsArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only endpoints of this container id (prefix match).
+    #[arg(long)]
+    pub container: Option<String>,
+    /// Only this pod address.
+    #[arg(long)]
+    pub ip: Option<std::net::IpAddr>,
+}

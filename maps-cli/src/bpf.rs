@@ -1,0 +1,133 @@
+//! Every aya call of sluicectl: finding the pin root and reading pinned maps.
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap};
+use sluice_common::{
+    map_names, pin_dirs, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
+    DEFAULT_PIN_BASE, LAYOUT_VERSION,
+};
+
+use crate::args::Target;
+
+/// The pinned datapath of one network.
+pub struct Datapath {
+    pub pin_root: PathBuf,
+}
+
+impl Datapath {
+    /// Resolves the target and checks that a datapath of our layout is pinned there.
+    pub fn open(t: &Target) -> Result<Self> {
+        let pin_root = match (&t.pin_root, &t.network) {
+            (Some(p), _) => p.clone(),
+            (None, Some(n)) => sluice_common::user::default_pin_root(n),
+            (None, None) => {
+                let nets = list_networks();
+                match nets.as_slice() {
+                    [one] => Path::new(DEFAULT_PIN_BASE).join(one),
+                    [] => bail!(
+                        "no Sluice datapath under {DEFAULT_PIN_BASE}; pass --pin-root or --network"
+                    ),
+                    many => bail!(
+                        "several networks under {DEFAULT_PIN_BASE} ({}); pick one with --network",
+                        many.join(", ")
+                    ),
+                }
+            }
+        };
+        let dp = Self { pin_root };
+        let meta = dp.meta()?;
+        if meta.layout_version != LAYOUT_VERSION {
+            bail!(
+                "the datapath at {} uses map layout v{}, this sluicectl reads v{LAYOUT_VERSION}; use the sluicectl that matches the installed sluice",
+                dp.pin_root.display(),
+                meta.layout_version
+            );
+        }
+        Ok(dp)
+    }
+
+    fn map(&self, name: &str) -> Result<Map> {
+        let path = self.pin_root.join(pin_dirs::MAPS).join(name);
+        if !path.exists() {
+            bail!(
+                "no datapath pinned at {} ({} is missing): no pod attached yet, or wrong --network/--pin-root",
+                self.pin_root.display(),
+                path.display()
+            );
+        }
+        let data = MapData::from_pin(&path).map_err(|e| match &e {
+            MapError::SyscallError(s)
+                if s.io_error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                anyhow::anyhow!(
+                    "reading {} needs root (CAP_BPF and CAP_SYS_ADMIN): {e}",
+                    path.display()
+                )
+            }
+            _ => anyhow::anyhow!("opening {}: {e}", path.display()),
+        })?;
+        Map::from_map_data(data).with_context(|| format!("using {}", path.display()))
+    }
+
+    pub fn meta(&self) -> Result<DatapathMeta> {
+        let arr: Array<MapData, DatapathMeta> = Array::try_from(self.map(map_names::META)?)?;
+        Ok(arr.get(&0, 0)?)
+    }
+
+    /// Every endpoint address with its interface's owner and summed counters.
+    pub fn endpoints(&self) -> Result<Vec<EndpointRow>> {
+        let eps: HashMap<MapData, IpKey, Endpoint> =
+            HashMap::try_from(self.map(map_names::ENDPOINTS)?)?;
+        let info: HashMap<MapData, u32, EndpointInfo> =
+            HashMap::try_from(self.map(map_names::ENDPOINT_INFO)?)?;
+        let stats: PerCpuHashMap<MapData, u32, EndpointStats> =
+            PerCpuHashMap::try_from(self.map(map_names::ENDPOINT_STATS)?)?;
+        let mut rows = Vec::new();
+        for item in eps.iter() {
+            let (key, ep) = item.context("iterating sl_endpoints")?;
+            let owner = info.get(&ep.ifindex, 0).ok();
+            let counters = stats
+                .get(&ep.ifindex, 0)
+                .map(|per_cpu| per_cpu.iter().fold(EndpointStats::default(), |a, b| a + *b))
+                .unwrap_or_default();
+            rows.push(EndpointRow {
+                ip: key_ip(&key),
+                endpoint: ep,
+                owner,
+                stats: counters,
+            });
+        }
+        rows.sort_by_key(|r| (r.ip.is_ipv6(), r.ip));
+        Ok(rows)
+    }
+}
+
+/// Network directories under the default pin base.
+fn list_networks() -> Vec<String> {
+    std::fs::read_dir(DEFAULT_PIN_BASE)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.path().join(pin_dirs::MAPS).is_dir())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn key_ip(k: &IpKey) -> IpAddr {
+    match k.as_v4() {
+        Some(v4) => IpAddr::V4(Ipv4Addr::from(v4)),
+        None => IpAddr::V6(Ipv6Addr::from(k.addr)),
+    }
+}
+
+pub struct EndpointRow {
+    pub ip: IpAddr,
+    pub endpoint: Endpoint,
+    pub owner: Option<EndpointInfo>,
+    pub stats: EndpointStats,
+}
