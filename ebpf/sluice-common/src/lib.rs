@@ -33,6 +33,10 @@ pub mod map_names {
     pub const ENDPOINT_INFO: &str = "sl_ep_info";
     /// index 0 -> [`crate::DatapathMeta`].
     pub const META: &str = "sl_meta";
+    /// [`crate::reason`] -> packets (per CPU).
+    pub const COUNTERS: &str = "sl_counters";
+    /// index 0 -> [`crate::NodeConfig`].
+    pub const CONFIG: &str = "sl_config";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -41,6 +45,71 @@ pub mod prog_names {
     pub const FROM_POD: &str = "from_pod";
     /// tc egress of a host veth: packets going to the pod.
     pub const TO_POD: &str = "to_pod";
+    /// tc ingress of the node's uplink.
+    pub const UPLINK_IN: &str = "uplink_in";
+    /// XDP on the node's uplink.
+    pub const UPLINK_XDP: &str = "uplink_xdp";
+}
+
+/// Why a program let a packet go, redirected it or dropped it: indexes of the
+/// per-CPU `sl_counters` array. Append only (the index is the map layout).
+pub mod reason {
+    /// from-pod: delivered into a pod on this node with `bpf_redirect_peer`.
+    pub const FROM_POD_TO_LOCAL_POD: u32 = 0;
+    /// from-pod: forwarded by FIB lookup with `bpf_redirect` (neighbour known).
+    pub const FROM_POD_FIB_REDIRECT: u32 = 1;
+    /// from-pod: forwarded by FIB lookup with `bpf_redirect_neigh`.
+    pub const FROM_POD_FIB_NEIGH: u32 = 2;
+    /// from-pod: the FIB says the node itself is the destination.
+    pub const FROM_POD_TO_HOST: u32 = 3;
+    /// from-pod: the FIB could not forward (unreachable, fragmentation needed,
+    /// forwarding off, ...); the kernel decides and answers with ICMP.
+    pub const FROM_POD_FIB_PASS: u32 = 4;
+    /// Not IPv4 or IPv6 (ARP, LLDP, ...): passed to the kernel.
+    pub const PASS_NOT_IP: u32 = 5;
+    /// TTL/hop limit would expire: passed so the kernel sends time-exceeded.
+    pub const PASS_TTL: u32 = 6;
+    /// Header shorter than it claims or truncated frame: dropped.
+    pub const DROP_MALFORMED: u32 = 7;
+    /// uplink tc: delivered into a local pod.
+    pub const UPLINK_TO_POD: u32 = 8;
+    /// uplink tc: not for a pod, passed to the kernel.
+    pub const UPLINK_PASS: u32 = 9;
+    /// uplink XDP: redirected into a local pod.
+    pub const XDP_TO_POD: u32 = 10;
+    /// uplink XDP: handed to the tc program / kernel (not for a pod, or the pod
+    /// is not ready for XDP frames, or a case XDP does not handle).
+    pub const XDP_PASS_TO_TC: u32 = 11;
+    /// A redirect helper refused the packet: passed to the kernel instead.
+    pub const PASS_REDIRECT_FAILED: u32 = 12;
+    /// IPv4 with options or fragments: routed without inspecting L4.
+    pub const IPV4_OPTIONS_OR_FRAGMENT: u32 = 13;
+    /// from-pod: destination is the sending pod itself (hairpin to self).
+    pub const FROM_POD_TO_SELF: u32 = 14;
+    /// to-pod (host veth egress): packets the kernel sent into a pod.
+    pub const TO_POD_FROM_KERNEL: u32 = 15;
+    /// Slots in the array.
+    pub const MAX: u32 = 64;
+
+    /// Counter names, by index, for `sluicectl counters`.
+    pub const NAMES: [&str; 16] = [
+        "from_pod_to_local_pod",
+        "from_pod_fib_redirect",
+        "from_pod_fib_neigh",
+        "from_pod_to_host",
+        "from_pod_fib_pass",
+        "pass_not_ip",
+        "pass_ttl",
+        "drop_malformed",
+        "uplink_to_pod",
+        "uplink_pass",
+        "xdp_to_pod",
+        "xdp_pass_to_tc",
+        "pass_redirect_failed",
+        "ipv4_options_or_fragment",
+        "from_pod_to_self",
+        "to_pod_from_kernel",
+    ];
 }
 
 /// Default sizes of the maps (entries).
@@ -102,6 +171,27 @@ pub struct Endpoint {
 pub mod endpoint_flags {
     /// The endpoint's address is IPv6.
     pub const IPV6: u32 = 1 << 0;
+    /// The pod end of the veth can take XDP frames (GRO on, so veth NAPI runs):
+    /// the uplink's XDP program may redirect into it.
+    pub const XDP_READY: u32 = 1 << 1;
+}
+
+/// Node-wide settings the programs read, at index 0 of `sl_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeConfig {
+    /// ifindex of the uplink (0: none attached).
+    pub uplink_ifindex: u32,
+    /// [`config_flags`].
+    pub flags: u32,
+    /// MAC of the uplink: XDP only takes frames addressed to it.
+    pub uplink_mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+pub mod config_flags {
+    /// Programs emit debug log lines (aya-log).
+    pub const DEBUG_LOG: u32 = 1 << 0;
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.
@@ -211,6 +301,7 @@ mod pod {
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::DatapathMeta {}
+    unsafe impl aya::Pod for super::NodeConfig {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -266,6 +357,8 @@ mod tests {
         assert_eq!(size_of::<EndpointStats>(), 32);
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
+        assert_eq!(size_of::<NodeConfig>(), 16);
+        assert_eq!(reason::NAMES.len() as u32, reason::TO_POD_FROM_KERNEL + 1);
     }
 
     #[test]

@@ -1,36 +1,61 @@
-//! Per-endpoint packet and byte counters, keyed by the host veth's ifindex.
-use aya_ebpf::programs::TcContext;
+//! Per-endpoint packet and byte counters, keyed by the host veth's ifindex, and
+//! delivery straight into a pod.
+use aya_ebpf::helpers::{bpf_redirect, bpf_redirect_peer};
+use sluice_common::Endpoint;
 
-use crate::maps::ENDPOINT_STATS;
+use crate::{counters::count, l3::Headers, maps::ENDPOINT_STATS};
 
+/// Counts a packet the pod on `ifindex` sent. Userspace creates the entry at ADD,
+/// so the hot path never inserts.
 #[inline(always)]
-fn ifindex(ctx: &TcContext) -> u32 {
-    // SAFETY: `skb` points at the context the kernel passed in; reading a field is
-    // a plain context access the verifier allows.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
-
-/// Counts a packet the pod sent. Userspace creates the entry at ADD, so the hot
-/// path never inserts.
-#[inline(always)]
-pub fn count_from_pod(ctx: &TcContext) {
-    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex(ctx)) {
+pub fn count_from_pod(ifindex: u32, len: u32) {
+    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex) {
         // SAFETY: per-CPU value, only this CPU writes it while the program runs.
         unsafe {
             (*s).from_pod_packets += 1;
-            (*s).from_pod_bytes += u64::from(ctx.len());
+            (*s).from_pod_bytes += u64::from(len);
         }
     }
 }
 
-/// Counts a packet going into the pod.
+/// Counts a packet going into the pod on `ifindex`.
 #[inline(always)]
-pub fn count_to_pod(ctx: &TcContext) {
-    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex(ctx)) {
+pub fn count_to_pod(ifindex: u32, len: u32) {
+    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex) {
         // SAFETY: as above.
         unsafe {
             (*s).to_pod_packets += 1;
-            (*s).to_pod_bytes += u64::from(ctx.len());
+            (*s).to_pod_bytes += u64::from(len);
         }
     }
+}
+
+/// Rewrites the frame for the pod's link (MACs, TTL) and counts it. The caller
+/// has checked that the TTL does not expire.
+#[inline(always)]
+fn prepare(h: &Headers, ep: &Endpoint, len: u32) {
+    h.decrement_ttl();
+    h.set_macs(ep.pod_mac, ep.host_mac);
+    count_to_pod(ep.ifindex, len);
+}
+
+/// tc: delivers into the pod with `bpf_redirect_peer` — from the host veth's
+/// ingress straight to the pod end's ingress, without the backlog queue (only
+/// valid from tc ingress). Returns the tc verdict.
+#[inline(always)]
+pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
+    prepare(h, ep, len);
+    count(reason);
+    // SAFETY: plain helper call; a bad ifindex makes the kernel drop the packet.
+    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+}
+
+/// XDP: redirects the frame to the host veth, whose `ndo_xdp_xmit` puts it on the
+/// pod end's receive queue. Returns the XDP verdict.
+#[inline(always)]
+pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
+    prepare(h, ep, len);
+    count(reason);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(ep.ifindex, 0) as u32 }
 }

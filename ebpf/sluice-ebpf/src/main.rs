@@ -1,29 +1,150 @@
-//! Sluice's datapath: TC programs attached to each pod's host-side veth.
+//! Sluice's datapath.
 //!
-//! `from_pod` runs on tc ingress of the host veth (packets the pod sent),
-//! `to_pod` on tc egress (packets going into the pod).
+//! - `from_pod` (tc ingress of a pod's host veth): to a pod on this node ->
+//!   `bpf_redirect_peer` into it; otherwise FIB lookup and redirect out of the
+//!   egress device, or pass to the kernel where the FIB says local.
+//! - `to_pod` (tc egress of a host veth): what the kernel sends into a pod.
+//! - `uplink_in` (tc ingress of the node's uplink): packets for local pods go
+//!   straight into them.
+//! - `uplink_xdp` (XDP on the uplink): the same, earlier; what it does not
+//!   handle is passed on to `uplink_in`.
+//!
+//! Nothing a program does not understand is dropped silently: it is passed to the
+//! kernel with a counted reason, or dropped with one when the kernel would drop
+//! it too (a truncated header).
 #![no_std]
 #![no_main]
 
+mod counters;
 mod endpoint;
+mod forward;
+mod l3;
 mod maps;
+mod packet;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_SHOT},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+use sluice_common::{endpoint_flags, reason};
+
+use crate::{counters::count, l3::Headers, maps::ENDPOINTS, packet::pull};
 
 /// tcx verdict that hands the packet to the next program, or to the kernel when
 /// there is none (`TCX_NEXT`, the same value as `TC_ACT_UNSPEC` for cls_bpf).
-const TCX_NEXT: i32 = -1;
+pub const TCX_NEXT: i32 = -1;
+
+/// Ethernet + the largest fixed IP header the programs read.
+const HEADERS_LEN: usize = 14 + 40;
+
+/// `skb->pkt_type` of a frame addressed to this host.
+const PACKET_HOST: u32 = 0;
+
+#[inline(always)]
+fn skb_field_ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: `skb` points at the context the kernel passed in.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+#[inline(always)]
+fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
+    pull(ctx, HEADERS_LEN);
+    l3::parse(ctx).map_err(|v| {
+        count(v.reason);
+        if v.drop {
+            TC_ACT_SHOT
+        } else {
+            TCX_NEXT
+        }
+    })
+}
 
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
-    endpoint::count_from_pod(&ctx);
-    TCX_NEXT
+    let ifindex = skb_field_ifindex(&ctx);
+    endpoint::count_from_pod(ifindex, ctx.len());
+    let h = match parse_tc(&ctx) {
+        Ok(h) => h,
+        Err(verdict) => return verdict,
+    };
+    if h.v4_options_or_fragment() {
+        count(reason::IPV4_OPTIONS_OR_FRAGMENT);
+    }
+    // SAFETY: the map value is only read.
+    if let Some(ep) = unsafe { ENDPOINTS.get(&h.dst_key()) } {
+        if ep.ifindex == ifindex {
+            count(reason::FROM_POD_TO_SELF);
+            return TCX_NEXT;
+        }
+        if h.ttl() <= 1 {
+            count(reason::PASS_TTL);
+            return TCX_NEXT;
+        }
+        return endpoint::deliver_tc(&h, ep, ctx.len(), reason::FROM_POD_TO_LOCAL_POD);
+    }
+    forward::forward(&ctx, &h, ifindex)
 }
 
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
-    endpoint::count_to_pod(&ctx);
+    endpoint::count_to_pod(skb_field_ifindex(&ctx), ctx.len());
+    count(reason::TO_POD_FROM_KERNEL);
     TCX_NEXT
+}
+
+#[classifier]
+pub fn uplink_in(ctx: TcContext) -> i32 {
+    // SAFETY: `skb` points at the context the kernel passed in.
+    if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
+        return TCX_NEXT;
+    }
+    let h = match parse_tc(&ctx) {
+        Ok(h) => h,
+        Err(verdict) => return verdict,
+    };
+    // SAFETY: the map value is only read.
+    match unsafe { ENDPOINTS.get(&h.dst_key()) } {
+        Some(ep) if h.ttl() > 1 => {
+            endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD)
+        }
+        Some(_) => {
+            count(reason::PASS_TTL);
+            TCX_NEXT
+        }
+        None => {
+            count(reason::UPLINK_PASS);
+            TCX_NEXT
+        }
+    }
+}
+
+#[xdp]
+pub fn uplink_xdp(ctx: XdpContext) -> u32 {
+    let h = match l3::parse(&ctx) {
+        Ok(h) => h,
+        // Malformed frames are left to tc and the kernel, which count and drop.
+        Err(_) => {
+            count(reason::XDP_PASS_TO_TC);
+            return xdp_action::XDP_PASS;
+        }
+    };
+    // Only frames addressed to the uplink itself; the rest is the kernel's.
+    let uplink_mac = maps::CONFIG.get(0).map(|c| c.uplink_mac);
+    if uplink_mac != Some(h.dst_mac()) {
+        return xdp_action::XDP_PASS;
+    }
+    // SAFETY: the map value is only read.
+    match unsafe { ENDPOINTS.get(&h.dst_key()) } {
+        Some(ep) if ep.flags & endpoint_flags::XDP_READY != 0 && h.ttl() > 1 => {
+            let len = (ctx.data_end() - ctx.data()) as u32;
+            endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
+        }
+        _ => {
+            count(reason::XDP_PASS_TO_TC);
+            xdp_action::XDP_PASS
+        }
+    }
 }
 
 #[cfg(not(test))]

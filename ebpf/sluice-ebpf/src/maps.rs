@@ -2,9 +2,11 @@
 //! pinned by name so that a later load (and `sluicectl`) finds the same map.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
 };
-use sluice_common::{map_sizes, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey};
+use sluice_common::{
+    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey, NodeConfig,
+};
 
 #[map(name = "sl_endpoints")]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint> = HashMap::pinned(map_sizes::ENDPOINTS, 0);
@@ -20,3 +22,9 @@ pub static ENDPOINT_INFO: HashMap<u32, EndpointInfo> =
 
 #[map(name = "sl_meta")]
 pub static META: Array<DatapathMeta> = Array::pinned(1, 0);
+
+#[map(name = "sl_counters")]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(reason::MAX, 0);
+
+#[map(name = "sl_config")]
+pub static CONFIG: Array<NodeConfig> = Array::pinned(1, 0);

@@ -1,0 +1,110 @@
+//! Forwarding of pod traffic that is not for a pod on this node: the kernel's FIB
+//! decides (`bpf_fib_lookup`), the program sends the packet out of the egress
+//! device itself (`bpf_redirect` / `bpf_redirect_neigh`) instead of walking the
+//! host stack. Anything the FIB cannot forward goes to the kernel unchanged, so
+//! ICMP errors, local delivery and policy routing keep working.
+use core::mem::size_of;
+
+use aya_ebpf::{
+    bindings::{
+        bpf_fib_lookup as FibParams, bpf_redir_neigh, BPF_FIB_LKUP_RET_NOT_FWDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    programs::TcContext,
+    EbpfContext,
+};
+use sluice_common::reason;
+
+use crate::{
+    counters::count,
+    l3::{Headers, AF_INET, AF_INET6, L3},
+    TCX_NEXT,
+};
+
+/// Forwards a packet from a pod by FIB lookup. `ifindex` is the ingress device.
+#[inline(always)]
+pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
+    // SAFETY: zero is a valid value for every field of the C struct.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.ifindex = ifindex;
+    // SAFETY: header pointers were bounds checked by `l3::parse`.
+    match h.l3 {
+        L3::V4(ip) => unsafe {
+            p.family = AF_INET;
+            p.l4_protocol = (*ip).proto;
+            p.__bindgen_anon_1.tot_len = u16::from_be_bytes((*ip).tot_len);
+            p.__bindgen_anon_2.tos = (*ip).tos;
+            p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).src_addr);
+            p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).dst_addr);
+        },
+        L3::V6(ip) => unsafe {
+            p.family = AF_INET6;
+            p.l4_protocol = (*ip).next_hdr;
+            p.__bindgen_anon_1.tot_len =
+                u16::from_be_bytes((*ip).payload_len).saturating_add(40);
+            p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes((*ip).vcf) & 0xffff_ff0f;
+            p.__bindgen_anon_3.ipv6_src = core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).src_addr);
+            p.__bindgen_anon_4.ipv6_dst = core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).dst_addr);
+        },
+    }
+    // SAFETY: `p` is a valid bpf_fib_lookup of the size passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut p,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    } as u32;
+    match rc {
+        BPF_FIB_LKUP_RET_SUCCESS => {
+            if h.ttl() <= 1 {
+                count(reason::PASS_TTL);
+                return TCX_NEXT;
+            }
+            h.decrement_ttl();
+            h.set_macs(p.dmac, p.smac);
+            count(reason::FROM_POD_FIB_REDIRECT);
+            // SAFETY: plain helper call.
+            unsafe { bpf_redirect(p.ifindex, 0) as i32 }
+        }
+        BPF_FIB_LKUP_RET_NO_NEIGH => {
+            if h.ttl() <= 1 {
+                count(reason::PASS_TTL);
+                return TCX_NEXT;
+            }
+            h.decrement_ttl();
+            // The lookup filled in the next hop (gateway or destination).
+            // SAFETY: reading the union members the helper set for this family.
+            let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+            unsafe {
+                if p.family == AF_INET {
+                    nh.nh_family = u32::from(AF_INET);
+                    nh.__bindgen_anon_1.ipv4_nh = p.__bindgen_anon_4.ipv4_dst;
+                } else {
+                    nh.nh_family = u32::from(AF_INET6);
+                    nh.__bindgen_anon_1.ipv6_nh = p.__bindgen_anon_4.ipv6_dst;
+                }
+            }
+            count(reason::FROM_POD_FIB_NEIGH);
+            // SAFETY: `nh` is a valid bpf_redir_neigh of the size passed.
+            unsafe {
+                bpf_redirect_neigh(
+                    p.ifindex,
+                    &mut nh,
+                    size_of::<bpf_redir_neigh>() as i32,
+                    0,
+                ) as i32
+            }
+        }
+        BPF_FIB_LKUP_RET_NOT_FWDED => {
+            count(reason::FROM_POD_TO_HOST);
+            TCX_NEXT
+        }
+        _ => {
+            count(reason::FROM_POD_FIB_PASS);
+            TCX_NEXT
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Network-layer parsing and the edits forwarding needs (TTL, MACs).
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+use sluice_common::{reason, IpKey};
+
+use crate::packet::{ptr_at, Packet};
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+
+/// The parsed headers of an IP packet.
+pub struct Headers {
+    pub eth: *mut EthHdr,
+    pub l3: L3,
+}
+
+pub enum L3 {
+    V4(*mut Ipv4Hdr),
+    V6(*mut Ipv6Hdr),
+}
+
+/// Why parsing stopped: the counter to bump and whether to drop.
+pub struct Verdict {
+    pub reason: u32,
+    pub drop: bool,
+}
+
+/// Parses Ethernet + IPv4/IPv6 headers. Non-IP frames are passed; frames too
+/// short for the header they announce are dropped (the kernel would drop them too).
+#[inline(always)]
+pub fn parse(p: &impl Packet) -> Result<Headers, Verdict> {
+    let eth: *mut EthHdr = ptr_at(p, 0).ok_or(Verdict {
+        reason: reason::DROP_MALFORMED,
+        drop: true,
+    })?;
+    // SAFETY: bounds checked by ptr_at.
+    let proto = u16::from_be(unsafe { (*eth).ether_type });
+    match proto {
+        ETH_P_IP => {
+            let ip: *mut Ipv4Hdr = ptr_at(p, EthHdr::LEN).ok_or(Verdict {
+                reason: reason::DROP_MALFORMED,
+                drop: true,
+            })?;
+            // SAFETY: bounds checked.
+            let vihl = unsafe { (*ip).vihl };
+            let total = u16::from_be_bytes(unsafe { (*ip).tot_len }) as usize;
+            let ihl = ((vihl & 0x0f) as usize) * 4;
+            if vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN || total < ihl {
+                return Err(Verdict {
+                    reason: reason::DROP_MALFORMED,
+                    drop: true,
+                });
+            }
+            Ok(Headers {
+                eth,
+                l3: L3::V4(ip),
+            })
+        }
+        ETH_P_IPV6 => {
+            let ip: *mut Ipv6Hdr = ptr_at(p, EthHdr::LEN).ok_or(Verdict {
+                reason: reason::DROP_MALFORMED,
+                drop: true,
+            })?;
+            // SAFETY: bounds checked.
+            if unsafe { (*ip).vcf[0] } >> 4 != 6 {
+                return Err(Verdict {
+                    reason: reason::DROP_MALFORMED,
+                    drop: true,
+                });
+            }
+            Ok(Headers {
+                eth,
+                l3: L3::V6(ip),
+            })
+        }
+        _ => Err(Verdict {
+            reason: reason::PASS_NOT_IP,
+            drop: false,
+        }),
+    }
+}
+
+impl Headers {
+    /// The destination as a map key.
+    #[inline(always)]
+    pub fn dst_key(&self) -> IpKey {
+        // SAFETY: the pointers were bounds checked by `parse`.
+        match self.l3 {
+            L3::V4(ip) => IpKey::v4(unsafe { (*ip).dst_addr }),
+            L3::V6(ip) => IpKey::v6(unsafe { (*ip).dst_addr }),
+        }
+    }
+
+    /// TTL or hop limit.
+    #[inline(always)]
+    pub fn ttl(&self) -> u8 {
+        // SAFETY: bounds checked by `parse`.
+        match self.l3 {
+            L3::V4(ip) => unsafe { (*ip).ttl },
+            L3::V6(ip) => unsafe { (*ip).hop_limit },
+        }
+    }
+
+    /// IPv4 with options or a fragment (counted; routing does not need L4).
+    #[inline(always)]
+    pub fn v4_options_or_fragment(&self) -> bool {
+        match self.l3 {
+            // SAFETY: bounds checked by `parse`.
+            L3::V4(ip) => unsafe {
+                (*ip).vihl & 0x0f != 5 || u16::from_be_bytes((*ip).frags) & 0x3fff != 0
+            },
+            L3::V6(_) => false,
+        }
+    }
+
+    /// Decrements the TTL (with the IPv4 checksum update of the kernel's
+    /// `ip_decrease_ttl`) or the hop limit. Callers check `ttl() > 1` first.
+    #[inline(always)]
+    pub fn decrement_ttl(&self) {
+        match self.l3 {
+            // SAFETY: bounds checked by `parse`; the program may write the packet.
+            L3::V4(ip) => unsafe {
+                let mut check = u32::from(u16::from_ne_bytes((*ip).check));
+                check += u32::from(0x0100u16.to_be());
+                let folded = (check + u32::from(check >= 0xffff)) as u16;
+                (*ip).check = folded.to_ne_bytes();
+                (*ip).ttl -= 1;
+            },
+            L3::V6(ip) => unsafe { (*ip).hop_limit -= 1 },
+        }
+    }
+
+    /// Sets the Ethernet addresses.
+    #[inline(always)]
+    pub fn set_macs(&self, dst: [u8; 6], src: [u8; 6]) {
+        // SAFETY: bounds checked by `parse`.
+        unsafe {
+            (*self.eth).dst_addr = dst;
+            (*self.eth).src_addr = src;
+        }
+    }
+
+    /// Destination MAC of the frame.
+    #[inline(always)]
+    pub fn dst_mac(&self) -> [u8; 6] {
+        // SAFETY: bounds checked by `parse`.
+        unsafe { (*self.eth).dst_addr }
+    }
+}

@@ -1,0 +1,53 @@
+//! Bounds-checked access to packet headers, for tc and XDP alike.
+use core::mem::size_of;
+
+use aya_ebpf::programs::{TcContext, XdpContext};
+
+/// Direct packet access: the verifier only allows a read or write at
+/// `data + off` after a comparison against `data_end`.
+pub trait Packet {
+    fn data(&self) -> usize;
+    fn data_end(&self) -> usize;
+}
+
+impl Packet for TcContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        TcContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        TcContext::data_end(self)
+    }
+}
+
+impl Packet for XdpContext {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        XdpContext::data(self)
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        XdpContext::data_end(self)
+    }
+}
+
+/// A pointer to a `T` at `off`, if the whole `T` lies inside the packet.
+#[inline(always)]
+pub fn ptr_at<T>(p: &impl Packet, off: usize) -> Option<*mut T> {
+    let start = p.data();
+    let end = p.data_end();
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    Some((start + off) as *mut T)
+}
+
+/// Makes the first `len` bytes of a (possibly non-linear) skb directly readable
+/// (`bpf_skb_pull_data`); a failure shows up as the bounds check failing later.
+#[inline(always)]
+pub fn pull(ctx: &TcContext, len: usize) {
+    if ctx.data() + len > ctx.data_end() {
+        let _ = ctx.pull_data(len as u32);
+    }
+}
