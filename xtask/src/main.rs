@@ -1,1 +1,35 @@
-fn main() {}
+//! `cargo xtask`: Sluice's developer tooling. One module per subcommand; the
+//! command line is in `cli`.
+mod cli;
+mod cmd;
+mod host;
+mod ws;
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let _ws = ws::Workspace::locate()?;
+    match cli.command {
+        Command::Setup(_) => bail!("`cargo xtask setup` is not implemented yet"),
+        Command::BuildEbpf(_) => bail!("`cargo xtask build-ebpf` is not implemented yet"),
+        Command::Build(_) => bail!("`cargo xtask build` is not implemented yet"),
+        Command::Test(_) => bail!("`cargo xtask test` is not implemented yet"),
+        Command::Demo(_) => bail!("`cargo xtask demo` is not implemented yet"),
+        Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
+    }
+}
