@@ -2,7 +2,9 @@
 //! command line is in `cli`.
 mod cli;
 mod cmd;
+mod elf;
 mod host;
+mod setup;
 mod ws;
 
 use std::process::ExitCode;
@@ -23,9 +25,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let _ws = ws::Workspace::locate()?;
+    let ws = ws::Workspace::locate()?;
     match cli.command {
-        Command::Setup(_) => bail!("`cargo xtask setup` is not implemented yet"),
+        Command::Setup(args) => setup::run(&args),
         Command::BuildEbpf(_) => bail!("`cargo xtask build-ebpf` is not implemented yet"),
         Command::Build(_) => bail!("`cargo xtask build` is not implemented yet"),
         Command::Test(_) => bail!("`cargo xtask test` is not implemented yet"),
