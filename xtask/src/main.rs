@@ -1,7 +1,9 @@
 //! `cargo xtask`: Sluice's developer tooling. One module per subcommand; the
 //! command line is in `cli`.
+mod build;
 mod cli;
 mod cmd;
+mod ebpf;
 mod elf;
 mod host;
 mod setup;
@@ -28,8 +30,8 @@ fn run(cli: Cli) -> Result<()> {
     let ws = ws::Workspace::locate()?;
     match cli.command {
         Command::Setup(args) => setup::run(&args),
-        Command::BuildEbpf(_) => bail!("`cargo xtask build-ebpf` is not implemented yet"),
-        Command::Build(_) => bail!("`cargo xtask build` is not implemented yet"),
+        Command::BuildEbpf(args) => ebpf::run(&ws, &args),
+        Command::Build(args) => build::run(&ws, &args),
         Command::Test(_) => bail!("`cargo xtask test` is not implemented yet"),
         Command::Demo(_) => bail!("`cargo xtask demo` is not implemented yet"),
         Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
