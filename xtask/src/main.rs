@@ -6,7 +6,9 @@ mod cmd;
 mod ebpf;
 mod elf;
 mod host;
+mod leaks;
 mod setup;
+mod test;
 mod ws;
 
 use std::process::ExitCode;
@@ -32,7 +34,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Setup(args) => setup::run(&args),
         Command::BuildEbpf(args) => ebpf::run(&ws, &args),
         Command::Build(args) => build::run(&ws, &args),
-        Command::Test(_) => bail!("`cargo xtask test` is not implemented yet"),
+        Command::Test(args) => test::run(&ws, &args),
         Command::Demo(_) => bail!("`cargo xtask demo` is not implemented yet"),
         Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
     }
