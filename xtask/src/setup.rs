@@ -429,7 +429,15 @@ fn install(root: &Path, prefix: &Path, nightly: &NightlyLlvm) -> Result<()> {
     let started = Instant::now();
     cmd::run(
         Command::new("cargo")
-            .args(["install", LINKER, "--no-default-features", "--features"])
+            // 0.13.0 is the release TOOLCHAIN.md verified against LLVM 22.
+            .args([
+                "install",
+                LINKER,
+                "--version",
+                "0.13.0",
+                "--no-default-features",
+                "--features",
+            ])
             .arg(format!("llvm-{}", nightly.major))
             .arg("--force")
             .arg("--root")

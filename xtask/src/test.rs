@@ -55,7 +55,14 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
         st.skip(&LINT_STAGES, "--no-lint");
     } else {
         st.run("fmt", || {
-            cmd::run(cargo(ws).args(["fmt", "--all", "--check"]))
+            cmd::run(cargo(ws).args(["fmt", "--all", "--check"]))?;
+            // The eBPF crate is its own workspace, outside `--all`.
+            let manifest = ws.root.join("ebpf/sluice-ebpf/Cargo.toml");
+            cmd::run(
+                cargo(ws)
+                    .args(["fmt", "--check", "--manifest-path"])
+                    .arg(&manifest),
+            )
         })?;
         st.run("clippy", || {
             cmd::run(
