@@ -8,6 +8,7 @@ pub mod ipam;
 pub mod lock;
 pub mod netlink;
 pub mod netns;
+pub mod node;
 pub mod state;
 
 use std::io::{IsTerminal, Read};

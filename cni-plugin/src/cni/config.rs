@@ -21,6 +21,25 @@ pub const MAX_STDIN_BYTES: u64 = 8 << 20;
 /// Default directory for per-attachment records (`<stateDir>/<network>/`).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
 
+/// XDP on the uplink (config `xdp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpMode {
+    /// The default: native, except generic on a veth uplink (see `datapath`).
+    Auto,
+    /// In the driver; falls back to generic when the driver lacks it (logged).
+    Native,
+    /// In the core stack (works on any device, slower).
+    Generic,
+    Off,
+}
+
+/// Another node's pods (config `nodes`): traffic to `pod_cidr` goes to `node_ip`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteNode {
+    pub pod_cidr: ipnetwork::IpNetwork,
+    pub node_ip: IpAddr,
+}
+
 /// Which IPAM serves this network.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IpamKind {
@@ -58,6 +77,11 @@ pub struct NetConf {
     pub prev_result: Option<CniResult>,
     /// `args.cni.ips`.
     pub arg_ips: Vec<IpAddr>,
+    /// Node uplink by name; `None`: the interface of the default route.
+    pub uplink: Option<String>,
+    pub xdp: XdpMode,
+    /// Static routes to other nodes' pod ranges.
+    pub nodes: Vec<RemoteNode>,
     /// GC: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<AttachmentId>>,
     /// The bytes read from stdin, passed unchanged to delegated plugins.
@@ -195,6 +219,28 @@ impl NetConf {
             }
         }
 
+        let uplink = match string(o, "uplink", "")? {
+            Some(u) => {
+                crate::cni::env::validate_ifname(&u).map_err(|r| Error::config("uplink", &u, r))?;
+                Some(u)
+            }
+            None => None,
+        };
+        let xdp = match string(o, "xdp", "")?.as_deref() {
+            None | Some("auto") => XdpMode::Auto,
+            Some("native") => XdpMode::Native,
+            Some("generic") => XdpMode::Generic,
+            Some("off") => XdpMode::Off,
+            Some(other) => {
+                return Err(Error::config(
+                    "xdp",
+                    other,
+                    "must be auto, native, generic or off",
+                ))
+            }
+        };
+        let nodes = parse_nodes(o)?;
+
         // libcni sends both spellings (containernetworking/cni#1101).
         let valid_attachments = match ["cni.dev/valid-attachments", "cni.dev/attachments"]
             .iter()
@@ -217,6 +263,9 @@ impl NetConf {
             runtime,
             prev_result,
             arg_ips,
+            uplink,
+            xdp,
+            nodes,
             valid_attachments,
             raw: bytes.to_vec(),
         })
@@ -251,6 +300,30 @@ fn absolute_path(key: &str, p: &str) -> Result<PathBuf, Error> {
         ));
     }
     Ok(path)
+}
+
+fn parse_nodes(o: &json::Object) -> Result<Vec<RemoteNode>, Error> {
+    let mut out = Vec::new();
+    for (i, n) in array(o, "nodes", "")?.iter().enumerate() {
+        let what = format!("nodes[{i}]");
+        let no = object(n, &what)?;
+        let cidr_s = string(no, "podCIDR", &what)?.unwrap_or_default();
+        let pod_cidr = super::parse_cidr(&cidr_s)
+            .ok_or_else(|| Error::config(format!("{what}.podCIDR"), &cidr_s, "must be a CIDR"))?;
+        let ip_s = string(no, "nodeIP", &what)?.unwrap_or_default();
+        let node_ip: IpAddr = ip_s
+            .parse()
+            .map_err(|_| Error::config(format!("{what}.nodeIP"), &ip_s, "must be an IP address"))?;
+        if node_ip.is_ipv4() != pod_cidr.is_ipv4() {
+            return Err(Error::config(
+                format!("{what}.nodeIP"),
+                &ip_s,
+                "address family differs from podCIDR",
+            ));
+        }
+        out.push(RemoteNode { pod_cidr, node_ip });
+    }
+    Ok(out)
 }
 
 fn parse_attachments(o: &json::Object, key: &str) -> Result<Vec<AttachmentId>, Error> {
@@ -306,6 +379,8 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/cni/sluice/slnet"));
         assert_eq!(c.mtu, None);
         assert!(!c.ip_masq);
+        assert_eq!(c.xdp, XdpMode::Auto);
+        assert!(c.nodes.is_empty() && c.uplink.is_none());
     }
 
     #[test]
@@ -324,6 +399,9 @@ mod tests {
             "args": {"cni": {"ips": ["10.22.0.10/24"], "labels": [{"key": "a", "value": "b"}]}},
             "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.9.0.2/24"}]},
             "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}],
+            "uplink": "eth1",
+            "xdp": "generic",
+            "nodes": [{"podCIDR": "10.23.0.0/24", "nodeIP": "192.0.2.2"}],
             "someUnknownKey": [1, 2, 3]
         }))
         .unwrap();
@@ -337,6 +415,9 @@ mod tests {
             IpamKind::Delegate("host-local".into())
         );
         assert_eq!(c.prev_result.unwrap().ips.len(), 1);
+        assert_eq!(c.uplink.as_deref(), Some("eth1"));
+        assert_eq!(c.xdp, XdpMode::Generic);
+        assert_eq!(c.nodes[0].node_ip, "192.0.2.2".parse::<IpAddr>().unwrap());
         assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c1");
         let args_ip: IpAddr = "10.22.0.11".parse().unwrap();
         let req = NetConf::parse(&c.raw).unwrap().requested_ips(&[args_ip]);

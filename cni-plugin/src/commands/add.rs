@@ -13,12 +13,13 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{Datapath, EndpointSpec},
+    datapath::{Datapath, EndpointSpec, NodeSettings},
     error::Error,
     interface,
     ipam::Ipam,
     netlink::Netlink,
     netns::Netns,
+    node,
     state::{host_veth_name, AttachmentRecord, StateStore},
 };
 
@@ -143,9 +144,10 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
     };
     store.save(&record)?;
 
+    let uplink = node::uplink(host_nl, conf.uplink.as_deref()).await?;
     let mtu = match conf.mtu {
         Some(m) => m,
-        None => interface::uplink_mtu(host_nl).await?,
+        None => node::uplink_mtu(host_nl, uplink.as_ref()).await?,
     };
     let pair = interface::create(
         host_nl,
@@ -162,13 +164,27 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
 
     interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
     interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;
-    interface::enable_forwarding(&ipam_result.ips)?;
+    node::enable_forwarding(&ipam_result.ips)?;
+    node::ensure_remote_routes(host_nl, &conf.nodes).await?;
+    // Without GRO the pod end would drop XDP-redirected frames; the uplink's XDP
+    // program then leaves this pod's traffic to tc.
+    let xdp_ready = match interface::enable_gro(pod_ns, &id.ifname) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("sluice: {e}; XDP will not deliver to this pod");
+            false
+        }
+    };
 
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
-    let guard = dp.ensure_loaded()?;
+    let guard = dp.ensure_loaded(&NodeSettings {
+        uplink,
+        xdp: conf.xdp,
+        pod_mtu: mtu,
+    })?;
     dp.add_endpoint(
         &guard,
         &EndpointSpec {
@@ -179,6 +195,7 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
             pod_mac,
             ips: &ips,
             netns_ino: pod_ns.inode(),
+            xdp_ready,
         },
     )?;
 

@@ -108,6 +108,7 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         pod_mac: pod_link.mac.unwrap_or_default(),
         ips: &ips,
         netns_ino: pod_ns.inode(),
+        xdp_ready: false,
     })?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();

@@ -10,17 +10,19 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
     programs::{
         links::{FdLink, PinnedLink},
         tc::SchedClassifierLink,
-        SchedClassifier, TcAttachType,
+        xdp::XdpLink,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     EbpfLoader,
 };
+use aya_obj::programs::XdpAttachType;
 use sluice_common::{
-    map_names, prog_names, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    LAYOUT_VERSION,
+    map_names, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
+    NodeConfig, LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -40,9 +42,21 @@ const TC_PROGRAMS: [(&str, TcAttachType); 2] = [
     (prog_names::TO_POD, TcAttachType::Egress),
 ];
 
+/// Every program of the object: its name and whether it is XDP (else tc).
+const ALL_PROGRAMS: [(&str, bool); 4] = [
+    (prog_names::FROM_POD, false),
+    (prog_names::TO_POD, false),
+    (prog_names::UPLINK_IN, false),
+    (prog_names::UPLINK_XDP, true),
+];
+
+/// Prefix of the uplink's link pins (`uplink<ifindex>-<program>`); pod links start
+/// with the host veth name (`sl...`), so the two never mix.
+pub const UPLINK_LINK_PREFIX: &str = "uplink";
+
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 4] {
+fn expected_maps() -> [(&'static str, usize, usize); 6] {
     use std::mem::size_of;
     [
         (
@@ -61,6 +75,8 @@ fn expected_maps() -> [(&'static str, usize, usize); 4] {
             size_of::<EndpointInfo>(),
         ),
         (map_names::META, size_of::<u32>(), size_of::<DatapathMeta>()),
+        (map_names::COUNTERS, size_of::<u32>(), size_of::<u64>()),
+        (map_names::CONFIG, size_of::<u32>(), size_of::<NodeConfig>()),
     ]
 }
 
@@ -124,7 +140,7 @@ pub fn check_pinned_maps(maps_dir: &Path) -> Result<(), Error> {
 
 /// Whether every program is pinned.
 pub fn programs_pinned(progs_dir: &Path) -> bool {
-    TC_PROGRAMS
+    ALL_PROGRAMS
         .iter()
         .all(|(name, _)| progs_dir.join(name).exists())
 }
@@ -143,20 +159,34 @@ pub fn load_and_pin(maps_dir: &Path, progs_dir: &Path, links_dir: &Path) -> Resu
         .default_map_pin_directory(maps_dir)
         .load(OBJECT)
         .map_err(|e| dp_err("load the eBPF object", e))?;
-    for (name, attach_type) in TC_PROGRAMS {
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?
-            .try_into()
-            .map_err(|e| dp_err(format!("load {name}"), e))?;
-        prog.load()
-            .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+    for (name, is_xdp) in ALL_PROGRAMS {
         let staged = progs_dir.join(format!("{name}-new"));
         unpin(&staged)?;
-        prog.pin(&staged)
-            .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
-        for link_path in link_pins(links_dir, name)? {
-            replace_link_program(prog, &link_path, attach_type)?;
+        let prog = ebpf
+            .program_mut(name)
+            .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?;
+        if is_xdp {
+            let prog: &mut Xdp = prog
+                .try_into()
+                .map_err(|e| dp_err(format!("load {name}"), e))?;
+            prog.load()
+                .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+            prog.pin(&staged)
+                .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
+            for link_path in link_pins(links_dir, name)? {
+                replace_xdp_link(prog, &link_path)?;
+            }
+        } else {
+            let prog: &mut SchedClassifier = prog
+                .try_into()
+                .map_err(|e| dp_err(format!("load {name}"), e))?;
+            prog.load()
+                .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+            prog.pin(&staged)
+                .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
+            for link_path in link_pins(links_dir, name)? {
+                replace_tc_link(prog, &link_path)?;
+            }
         }
         // Readers (`attach`) open progs/<name>; the rename swaps it in one step.
         let final_path = progs_dir.join(name);
@@ -197,38 +227,48 @@ fn link_pins(links_dir: &Path, prog: &str) -> Result<Vec<PathBuf>, Error> {
         .collect())
 }
 
-/// Points the pinned link at `prog` without detaching it (tcx `bpf_link_update`).
+/// Points the pinned tcx link at `prog` without detaching it (`bpf_link_update`).
 /// A link whose interface is gone cannot be updated; its pin is dropped.
-fn replace_link_program(
-    prog: &mut SchedClassifier,
-    link_path: &Path,
-    _attach_type: TcAttachType,
-) -> Result<(), Error> {
+fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(), Error> {
     let pinned = PinnedLink::from_pin(link_path)
         .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
     let link: SchedClassifierLink = FdLink::from(pinned)
         .try_into()
         .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
     match prog.attach_to_link(link) {
-        Ok(id) => {
-            // The pin keeps the link alive; taking it out of `prog` keeps the
-            // program's drop from touching it.
-            let link = prog
-                .take_link(id)
-                .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e))?;
-            drop(FdLink::try_from(link));
-            Ok(())
-        }
-        Err(e) => {
-            // ENOLINK: the veth went away under the link (defunct link).
-            let msg = e.to_string();
-            eprintln!(
-                "sluice: dropping pinned link {} that cannot be updated: {msg}",
-                link_path.display()
-            );
-            unpin(link_path)
-        }
+        // The pin keeps the link alive; taking it out of `prog` keeps the program's
+        // drop from touching it.
+        Ok(id) => prog
+            .take_link(id)
+            .map(drop)
+            .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e)),
+        Err(e) => drop_dead_link(link_path, &e),
     }
+}
+
+/// The same for an XDP link.
+fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), Error> {
+    let pinned = PinnedLink::from_pin(link_path)
+        .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
+    let link: XdpLink = FdLink::from(pinned)
+        .try_into()
+        .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
+    match prog.attach_to_link(link) {
+        Ok(id) => prog
+            .take_link(id)
+            .map(drop)
+            .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e)),
+        Err(e) => drop_dead_link(link_path, &e),
+    }
+}
+
+/// A link that cannot be updated (ENOLINK: its interface went away) is dropped.
+fn drop_dead_link(link_path: &Path, e: &dyn std::fmt::Display) -> Result<(), Error> {
+    eprintln!(
+        "sluice: dropping pinned link {} that cannot be updated: {e}",
+        link_path.display()
+    );
+    unpin(link_path)
 }
 
 fn link_path(links_dir: &Path, host_ifname: &str, prog: &str) -> PathBuf {
@@ -251,12 +291,7 @@ pub fn attach(progs_dir: &Path, links_dir: &Path, host_ifname: &str) -> Result<(
         let link = prog
             .take_link(id)
             .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;
-        let fd_link: FdLink = link
-            .try_into()
-            .map_err(|e| dp_err(format!("link of {name} on {host_ifname}"), e))?;
-        fd_link
-            .pin(&lp)
-            .map_err(|e| dp_err(format!("pin {}", lp.display()), e))?;
+        pin_link(link, &lp)?;
     }
     Ok(())
 }
@@ -273,7 +308,8 @@ pub fn detach(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
     first_err.map_or(Ok(()), Err)
 }
 
-/// Host veths that have pinned links, from the link pin names.
+/// Host veths that have pinned links, from the link pin names (uplink links are
+/// not pod attachments and are left out).
 pub fn attached_interfaces(links_dir: &Path) -> Result<Vec<String>, Error> {
     let mut out: Vec<String> = Vec::new();
     for (name, _) in TC_PROGRAMS {
@@ -283,7 +319,7 @@ pub fn attached_interfaces(links_dir: &Path) -> Result<Vec<String>, Error> {
                 .and_then(|n| n.to_str())
                 .and_then(|n| n.strip_suffix(&format!("-{name}")))
             {
-                if !out.iter().any(|o| o == ifname) {
+                if !ifname.starts_with(UPLINK_LINK_PREFIX) && !out.iter().any(|o| o == ifname) {
                     out.push(ifname.to_string());
                 }
             }
@@ -314,6 +350,117 @@ pub fn check_attached(links_dir: &Path, host_ifname: &str) -> Result<(), Error> 
         }
     }
     Ok(())
+}
+
+/// How the uplink's XDP program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttached {
+    Native,
+    Generic,
+    Off,
+}
+
+fn uplink_link_path(links_dir: &Path, ifindex: u32, prog: &str) -> PathBuf {
+    links_dir.join(format!("{UPLINK_LINK_PREFIX}{ifindex}-{prog}"))
+}
+
+/// Whether the uplink's tc program is attached (its link pin exists).
+pub fn uplink_attached(links_dir: &Path, ifindex: u32) -> bool {
+    uplink_link_path(links_dir, ifindex, prog_names::UPLINK_IN).exists()
+}
+
+/// Attaches `uplink_in` (tcx ingress) and, unless `xdp` is `None`, `uplink_xdp` to
+/// the uplink. Native XDP falls back to generic when the driver refuses it; an XDP
+/// failure leaves tc alone to do the job. Returns how XDP ended up.
+pub fn attach_uplink(
+    progs_dir: &Path,
+    links_dir: &Path,
+    ifname: &str,
+    ifindex: u32,
+    xdp: crate::cni::config::XdpMode,
+) -> Result<XdpAttached, Error> {
+    let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_IN);
+    unpin(&lp)?;
+    let mut tc = SchedClassifier::from_pin(progs_dir.join(prog_names::UPLINK_IN))
+        .map_err(|e| dp_err("open pinned program uplink_in", e))?;
+    let id = tc
+        .attach(ifname, TcAttachType::Ingress)
+        .map_err(|e| dp_err(format!("attach uplink_in to {ifname}"), e))?;
+    pin_link(
+        tc.take_link(id)
+            .map_err(|e| dp_err("take uplink_in link", e))?,
+        &lp,
+    )?;
+
+    let mode = match xdp {
+        crate::cni::config::XdpMode::Native | crate::cni::config::XdpMode::Auto => XdpMode::Driver,
+        crate::cni::config::XdpMode::Generic => XdpMode::Skb,
+        crate::cni::config::XdpMode::Off => return Ok(XdpAttached::Off),
+    };
+    let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_XDP);
+    unpin(&lp)?;
+    let mut prog = Xdp::from_pin(
+        progs_dir.join(prog_names::UPLINK_XDP),
+        XdpAttachType::Interface,
+    )
+    .map_err(|e| dp_err("open pinned program uplink_xdp", e))?;
+    let mut tries = vec![mode];
+    if mode == XdpMode::Driver {
+        tries.push(XdpMode::Skb);
+    }
+    for m in tries {
+        match prog.attach(ifname, m) {
+            Ok(id) => {
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| dp_err("take uplink_xdp link", e))?;
+                let fd: FdLink = link.try_into().map_err(|e| {
+                    dp_err(format!("uplink_xdp link on {ifname} is not a bpf_link"), e)
+                })?;
+                fd.pin(&lp)
+                    .map_err(|e| dp_err(format!("pin {}", lp.display()), e))?;
+                return Ok(if m == XdpMode::Skb {
+                    XdpAttached::Generic
+                } else {
+                    XdpAttached::Native
+                });
+            }
+            Err(e) => eprintln!("sluice: XDP ({m:?} mode) on {ifname} failed: {e}"),
+        }
+    }
+    eprintln!("sluice: no XDP on {ifname}; the tc program handles uplink traffic alone");
+    Ok(XdpAttached::Off)
+}
+
+fn pin_link(link: SchedClassifierLink, path: &Path) -> Result<(), Error> {
+    let fd: FdLink = link
+        .try_into()
+        .map_err(|e| dp_err(format!("link for {}", path.display()), e))?;
+    fd.pin(path)
+        .map(drop)
+        .map_err(|e| dp_err(format!("pin {}", path.display()), e))
+}
+
+/// Writes the node settings the programs read.
+pub fn write_config(maps_dir: &Path, cfg: NodeConfig) -> Result<(), Error> {
+    let mut arr: Array<MapData, NodeConfig> =
+        Array::try_from(open_map(maps_dir, map_names::CONFIG)?)
+            .map_err(|e| dp_err("open sl_config", e))?;
+    arr.set(0, cfg, 0).map_err(|e| dp_err("write sl_config", e))
+}
+
+/// The per-reason counters summed over CPUs, by index.
+pub fn counters(maps_dir: &Path) -> Result<Vec<u64>, Error> {
+    let arr: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(open_map(maps_dir, map_names::COUNTERS)?)
+            .map_err(|e| dp_err("open sl_counters", e))?;
+    (0..reason::NAMES.len() as u32)
+        .map(|i| {
+            arr.get(&i, 0)
+                .map(|v| v.iter().sum())
+                .map_err(|e| dp_err("read sl_counters", e))
+        })
+        .collect()
 }
 
 /// The pinned maps the plugin writes.

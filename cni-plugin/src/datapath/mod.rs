@@ -10,12 +10,36 @@ use std::{
 };
 
 use sluice_common::{
-    endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey, LAYOUT_VERSION,
+    config_flags, endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey,
+    NodeConfig, LAYOUT_VERSION,
 };
 
-pub use bpf::{now_unix, object_hash};
+pub use bpf::{now_unix, object_hash, XdpAttached};
 
-use crate::{cni::AttachmentId, error::Error, lock::FileLock};
+use crate::{
+    cni::{config::XdpMode, AttachmentId},
+    error::Error,
+    lock::FileLock,
+};
+
+/// The node's uplink, where `uplink_in` and `uplink_xdp` attach.
+#[derive(Clone, Debug)]
+pub struct Uplink {
+    pub ifname: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    /// A veth (nested setups, test beds): see [`XdpMode::Auto`].
+    pub is_veth: bool,
+}
+
+/// What the node-wide part of the datapath is set up with.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    pub uplink: Option<Uplink>,
+    pub xdp: XdpMode,
+    /// MTU of the pods' veths.
+    pub pod_mtu: u32,
+}
 
 /// A pod's endpoint as the datapath sees it.
 pub struct EndpointSpec<'a> {
@@ -26,6 +50,8 @@ pub struct EndpointSpec<'a> {
     pub pod_mac: [u8; 6],
     pub ips: &'a [IpAddr],
     pub netns_ino: u64,
+    /// The pod end takes XDP frames (see `endpoint_flags::XDP_READY`).
+    pub xdp_ready: bool,
 }
 
 pub struct Datapath {
@@ -82,22 +108,50 @@ impl Datapath {
         })
     }
 
-    /// Makes sure this binary's programs are loaded and pinned. The first ADD on a
-    /// node loads them (verifier work once); later ADDs only open the pins. When the
-    /// pinned programs come from another object, they are replaced on every
-    /// attached interface, keeping map contents.
-    pub fn ensure_loaded(&self) -> Result<LoadedGuard, Error> {
+    fn uplink_ok(&self, s: &NodeSettings) -> bool {
+        s.uplink
+            .as_ref()
+            .is_none_or(|u| bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex))
+    }
+
+    /// Makes sure this binary's programs are loaded and pinned, and attached to the
+    /// uplink. The first ADD on a node loads them (verifier work once); later ADDs
+    /// only open the pins. When the pinned programs come from another object, they
+    /// are replaced on every attached interface, keeping map contents.
+    pub fn ensure_loaded(&self, settings: &NodeSettings) -> Result<LoadedGuard, Error> {
         bpffs::ensure_bpffs(&self.pin_root)?;
         if let Some(parent) = self.lock_path.parent() {
             bpffs::create_dirs(parent)?;
         }
         {
             let shared = FileLock::shared(&self.lock_path)?;
-            if self.is_current()? {
+            if self.is_current()? && self.uplink_ok(settings) {
                 return Ok(LoadedGuard { _lock: shared });
             }
         }
         let exclusive = FileLock::exclusive(&self.lock_path)?;
+        self.load_locked(settings)?;
+        drop(exclusive);
+        Ok(LoadedGuard {
+            _lock: FileLock::shared(&self.lock_path)?,
+        })
+    }
+
+    /// Reloads the programs from this binary's object even when the pinned ones
+    /// look current (`sluicectl datapath reload`), moving every link to them.
+    pub fn reload(&self) -> Result<(), Error> {
+        bpffs::ensure_bpffs(&self.pin_root)?;
+        let _exclusive = FileLock::exclusive(&self.lock_path)?;
+        bpf::check_pinned_maps(&self.dir(pin_dirs::MAPS))?;
+        bpf::load_and_pin(
+            &self.dir(pin_dirs::MAPS),
+            &self.dir(pin_dirs::PROGS),
+            &self.dir(pin_dirs::LINKS),
+        )
+    }
+
+    /// Under the exclusive lock: load if needed, attach the uplink if needed.
+    fn load_locked(&self, s: &NodeSettings) -> Result<(), Error> {
         // Another invocation may have loaded while this one waited.
         if !self.is_current()? {
             for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
@@ -110,10 +164,46 @@ impl Datapath {
                 &self.dir(pin_dirs::LINKS),
             )?;
         }
-        drop(exclusive);
-        Ok(LoadedGuard {
-            _lock: FileLock::shared(&self.lock_path)?,
-        })
+        if let Some(u) = &s.uplink {
+            if !self.uplink_ok(s) {
+                // Native XDP on a veth turns skbs into XDP frames, losing the
+                // CHECKSUM_PARTIAL state a veth peer leaves (the pod then drops the
+                // segment as a bad checksum); generic XDP keeps the skb.
+                let xdp = match s.xdp {
+                    XdpMode::Auto if u.is_veth => XdpMode::Generic,
+                    XdpMode::Auto => XdpMode::Native,
+                    other => other,
+                };
+                let attached = bpf::attach_uplink(
+                    &self.dir(pin_dirs::PROGS),
+                    &self.dir(pin_dirs::LINKS),
+                    &u.ifname,
+                    u.ifindex,
+                    xdp,
+                )?;
+                eprintln!("sluice: uplink {} attached (XDP: {attached:?})", u.ifname);
+                let flags = match attached {
+                    XdpAttached::Native => config_flags::XDP_NATIVE,
+                    XdpAttached::Generic => config_flags::XDP_GENERIC,
+                    XdpAttached::Off => 0,
+                };
+                bpf::write_config(
+                    &self.dir(pin_dirs::MAPS),
+                    NodeConfig {
+                        uplink_ifindex: u.ifindex,
+                        flags,
+                        uplink_mac: u.mac,
+                        pod_mtu: u16::try_from(s.pod_mtu).unwrap_or(u16::MAX),
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-reason counters summed over CPUs (index = `sluice_common::reason`).
+    pub fn counters(&self) -> Result<Vec<u64>, Error> {
+        bpf::counters(&self.dir(pin_dirs::MAPS))
     }
 
     /// Attaches the programs to the pod's host veth and publishes the endpoint.
@@ -134,11 +224,14 @@ impl Datapath {
             ep.host_ifname,
         )?;
         for ip in ep.ips {
-            let flags = if ip.is_ipv6() {
+            let mut flags = if ip.is_ipv6() {
                 endpoint_flags::IPV6
             } else {
                 0
             };
+            if ep.xdp_ready {
+                flags |= endpoint_flags::XDP_READY;
+            }
             maps.insert_endpoint(
                 ip_key(*ip),
                 Endpoint {

@@ -62,8 +62,8 @@ pub mod reason {
     pub const FROM_POD_FIB_NEIGH: u32 = 2;
     /// from-pod: the FIB says the node itself is the destination.
     pub const FROM_POD_TO_HOST: u32 = 3;
-    /// from-pod: the FIB could not forward (unreachable, fragmentation needed,
-    /// forwarding off, ...); the kernel decides and answers with ICMP.
+    /// from-pod: the FIB could not forward for another reason (forwarding off,
+    /// lightweight tunnel, ...); the kernel decides.
     pub const FROM_POD_FIB_PASS: u32 = 4;
     /// Not IPv4 or IPv6 (ARP, LLDP, ...): passed to the kernel.
     pub const PASS_NOT_IP: u32 = 5;
@@ -88,11 +88,16 @@ pub mod reason {
     pub const FROM_POD_TO_SELF: u32 = 14;
     /// to-pod (host veth egress): packets the kernel sent into a pod.
     pub const TO_POD_FROM_KERNEL: u32 = 15;
+    /// from-pod: bigger than the egress MTU; the kernel sends "fragmentation
+    /// needed" / "packet too big" (path MTU discovery).
+    pub const FROM_POD_FIB_FRAG_NEEDED: u32 = 16;
+    /// from-pod: no route (unreachable, blackhole, prohibit); the kernel answers.
+    pub const FROM_POD_FIB_NO_ROUTE: u32 = 17;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 16] = [
+    pub const NAMES: [&str; 18] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -109,6 +114,8 @@ pub mod reason {
         "ipv4_options_or_fragment",
         "from_pod_to_self",
         "to_pod_from_kernel",
+        "from_pod_fib_frag_needed",
+        "from_pod_fib_no_route",
     ];
 }
 
@@ -186,12 +193,18 @@ pub struct NodeConfig {
     pub flags: u32,
     /// MAC of the uplink: XDP only takes frames addressed to it.
     pub uplink_mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// MTU of the pods' veths. XDP redirects only frames that fit: a bigger one is a
+    /// GRO'd skb seen by generic XDP, which the redirect would drop (EMSGSIZE).
+    pub pod_mtu: u16,
 }
 
 pub mod config_flags {
     /// Programs emit debug log lines (aya-log).
     pub const DEBUG_LOG: u32 = 1 << 0;
+    /// `uplink_xdp` runs in the driver.
+    pub const XDP_NATIVE: u32 = 1 << 1;
+    /// `uplink_xdp` runs in generic (skb) mode.
+    pub const XDP_GENERIC: u32 = 1 << 2;
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.
@@ -358,7 +371,10 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::TO_POD_FROM_KERNEL + 1);
+        assert_eq!(
+            reason::NAMES.len() as u32,
+            reason::FROM_POD_FIB_NO_ROUTE + 1
+        );
     }
 
     #[test]

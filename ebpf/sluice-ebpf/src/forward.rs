@@ -7,8 +7,9 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{
-        bpf_fib_lookup as FibParams, bpf_redir_neigh, BPF_FIB_LKUP_RET_NOT_FWDED,
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh, BPF_FIB_LKUP_RET_BLACKHOLE,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_PROHIBIT, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LKUP_RET_UNREACHABLE,
     },
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
@@ -25,7 +26,9 @@ use crate::{
 /// Forwards a packet from a pod by FIB lookup. `ifindex` is the ingress device.
 #[inline(always)]
 pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
-    // SAFETY: zero is a valid value for every field of the C struct.
+    // SAFETY: zero is a valid value for every field of the C struct. `tot_len`
+    // stays 0: then the kernel checks the MTU with `is_skb_forwardable`, which
+    // knows GSO; a GSO packet's header length would fail the plain check.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.ifindex = ifindex;
     // SAFETY: header pointers were bounds checked by `l3::parse`.
@@ -33,7 +36,6 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
         L3::V4(ip) => unsafe {
             p.family = AF_INET;
             p.l4_protocol = (*ip).proto;
-            p.__bindgen_anon_1.tot_len = u16::from_be_bytes((*ip).tot_len);
             p.__bindgen_anon_2.tos = (*ip).tos;
             p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).src_addr);
             p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).dst_addr);
@@ -41,22 +43,16 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
         L3::V6(ip) => unsafe {
             p.family = AF_INET6;
             p.l4_protocol = (*ip).next_hdr;
-            p.__bindgen_anon_1.tot_len =
-                u16::from_be_bytes((*ip).payload_len).saturating_add(40);
             p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes((*ip).vcf) & 0xffff_ff0f;
-            p.__bindgen_anon_3.ipv6_src = core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).src_addr);
-            p.__bindgen_anon_4.ipv6_dst = core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).dst_addr);
+            p.__bindgen_anon_3.ipv6_src =
+                core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).src_addr);
+            p.__bindgen_anon_4.ipv6_dst =
+                core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).dst_addr);
         },
     }
     // SAFETY: `p` is a valid bpf_fib_lookup of the size passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            &mut p,
-            size_of::<FibParams>() as i32,
-            0,
-        )
-    } as u32;
+    let rc =
+        unsafe { bpf_fib_lookup(ctx.as_ptr(), &mut p, size_of::<FibParams>() as i32, 0) } as u32;
     match rc {
         BPF_FIB_LKUP_RET_SUCCESS => {
             if h.ttl() <= 1 {
@@ -90,16 +86,20 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
             count(reason::FROM_POD_FIB_NEIGH);
             // SAFETY: `nh` is a valid bpf_redir_neigh of the size passed.
             unsafe {
-                bpf_redirect_neigh(
-                    p.ifindex,
-                    &mut nh,
-                    size_of::<bpf_redir_neigh>() as i32,
-                    0,
-                ) as i32
+                bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
+                    as i32
             }
         }
         BPF_FIB_LKUP_RET_NOT_FWDED => {
             count(reason::FROM_POD_TO_HOST);
+            TCX_NEXT
+        }
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => {
+            count(reason::FROM_POD_FIB_FRAG_NEEDED);
+            TCX_NEXT
+        }
+        BPF_FIB_LKUP_RET_BLACKHOLE | BPF_FIB_LKUP_RET_UNREACHABLE | BPF_FIB_LKUP_RET_PROHIBIT => {
+            count(reason::FROM_POD_FIB_NO_ROUTE);
             TCX_NEXT
         }
         _ => {

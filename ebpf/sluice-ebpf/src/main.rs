@@ -105,9 +105,7 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
     };
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(&h.dst_key()) } {
-        Some(ep) if h.ttl() > 1 => {
-            endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD)
-        }
+        Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
         Some(_) => {
             count(reason::PASS_TTL);
             TCX_NEXT
@@ -129,15 +127,21 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
             return xdp_action::XDP_PASS;
         }
     };
+    let Some(cfg) = maps::CONFIG.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
     // Only frames addressed to the uplink itself; the rest is the kernel's.
-    let uplink_mac = maps::CONFIG.get(0).map(|c| c.uplink_mac);
-    if uplink_mac != Some(h.dst_mac()) {
+    if cfg.uplink_mac != h.dst_mac() {
         return xdp_action::XDP_PASS;
     }
+    let len = (ctx.data_end() - ctx.data()) as u32;
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(&h.dst_key()) } {
-        Some(ep) if ep.flags & endpoint_flags::XDP_READY != 0 && h.ttl() > 1 => {
-            let len = (ctx.data_end() - ctx.data()) as u32;
+        Some(ep)
+            if ep.flags & endpoint_flags::XDP_READY != 0
+                && h.ttl() > 1
+                && len <= u32::from(cfg.pod_mtu) + 14 =>
+        {
             endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
         }
         _ => {
