@@ -87,6 +87,10 @@ pub enum Error {
         details: String,
     },
 
+    /// Maintenance command line (`sluice datapath ...`) not understood.
+    #[error("{0}")]
+    Usage(String),
+
     /// Code 105: CHECK found the attachment not as ADD left it.
     #[error("check failed: {what}")]
     CheckFailed { what: String },
@@ -113,6 +117,7 @@ impl Error {
             Self::IpamUnavailable { .. } => 103,
             Self::Delegate { code, .. } => *code,
             Self::CheckFailed { .. } => 105,
+            Self::Usage(_) => 4,
         }
     }
 
@@ -134,6 +139,7 @@ impl Error {
             Self::IpamUnavailable { .. } => "requested IP address not available",
             Self::Delegate { .. } => "delegated plugin failed",
             Self::CheckFailed { .. } => "attachment is not as expected",
+            Self::Usage(_) => "invalid arguments",
         }
     }
 

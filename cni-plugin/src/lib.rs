@@ -6,6 +6,7 @@ pub mod error;
 pub mod interface;
 pub mod ipam;
 pub mod lock;
+pub mod maintenance;
 pub mod netlink;
 pub mod netns;
 pub mod node;

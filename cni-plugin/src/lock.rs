@@ -21,31 +21,30 @@ pub struct FileLock {
 }
 
 impl FileLock {
-    /// Takes an exclusive lock on `path` (created 0600 if missing).
+    /// Takes an exclusive lock on the file `path` (created 0600 if missing).
     pub fn exclusive(path: &Path) -> Result<Self, Error> {
-        Self::take(path, FlockArg::LockExclusiveNonblock, LOCK_TIMEOUT)
+        Self::exclusive_within(path, LOCK_TIMEOUT)
     }
 
-    /// Takes a shared lock on `path`.
-    pub fn shared(path: &Path) -> Result<Self, Error> {
-        Self::take(path, FlockArg::LockSharedNonblock, LOCK_TIMEOUT)
-    }
-
-    /// Takes an exclusive lock, waiting at most `timeout`.
+    /// Takes an exclusive lock on the file `path`, waiting at most `timeout`.
     pub fn exclusive_within(path: &Path, timeout: Duration) -> Result<Self, Error> {
-        Self::take(path, FlockArg::LockExclusiveNonblock, timeout)
+        Self::take(open_file(path)?, path, FlockArg::LockExclusiveNonblock, timeout)
     }
 
-    fn take(path: &Path, arg: FlockArg, timeout: Duration) -> Result<Self, Error> {
+    /// Takes a shared lock on the directory `dir` (flock works on any inode, so a
+    /// bpffs directory can be its own lock: no lock file needed).
+    pub fn dir_shared(dir: &Path) -> Result<Self, Error> {
+        Self::take(open_dir(dir)?, dir, FlockArg::LockSharedNonblock, LOCK_TIMEOUT)
+    }
+
+    /// Takes an exclusive lock on the directory `dir`.
+    pub fn dir_exclusive(dir: &Path) -> Result<Self, Error> {
+        Self::take(open_dir(dir)?, dir, FlockArg::LockExclusiveNonblock, LOCK_TIMEOUT)
+    }
+
+    fn take(file: File, path: &Path, arg: FlockArg, timeout: Duration) -> Result<Self, Error> {
         let start = Instant::now();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| Error::io(format!("opening lock file {}", path.display()), e))?;
+        let mut file = file;
         let mut sleep = Duration::from_millis(1);
         loop {
             match Flock::lock(file, arg) {
@@ -72,6 +71,25 @@ impl FileLock {
     }
 }
 
+fn open_file(path: &Path) -> Result<File, Error> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(format!("opening lock file {}", path.display()), e))
+}
+
+fn open_dir(dir: &Path) -> Result<File, Error> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| Error::io(format!("opening {} to lock it", dir.display()), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,13 +99,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("lock");
         let held = FileLock::exclusive(&p).unwrap();
-        let e = FileLock::take(
-            &p,
-            FlockArg::LockExclusiveNonblock,
-            Duration::from_millis(20),
-        )
-        .err()
-        .unwrap();
+        let e = FileLock::exclusive_within(&p, Duration::from_millis(20))
+            .err()
+            .unwrap();
         assert_eq!(e.code(), 11);
         assert!(e.to_string().contains("lock"));
         drop(held);
@@ -95,16 +109,16 @@ mod tests {
     }
 
     #[test]
-    fn shared_locks_coexist() {
+    fn shared_dir_locks_coexist_and_exclude_exclusive() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("lock");
-        let _a = FileLock::shared(&p).unwrap();
-        let _b = FileLock::shared(&p).unwrap();
-        assert!(FileLock::take(
-            &p,
+        let _a = FileLock::dir_shared(dir.path()).unwrap();
+        let _b = FileLock::dir_shared(dir.path()).unwrap();
+        let excl = FileLock::take(
+            open_dir(dir.path()).unwrap(),
+            dir.path(),
             FlockArg::LockExclusiveNonblock,
-            Duration::from_millis(10)
-        )
-        .is_err());
+            Duration::from_millis(10),
+        );
+        assert!(excl.is_err_and(|e| e.code() == 11));
     }
 }

@@ -20,6 +20,19 @@ fn main() -> ExitCode {
             })
         );
     }));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        return match sluice_cni::maintenance::run(&args) {
+            Ok(v) => {
+                println!("{v}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice: {}", e.details());
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run() {
         Output::Ok(Some(v)) => {
             println!("{v}");

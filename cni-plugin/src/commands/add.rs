@@ -179,7 +179,7 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
-    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    let dp = Datapath::new(&conf.pin_root);
     let guard = dp.ensure_loaded(&NodeSettings {
         uplink,
         xdp: conf.xdp,

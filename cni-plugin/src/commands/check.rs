@@ -100,7 +100,7 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
     }
 
     let ips: Vec<IpAddr> = record.ips.iter().map(|n| n.ip()).collect();
-    Datapath::new(&conf.pin_root, &conf.state_dir).check_endpoint(&EndpointSpec {
+    Datapath::new(&conf.pin_root).check_endpoint(&EndpointSpec {
         id,
         host_ifname: &host_ifname,
         host_ifindex: host_link.index,

@@ -73,7 +73,7 @@ async fn teardown_node(
         .map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
     let mut first_err: Option<Error> = None;
 
-    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    let dp = Datapath::new(&conf.pin_root);
     if let Err(e) = dp.remove_endpoint(
         &host_ifname,
         record.as_ref().and_then(|r| r.host_ifindex),

@@ -26,7 +26,7 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_nl = Netlink::open()?;
-    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    let dp = Datapath::new(&conf.pin_root);
     let mut first_err: Option<Error> = None;
 
     for rec in store.list()? {

@@ -12,7 +12,7 @@ use crate::{
 
 pub fn status(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let unavailable = |reason: String| Error::NotAvailable { reason };
-    let dp = Datapath::new(&conf.pin_root, &conf.state_dir);
+    let dp = Datapath::new(&conf.pin_root);
     if !dp.has_object() {
         return Err(unavailable(
             "this sluice binary carries no eBPF object".into(),

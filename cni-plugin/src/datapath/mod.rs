@@ -54,9 +54,10 @@ pub struct EndpointSpec<'a> {
     pub xdp_ready: bool,
 }
 
+/// The datapath pinned at one pin root. The pin root directory is also the lock
+/// that serialises loads (exclusive) against attaches (shared).
 pub struct Datapath {
     pin_root: PathBuf,
-    lock_path: PathBuf,
 }
 
 /// Held while attaching: an upgrade (exclusive) cannot swap programs meanwhile.
@@ -72,11 +73,10 @@ pub fn ip_key(ip: IpAddr) -> IpKey {
 }
 
 impl Datapath {
-    /// The datapath pinned at `pin_root`, locked through a file in `state_dir`.
-    pub fn new(pin_root: &Path, state_dir: &Path) -> Self {
+    /// The datapath pinned at `pin_root`.
+    pub fn new(pin_root: &Path) -> Self {
         Self {
             pin_root: pin_root.to_path_buf(),
-            lock_path: state_dir.join("datapath.lock"),
         }
     }
 
@@ -120,20 +120,18 @@ impl Datapath {
     /// are replaced on every attached interface, keeping map contents.
     pub fn ensure_loaded(&self, settings: &NodeSettings) -> Result<LoadedGuard, Error> {
         bpffs::ensure_bpffs(&self.pin_root)?;
-        if let Some(parent) = self.lock_path.parent() {
-            bpffs::create_dirs(parent)?;
-        }
+        bpffs::create_dirs(&self.pin_root)?;
         {
-            let shared = FileLock::shared(&self.lock_path)?;
+            let shared = FileLock::dir_shared(&self.pin_root)?;
             if self.is_current()? && self.uplink_ok(settings) {
                 return Ok(LoadedGuard { _lock: shared });
             }
         }
-        let exclusive = FileLock::exclusive(&self.lock_path)?;
+        let exclusive = FileLock::dir_exclusive(&self.pin_root)?;
         self.load_locked(settings)?;
         drop(exclusive);
         Ok(LoadedGuard {
-            _lock: FileLock::shared(&self.lock_path)?,
+            _lock: FileLock::dir_shared(&self.pin_root)?,
         })
     }
 
@@ -141,7 +139,11 @@ impl Datapath {
     /// look current (`sluicectl datapath reload`), moving every link to them.
     pub fn reload(&self) -> Result<(), Error> {
         bpffs::ensure_bpffs(&self.pin_root)?;
-        let _exclusive = FileLock::exclusive(&self.lock_path)?;
+        bpffs::create_dirs(&self.pin_root)?;
+        let _exclusive = FileLock::dir_exclusive(&self.pin_root)?;
+        for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
+            bpffs::create_dirs(&self.dir(d))?;
+        }
         bpf::check_pinned_maps(&self.dir(pin_dirs::MAPS))?;
         bpf::load_and_pin(
             &self.dir(pin_dirs::MAPS),
