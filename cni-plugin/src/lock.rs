@@ -28,18 +28,33 @@ impl FileLock {
 
     /// Takes an exclusive lock on the file `path`, waiting at most `timeout`.
     pub fn exclusive_within(path: &Path, timeout: Duration) -> Result<Self, Error> {
-        Self::take(open_file(path)?, path, FlockArg::LockExclusiveNonblock, timeout)
+        Self::take(
+            open_file(path)?,
+            path,
+            FlockArg::LockExclusiveNonblock,
+            timeout,
+        )
     }
 
     /// Takes a shared lock on the directory `dir` (flock works on any inode, so a
     /// bpffs directory can be its own lock: no lock file needed).
     pub fn dir_shared(dir: &Path) -> Result<Self, Error> {
-        Self::take(open_dir(dir)?, dir, FlockArg::LockSharedNonblock, LOCK_TIMEOUT)
+        Self::take(
+            open_dir(dir)?,
+            dir,
+            FlockArg::LockSharedNonblock,
+            LOCK_TIMEOUT,
+        )
     }
 
     /// Takes an exclusive lock on the directory `dir`.
     pub fn dir_exclusive(dir: &Path) -> Result<Self, Error> {
-        Self::take(open_dir(dir)?, dir, FlockArg::LockExclusiveNonblock, LOCK_TIMEOUT)
+        Self::take(
+            open_dir(dir)?,
+            dir,
+            FlockArg::LockExclusiveNonblock,
+            LOCK_TIMEOUT,
+        )
     }
 
     fn take(file: File, path: &Path, arg: FlockArg, timeout: Duration) -> Result<Self, Error> {

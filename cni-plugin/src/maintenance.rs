@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 
 use crate::{datapath::Datapath, error::Error};
 
-const USAGE: &str = "usage: sluice datapath version [--pin-root DIR] | sluice datapath reload --pin-root DIR";
+const USAGE: &str =
+    "usage: sluice datapath version [--pin-root DIR] | sluice datapath reload --pin-root DIR";
 
 /// Runs a maintenance command; `args` excludes the program name.
 pub fn run(args: &[String]) -> Result<Value, Error> {

@@ -29,8 +29,39 @@ pub struct Target {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Datapath version, pin root, uplink and XDP mode, attachments, counters.
+    Status(JsonArgs),
     /// List pod endpoints with their packet and byte counters.
     Endpoints(EndpointsArgs),
+    /// Per-reason packet counters of the node (summed over CPUs).
+    Counters(JsonArgs),
+    /// The loaded programs: version, reload.
+    #[command(subcommand)]
+    Datapath(DatapathCommand),
+}
+
+#[derive(Args)]
+pub struct JsonArgs {
+    /// Print JSON (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum DatapathCommand {
+    /// The pinned object's hash next to the one a `sluice` binary embeds.
+    Version(SluiceBin),
+    /// Load the programs a `sluice` binary embeds and move every attachment to them
+    /// atomically, keeping the maps (what the next ADD does after an upgrade).
+    Reload(SluiceBin),
+}
+
+#[derive(Args)]
+pub struct SluiceBin {
+    /// The `sluice` plugin binary [default: first of /opt/cni/bin/sluice,
+    /// /usr/lib/cni/sluice, sluice on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub sluice: Option<PathBuf>,
 }
 
 #[derive(Args)]

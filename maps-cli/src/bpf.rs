@@ -5,10 +5,13 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap};
+use aya::{
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap},
+    programs::SchedClassifier,
+};
 use sluice_common::{
-    map_names, pin_dirs, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    map_names, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
+    NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -76,6 +79,46 @@ impl Datapath {
     pub fn meta(&self) -> Result<DatapathMeta> {
         let arr: Array<MapData, DatapathMeta> = Array::try_from(self.map(map_names::META)?)?;
         Ok(arr.get(&0, 0)?)
+    }
+
+    /// Node settings written at load (uplink, XDP mode).
+    pub fn config(&self) -> Result<NodeConfig> {
+        let arr: Array<MapData, NodeConfig> = Array::try_from(self.map(map_names::CONFIG)?)?;
+        Ok(arr.get(&0, 0)?)
+    }
+
+    /// (name, count) of every reason, summed over CPUs.
+    pub fn counters(&self) -> Result<Vec<(&'static str, u64)>> {
+        let arr: PerCpuArray<MapData, u64> = PerCpuArray::try_from(self.map(map_names::COUNTERS)?)?;
+        reason::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let v = arr.get(&(i as u32), 0)?;
+                Ok((*name, v.iter().sum()))
+            })
+            .collect()
+    }
+
+    /// Names of the pins in `sub` (`progs` or `links`).
+    pub fn pins(&self, sub: &str) -> Result<Vec<String>> {
+        let dir = self.pin_root.join(sub);
+        let mut out: Vec<String> = std::fs::read_dir(&dir)
+            .with_context(|| format!("listing {}", dir.display()))?
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Kernel id of a pinned program (as `bpftool prog` shows it).
+    pub fn program_id(&self, name: &str) -> Result<u32> {
+        // `from_pin` only opens the pin and reads its info, whatever the program
+        // type, so it serves the XDP program too.
+        let p = SchedClassifier::from_pin(self.pin_root.join(pin_dirs::PROGS).join(name))
+            .with_context(|| format!("opening pinned program {name}"))?;
+        Ok(p.info()?.id())
     }
 
     /// Every endpoint address with its interface's owner and summed counters.

@@ -3,7 +3,10 @@
 //! output formatting in `table.rs`. `main` is thin and prints errors once.
 mod args;
 mod bpf;
+mod counters;
+mod datapath;
 mod endpoints;
+mod status;
 mod table;
 
 use std::process::ExitCode;
@@ -13,7 +16,10 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
     let result = match &cli.command {
+        args::Command::Status(a) => status::execute(&cli.target, a),
         args::Command::Endpoints(a) => endpoints::execute(&cli.target, a),
+        args::Command::Counters(a) => counters::execute(&cli.target, a),
+        args::Command::Datapath(c) => datapath::execute(&cli.target, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
