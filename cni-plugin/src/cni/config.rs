@@ -33,6 +33,18 @@ pub enum XdpMode {
     Off,
 }
 
+/// How the pod programs attach to a host veth (config `podAttach`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodAttach {
+    /// cls_bpf filters on a clsact qdisc through netlink (the default): no RCU
+    /// grace period per ADD. A clsact qdisc excludes an `ingress` qdisc, which the
+    /// reference `bandwidth` plugin adds for pod egress limits.
+    Tc,
+    /// Pinned tcx links: coexist with any qdisc, but each first attachment of a
+    /// device and direction waits for an RCU grace period (~10 ms).
+    Tcx,
+}
+
 /// Another node's pods (config `nodes`): traffic to `pod_cidr` goes to `node_ip`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteNode {
@@ -80,6 +92,7 @@ pub struct NetConf {
     /// Node uplink by name; `None`: the interface of the default route.
     pub uplink: Option<String>,
     pub xdp: XdpMode,
+    pub pod_attach: PodAttach,
     /// Static routes to other nodes' pod ranges.
     pub nodes: Vec<RemoteNode>,
     /// GC: `cni.dev/valid-attachments`.
@@ -239,6 +252,11 @@ impl NetConf {
                 ))
             }
         };
+        let pod_attach = match string(o, "podAttach", "")?.as_deref() {
+            None | Some("tc") => PodAttach::Tc,
+            Some("tcx") => PodAttach::Tcx,
+            Some(other) => return Err(Error::config("podAttach", other, "must be tc or tcx")),
+        };
         let nodes = parse_nodes(o)?;
 
         // libcni sends both spellings (containernetworking/cni#1101).
@@ -265,6 +283,7 @@ impl NetConf {
             arg_ips,
             uplink,
             xdp,
+            pod_attach,
             nodes,
             valid_attachments,
             raw: bytes.to_vec(),
@@ -380,6 +399,7 @@ mod tests {
         assert_eq!(c.mtu, None);
         assert!(!c.ip_masq);
         assert_eq!(c.xdp, XdpMode::Auto);
+        assert_eq!(c.pod_attach, PodAttach::Tc);
         assert!(c.nodes.is_empty() && c.uplink.is_none());
     }
 
@@ -498,6 +518,34 @@ mod tests {
                 with("cni.dev/valid-attachments", json!([{"ifname": "eth0"}])),
                 "cni.dev/valid-attachments[0]",
                 "eth0",
+            ),
+            (
+                with("uplink", json!("way-too-long-ifname")),
+                "uplink",
+                "way-too-long-ifname",
+            ),
+            (with("xdp", json!("offload")), "xdp", "offload"),
+            (with("podAttach", json!("netkit")), "podAttach", "netkit"),
+            (
+                with(
+                    "nodes",
+                    json!([{"podCIDR": "10.2.0.0", "nodeIP": "192.0.2.1"}]),
+                ),
+                "nodes[0].podCIDR",
+                "10.2.0.0",
+            ),
+            (
+                with("nodes", json!([{"podCIDR": "10.2.0.0/24", "nodeIP": "x"}])),
+                "nodes[0].nodeIP",
+                "x",
+            ),
+            (
+                with(
+                    "nodes",
+                    json!([{"podCIDR": "10.2.0.0/24", "nodeIP": "fd00::1"}]),
+                ),
+                "nodes[0].nodeIP",
+                "fd00::1",
             ),
         ];
         for (v, key, val) in cases {

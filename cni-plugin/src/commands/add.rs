@@ -196,6 +196,7 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
             ips: &ips,
             netns_ino: pod_ns.inode(),
             xdp_ready,
+            attach: conf.pod_attach,
         },
     )?;
 

@@ -5,7 +5,12 @@
 use std::net::IpAddr;
 
 use crate::{
-    cni::{config::NetConf, env::Env, result::Interface, runtime_config::Mac},
+    cni::{
+        config::{NetConf, PodAttach},
+        env::Env,
+        result::Interface,
+        runtime_config::Mac,
+    },
     datapath::{Datapath, EndpointSpec},
     error::Error,
     ipam::Ipam,
@@ -100,7 +105,11 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
     }
 
     let ips: Vec<IpAddr> = record.ips.iter().map(|n| n.ip()).collect();
-    Datapath::new(&conf.pin_root).check_endpoint(&EndpointSpec {
+    let dp = Datapath::new(&conf.pin_root);
+    if conf.pod_attach == PodAttach::Tc {
+        check_filters(&dp, &host_nl, &host_ifname, host_link.index).await?;
+    }
+    dp.check_endpoint(&EndpointSpec {
         id,
         host_ifname: &host_ifname,
         host_ifindex: host_link.index,
@@ -109,10 +118,30 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         ips: &ips,
         netns_ino: pod_ns.inode(),
         xdp_ready: false,
+        attach: conf.pod_attach,
     })?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)
+}
+
+/// The pinned pod programs are the cls_bpf filters of the host veth's hooks.
+async fn check_filters(
+    dp: &Datapath,
+    host_nl: &Netlink,
+    host_ifname: &str,
+    index: u32,
+) -> Result<(), Error> {
+    for (name, ingress, id) in dp.pod_program_ids()? {
+        let filters = host_nl.bpf_filters(index, ingress).await?;
+        if !filters.iter().any(|f| f.prog_id == id) {
+            return Err(Error::check(format!(
+                "{name} (program id {id}) is not attached to {} of {host_ifname} (filters: {filters:?})",
+                if ingress { "ingress" } else { "egress" }
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A link is a veth, up, with the MAC and MTU the result names.

@@ -10,7 +10,7 @@ use crate::{
     error::Error,
     ipam::Ipam,
     netlink::Netlink,
-    state::{host_veth_name, StateStore},
+    state::StateStore,
 };
 
 pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
@@ -19,10 +19,6 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
         .as_ref()
         .ok_or_else(|| Error::config("cni.dev/valid-attachments", "null", "is required for GC"))?;
     let valid_set: HashSet<&AttachmentId> = valid.iter().collect();
-    let valid_veths: HashSet<String> = valid
-        .iter()
-        .map(|id| host_veth_name(&conf.name, id))
-        .collect();
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_nl = Netlink::open()?;
@@ -46,20 +42,6 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     for (ifindex, id, host_ifname) in dp.endpoint_owners()? {
         if !valid_set.contains(&id) {
             if let Err(e) = dp.remove_endpoint(&host_ifname, Some(ifindex), &id) {
-                first_err.get_or_insert(e);
-            }
-            if let Err(e) = delete_host_veth(&host_nl, &host_ifname).await {
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    for host_ifname in dp.attached_interfaces()? {
-        if !valid_veths.contains(&host_ifname) {
-            let nobody = AttachmentId {
-                container_id: String::new(),
-                ifname: String::new(),
-            };
-            if let Err(e) = dp.remove_endpoint(&host_ifname, None, &nobody) {
                 first_err.get_or_insert(e);
             }
             if let Err(e) = delete_host_veth(&host_nl, &host_ifname).await {

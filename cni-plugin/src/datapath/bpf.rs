@@ -14,8 +14,9 @@ use aya::{
     programs::{
         links::{FdLink, PinnedLink},
         tc::SchedClassifierLink,
+        tc::{qdisc_add_clsact, NlOptions, TcAttachOptions, TcError, TcHandle},
         xdp::XdpLink,
-        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        Link, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     EbpfLoader,
 };
@@ -26,7 +27,7 @@ use sluice_common::{
 };
 
 use super::bpffs::unpin;
-use crate::error::Error;
+use crate::{cni::config::PodAttach, error::Error};
 
 /// The eBPF object `cargo xtask build` embedded (see build.rs).
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice-ebpf.o"));
@@ -148,7 +149,12 @@ pub fn programs_pinned(progs_dir: &Path) -> bool {
 /// Loads the embedded object (reusing pinned maps), pins its programs, moves every
 /// existing attachment to the new programs atomically (`bpf_link_update`), and
 /// records the object's identity. Runs under the datapath's exclusive lock.
-pub fn load_and_pin(maps_dir: &Path, progs_dir: &Path, links_dir: &Path) -> Result<(), Error> {
+pub fn load_and_pin(
+    maps_dir: &Path,
+    progs_dir: &Path,
+    links_dir: &Path,
+    pod_ifnames: &[String],
+) -> Result<(), Error> {
     if OBJECT.is_empty() {
         return Err(dp_err(
             "load",
@@ -186,6 +192,11 @@ pub fn load_and_pin(maps_dir: &Path, progs_dir: &Path, links_dir: &Path) -> Resu
                 .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
             for link_path in link_pins(links_dir, name)? {
                 replace_tc_link(prog, &link_path)?;
+            }
+            if let Some((_, attach_type)) = TC_PROGRAMS.iter().find(|(n, _)| *n == name) {
+                for ifname in pod_ifnames {
+                    replace_filter(prog, ifname, *attach_type);
+                }
             }
         }
         // Readers (`attach`) open progs/<name>; the rename swaps it in one step.
@@ -275,62 +286,107 @@ fn link_path(links_dir: &Path, host_ifname: &str, prog: &str) -> PathBuf {
     links_dir.join(format!("{host_ifname}-{prog}"))
 }
 
-/// Attaches every TC program to `host_ifname` with tcx and pins the links so the
-/// attachment outlives this process. The interface is resolved in the calling
-/// thread's namespace (the node's).
-pub fn attach(progs_dir: &Path, links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
+/// Priority and handle of Sluice's cls_bpf filters on a pod's host veth: fixed, so
+/// an upgrade can replace them in place and DEL can find them.
+const FILTER_PRIORITY: u16 = 1;
+const FILTER_HANDLE: TcHandle = TcHandle::new(0, 1);
+
+/// Attaches the pod programs to `host_ifname` (resolved in this thread's
+/// namespace, the node's) so that the attachment outlives this process:
+/// - `Tc`: cls_bpf filters on a clsact qdisc, made through netlink. The qdisc
+///   owns them; no grace period is waited for.
+/// - `Tcx`: tcx links, pinned. Each first tcx attachment of a device and direction
+///   waits for an RCU grace period (`tcx_entry_sync`), ~10 ms here.
+pub fn attach(
+    progs_dir: &Path,
+    links_dir: &Path,
+    host_ifname: &str,
+    mode: PodAttach,
+) -> Result<(), Error> {
+    if mode == PodAttach::Tc {
+        match qdisc_add_clsact(host_ifname) {
+            Ok(()) => {}
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(dp_err(format!("add clsact qdisc to {host_ifname}"), e)),
+        }
+    }
     for (name, attach_type) in TC_PROGRAMS {
-        let lp = link_path(links_dir, host_ifname, name);
-        // A pin left by a crashed ADD of the same attachment points at a dead link.
-        unpin(&lp)?;
         let mut prog = SchedClassifier::from_pin(progs_dir.join(name))
             .map_err(|e| dp_err(format!("open pinned program {name}"), e))?;
-        let id = prog
-            .attach(host_ifname, attach_type)
-            .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
-        let link = prog
-            .take_link(id)
-            .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;
-        pin_link(link, &lp)?;
+        match mode {
+            PodAttach::Tc => {
+                let opts = TcAttachOptions::Netlink(NlOptions {
+                    priority: FILTER_PRIORITY,
+                    handle: FILTER_HANDLE,
+                    classid: None,
+                });
+                let id = prog
+                    .attach_with_options(host_ifname, attach_type, opts)
+                    .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;
+                // Dropping a netlink link would delete the filter; it must stay.
+                std::mem::forget(link);
+            }
+            PodAttach::Tcx => {
+                let lp = link_path(links_dir, host_ifname, name);
+                // A pin left by a crashed ADD of the same attachment points at a dead link.
+                unpin(&lp)?;
+                let id = prog
+                    .attach(host_ifname, attach_type)
+                    .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;
+                pin_link(link, &lp)?;
+            }
+        }
     }
     Ok(())
 }
 
-/// Removes the pinned links of `host_ifname`; the kernel detaches a tcx link when
-/// its last reference (the pin) goes. Missing pins are fine.
+/// Removes the pod programs from `host_ifname`, whichever way they were attached.
+/// Missing pins, filters or interface are fine (DEL deletes the veth anyway).
 pub fn detach(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
     let mut first_err = None;
-    for (name, _) in TC_PROGRAMS {
+    for (name, attach_type) in TC_PROGRAMS {
         if let Err(e) = unpin(&link_path(links_dir, host_ifname, name)) {
             first_err.get_or_insert(e);
+        }
+        if let Ok(link) = SchedClassifierLink::attached(
+            host_ifname,
+            attach_type,
+            FILTER_PRIORITY,
+            FILTER_HANDLE,
+            None,
+        ) {
+            // ENOENT (no such filter, e.g. tcx mode) is expected here.
+            let _ = Link::detach(link);
         }
     }
     first_err.map_or(Ok(()), Err)
 }
 
-/// Host veths that have pinned links, from the link pin names (uplink links are
-/// not pod attachments and are left out).
-pub fn attached_interfaces(links_dir: &Path) -> Result<Vec<String>, Error> {
-    let mut out: Vec<String> = Vec::new();
-    for (name, _) in TC_PROGRAMS {
-        for p in link_pins(links_dir, name)? {
-            if let Some(ifname) = p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(&format!("-{name}")))
-            {
-                if !ifname.starts_with(UPLINK_LINK_PREFIX) && !out.iter().any(|o| o == ifname) {
-                    out.push(ifname.to_string());
-                }
-            }
-        }
-    }
-    Ok(out)
+/// Kernel ids of the pinned pod programs: (name, ingress?, id).
+pub fn pod_program_ids(progs_dir: &Path) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+    TC_PROGRAMS
+        .iter()
+        .map(|(name, at)| {
+            let p = SchedClassifier::from_pin(progs_dir.join(name))
+                .map_err(|e| dp_err(format!("open pinned program {name}"), e))?;
+            let id = p
+                .info()
+                .map_err(|e| dp_err(format!("read info of {name}"), e))?
+                .id();
+            Ok((*name, *at == TcAttachType::Ingress, id))
+        })
+        .collect()
 }
 
-/// Verifies that each program's pinned link exists and that the program it runs
-/// is the one attached to `host_ifname` (tcx query).
-pub fn check_attached(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
+/// Whether the pod programs are attached to `host_ifname` through pinned tcx links
+/// whose programs are attached to it (tcx query).
+pub fn check_tcx_attached(links_dir: &Path, host_ifname: &str) -> Result<(), Error> {
     for (name, attach_type) in TC_PROGRAMS {
         let lp = link_path(links_dir, host_ifname, name);
         let pinned = PinnedLink::from_pin(&lp)
@@ -350,6 +406,26 @@ pub fn check_attached(links_dir: &Path, host_ifname: &str) -> Result<(), Error> 
         }
     }
     Ok(())
+}
+
+/// Points Sluice's cls_bpf filter on `host_ifname` at `prog` in place (netlink
+/// replace of the same priority and handle: no packet sees no filter). A veth
+/// without that filter (tcx mode, or gone) is skipped.
+fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, attach_type: TcAttachType) {
+    let Ok(link) = SchedClassifierLink::attached(
+        host_ifname,
+        attach_type,
+        FILTER_PRIORITY,
+        FILTER_HANDLE,
+        None,
+    ) else {
+        return;
+    };
+    if let Ok(id) = prog.attach_to_link(link) {
+        if let Ok(l) = prog.take_link(id) {
+            std::mem::forget(l);
+        }
+    }
 }
 
 /// How the uplink's XDP program ended up attached.

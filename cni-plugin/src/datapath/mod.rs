@@ -17,7 +17,10 @@ use sluice_common::{
 pub use bpf::{now_unix, object_hash, XdpAttached};
 
 use crate::{
-    cni::{config::XdpMode, AttachmentId},
+    cni::{
+        config::{PodAttach, XdpMode},
+        AttachmentId,
+    },
     error::Error,
     lock::FileLock,
 };
@@ -52,6 +55,7 @@ pub struct EndpointSpec<'a> {
     pub netns_ino: u64,
     /// The pod end takes XDP frames (see `endpoint_flags::XDP_READY`).
     pub xdp_ready: bool,
+    pub attach: PodAttach,
 }
 
 /// The datapath pinned at one pin root. The pin root directory is also the lock
@@ -149,6 +153,7 @@ impl Datapath {
             &self.dir(pin_dirs::MAPS),
             &self.dir(pin_dirs::PROGS),
             &self.dir(pin_dirs::LINKS),
+            &self.pod_ifnames(),
         )
     }
 
@@ -164,6 +169,7 @@ impl Datapath {
                 &self.dir(pin_dirs::MAPS),
                 &self.dir(pin_dirs::PROGS),
                 &self.dir(pin_dirs::LINKS),
+                &self.pod_ifnames(),
             )?;
         }
         if let Some(u) = &s.uplink {
@@ -224,6 +230,7 @@ impl Datapath {
             &self.dir(pin_dirs::PROGS),
             &self.dir(pin_dirs::LINKS),
             ep.host_ifname,
+            ep.attach,
         )?;
         for ip in ep.ips {
             let mut flags = if ip.is_ipv6() {
@@ -292,7 +299,9 @@ impl Datapath {
 
     /// CHECK: programs attached to the host veth, endpoint entries in place.
     pub fn check_endpoint(&self, ep: &EndpointSpec<'_>) -> Result<(), Error> {
-        bpf::check_attached(&self.dir(pin_dirs::LINKS), ep.host_ifname)?;
+        if ep.attach == PodAttach::Tcx {
+            bpf::check_tcx_attached(&self.dir(pin_dirs::LINKS), ep.host_ifname)?;
+        }
         let maps = bpf::Maps::open(&self.dir(pin_dirs::MAPS))?;
         if !maps.has_counters(ep.host_ifindex) {
             return Err(Error::check(format!(
@@ -319,9 +328,17 @@ impl Datapath {
         Ok(())
     }
 
-    /// Host veths with pinned links (for GC).
-    pub fn attached_interfaces(&self) -> Result<Vec<String>, Error> {
-        bpf::attached_interfaces(&self.dir(pin_dirs::LINKS))
+    /// Kernel ids of the pinned pod programs: (name, ingress?, id). CHECK compares
+    /// them with the cls_bpf filters on a host veth.
+    pub fn pod_program_ids(&self) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+        bpf::pod_program_ids(&self.dir(pin_dirs::PROGS))
+    }
+
+    /// Host veths of every endpoint (an upgrade replaces their filters).
+    fn pod_ifnames(&self) -> Vec<String> {
+        self.endpoint_owners()
+            .map(|o| o.into_iter().map(|(_, _, ifname)| ifname).collect())
+            .unwrap_or_default()
     }
 
     /// Owners of the endpoint entries: (host ifindex, container id, ifname, host ifname).

@@ -2,12 +2,14 @@
 //! never see raw netlink messages. A [`Netlink`] is bound to the namespace it was
 //! opened in (see [`crate::netns`]).
 mod addr;
+mod filter;
 mod link;
 mod neigh;
 mod route;
 
 use rtnetlink::Handle;
 
+pub use filter::BpfFilter;
 pub use link::{LinkInfo, VethSpec};
 pub use route::RouteSpec;
 
