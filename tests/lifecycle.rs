@@ -1,1 +1,164 @@
-//! (being written)
+//! ADD -> CHECK -> DEL at every supported cniVersion with the built-in IPAM:
+//! the result's schema and version-specific shape, everything ADD must make (pod
+//! and node addressing, the pinned tcx attachment surviving the plugin), CHECK
+//! where the version has it (code 1 where not), and nothing left after DEL.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use serde_json::json;
+use sluice_tests::{
+    attached::{assert_attached, assert_detached},
+    look,
+    schema::check_add_result,
+    Node, NETWORK,
+};
+
+const MTU: u64 = 1450;
+
+fn has_check(version: &str) -> bool {
+    !version.starts_with("0.3.")
+}
+
+fn lifecycle(version: &str) {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf(version, "10.77.0.0/24");
+    conf["mtu"] = json!(MTU);
+    let cid = format!("life-{version}");
+
+    let out = node
+        .cni("ADD", &conf, &cid, "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), version, "eth0", &pod);
+    // host-local's order: the first address of the subnet that is not the gateway.
+    assert_eq!(added.ips, vec![("10.77.0.2".parse().unwrap(), 24)], "{out}");
+    assert_eq!(
+        added.gateways,
+        vec!["10.77.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        added.result["routes"],
+        json!([{"dst": "0.0.0.0/0"}]),
+        "{out}"
+    );
+    if version == "1.1.0" {
+        for i in 0..2 {
+            assert_eq!(added.result["interfaces"][i]["mtu"], MTU, "{out}");
+        }
+    }
+    assert_attached(&node, &pod, "eth0", &added, Some(MTU));
+    assert_eq!(
+        node.records(NETWORK).unwrap(),
+        vec![format!("{cid}.eth0.json")]
+    );
+    assert_eq!(node.reservations(NETWORK).unwrap(), vec![added.ip()]);
+    let owner = node.reservation_owner(NETWORK, added.ip()).unwrap();
+    assert!(owner.starts_with(&cid), "reservation owner {owner:?}");
+
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = added.result.clone();
+    let out = node
+        .cni("CHECK", &with_prev, &cid, "eth0", Some(&pod), &[])
+        .unwrap();
+    if has_check(version) {
+        out.ok_silent();
+    } else {
+        let e = out.error(1);
+        e.assert_names(&[version, "CHECK"]);
+        assert_eq!(e.cni_version, version);
+    }
+    if version != "1.1.0" {
+        for cmd in ["GC", "STATUS"] {
+            let e = node.cni(cmd, &conf, "", "", None, &[]).unwrap().error(1);
+            e.assert_names(&[version, cmd]);
+        }
+    }
+    // The failed or successful CHECK changed nothing.
+    assert_attached(&node, &pod, "eth0", &added, Some(MTU));
+
+    // Runtimes pass the cached result to DEL from 0.4.0 on.
+    let del_conf = if has_check(version) {
+        &with_prev
+    } else {
+        &conf
+    };
+    node.cni("DEL", del_conf, &cid, "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, &cid, "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+    // The pod namespace is as it was: only lo.
+    let links: Vec<String> = look::links(&pod.name)
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(links, vec!["lo"]);
+}
+
+#[test]
+fn lifecycle_0_3_0() {
+    lifecycle("0.3.0");
+}
+
+#[test]
+fn lifecycle_0_3_1() {
+    lifecycle("0.3.1");
+}
+
+#[test]
+fn lifecycle_0_4_0() {
+    lifecycle("0.4.0");
+}
+
+#[test]
+fn lifecycle_1_0_0() {
+    lifecycle("1.0.0");
+}
+
+#[test]
+fn lifecycle_1_1_0() {
+    lifecycle("1.1.0");
+}
+
+/// CHECK compares the pod with prevResult and Sluice's own state, and says what
+/// differs (code 105).
+#[test]
+fn check_reports_what_changed() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let conf = node.conf("1.0.0", "10.77.0.0/24");
+    let out = node
+        .cni("ADD", &conf, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = added.result.clone();
+
+    // The pod's address removed behind the plugin's back.
+    let addr = format!("{}/24", added.ip());
+    sluice_tests::exec::tool(
+        None,
+        "ip",
+        &["-n", &pod.name, "addr", "del", &addr, "dev", "eth0"],
+    )
+    .unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&[&addr]);
+
+    // The pod interface gone (with it, its host veth peer).
+    sluice_tests::exec::tool(None, "ip", &["-n", &pod.name, "link", "del", "eth0"]).unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&["eth0"]);
+
+    // DEL still cleans up what is left: pins, record, reservation.
+    node.cni("DEL", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, "life-chk", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}
