@@ -15,6 +15,7 @@ use crate::error::Error;
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A held lock; released on drop (also when the process dies).
+#[derive(Debug)]
 pub struct FileLock {
     _lock: Flock<File>,
 }
@@ -28,6 +29,11 @@ impl FileLock {
     /// Takes a shared lock on `path`.
     pub fn shared(path: &Path) -> Result<Self, Error> {
         Self::take(path, FlockArg::LockSharedNonblock, LOCK_TIMEOUT)
+    }
+
+    /// Takes an exclusive lock, waiting at most `timeout`.
+    pub fn exclusive_within(path: &Path, timeout: Duration) -> Result<Self, Error> {
+        Self::take(path, FlockArg::LockExclusiveNonblock, timeout)
     }
 
     fn take(path: &Path, arg: FlockArg, timeout: Duration) -> Result<Self, Error> {
@@ -44,7 +50,7 @@ impl FileLock {
         loop {
             match Flock::lock(file, arg) {
                 Ok(lock) => return Ok(Self { _lock: lock }),
-                Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
                     if start.elapsed() >= timeout {
                         return Err(Error::TryAgain {
                             reason: format!(
@@ -55,7 +61,7 @@ impl FileLock {
                         });
                     }
                     file = f;
-                    std::thread::sleep(sleep);
+                    std::thread::sleep(sleep.min(timeout.saturating_sub(start.elapsed())));
                     sleep = (sleep * 2).min(Duration::from_millis(50));
                 }
                 Err((_, e)) => {

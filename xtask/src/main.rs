@@ -1,1 +1,41 @@
-fn main() {}
+//! `cargo xtask`: Sluice's developer tooling. One module per subcommand; the
+//! command line is in `cli`.
+mod build;
+mod cli;
+mod cmd;
+mod ebpf;
+mod elf;
+mod host;
+mod leaks;
+mod setup;
+mod test;
+mod ws;
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let ws = ws::Workspace::locate()?;
+    match cli.command {
+        Command::Setup(args) => setup::run(&args),
+        Command::BuildEbpf(args) => ebpf::run(&ws, &args),
+        Command::Build(args) => build::run(&ws, &args),
+        Command::Test(args) => test::run(&ws, &args),
+        Command::Demo(_) => bail!("`cargo xtask demo` is not implemented yet"),
+        Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
+    }
+}

@@ -15,8 +15,7 @@ pub static ENDPOINT_STATS: PerCpuHashMap<u32, EndpointStats> =
 
 /// Written by userspace only; declared here so that one object defines every map.
 #[map(name = "sl_ep_info")]
-pub static ENDPOINT_INFO: HashMap<u32, EndpointInfo> =
-    HashMap::pinned(map_sizes::ENDPOINT_INFO, 0);
+pub static ENDPOINT_INFO: HashMap<u32, EndpointInfo> = HashMap::pinned(map_sizes::ENDPOINT_INFO, 0);
 
 #[map(name = "sl_meta")]
 pub static META: Array<DatapathMeta> = Array::pinned(1, 0);

@@ -1,0 +1,48 @@
+//! `cargo xtask build [--release]`: the eBPF object, then `sluice` and `sluicectl`
+//! with that object embedded.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{ensure, Result};
+
+use crate::{
+    cli::BuildArgs,
+    cmd, ebpf,
+    ws::{Workspace, BINS},
+};
+
+/// Absolute paths of the built binaries.
+pub struct Binaries {
+    pub sluice: PathBuf,
+    pub sluicectl: PathBuf,
+}
+
+pub fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
+    let object = ebpf::build(ws)?;
+    build_bins(ws, &object, args.release).map(drop)
+}
+
+/// `cargo build --bin sluice --bin sluicectl` with `SLUICE_EBPF_OBJECT=object`.
+pub fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result<Binaries> {
+    let mut c = Command::new("cargo");
+    c.arg("build");
+    if release {
+        c.arg("--release");
+    }
+    for bin in BINS {
+        c.args(["--bin", bin]);
+    }
+    cmd::run(c.current_dir(&ws.root).env("SLUICE_EBPF_OBJECT", object))?;
+    let [sluice, sluicectl] = BINS.map(|name| ws.bin(release, name));
+    for bin in [&sluice, &sluicectl] {
+        ensure!(
+            bin.is_file(),
+            "cargo build did not produce {}",
+            bin.display()
+        );
+        println!("binary: {}", bin.display());
+    }
+    Ok(Binaries { sluice, sluicectl })
+}

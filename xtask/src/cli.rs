@@ -1,0 +1,109 @@
+//! The whole `cargo xtask` command line, in one place.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Sluice developer tasks: toolchain setup, eBPF build, build, test"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Install what this machine lacks: Debian packages, nightly + rust-src,
+    /// bpf-linker (against the nightly's LLVM), bpffs mount. Fast no-op when all is there.
+    Setup(SetupArgs),
+    /// Build the eBPF object (nightly, -Z build-std=core, BTF) into target/ebpf.
+    BuildEbpf(BuildEbpfArgs),
+    /// Build the eBPF object, then `sluice` and `sluicectl` with it embedded.
+    Build(BuildArgs),
+    /// The whole suite, what CI runs: setup, eBPF build, lints, unit tests,
+    /// privileged integration tests (as root) with a leak check.
+    Test(TestArgs),
+    /// Demo of Sluice next to the reference plugins (not implemented yet).
+    Demo(DemoArgs),
+    /// Benchmarks against the reference plugins (not implemented yet).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Default, Args)]
+pub struct SetupArgs {
+    /// Install bpf-linker under this root (`cargo install --root DIR`, binary in DIR/bin)
+    /// instead of $CARGO_HOME; the check then looks only there.
+    #[arg(long, value_name = "DIR")]
+    pub bpf_linker_root: Option<PathBuf>,
+    /// Directory whose lib/ gets the symlinks to the nightly's libLLVM that
+    /// bpf-linker is built and run against [default: ~/.local/llvm-rust-nightly].
+    #[arg(long, value_name = "DIR")]
+    pub llvm_prefix: Option<PathBuf>,
+    /// Rebuild bpf-linker even when the installed one fits the nightly's LLVM.
+    #[arg(long)]
+    pub reinstall_bpf_linker: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildEbpfArgs {
+    /// Run `cargo +nightly clippy -- -D warnings` on the eBPF crate instead of building it.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Build the userspace binaries with the release profile.
+    #[arg(long)]
+    pub release: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Skip `cargo fmt --check` and both clippy runs (refused when CI=true).
+    #[arg(long)]
+    pub no_lint: bool,
+    /// Stop after the unit tests: no binaries, no privileged integration tests
+    /// (refused when CI=true).
+    #[arg(long)]
+    pub unit_only: bool,
+    /// Parallel integration tests (`cargo test -- --test-threads=N`).
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub test_threads: u16,
+    /// Passed to the integration test binary after `--test-threads`, e.g. a test name filter.
+    #[arg(last = true, value_name = "FILTER")]
+    pub filter: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn test_filter_passes_through() {
+        let cli =
+            Cli::try_parse_from(["xtask", "test", "--test-threads", "3", "--", "add_del"]).unwrap();
+        let Command::Test(args) = cli.command else {
+            panic!("parsed {:?}", cli.command)
+        };
+        assert_eq!(args.test_threads, 3);
+        assert_eq!(args.filter, ["add_del"]);
+        assert!(Cli::try_parse_from(["xtask", "test", "--test-threads", "0"]).is_err());
+    }
+}

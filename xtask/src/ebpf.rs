@@ -1,0 +1,61 @@
+//! `cargo xtask build-ebpf [--check]`: the eBPF programs crate, built (or linted)
+//! with nightly and `-Z build-std=core` for bpfel-unknown-none.
+use std::{env, ffi::OsString, fs, path::PathBuf, process::Command};
+
+use anyhow::{Context, Result};
+
+use crate::{cli::BuildEbpfArgs, cmd, setup, ws::Workspace};
+
+/// Debug info makes bpf-linker emit BTF; `--btf` asks it to.
+const RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
+
+pub fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
+    if args.check {
+        clippy(ws)
+    } else {
+        build(ws).map(drop)
+    }
+}
+
+/// Builds the object and returns its path.
+pub fn build(ws: &Workspace) -> Result<PathBuf> {
+    cmd::run(&mut nightly_cargo(ws, "build")?)?;
+    let object = ws.ebpf_object();
+    let size = fs::metadata(&object)
+        .with_context(|| format!("the eBPF build produced no {}", object.display()))?
+        .len();
+    println!("eBPF object: {} ({size} bytes)", object.display());
+    Ok(object)
+}
+
+/// `cargo +nightly clippy ... -- -D warnings` on the eBPF crate.
+pub fn clippy(ws: &Workspace) -> Result<()> {
+    cmd::run(nightly_cargo(ws, "clippy")?.args(["--", "-D", "warnings"]))
+}
+
+fn nightly_cargo(ws: &Workspace, subcommand: &str) -> Result<Command> {
+    let linker = setup::find_bpf_linker()?
+        .context("bpf-linker is not installed (neither on PATH nor in $CARGO_HOME/bin); run `cargo xtask setup`")?;
+    let mut c = Command::new("cargo");
+    c.args(["+nightly", subcommand, "--release", "--target"])
+        .arg(crate::ws::EBPF_TARGET)
+        .args(["-Z", "build-std=core", "--target-dir"])
+        .arg(ws.ebpf_target_dir())
+        .current_dir(ws.ebpf_crate())
+        // With --target, RUSTFLAGS reach only the eBPF crates, not build scripts.
+        .env("RUSTFLAGS", RUSTFLAGS)
+        // Would take precedence over RUSTFLAGS.
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    // rustc runs `bpf-linker` from PATH; make sure the one setup installed is there.
+    if let Some(dir) = linker.parent() {
+        if crate::host::which("bpf-linker").is_none() {
+            let mut path = OsString::from(dir);
+            if let Some(old) = env::var_os("PATH") {
+                path.push(":");
+                path.push(old);
+            }
+            c.env("PATH", path);
+        }
+    }
+    Ok(c)
+}

@@ -1,0 +1,238 @@
+//! `cargo xtask test`: the whole suite, what CI runs.
+//!
+//! setup, build-ebpf, fmt, clippy, eBPF clippy, unit tests, binaries, then the
+//! privileged integration tests between two snapshots of the node (leak check).
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Result};
+
+use crate::{
+    build::{self, Binaries},
+    cli::{SetupArgs, TestArgs},
+    cmd, ebpf,
+    host::{self, fmt_duration},
+    leaks::Snapshot,
+    setup,
+    ws::Workspace,
+};
+
+/// The reference plugins (containernetworking-plugins), given to the tests as SLUICE_CNI_PATH.
+const CNI_PATH: &str = "/usr/lib/cni";
+const LINT_STAGES: [&str; 3] = ["fmt", "clippy", "ebpf-clippy"];
+
+pub fn run(ws: &Workspace, args: &TestArgs) -> Result<()> {
+    let ci = host::is_ci();
+    if ci {
+        ensure!(
+            !args.no_lint && !args.unit_only && args.filter.is_empty(),
+            "CI=true: nothing may be skipped, so --no-lint, --unit-only and test filters are refused"
+        );
+    }
+    if !args.unit_only && !host::is_root()? {
+        bail!(
+            "`cargo xtask test` runs the privileged integration tests and must run as root{}",
+            if ci {
+                " (CI=true: they are never skipped)"
+            } else {
+                "; `--unit-only` stops before them"
+            }
+        );
+    }
+    let mut stages = Stages::default();
+    let outcome = run_stages(ws, args, ci, &mut stages);
+    println!("{}", stages.summary(outcome.is_ok()));
+    outcome
+}
+
+fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Result<()> {
+    st.run("setup", || setup::run(&SetupArgs::default()))?;
+    let object = st.run("build-ebpf", || ebpf::build(ws))?;
+    if args.no_lint {
+        st.skip(&LINT_STAGES, "--no-lint");
+    } else {
+        st.run("fmt", || {
+            cmd::run(cargo(ws).args(["fmt", "--all", "--check"]))?;
+            // The eBPF crate is its own workspace, outside `--all`.
+            let manifest = ws.root.join("ebpf/sluice-ebpf/Cargo.toml");
+            cmd::run(
+                cargo(ws)
+                    .args(["fmt", "--check", "--manifest-path"])
+                    .arg(&manifest),
+            )
+        })?;
+        st.run("clippy", || {
+            cmd::run(
+                cargo(ws)
+                    .args([
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ])
+                    .env("SLUICE_EBPF_OBJECT", &object),
+            )
+        })?;
+        st.run("ebpf-clippy", || ebpf::clippy(ws))?;
+    }
+    st.run("unit", || {
+        cmd::run(
+            cargo(ws)
+                .args(["test", "--workspace", "--exclude", "sluice-tests"])
+                .env("SLUICE_EBPF_OBJECT", &object),
+        )
+    })?;
+    if args.unit_only {
+        st.skip(&["build", "integration"], "--unit-only");
+        return Ok(());
+    }
+    let bins = st.run("build", || build::build_bins(ws, &object, false))?;
+    st.run("integration", || integration(ws, args, ci, &object, &bins))
+}
+
+fn cargo(ws: &Workspace) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(&ws.root);
+    c
+}
+
+/// `cargo test -p sluice-tests` between two snapshots of the node.
+fn integration(
+    ws: &Workspace,
+    args: &TestArgs,
+    ci: bool,
+    object: &Path,
+    bins: &Binaries,
+) -> Result<()> {
+    for plugin in ["bridge", "host-local", "portmap", "bandwidth", "loopback"] {
+        let path = Path::new(CNI_PATH).join(plugin);
+        ensure!(
+            host::is_executable(&path),
+            "no reference plugin {} (package containernetworking-plugins; `cargo xtask setup` installs it)",
+            path.display()
+        );
+    }
+    let test = |extra: &[&str]| {
+        let mut c = cargo(ws);
+        c.args(["test", "-p", "sluice-tests"])
+            .args(extra)
+            .env("SLUICE_EBPF_OBJECT", object)
+            .env("SLUICE_BIN", &bins.sluice)
+            .env("SLUICECTL_BIN", &bins.sluicectl)
+            .env("SLUICE_CNI_PATH", CNI_PATH);
+        c
+    };
+    // Compile first, so the snapshots bracket only the tests themselves.
+    cmd::run(&mut test(&["--no-run"]))?;
+
+    let before = Snapshot::take(ci)?;
+    eprintln!("leak check: before the tests: {}", before.summary());
+    if let Some(why) = &before.bpf_links_unchecked {
+        eprintln!("leak check: bpf links not checked: {why}");
+    }
+    let threads = format!("--test-threads={}", args.test_threads);
+    let mut run = test(&["--", &threads]);
+    run.args(&args.filter);
+    let tests = cmd::run(&mut run);
+    let after = Snapshot::take(ci)?;
+    let leaked = before.new_in(&after);
+
+    if leaked.is_empty() {
+        eprintln!(
+            "leak check: nothing left behind (after: {})",
+            after.summary()
+        );
+        return tests;
+    }
+    eprintln!(
+        "leak check: the integration tests left {} thing(s) behind:",
+        leaked.len()
+    );
+    for item in &leaked {
+        eprintln!("  {item}");
+    }
+    let leaks = format!("leak check: left behind: {}", leaked.join(", "));
+    match tests {
+        Ok(()) => bail!(leaks),
+        Err(e) => Err(e.context(leaks)),
+    }
+}
+
+/// Timing and outcome of each stage, for the summary line.
+#[derive(Default)]
+struct Stages {
+    started: Option<Instant>,
+    done: Vec<(&'static str, Duration, bool)>,
+    skipped: Vec<(&'static str, &'static str)>,
+}
+
+impl Stages {
+    fn run<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.started.get_or_insert_with(Instant::now);
+        eprintln!("==> {name}");
+        let started = Instant::now();
+        let outcome = f();
+        self.done.push((name, started.elapsed(), outcome.is_ok()));
+        outcome.map_err(|e| e.context(format!("stage `{name}`")))
+    }
+
+    fn skip(&mut self, names: &[&'static str], why: &'static str) {
+        self.skipped.extend(names.iter().map(|name| (*name, why)));
+    }
+
+    /// "xtask test: PASSED in 1m02s | setup 120ms, build-ebpf 1.2s, ... | skipped: ..."
+    fn summary(&self, ok: bool) -> String {
+        let total = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        let stages: Vec<String> = self
+            .done
+            .iter()
+            .map(|(name, took, ok)| {
+                let failed = if *ok { "" } else { " FAILED" };
+                format!("{name} {}{failed}", fmt_duration(*took))
+            })
+            .collect();
+        let mut line = format!(
+            "xtask test: {} in {} | {}",
+            if ok { "PASSED" } else { "FAILED" },
+            fmt_duration(total),
+            stages.join(", ")
+        );
+        if !self.skipped.is_empty() {
+            let skipped: Vec<String> = self
+                .skipped
+                .iter()
+                .map(|(name, why)| format!("{name} ({why})"))
+                .collect();
+            line.push_str(&format!(" | skipped: {}", skipped.join(", ")));
+        }
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_names_failures_and_skips() {
+        let mut st = Stages::default();
+        st.run("setup", || Ok(())).unwrap();
+        st.skip(&LINT_STAGES, "--no-lint");
+        assert!(st.run("unit", || -> Result<()> { bail!("boom") }).is_err());
+        let line = st.summary(false);
+        assert!(line.starts_with("xtask test: FAILED in "), "{line}");
+        assert!(
+            line.contains("setup ") && line.contains(" FAILED |"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("skipped: fmt (--no-lint), clippy (--no-lint), ebpf-clippy (--no-lint)"),
+            "{line}"
+        );
+    }
+}
