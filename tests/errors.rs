@@ -274,7 +274,9 @@ fn existing_interface_in_the_pod_is_refused_and_left_alone() {
         sluice_tests::exec::tool(None, "ip", &all).unwrap();
     };
     // A veth pair inside the pod (this kernel has no dummy driver).
-    ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "other0"]);
+    ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ]);
     ip(&["addr", "add", "192.0.2.9/24", "dev", "eth0"]);
     ip(&["link", "set", "eth0", "up"]);
     let before = look::link(&pod.name, "eth0").unwrap().unwrap();

@@ -27,20 +27,6 @@ pub fn enter_netns(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `f` on a new thread inside `pod`'s namespace.
-pub fn in_pod<T: Send + 'static>(
-    pod: &Pod,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let path = pod.path.clone();
-    thread::spawn(move || {
-        enter_netns(&path)?;
-        f()
-    })
-    .join()
-    .map_err(|_| err!("thread in {} panicked", pod.name))?
-}
-
 /// Deterministic payload: byte `i` is `i * 7 mod 251`.
 fn payload(len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 7) % 251) as u8).collect()
@@ -91,17 +77,35 @@ fn serve_echo(listener: &TcpListener, bytes: usize) -> Result<usize> {
 /// on `server_ip`, and checks that the same bytes come back. Returns the
 /// client's local address (the address the server saw).
 pub fn tcp_echo(server: &Pod, server_ip: IpAddr, client: &Pod, bytes: usize) -> Result<SocketAddr> {
+    tcp_echo_via(
+        &server.path,
+        SocketAddr::new(server_ip, 0),
+        &client.path,
+        SocketAddr::new(server_ip, 0),
+        bytes,
+    )
+}
+
+/// The general echo: a server in namespace `server_ns` listening on `bind`, a
+/// client in `client_ns` connecting to `connect` (a translated address, e.g. a
+/// hostPort, or with port 0 the port the server got). Returns the client's
+/// local address.
+pub fn tcp_echo_via(
+    server_ns: &Path,
+    bind: SocketAddr,
+    client_ns: &Path,
+    connect: SocketAddr,
+    bytes: usize,
+) -> Result<SocketAddr> {
     let (port_tx, port_rx) = mpsc::channel();
-    let server_path = server.path.clone();
+    let server_path = server_ns.to_path_buf();
     let server_thread = thread::spawn(move || -> Result<usize> {
         enter_netns(&server_path)?;
-        let listener = TcpListener::bind((server_ip, 0))
-            .map_err(|e| err!("binding {server_ip} in the server pod: {e}"));
-        let listener = match listener {
+        let listener = match TcpListener::bind(bind) {
             Ok(l) => l,
             Err(e) => {
                 let _ = port_tx.send(None);
-                return Err(e);
+                return Err(err!("binding {bind} in {}: {e}", server_path.display()));
             }
         };
         let _ = port_tx.send(Some(listener.local_addr()?.port()));
@@ -111,14 +115,27 @@ pub fn tcp_echo(server: &Pod, server_ip: IpAddr, client: &Pod, bytes: usize) -> 
         .recv_timeout(IO_TIMEOUT)
         .map_err(|e| err!("the echo server did not start: {e}"))?;
     let client_result = match port {
-        Some(port) => in_pod(client, move || {
-            echo_client(SocketAddr::new(server_ip, port), bytes)
-        }),
-        None => Err(err!("the echo server could not bind {server_ip}")),
+        Some(port) => {
+            let to = if connect.port() == 0 {
+                SocketAddr::new(connect.ip(), port)
+            } else {
+                connect
+            };
+            let path = client_ns.to_path_buf();
+            thread::spawn(move || {
+                enter_netns(&path)?;
+                echo_client(to, bytes)
+            })
+            .join()
+            .map_err(|_| err!("the echo client panicked"))
+            .and_then(|r| r)
+        }
+        None => Err(err!("the echo server could not bind {bind}")),
     };
     let served = server_thread
         .join()
         .map_err(|_| err!("the echo server panicked"))?;
+    // With the client failed, the server's own error (no connection) says less.
     let local = client_result?;
     let served = served?;
     if served != bytes {
