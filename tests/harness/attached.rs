@@ -98,12 +98,10 @@ pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Opt
         );
     }
     let routes = must(look::routes4(&pod.name));
-    let gws: Vec<String> = if a.gateways.is_empty() {
-        vec!["169.254.1.1".into()]
-    } else {
-        a.gateways.iter().map(ToString::to_string).collect()
-    };
-    let gw = gws[0].clone();
+    // IPv4 is looked at in detail; without an IPAM gateway Sluice uses 169.254.1.1.
+    let gw = a
+        .gateway4()
+        .map_or_else(|| "169.254.1.1".to_string(), |g| g.to_string());
     let Some(gw_route) = look::route(&routes, &gw) else {
         panic!(
             "{}",

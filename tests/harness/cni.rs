@@ -15,7 +15,8 @@ pub struct CniOutput {
 /// A CNI error object (spec section 5, "Error").
 #[derive(Clone, Debug)]
 pub struct CniError {
-    pub cni_version: String,
+    /// Sluice always sets it; the reference plugins (1.1.1) leave it out.
+    pub cni_version: Option<String>,
     pub code: u64,
     pub msg: String,
     pub details: String,
@@ -67,16 +68,21 @@ impl CniOutput {
         );
     }
 
-    /// Asserts the CNI error shape (exit 1, `code`, `msg`, `cniVersion` on stdout)
-    /// with `code`, and returns it.
+    /// Asserts Sluice's error shape (exit 1, `code`, `msg`, `cniVersion` on
+    /// stdout) with `code`, and returns it.
     #[track_caller]
     pub fn error(&self, code: u64) -> CniError {
         let e = self.any_error();
         assert_eq!(e.code, code, "expected CNI error code {code}: {self}");
+        assert!(
+            e.cni_version.is_some(),
+            "the error has no cniVersion: {self}"
+        );
         e
     }
 
-    /// Asserts the CNI error shape whatever the code.
+    /// Asserts the CNI error shape (exit 1, `code` and `msg` on stdout) whatever
+    /// the code.
     #[track_caller]
     pub fn any_error(&self) -> CniError {
         assert_eq!(self.out.status, Some(1), "expected exit code 1: {self}");
@@ -90,11 +96,8 @@ impl CniOutput {
         let Some(msg) = s("msg").filter(|m| !m.is_empty()) else {
             panic!("the error has no msg: {self}");
         };
-        let Some(cni_version) = s("cniVersion") else {
-            panic!("the error has no cniVersion: {self}");
-        };
         CniError {
-            cni_version,
+            cni_version: s("cniVersion"),
             code,
             msg,
             details: s("details").unwrap_or_default(),

@@ -43,9 +43,18 @@ pub struct Added {
 }
 
 impl Added {
-    /// The first pod address.
+    /// The first IPv4 pod address (the first address when there is none).
     pub fn ip(&self) -> IpAddr {
-        self.ips.first().map_or(IpAddr::from([0, 0, 0, 0]), |i| i.0)
+        self.ips
+            .iter()
+            .find(|i| i.0.is_ipv4())
+            .or(self.ips.first())
+            .map_or(IpAddr::from([0, 0, 0, 0]), |i| i.0)
+    }
+
+    /// The IPv4 gateway, if the result names one.
+    pub fn gateway4(&self) -> Option<IpAddr> {
+        self.gateways.iter().copied().find(IpAddr::is_ipv4)
     }
 }
 
