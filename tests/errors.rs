@@ -336,3 +336,31 @@ fn commands_newer_than_the_config_version_are_code_1() {
     }
     node.assert_clean(NETWORK);
 }
+
+#[test]
+fn failed_add_after_ipam_rolls_everything_back() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf("1.0.0", "10.82.0.0/24");
+    // Not on a bpffs: ADD reserves an address and makes the veth, then fails
+    // at the datapath and must undo both.
+    let not_bpffs = node.dir().join("notbpffs");
+    conf["pinRoot"] = json!(not_bpffs);
+    let out = node
+        .cni("ADD", &conf, "err-late", "eth0", Some(&pod), &[])
+        .unwrap();
+    out.error(7)
+        .assert_names(&["pinRoot", &not_bpffs.display().to_string()]);
+    assert!(look::link(&pod.name, "eth0").unwrap().is_none());
+    assert!(!not_bpffs.exists(), "created {}", not_bpffs.display());
+    node.assert_clean(NETWORK);
+    // The pod's namespace keeps only lo; the node's only lo.
+    for ns in [pod.name.as_str(), node.name()] {
+        let links: Vec<String> = look::links(ns)
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(links, vec!["lo"], "{ns}");
+    }
+}
