@@ -162,3 +162,79 @@ fn check_reports_what_changed() {
     assert_detached(&node, "life-chk", "eth0", Some(&pod), &added);
     node.assert_clean(NETWORK);
 }
+
+/// Dual-stack: an IPv4 and an IPv6 range give the pod one address of each, with
+/// the IPv6 side made like the IPv4 one.
+#[test]
+fn lifecycle_dual_stack() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf("1.1.0", "unused");
+    conf["ipam"] = json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd00:77::/64"}]],
+        "dataDir": node.ipam_dir(),
+    });
+    let out = node
+        .cni("ADD", &conf, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), "1.1.0", "eth0", &pod);
+    let mut ips: Vec<String> = added
+        .ips
+        .iter()
+        .map(|(ip, p)| format!("{ip}/{p}"))
+        .collect();
+    ips.sort();
+    assert_eq!(ips, vec!["10.77.0.2/24", "fd00:77::2/64"], "{out}");
+    assert_attached(&node, &pod, "eth0", &added, None);
+
+    // IPv6: address in the pod, gateway route and neighbour, /128 route and
+    // neighbour on the node, forwarding on.
+    let v6 = look::ip_json(&pod.name, &["-6", "route", "show"]).unwrap();
+    let gw6 = added
+        .gateways
+        .iter()
+        .find(|g| g.is_ipv6())
+        .map_or_else(|| "fe80::1".to_string(), ToString::to_string);
+    assert!(
+        look::route(&v6, &gw6).is_some(),
+        "no route to {gw6}: {v6:?}"
+    );
+    assert!(
+        look::route(&v6, "fd00:77::/64").is_some_and(|r| r["gateway"] == gw6.as_str()),
+        "no subnet route via {gw6}: {v6:?}"
+    );
+    let neigh = look::neighbours(&pod.name, "eth0").unwrap();
+    assert!(
+        look::is_permanent_neighbour(&neigh, &gw6, &added.host_mac),
+        "{neigh:?}"
+    );
+    let node_v6 = look::ip_json(node.name(), &["-6", "route", "show"]).unwrap();
+    assert!(
+        look::route(&node_v6, "fd00:77::2").is_some_and(|r| r["dev"] == added.host_veth.as_str()),
+        "no /128 route on the node: {node_v6:?}"
+    );
+    let node_neigh = look::neighbours(node.name(), &added.host_veth).unwrap();
+    assert!(
+        look::is_permanent_neighbour(&node_neigh, "fd00:77::2", &added.pod_mac),
+        "{node_neigh:?}"
+    );
+    assert_eq!(
+        look::sysctl(&node.netns_path(), "net/ipv6/conf/all/forwarding").unwrap(),
+        "1"
+    );
+    let mut reserved = node.reservations(NETWORK).unwrap();
+    reserved.sort();
+    assert_eq!(reserved.len(), 2);
+
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = added.result.clone();
+    node.cni("CHECK", &with_prev, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    node.cni("DEL", &with_prev, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, "life-ds", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}

@@ -98,3 +98,48 @@ fn pods_exchange_tcp_and_endpoint_counters_rise() {
     node.assert_clean(NETWORK);
     assert!(node.endpoints().unwrap().is_empty());
 }
+
+#[test]
+fn dual_stack_pods_exchange_tcp_over_ipv6() {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let mut conf = node.conf("1.1.0", "unused");
+    conf["ipam"] = serde_json::json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": "10.79.0.0/24"}], [{"subnet": "fd00:79::/64"}]],
+        "dataDir": node.ipam_dir(),
+    });
+    let mut v6 = Vec::new();
+    for (cid, pod) in [("traffic6-a", &a), ("traffic6-b", &b)] {
+        let out = node.cni("ADD", &conf, cid, "eth0", Some(pod), &[]).unwrap();
+        let added = check_add_result(&out.result(), "1.1.0", "eth0", pod);
+        let Some((ip, _)) = added.ips.iter().find(|(ip, _)| ip.is_ipv6()) else {
+            panic!("no IPv6 address: {out}");
+        };
+        v6.push(*ip);
+    }
+    let before = node.endpoints().unwrap();
+    let seen = tcp_echo(&b, v6[1], &a, BYTES).unwrap();
+    assert_eq!(seen.ip(), v6[0]);
+    let after = node.endpoints().unwrap();
+    for (i, ip) in v6.iter().enumerate() {
+        let (c0, c1) = (
+            counters(&before, &ip.to_string()),
+            counters(&after, &ip.to_string()),
+        );
+        for k in [1, 3] {
+            assert!(
+                c1[k] - c0[k] >= BYTES as u64,
+                "pod {i} ({ip}): counter {k} rose by {} (before {c0:?}, after {c1:?})",
+                c1[k] - c0[k]
+            );
+        }
+    }
+    for (cid, pod) in [("traffic6-a", &a), ("traffic6-b", &b)] {
+        node.cni("DEL", &conf, cid, "eth0", Some(pod), &[])
+            .unwrap()
+            .ok_silent();
+    }
+    node.assert_clean(NETWORK);
+}
