@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 use sluice_tests::{
-    attached::assert_attached, exec, look, schema::check_add_result, traffic::tcp_echo_via, Node,
-    NETWORK,
+    attached::assert_attached, exec, look, schema::check_add_result, traffic::tcp_echo_via,
+    with_prev_result, Node, NETWORK,
 };
 
 const VERSION: &str = "1.0.0";
@@ -147,8 +147,7 @@ fn sluice_portmap_bandwidth_chain() {
 
     // CHECK each plugin against the final result.
     for (plugin, conf) in &chain {
-        let mut conf = conf.clone();
-        conf["prevResult"] = fin.clone();
+        let conf = with_prev_result(conf, &fin);
         let out = run(&node, plugin, "CHECK", &conf, &pod);
         if plugin == "portmap" && !out.success() {
             // portmap 1.1.1 (Debian) looks for IPv6 rules it never made for an
@@ -162,8 +161,7 @@ fn sluice_portmap_bandwidth_chain() {
 
     // DEL in reverse order.
     for (plugin, conf) in chain.iter().rev() {
-        let mut conf = conf.clone();
-        conf["prevResult"] = fin.clone();
+        let conf = with_prev_result(conf, &fin);
         run(&node, plugin, "DEL", &conf, &pod).ok_silent();
     }
     node.assert_clean(NETWORK);

@@ -7,7 +7,7 @@ use sluice_tests::{
     attached::assert_detached,
     look,
     schema::{check_add_result, Added},
-    Node, Pod, NETWORK,
+    with_prev_result, Node, Pod, NETWORK,
 };
 
 const VERSION: &str = "1.0.0";
@@ -44,8 +44,7 @@ fn del_twice_in_a_row() {
     let pod = node.pod("a").unwrap();
     let conf = node.conf(VERSION, "10.80.0.0/24");
     let added = add(&node, &conf, "del-twice", &pod, None);
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = added.result.clone();
+    let with_prev = with_prev_result(&conf, &added.result);
     for _ in 0..2 {
         node.cni("DEL", &with_prev, "del-twice", "eth0", Some(&pod), &[])
             .unwrap()
@@ -77,8 +76,7 @@ fn del_after_the_pod_netns_is_deleted() {
     let pod = node.pod("a").unwrap();
     let conf = node.conf(VERSION, "10.80.0.0/24");
     let added = add(&node, &conf, "del-gone", &pod, None);
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = added.result.clone();
+    let with_prev = with_prev_result(&conf, &added.result);
     node.delete_pod(&pod).unwrap();
     assert!(!pod.path.exists());
 

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     attached::{assert_attached, assert_detached},
     schema::check_add_result,
-    Node, NETWORK,
+    with_prev_result, Node, NETWORK,
 };
 
 /// host-local supports CNI up to 1.0.0.
@@ -45,8 +45,7 @@ fn host_local_add_check_del() {
     assert!(owner.starts_with("deleg-a"), "owner {owner:?}");
     assert_eq!(node.records(NETWORK).unwrap(), vec!["deleg-a.eth0.json"]);
 
-    let mut check = conf.clone();
-    check["prevResult"] = added.result.clone();
+    let check = with_prev_result(&conf, &added.result);
     node.cni("CHECK", &check, "deleg-a", "eth0", Some(&pod), &[])
         .unwrap()
         .ok_silent();
@@ -73,8 +72,7 @@ fn host_local_check_fails_once_the_reservation_is_gone() {
     // error host-local gives (CHECK is delegated too).
     let file = node.ipam_dir().join(NETWORK).join(added.ip().to_string());
     std::fs::remove_file(&file).unwrap();
-    let mut check = conf.clone();
-    check["prevResult"] = added.result.clone();
+    let check = with_prev_result(&conf, &added.result);
     let out = node
         .cni("CHECK", &check, "deleg-c", "eth0", Some(&pod), &[])
         .unwrap();

@@ -7,7 +7,7 @@ use sluice_tests::{
     attached::{assert_attached, assert_detached},
     schema::{check_add_result, Added},
     traffic::tcp_echo,
-    Node, Pod, NETWORK,
+    with_prev_result, Node, Pod, NETWORK,
 };
 
 const VERSION: &str = "1.1.0";
@@ -27,8 +27,7 @@ fn gc(node: &Node, conf: &Value, valid: &[&str]) {
 }
 
 fn check(node: &Node, conf: &Value, cid: &str, pod: &Pod, added: &Added) {
-    let mut c = conf.clone();
-    c["prevResult"] = added.result.clone();
+    let c = with_prev_result(conf, &added.result);
     node.cni("CHECK", &c, cid, "eth0", Some(pod), &[])
         .unwrap()
         .ok_silent();

@@ -8,7 +8,7 @@ use sluice_tests::{
     attached::{assert_attached, assert_detached},
     look,
     schema::check_add_result,
-    Node, NETWORK,
+    with_prev_result, Node, NETWORK,
 };
 
 const MTU: u64 = 1450;
@@ -53,8 +53,7 @@ fn lifecycle(version: &str) {
     let owner = node.reservation_owner(NETWORK, added.ip()).unwrap();
     assert!(owner.starts_with(&cid), "reservation owner {owner:?}");
 
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = added.result.clone();
+    let with_prev = with_prev_result(&conf, &added.result);
     let out = node
         .cni("CHECK", &with_prev, &cid, "eth0", Some(&pod), &[])
         .unwrap();
@@ -86,12 +85,7 @@ fn lifecycle(version: &str) {
     assert_detached(&node, &cid, "eth0", Some(&pod), &added);
     node.assert_clean(NETWORK);
     // The pod namespace is as it was: only lo.
-    let links: Vec<String> = look::links(&pod.name)
-        .unwrap()
-        .iter()
-        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(links, vec!["lo"]);
+    assert_eq!(look::link_names(&pod.name).unwrap(), vec!["lo"]);
 }
 
 #[test]
@@ -130,8 +124,7 @@ fn check_reports_what_changed() {
         .cni("ADD", &conf, "life-chk", "eth0", Some(&pod), &[])
         .unwrap();
     let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = added.result.clone();
+    let with_prev = with_prev_result(&conf, &added.result);
 
     // The pod's address removed behind the plugin's back.
     let addr = format!("{}/24", added.ip());
@@ -227,8 +220,7 @@ fn lifecycle_dual_stack() {
     reserved.sort();
     assert_eq!(reserved.len(), 2);
 
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = added.result.clone();
+    let with_prev = with_prev_result(&conf, &added.result);
     node.cni("CHECK", &with_prev, "life-ds", "eth0", Some(&pod), &[])
         .unwrap()
         .ok_silent();

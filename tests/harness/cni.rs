@@ -5,6 +5,14 @@ use serde_json::Value;
 
 use crate::exec::Output;
 
+/// `conf` with `prevResult` set to `prev`, as a runtime passes a cached result
+/// to CHECK and DEL, or one plugin's result to the next in a chain.
+pub fn with_prev_result(conf: &Value, prev: &Value) -> Value {
+    let mut c = conf.clone();
+    c["prevResult"] = prev.clone();
+    c
+}
+
 /// A plugin's exit code and output, with its stdout parsed when it is JSON.
 #[derive(Clone, Debug)]
 pub struct CniOutput {

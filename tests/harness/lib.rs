@@ -22,7 +22,7 @@ pub mod traffic;
 
 use std::{fmt, path::PathBuf};
 
-pub use cni::{CniError, CniOutput};
+pub use cni::{with_prev_result, CniError, CniOutput};
 pub use node::{Node, Pod, NETWORK};
 
 /// Every CNI version Sluice supports, oldest first.

@@ -25,6 +25,14 @@ pub fn links(netns: &str) -> Result<Vec<Value>> {
     ip_json(netns, &["-d", "link", "show"])
 }
 
+/// Names of every link of `netns`, in `ip`'s order.
+pub fn link_names(netns: &str) -> Result<Vec<String>> {
+    Ok(links(netns)?
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+        .collect())
+}
+
 /// The link `name` of `netns`, if it exists.
 pub fn link(netns: &str, name: &str) -> Result<Option<Value>> {
     Ok(links(netns)?

@@ -285,11 +285,9 @@ impl Node {
 
     /// Names of the host veths (`sl*`) in the node namespace.
     pub fn host_veths(&self) -> Result<Vec<String>> {
-        Ok(look::links(&self.name)?
-            .iter()
-            .filter_map(|l| l["ifname"].as_str())
+        Ok(look::link_names(&self.name)?
+            .into_iter()
             .filter(|n| n.starts_with("sl"))
-            .map(str::to_string)
             .collect())
     }
 
