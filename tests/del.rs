@@ -112,3 +112,19 @@ fn del_of_an_attachment_that_never_was() {
         .ok_silent();
     node.assert_clean(NETWORK);
 }
+
+/// After a reboot bpffs is empty: DEL still removes the veth, the record and the
+/// reservation.
+#[test]
+fn del_after_the_pin_root_is_gone() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let conf = node.conf(VERSION, "10.80.0.0/24");
+    let added = add(&node, &conf, "del-nopins", &pod, None);
+    std::fs::remove_dir_all(node.pin_root()).unwrap();
+    node.cni("DEL", &conf, "del-nopins", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, "del-nopins", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}

@@ -126,6 +126,18 @@ fn check_reports_what_changed() {
     let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
     let with_prev = with_prev_result(&conf, &added.result);
 
+    // A datapath link unpinned (the kernel detaches it): CHECK names it.
+    let pin = node
+        .pin_root()
+        .join("links")
+        .join(format!("{}-from_pod", added.host_veth));
+    std::fs::remove_file(&pin).unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&["from_pod"]);
+
     // The pod's address removed behind the plugin's back.
     let addr = format!("{}/24", added.ip());
     sluice_tests::exec::tool(
@@ -228,5 +240,51 @@ fn lifecycle_dual_stack() {
         .unwrap()
         .ok_silent();
     assert_detached(&node, "life-ds", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}
+
+/// The addresses and MAC a runtime asks for: `CNI_ARGS` `IP=` and `MAC=`, and the
+/// `mac` and `ips` capabilities in runtimeConfig.
+#[test]
+fn requested_ip_and_mac_are_used() {
+    let node = Node::new().unwrap();
+    let conf = node.conf("1.0.0", "10.77.0.0/24");
+    let a = node.pod("a").unwrap();
+    let args = [("CNI_ARGS", "IP=10.77.0.40;MAC=02:00:00:00:00:40")];
+    let out = node
+        .cni("ADD", &conf, "life-req-a", "eth0", Some(&a), &args)
+        .unwrap();
+    let added_a = check_add_result(&out.result(), "1.0.0", "eth0", &a);
+    assert_eq!(added_a.ip().to_string(), "10.77.0.40");
+    assert_eq!(added_a.pod_mac, "02:00:00:00:00:40");
+    assert_attached(&node, &a, "eth0", &added_a, None);
+
+    let b = node.pod("b").unwrap();
+    let mut conf_b = conf.clone();
+    conf_b["runtimeConfig"] = json!({"mac": "02:00:00:00:00:41", "ips": ["10.77.0.41/24"]});
+    let out = node
+        .cni("ADD", &conf_b, "life-req-b", "eth0", Some(&b), &[])
+        .unwrap();
+    let added_b = check_add_result(&out.result(), "1.0.0", "eth0", &b);
+    assert_eq!(added_b.ip().to_string(), "10.77.0.41");
+    assert_eq!(added_b.pod_mac, "02:00:00:00:00:41");
+    assert_attached(&node, &b, "eth0", &added_b, None);
+
+    // A requested address that is taken: code 103, nothing made.
+    let c = node.pod("c").unwrap();
+    let args = [("CNI_ARGS", "IP=10.77.0.40")];
+    let e = node
+        .cni("ADD", &conf, "life-req-c", "eth0", Some(&c), &args)
+        .unwrap()
+        .error(103);
+    e.assert_names(&["10.77.0.40"]);
+    assert!(look::link(&c.name, "eth0").unwrap().is_none());
+    assert_eq!(node.host_veths().unwrap().len(), 2);
+
+    for (cid, pod) in [("life-req-a", &a), ("life-req-b", &b)] {
+        node.cni("DEL", &conf, cid, "eth0", Some(pod), &[])
+            .unwrap()
+            .ok_silent();
+    }
     node.assert_clean(NETWORK);
 }
