@@ -364,8 +364,6 @@ fn failed_add_after_ipam_rolls_everything_back() {
 /// e.g. a runtime retrying into a new sandbox) fails, and its rollback must not
 /// take down what the first ADD made.
 #[test]
-#[ignore = "plugin bug: the failed duplicate ADD (code 103) rolls back the first attachment: \
-            veth, record, reservation and links are gone; run with --ignored"]
 fn repeated_add_of_an_existing_attachment_leaves_it_alone() {
     let node = Node::new().unwrap();
     let first = node.pod("a").unwrap();
@@ -379,7 +377,8 @@ fn repeated_add_of_an_existing_attachment_leaves_it_alone() {
     let out = node
         .cni("ADD", &conf, "err-dup", "eth0", Some(&second), &[])
         .unwrap();
-    out.any_error();
+    out.error(4)
+        .assert_names(&["CNI_CONTAINERID", "CNI_IFNAME", "err-dup", "already exists"]);
     assert!(look::link(&second.name, "eth0").unwrap().is_none());
 
     sluice_tests::attached::assert_attached(&node, &first, "eth0", &added, None);

@@ -140,8 +140,6 @@ fn status_is_ok_until_the_range_is_exhausted() {
 /// attachment whatever the length of its id (the datapath's owner entry keeps
 /// only the first 64 bytes): a runtime's usual 64-hex-digit id and a longer one.
 #[test]
-#[ignore = "plugin bug: GC deletes the veth and datapath entries of a valid attachment whose \
-            container id is longer than 64 bytes (owner entries keep 64); run with --ignored"]
 fn gc_keeps_valid_attachments_with_long_container_ids() {
     let node = Node::new().unwrap();
     let conf = node.conf(VERSION, "10.85.0.0/24");
