@@ -24,6 +24,15 @@ use crate::{
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let id = env.attachment()?;
+    // Accepting ipMasq without masquerading would leave pods without a way out
+    // that the config promises; say so instead (code 2 names key and value).
+    if conf.ip_masq {
+        return Err(Error::UnsupportedField {
+            key: "ipMasq".into(),
+            value: "true".into(),
+            reason: "this Sluice version does not masquerade yet".into(),
+        });
+    }
     let netns_path = env
         .netns
         .as_ref()
