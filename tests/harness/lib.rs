@@ -1,1 +1,117 @@
-//! Test harness
+//! Harness of Sluice's privileged integration tests, in the spirit of netavark's
+//! `test/helpers.bash`: every test builds its own node namespace ([`Node`]) with
+//! pod namespaces ([`Pod`]) in it, runs the real `sluice` binary in the node
+//! namespace the way a container runtime does, looks at what it made with `ip`
+//! and `bpftool`, and removes everything it made when it ends, also when it fails.
+//!
+//! Binaries come from the environment, never from guessed paths:
+//! - `SLUICE_BIN`: the `sluice` plugin (absolute path, required);
+//! - `SLUICECTL_BIN`: `sluicectl` (absolute path, required by the tests using it);
+//! - `SLUICE_CNI_PATH`: directory of the reference plugins (default `/usr/lib/cni`).
+//!
+//! Functions that can fail for reasons outside the test's control return
+//! [`Result`]; the `expect_*`/`assert_*` helpers panic with the whole context
+//! (command, exit code, stdout, stderr) when what they check does not hold.
+pub mod attached;
+pub mod cni;
+pub mod exec;
+pub mod look;
+pub mod node;
+pub mod schema;
+pub mod traffic;
+
+use std::{fmt, path::PathBuf};
+
+pub use cni::{with_prev_result, CniError, CniOutput};
+pub use node::{Node, Pod, NETWORK};
+
+/// Every CNI version Sluice supports, oldest first.
+pub const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// A harness failure: what was being done and why it failed.
+#[derive(Debug)]
+pub struct Error(pub String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Self(format!("I/O error: {e}"))
+    }
+}
+
+impl From<nix::Error> for Error {
+    fn from(e: nix::Error) -> Self {
+        Self(format!("system call failed: {e}"))
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Self(format!("JSON: {e}"))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Builds an [`Error`] from a format string.
+#[macro_export]
+macro_rules! err {
+    ($($t:tt)*) => { $crate::Error(format!($($t)*)) };
+}
+
+/// An absolute path from a required environment variable.
+fn binary_from_env(var: &str, what: &str) -> Result<PathBuf> {
+    let v = std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            err!(
+                "{var} is not set: point it at the {what} binary with an absolute path \
+             (e.g. {var}=$PWD/target/debug/{what}); the tests do not guess paths"
+            )
+        })?;
+    let p = PathBuf::from(v);
+    if !p.is_absolute() {
+        return Err(err!("{var}={} must be an absolute path", p.display()));
+    }
+    if !p.is_file() {
+        return Err(err!("{var}={} is not a file; build it first", p.display()));
+    }
+    Ok(p)
+}
+
+/// The `sluice` plugin under test (`SLUICE_BIN`).
+pub fn sluice_bin() -> Result<PathBuf> {
+    binary_from_env("SLUICE_BIN", "sluice")
+}
+
+/// `sluicectl` (`SLUICECTL_BIN`).
+pub fn sluicectl_bin() -> Result<PathBuf> {
+    binary_from_env("SLUICECTL_BIN", "sluicectl")
+}
+
+/// Directory of the reference CNI plugins (`SLUICE_CNI_PATH`, default `/usr/lib/cni`).
+pub fn cni_path() -> PathBuf {
+    std::env::var_os("SLUICE_CNI_PATH")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/usr/lib/cni"), PathBuf::from)
+}
+
+/// A reference plugin from [`cni_path`].
+pub fn reference_plugin(name: &str) -> Result<PathBuf> {
+    let p = cni_path().join(name);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(err!(
+            "reference plugin {} not found; install containernetworking-plugins or set SLUICE_CNI_PATH",
+            p.display()
+        ))
+    }
+}

@@ -26,7 +26,8 @@ pub enum Command {
     /// The whole suite, what CI runs: setup, eBPF build, lints, unit tests,
     /// privileged integration tests (as root) with a leak check.
     Test(TestArgs),
-    /// Demo of Sluice next to the reference plugins (not implemented yet).
+    /// Live demo on namespaces: pods attached through the CNI protocol, traffic
+    /// through the eBPF datapath, the pinned maps shown with sluicectl (as root).
     Demo(DemoArgs),
     /// Benchmarks against the reference plugins (not implemented yet).
     Bench(BenchArgs),

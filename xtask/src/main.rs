@@ -3,12 +3,14 @@
 mod build;
 mod cli;
 mod cmd;
+mod demo;
 mod ebpf;
 mod elf;
 mod host;
 mod leaks;
 mod setup;
 mod test;
+mod testbed;
 mod ws;
 
 use std::process::ExitCode;
@@ -35,7 +37,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::BuildEbpf(args) => ebpf::run(&ws, &args),
         Command::Build(args) => build::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
-        Command::Demo(_) => bail!("`cargo xtask demo` is not implemented yet"),
+        Command::Demo(_) => demo::run(&ws),
         Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
     }
 }

@@ -25,6 +25,15 @@ use crate::{
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let id = env.attachment()?;
+    // Accepting ipMasq without masquerading would leave pods without a way out
+    // that the config promises; say so instead (code 2 names key and value).
+    if conf.ip_masq {
+        return Err(Error::UnsupportedField {
+            key: "ipMasq".into(),
+            value: "true".into(),
+            reason: "this Sluice version does not masquerade yet".into(),
+        });
+    }
     let netns_path = env
         .netns
         .as_ref()
@@ -50,9 +59,32 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_ifname = host_veth_name(&conf.name, id);
+    // A runtime must DEL an attachment before ADDing it again (spec section 2).
+    // Refused before anything is made: the rollback below would otherwise undo
+    // the attachment that exists.
+    if store.load(id)?.is_some() {
+        return Err(Error::env(
+            "CNI_CONTAINERID, CNI_IFNAME",
+            format!("{}, {}", id.container_id, id.ifname),
+            "this attachment already exists in this network; DEL it before ADDing it again",
+        ));
+    }
+    let requested = conf.requested_ips(&env.args.ips);
+    let ipam_result = match ipam.add(conf, id, &requested) {
+        Ok(r) => r,
+        Err(e) => {
+            // The built-in allocator leaves nothing behind on error; a delegated
+            // plugin gets a DEL (spec section 4). Nothing else exists yet.
+            if let Ipam::Delegate(_) = ipam {
+                if let Err(undo) = ipam.del(conf, id) {
+                    eprintln!("sluice: DEL of the IPAM plugin after its failed ADD: {undo}");
+                }
+            }
+            return Err(e);
+        }
+    };
 
     let ctx = AddCtx {
-        env,
         conf,
         id,
         ipam: &ipam,
@@ -62,7 +94,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         host_nl: &host_nl,
         pod_nl: &pod_nl,
     };
-    match add_steps(&ctx, pod_mac).await {
+    match add_steps(&ctx, ipam_result, pod_mac).await {
         Ok(r) => Ok(r),
         Err(e) => {
             if let Err(undo) = teardown(conf, id, &ipam, &store, &host_nl).await {
@@ -92,7 +124,6 @@ fn pod_mac(conf: &NetConf, env: &Env) -> Result<Option<Mac>, Error> {
 
 /// Everything an ADD works with once its preconditions hold.
 struct AddCtx<'a> {
-    env: &'a Env,
     conf: &'a NetConf,
     id: &'a AttachmentId,
     ipam: &'a Ipam,
@@ -103,9 +134,13 @@ struct AddCtx<'a> {
     pod_nl: &'a Netlink,
 }
 
-async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Error> {
+/// Everything after IPAM; any error here is undone by a full teardown.
+async fn add_steps(
+    ctx: &AddCtx<'_>,
+    ipam_result: CniResult,
+    pod_mac: Option<Mac>,
+) -> Result<Value, Error> {
     let AddCtx {
-        env,
         conf,
         id,
         ipam,
@@ -115,8 +150,6 @@ async fn add_steps(ctx: &AddCtx<'_>, pod_mac: Option<Mac>) -> Result<Value, Erro
         host_nl,
         pod_nl,
     } = *ctx;
-    let requested = conf.requested_ips(&env.args.ips);
-    let ipam_result = ipam.add(conf, id, &requested)?;
     if ipam_result.ips.is_empty() {
         return Err(Error::Delegate {
             plugin: ipam.name().to_string(),

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::del::{delete_host_veth, teardown};
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
-    datapath::Datapath,
+    datapath::{owned_by, Datapath},
     error::Error,
     ipam::Ipam,
     netlink::Netlink,
@@ -40,7 +40,7 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     // Datapath entries and links whose record is gone (e.g. a crash before the
     // record was written, or a record removed by hand).
     for (ifindex, id, host_ifname) in dp.endpoint_owners()? {
-        if !valid_set.contains(&id) {
+        if !valid.iter().any(|v| owned_by(&id, v)) {
             if let Err(e) = dp.remove_endpoint(&host_ifname, Some(ifindex), &id) {
                 first_err.get_or_insert(e);
             }

@@ -11,7 +11,7 @@ use std::{
 
 use sluice_common::{
     config_flags, endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey,
-    NodeConfig, LAYOUT_VERSION,
+    NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
 };
 
 pub use bpf::{now_unix, object_hash, XdpAttached};
@@ -67,6 +67,25 @@ pub struct Datapath {
 /// Held while attaching: an upgrade (exclusive) cannot swap programs meanwhile.
 pub struct LoadedGuard {
     _lock: FileLock,
+}
+
+/// Whether the owner recorded in `sl_ep_info` is `id`. The map keeps the container
+/// id cut at `CONTAINER_ID_LEN` bytes, so `id` is cut the same way first.
+pub fn info_owned_by(info: &EndpointInfo, id: &AttachmentId) -> bool {
+    let cid: [u8; CONTAINER_ID_LEN] = to_cbuf(id.container_id.as_bytes());
+    let ifname: [u8; IFNAME_LEN] = to_cbuf(id.ifname.as_bytes());
+    info.container_id == cid && info.ifname == ifname
+}
+
+/// The same test for an owner read back as an [`AttachmentId`] by
+/// [`Datapath::endpoint_owners`].
+pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
+    let info = EndpointInfo {
+        container_id: to_cbuf(recorded.container_id.as_bytes()),
+        ifname: to_cbuf(recorded.ifname.as_bytes()),
+        ..EndpointInfo::default()
+    };
+    info_owned_by(&info, id)
 }
 
 pub fn ip_key(ip: IpAddr) -> IpKey {
@@ -276,8 +295,7 @@ impl Datapath {
         // the record was complete, only by the owner entry.
         let mut ifindexes: Vec<u32> = host_ifindex.into_iter().collect();
         for (idx, info) in maps.interfaces() {
-            let owner = sluice_common::from_cbuf(&info.container_id) == id.container_id.as_bytes()
-                && sluice_common::from_cbuf(&info.ifname) == id.ifname.as_bytes();
+            let owner = info_owned_by(&info, id);
             if owner && !ifindexes.contains(&idx) {
                 ifindexes.push(idx);
             }
@@ -376,5 +394,28 @@ impl Datapath {
 
     pub fn pin_root(&self) -> &Path {
         &self.pin_root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(c: &str, i: &str) -> AttachmentId {
+        AttachmentId {
+            container_id: c.into(),
+            ifname: i.into(),
+        }
+    }
+
+    #[test]
+    fn owners_compare_with_the_cut_container_id() {
+        let long = "a".repeat(99);
+        let full = id(&long, "eth0");
+        let recorded = id(&long[..CONTAINER_ID_LEN], "eth0");
+        assert!(owned_by(&recorded, &full));
+        assert!(!owned_by(&recorded, &id(&long, "eth1")));
+        assert!(!owned_by(&id("abc", "eth0"), &id("abcd", "eth0")));
+        assert!(owned_by(&id("abc", "eth0"), &id("abc", "eth0")));
     }
 }

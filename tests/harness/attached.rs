@@ -1,0 +1,346 @@
+//! The state an ADD must leave behind, and the absence of it after DEL.
+use std::net::IpAddr;
+
+use serde_json::Value;
+
+use crate::{
+    look::{self, TcxLink},
+    node::{Node, Pod},
+    schema::Added,
+};
+
+/// `ip` prints a /32 (/128) route destination as the bare address and 0/0 as
+/// `default`.
+fn ip_route_dst(dst: &str) -> String {
+    match dst {
+        "0.0.0.0/0" | "::/0" => "default".into(),
+        d => d
+            .strip_suffix("/32")
+            .or_else(|| d.strip_suffix("/128"))
+            .unwrap_or(d)
+            .to_string(),
+    }
+}
+
+fn network_of(ip: IpAddr, prefix: u8) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(v4);
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            format!("{}/{prefix}", std::net::Ipv4Addr::from(bits & mask))
+        }
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            format!("{}/{prefix}", std::net::Ipv6Addr::from(bits & mask))
+        }
+    }
+}
+
+#[track_caller]
+fn must<T>(r: crate::Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The tcx links pinned for `host_veth`: (from_pod, to_pod).
+#[track_caller]
+pub fn tcx_links(node: &Node, host_veth: &str) -> (TcxLink, TcxLink) {
+    let pin = |p: &str| {
+        node.pin_root()
+            .join("links")
+            .join(format!("{host_veth}-{p}"))
+    };
+    (
+        must(look::tcx_link(&pin("from_pod"))),
+        must(look::tcx_link(&pin("to_pod"))),
+    )
+}
+
+/// Asserts what an ADD of `ifname` in `pod` (described by its result `a`) made:
+/// - pod: a veth `ifname`, up, with the result's MAC and (when given) `mtu`, the
+///   addresses, a `gw/32 scope link` route, the subnet and IPAM routes via the
+///   gateway, a permanent neighbour gateway -> host veth MAC;
+/// - node: the host veth, up, the pod interface's peer, with the gateway address,
+///   a /32 route and a permanent neighbour per pod address, `ip_forward` = 1;
+/// - datapath: maps and programs pinned, the two tcx links pinned under
+///   `links/`, listed by `bpftool link show` after the plugin exited, attached to
+///   the host veth (from_pod on ingress, to_pod on egress), running the pinned
+///   `from_pod`/`to_pod` programs; `sluicectl endpoints` lists every address.
+#[track_caller]
+pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Option<u64>) {
+    let ctx = |what: &str| format!("{what} (pod {}, result {:#})", pod.name, a.result);
+
+    // Pod side.
+    let Some(pod_link) = must(look::link(&pod.name, ifname)) else {
+        panic!("{}", ctx(&format!("{ifname} missing from the pod")));
+    };
+    assert_eq!(
+        look::kind(&pod_link),
+        Some("veth"),
+        "{}",
+        ctx("pod link kind")
+    );
+    assert!(look::is_up(&pod_link), "{}", ctx("pod link down"));
+    assert_eq!(pod_link["address"], a.pod_mac, "{}", ctx("pod MAC"));
+    if let Some(m) = mtu {
+        assert_eq!(pod_link["mtu"], m, "{}", ctx("pod MTU"));
+    }
+    let pod_addrs = must(look::addrs(&pod.name, ifname));
+    for (ip, prefix) in &a.ips {
+        let want = format!("{ip}/{prefix}");
+        assert!(
+            pod_addrs.contains(&want),
+            "{}",
+            ctx(&format!("{want} not in {pod_addrs:?}"))
+        );
+    }
+    let routes = must(look::routes4(&pod.name));
+    // IPv4 is looked at in detail; without an IPAM gateway Sluice uses 169.254.1.1.
+    let gw = a
+        .gateway4()
+        .map_or_else(|| "169.254.1.1".to_string(), |g| g.to_string());
+    let Some(gw_route) = look::route(&routes, &gw) else {
+        panic!(
+            "{}",
+            ctx(&format!("no {gw}/32 route in the pod: {routes:?}"))
+        );
+    };
+    assert_eq!(gw_route["dev"], ifname, "{}", ctx("gateway route device"));
+    assert_eq!(gw_route["scope"], "link", "{}", ctx("gateway route scope"));
+    for (ip, prefix) in a.ips.iter().filter(|(ip, _)| ip.is_ipv4()) {
+        let subnet = network_of(*ip, *prefix);
+        let Some(r) = look::route(&routes, &ip_route_dst(&subnet)) else {
+            panic!("{}", ctx(&format!("no subnet route {subnet}: {routes:?}")));
+        };
+        assert_eq!(r["gateway"], gw.as_str(), "{}", ctx("subnet route gateway"));
+    }
+    for r in a.result["routes"].as_array().cloned().unwrap_or_default() {
+        let dst = r["dst"].as_str().unwrap_or_default();
+        if dst.contains(':') {
+            continue;
+        }
+        let Some(have) = look::route(&routes, &ip_route_dst(dst)) else {
+            panic!("{}", ctx(&format!("IPAM route {dst} missing: {routes:?}")));
+        };
+        let via = r["gw"].as_str().unwrap_or(&gw).to_string();
+        assert_eq!(
+            have["gateway"],
+            via.as_str(),
+            "{}",
+            ctx("IPAM route gateway")
+        );
+        assert_eq!(have["dev"], ifname, "{}", ctx("IPAM route device"));
+    }
+    let neigh = must(look::neighbours(&pod.name, ifname));
+    assert!(
+        look::is_permanent_neighbour(&neigh, &gw, &a.host_mac),
+        "{}",
+        ctx(&format!(
+            "no permanent neighbour {gw} -> {}: {neigh:?}",
+            a.host_mac
+        ))
+    );
+
+    // Node side.
+    let Some(host_link) = must(look::link(node.name(), &a.host_veth)) else {
+        panic!("{}", ctx(&format!("host veth {} missing", a.host_veth)));
+    };
+    assert_eq!(
+        look::kind(&host_link),
+        Some("veth"),
+        "{}",
+        ctx("host link kind")
+    );
+    assert!(look::is_up(&host_link), "{}", ctx("host veth down"));
+    assert_eq!(host_link["address"], a.host_mac, "{}", ctx("host MAC"));
+    assert_eq!(
+        host_link["link_index"],
+        pod_link["ifindex"],
+        "{}",
+        ctx("the host veth is not the pod interface's peer")
+    );
+    assert_eq!(
+        pod_link["link_index"],
+        host_link["ifindex"],
+        "{}",
+        ctx("the pod interface is not the host veth's peer")
+    );
+    if let Some(m) = mtu {
+        assert_eq!(host_link["mtu"], m, "{}", ctx("host MTU"));
+    }
+    let host_addrs = must(look::addrs(node.name(), &a.host_veth));
+    assert!(
+        host_addrs.contains(&format!("{gw}/32")),
+        "{}",
+        ctx(&format!(
+            "gateway {gw}/32 not on the host veth: {host_addrs:?}"
+        ))
+    );
+    let node_routes = must(look::routes4(node.name()));
+    let node_neigh = must(look::neighbours(node.name(), &a.host_veth));
+    for (ip, _) in a.ips.iter().filter(|(ip, _)| ip.is_ipv4()) {
+        let ip = ip.to_string();
+        let Some(r) = look::route(&node_routes, &ip) else {
+            panic!(
+                "{}",
+                ctx(&format!(
+                    "no /32 route to {ip} on the node: {node_routes:?}"
+                ))
+            );
+        };
+        assert_eq!(
+            r["dev"],
+            a.host_veth.as_str(),
+            "{}",
+            ctx("node route device")
+        );
+        assert!(
+            look::is_permanent_neighbour(&node_neigh, &ip, &a.pod_mac),
+            "{}",
+            ctx(&format!(
+                "no permanent neighbour {ip} on the node: {node_neigh:?}"
+            ))
+        );
+    }
+    assert_eq!(
+        must(look::sysctl(&node.netns_path(), "net/ipv4/ip_forward")),
+        "1",
+        "{}",
+        ctx("ip_forward in the node namespace")
+    );
+
+    // Datapath.
+    for f in [
+        "maps/sl_endpoints",
+        "maps/sl_ep_stats",
+        "maps/sl_ep_info",
+        "maps/sl_meta",
+    ]
+    .iter()
+    .chain(&["progs/from_pod", "progs/to_pod"])
+    {
+        let p = node.pin_root().join(f);
+        assert!(
+            p.exists(),
+            "{}",
+            ctx(&format!("{} is not pinned", p.display()))
+        );
+    }
+    let host_ifindex = host_link["ifindex"].as_u64().unwrap_or(0);
+    let (from_pod, to_pod) = tcx_links(node, &a.host_veth);
+    let listed: Vec<u64> = must(look::bpf_links())
+        .iter()
+        .filter_map(|l| l["id"].as_u64())
+        .collect();
+    for (link, ingress, name) in [(from_pod, true, "from_pod"), (to_pod, false, "to_pod")] {
+        assert_eq!(
+            u64::from(link.ifindex),
+            host_ifindex,
+            "{}",
+            ctx(&format!("{name} ifindex"))
+        );
+        assert_eq!(
+            link.ingress,
+            ingress,
+            "{}",
+            ctx(&format!("{name} direction"))
+        );
+        assert!(
+            listed.contains(&u64::from(link.id)),
+            "{}",
+            ctx(&format!(
+                "bpftool link show does not list {name} link {}",
+                link.id
+            ))
+        );
+        let prog = must(look::bpf_prog(u64::from(link.prog_id)));
+        assert_eq!(prog["name"], name, "{}", ctx("program of the link"));
+        assert_eq!(prog["type"], "sched_cls", "{}", ctx("program type"));
+    }
+
+    let eps = must(node.endpoints());
+    for (ip, _) in &a.ips {
+        let ip = ip.to_string();
+        let Some(ep) = eps.iter().find(|e| e["ip"] == ip.as_str()) else {
+            panic!(
+                "{}",
+                ctx(&format!("sluicectl endpoints does not list {ip}: {eps:?}"))
+            );
+        };
+        assert_eq!(
+            ep["hostIfname"],
+            a.host_veth.as_str(),
+            "{}",
+            ctx("endpoint hostIfname")
+        );
+        assert_eq!(ep["ifindex"], host_ifindex, "{}", ctx("endpoint ifindex"));
+        assert_eq!(ep["ifname"], ifname, "{}", ctx("endpoint ifname"));
+        assert!(
+            ep["podMac"]
+                .as_str()
+                .is_some_and(|m| m.eq_ignore_ascii_case(&a.pod_mac)),
+            "{}",
+            ctx("endpoint podMac")
+        );
+        assert!(
+            ep["hostMac"]
+                .as_str()
+                .is_some_and(|m| m.eq_ignore_ascii_case(&a.host_mac)),
+            "{}",
+            ctx("endpoint hostMac")
+        );
+    }
+}
+
+/// Asserts that nothing of the attachment `container_id`/`ifname` (ADD result
+/// `a`) is left: no host veth, no pod interface (when the pod still exists), no
+/// link pins, no record, none of its reservations, no endpoint entry.
+#[track_caller]
+pub fn assert_detached(
+    node: &Node,
+    container_id: &str,
+    ifname: &str,
+    pod: Option<&Pod>,
+    a: &Added,
+) {
+    let veths = must(node.host_veths());
+    assert!(
+        !veths.contains(&a.host_veth),
+        "{} is still on the node",
+        a.host_veth
+    );
+    if let Some(p) = pod {
+        assert!(
+            must(look::link(&p.name, ifname)).is_none(),
+            "{ifname} is still in pod {}",
+            p.name
+        );
+    }
+    let pins = must(node.link_pins());
+    assert!(
+        !pins.iter().any(|p| p.starts_with(&a.host_veth)),
+        "links of {} still pinned: {pins:?}",
+        a.host_veth
+    );
+    let record = format!("{container_id}.{ifname}.json");
+    assert!(
+        !must(node.records(crate::NETWORK)).contains(&record),
+        "record {record} is still there"
+    );
+    let reserved = must(node.reservations(crate::NETWORK));
+    for (ip, _) in &a.ips {
+        assert!(!reserved.contains(ip), "{ip} is still reserved");
+    }
+    if node.pin_root().join("maps").exists() {
+        let eps: Vec<Value> = must(node.endpoints());
+        for (ip, _) in &a.ips {
+            assert!(
+                !eps.iter().any(|e| e["ip"] == ip.to_string().as_str()),
+                "sluicectl still lists {ip}: {eps:?}"
+            );
+        }
+    }
+}

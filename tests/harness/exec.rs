@@ -1,0 +1,173 @@
+//! Running a program with a cleared environment, a given stdin and a hard
+//! deadline, collecting everything it printed.
+use std::{
+    fmt,
+    io::{Read, Write},
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{err, Result};
+
+/// Every program the harness runs is killed after this long.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `PATH` of every program the harness runs (plugins run `iptables`, `tc`, ...).
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Most the harness reads of one output stream.
+const MAX_OUTPUT: u64 = 32 << 20;
+
+/// What a finished program did.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// The command line, for messages.
+    pub what: String,
+    /// Exit code; `None` when a signal ended it.
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.status == Some(0)
+    }
+}
+
+impl fmt::Display for Output {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self
+            .status
+            .map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
+        write!(
+            f,
+            "`{}` ended with {status}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.what,
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+}
+
+/// Runs `program args` with only `PATH` and `env` in its environment, `stdin` on
+/// its standard input, and kills it after [`TIMEOUT`]. In `netns` (a path such as
+/// `/run/netns/x`) when given, through `nsenter --net=` so that the mount
+/// namespace, and with it bpffs, stays the test's.
+pub fn run(
+    netns: Option<&Path>,
+    program: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+    stdin: &[u8],
+) -> Result<Output> {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", ns.display()))
+                .arg("--")
+                .arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    cmd.args(args).env_clear().env("PATH", PATH);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let what = {
+        let vars: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let ns = netns.map_or_else(String::new, |n| format!("nsenter --net={} ", n.display()));
+        format!(
+            "{} {ns}{} {}",
+            vars.join(" "),
+            program.display(),
+            args.join(" ")
+        )
+        .trim()
+        .to_string()
+    };
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err!("cannot start `{what}`: {e}"))?;
+
+    // stdin, stdout and stderr each on their own thread: no pipe can fill up and
+    // stall the child while this thread waits for it with a deadline.
+    let input = stdin.to_vec();
+    let mut child_stdin = child.stdin.take();
+    let writer = thread::spawn(move || {
+        if let Some(s) = child_stdin.as_mut() {
+            // A child that stops reading early (oversized input) breaks the pipe.
+            let _ = s.write_all(&input);
+        }
+        drop(child_stdin);
+    });
+    let reader = |s: Option<Box<dyn Read + Send>>| {
+        thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(s) = s {
+                let _ = s.take(MAX_OUTPUT).read_to_end(&mut out);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+    };
+    let out_thread = reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err_thread = reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+
+    let start = Instant::now();
+    let (status, timed_out) = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break (st.code(), false),
+            Ok(None) if start.elapsed() > TIMEOUT => {
+                let _ = child.kill();
+                let st = child.wait().ok().and_then(|s| s.code());
+                break (st, true);
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err!("waiting for `{what}`: {e}"));
+            }
+        }
+    };
+    let _ = writer.join();
+    let out = Output {
+        what,
+        status,
+        stdout: out_thread.join().unwrap_or_default(),
+        stderr: err_thread.join().unwrap_or_default(),
+    };
+    if timed_out {
+        return Err(err!(
+            "killed after {}s without finishing: {out}",
+            TIMEOUT.as_secs()
+        ));
+    }
+    Ok(out)
+}
+
+/// Runs a helper tool (`ip`, `bpftool`, ...) with no input and requires success.
+pub fn tool(netns: Option<&Path>, program: &str, args: &[&str]) -> Result<String> {
+    let out = run(netns, Path::new(program), args, &[], b"")?;
+    if out.success() {
+        Ok(out.stdout)
+    } else {
+        Err(err!("{out}"))
+    }
+}

@@ -1,0 +1,379 @@
+//! The per-test world: a node network namespace (where the plugin runs, like a
+//! kubelet's host), pod namespaces in it, a pin root of its own and a temporary
+//! directory for attachment records and IPAM reservations. Dropping the [`Node`]
+//! removes all of it, best effort step by step, also while a failed test unwinds.
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Mutex,
+    },
+};
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use crate::{
+    cni::CniOutput,
+    err,
+    exec::{self, Output},
+    look, Result,
+};
+
+/// Network name of the configs [`Node::conf`] builds. Every node has its own
+/// state and IPAM directories, so tests do not share it in any way that matters.
+pub const NETWORK: &str = "sltnet";
+
+/// Counter making names unique within a test process; the pid makes them
+/// unique between processes.
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A pod: a network namespace under `/run/netns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    /// `/run/netns/<name>`: what `CNI_NETNS` gets.
+    pub path: PathBuf,
+}
+
+impl Pod {
+    /// The pod's namespace path as a string (for configs and results).
+    pub fn netns(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// One simulated node. See the module documentation.
+pub struct Node {
+    name: String,
+    pin_root: PathBuf,
+    dir: TempDir,
+    /// Pod namespaces made by [`Self::pod`] and not yet deleted.
+    pods: Mutex<BTreeSet<String>>,
+}
+
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+fn add_netns(name: &str) -> Result<()> {
+    // A namespace of this name can only be left over by a dead process whose pid
+    // this one reuses.
+    if netns_path(name).exists() {
+        let _ = exec::tool(None, "ip", &["netns", "del", name]);
+    }
+    exec::tool(None, "ip", &["netns", "add", name])?;
+    exec::tool(None, "ip", &["-n", name, "link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// The `CNI_*` environment of one invocation; see [`Node::cni`].
+fn cni_env(
+    cmd: &str,
+    container_id: &str,
+    ifname: &str,
+    netns: Option<&Pod>,
+    extra_env: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![("CNI_COMMAND".into(), cmd.into())];
+    if !container_id.is_empty() {
+        env.push(("CNI_CONTAINERID".into(), container_id.into()));
+    }
+    if !ifname.is_empty() {
+        env.push(("CNI_IFNAME".into(), ifname.into()));
+    }
+    if let Some(p) = netns {
+        env.push(("CNI_NETNS".into(), p.netns()));
+    }
+    env.push(("CNI_PATH".into(), crate::cni_path().display().to_string()));
+    for (k, v) in extra_env {
+        env.retain(|(key, _)| key != k);
+        env.push(((*k).into(), (*v).into()));
+    }
+    env
+}
+
+impl Node {
+    /// Makes the node namespace (with `lo` up) and the temporary directory. Fails
+    /// clearly when not root or when `SLUICE_BIN` is unset.
+    pub fn new() -> Result<Self> {
+        crate::sluice_bin()?;
+        if !nix::unistd::Uid::effective().is_root() {
+            return Err(err!(
+                "the integration tests need root (network namespaces, bpffs)"
+            ));
+        }
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("slt{}x{n}", std::process::id());
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{name}-"))
+            .tempdir()?;
+        // The pin root goes into the config, which refuses dots (bpffs does).
+        if dir.path().to_string_lossy().contains('.') {
+            return Err(err!(
+                "temporary directory {} has a dot",
+                dir.path().display()
+            ));
+        }
+        let node = Self {
+            pin_root: Path::new("/sys/fs/bpf").join(&name),
+            name,
+            dir,
+            pods: Mutex::new(BTreeSet::new()),
+        };
+        // From here on, Drop cleans up whatever was made.
+        add_netns(&node.name)?;
+        Ok(node)
+    }
+
+    /// Name of the node namespace.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<node>`.
+    pub fn netns_path(&self) -> PathBuf {
+        netns_path(&self.name)
+    }
+
+    /// This node's pin root (`/sys/fs/bpf/slt...`), removed when the node goes.
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+
+    /// This node's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `stateDir` of the configs: records are in `<stateDir>/<network>/attachments`.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir().join("state")
+    }
+
+    /// `ipam.dataDir` of the configs: reservations are `<dataDir>/<network>/<ip>`.
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.dir().join("ipam")
+    }
+
+    /// Makes a pod namespace `<node>-<name>` with `lo` up.
+    pub fn pod(&self, name: &str) -> Result<Pod> {
+        let full = format!("{}-{name}", self.name);
+        {
+            let mut pods = self.pods.lock().map_err(|_| err!("pod list poisoned"))?;
+            if !pods.insert(full.clone()) {
+                return Err(err!("pod {full} exists already"));
+            }
+        }
+        add_netns(&full)?;
+        Ok(Pod {
+            path: netns_path(&full),
+            name: full,
+        })
+    }
+
+    /// Deletes a pod namespace now (e.g. to DEL after the pod is gone).
+    pub fn delete_pod(&self, pod: &Pod) -> Result<()> {
+        if let Ok(mut pods) = self.pods.lock() {
+            pods.remove(&pod.name);
+        }
+        exec::tool(None, "ip", &["netns", "del", &pod.name]).map(drop)
+    }
+
+    /// A config for `sluice` with the built-in IPAM on `subnet`, this node's pin
+    /// root, state and IPAM directories, and a default route through the gateway.
+    pub fn conf(&self, version: &str, subnet: &str) -> Value {
+        json!({
+            "cniVersion": version,
+            "name": NETWORK,
+            "type": "sluice",
+            "pinRoot": self.pin_root,
+            "stateDir": self.state_dir(),
+            "ipam": {
+                "type": "sluice",
+                "subnet": subnet,
+                "dataDir": self.ipam_dir(),
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        })
+    }
+
+    /// Runs `sluice` in the node namespace as a runtime does: a cleared
+    /// environment with `PATH`, `CNI_COMMAND`, `CNI_CONTAINERID` and `CNI_IFNAME`
+    /// (when not empty), `CNI_NETNS` (when a pod is given), `CNI_PATH`, then
+    /// `extra_env` (which may override them); `conf` on stdin.
+    pub fn cni(
+        &self,
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+        extra_env: &[(&str, &str)],
+    ) -> Result<CniOutput> {
+        let env = cni_env(cmd, container_id, ifname, netns, extra_env);
+        self.exec_plugin(&crate::sluice_bin()?, &env, conf.to_string().as_bytes())
+    }
+
+    /// As [`Self::cni`] for a reference plugin (`portmap`, `host-local`, ...).
+    pub fn reference(
+        &self,
+        plugin: &str,
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+    ) -> Result<CniOutput> {
+        let env = cni_env(cmd, container_id, ifname, netns, &[]);
+        self.exec_plugin(
+            &crate::reference_plugin(plugin)?,
+            &env,
+            conf.to_string().as_bytes(),
+        )
+    }
+
+    /// Runs `sluice` in the node namespace with exactly `env` (plus `PATH`) and
+    /// `stdin`: for tests of bad environments and bad input.
+    pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &[u8]) -> Result<CniOutput> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        self.exec_plugin(&crate::sluice_bin()?, &env, stdin)
+    }
+
+    fn exec_plugin(
+        &self,
+        binary: &Path,
+        env: &[(String, String)],
+        stdin: &[u8],
+    ) -> Result<CniOutput> {
+        let out = exec::run(Some(&self.netns_path()), binary, &[], env, stdin)?;
+        Ok(CniOutput::new(out))
+    }
+
+    /// Runs `sluicectl --pin-root <pin root> args...` (in the node namespace).
+    pub fn sluicectl(&self, args: &[&str]) -> Result<Output> {
+        let root = self.pin_root.display().to_string();
+        let mut all = vec!["--pin-root", root.as_str()];
+        all.extend_from_slice(args);
+        exec::run(
+            Some(&self.netns_path()),
+            &crate::sluicectl_bin()?,
+            &all,
+            &[],
+            b"",
+        )
+    }
+
+    /// `sluicectl endpoints --json`: one object per pod address.
+    pub fn endpoints(&self) -> Result<Vec<Value>> {
+        let out = self.sluicectl(&["endpoints", "--json"])?;
+        if !out.success() {
+            return Err(err!("{out}"));
+        }
+        let v: Value = serde_json::from_str(&out.stdout)
+            .map_err(|e| err!("sluicectl printed no JSON ({e}): {out}"))?;
+        v.as_array()
+            .cloned()
+            .ok_or_else(|| err!("sluicectl printed no JSON array: {out}"))
+    }
+
+    /// Names of the host veths (`sl*`) in the node namespace.
+    pub fn host_veths(&self) -> Result<Vec<String>> {
+        Ok(look::link_names(&self.name)?
+            .into_iter()
+            .filter(|n| n.starts_with("sl"))
+            .collect())
+    }
+
+    /// Attachment records of `network` (file names).
+    pub fn records(&self, network: &str) -> Result<Vec<String>> {
+        look::files(&self.state_dir().join(network).join("attachments"))
+            .map(|v| v.into_iter().filter(|f| f.ends_with(".json")).collect())
+    }
+
+    /// Addresses reserved for `network` in [`Self::ipam_dir`] (one file per IP,
+    /// as host-local keeps them).
+    pub fn reservations(&self, network: &str) -> Result<Vec<IpAddr>> {
+        Ok(look::files(&self.ipam_dir().join(network))?
+            .iter()
+            .filter_map(|f| f.parse().ok())
+            .collect())
+    }
+
+    /// The owner line of a reservation file (`<container id>` then the ifname).
+    pub fn reservation_owner(&self, network: &str, ip: IpAddr) -> Result<String> {
+        let p = self.ipam_dir().join(network).join(ip.to_string());
+        fs::read_to_string(&p).map_err(|e| err!("reading {}: {e}", p.display()))
+    }
+
+    /// Pinned tcx links under `<pin root>/links`.
+    pub fn link_pins(&self) -> Result<Vec<String>> {
+        look::files(&self.pin_root.join("links"))
+    }
+
+    /// Asserts that no pod of `network` is left on the node: no `sl*` veth, no
+    /// record, no reservation, no pinned link.
+    #[track_caller]
+    pub fn assert_clean(&self, network: &str) {
+        let left = self.leftovers(network);
+        assert!(
+            left.is_empty(),
+            "left behind on node {}: {left:?}",
+            self.name
+        );
+    }
+
+    /// What [`Self::assert_clean`] complains about, as text.
+    pub fn leftovers(&self, network: &str) -> Vec<String> {
+        let mut left = Vec::new();
+        let mut note = |what: &str, r: Result<Vec<String>>| match r {
+            Ok(v) if v.is_empty() => {}
+            Ok(v) => left.push(format!("{what}: {v:?}")),
+            Err(e) => left.push(format!("{what}: cannot look: {e}")),
+        };
+        note("host veths", self.host_veths());
+        note("records", self.records(network));
+        note(
+            "reservations",
+            self.reservations(network)
+                .map(|v| v.iter().map(ToString::to_string).collect()),
+        );
+        note("link pins", self.link_pins());
+        left
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let pods: Vec<String> = match self.pods.lock() {
+            Ok(p) => p.iter().cloned().collect(),
+            Err(p) => p.into_inner().iter().cloned().collect(),
+        };
+        for p in pods {
+            if netns_path(&p).exists() {
+                if let Err(e) = exec::tool(None, "ip", &["netns", "del", &p]) {
+                    eprintln!("cleanup: deleting pod netns {p}: {e}");
+                }
+            }
+        }
+        if self.netns_path().exists() {
+            if let Err(e) = exec::tool(None, "ip", &["netns", "del", &self.name]) {
+                eprintln!("cleanup: deleting node netns {}: {e}", self.name);
+            }
+        }
+        // bpffs directories and pins go like files; the kernel drops a tcx link
+        // once its pin is its last reference.
+        match fs::remove_dir_all(&self.pin_root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!("cleanup: removing {}: {e}", self.pin_root.display()),
+        }
+        // The TempDir field removes the state and IPAM directories after this.
+    }
+}

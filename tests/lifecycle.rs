@@ -1,0 +1,290 @@
+//! ADD -> CHECK -> DEL at every supported cniVersion with the built-in IPAM:
+//! the result's schema and version-specific shape, everything ADD must make (pod
+//! and node addressing, the pinned tcx attachment surviving the plugin), CHECK
+//! where the version has it (code 1 where not), and nothing left after DEL.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use serde_json::json;
+use sluice_tests::{
+    attached::{assert_attached, assert_detached},
+    look,
+    schema::check_add_result,
+    with_prev_result, Node, NETWORK,
+};
+
+const MTU: u64 = 1450;
+
+fn has_check(version: &str) -> bool {
+    !version.starts_with("0.3.")
+}
+
+fn lifecycle(version: &str) {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf(version, "10.77.0.0/24");
+    conf["mtu"] = json!(MTU);
+    let cid = format!("life-{version}");
+
+    let out = node
+        .cni("ADD", &conf, &cid, "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), version, "eth0", &pod);
+    // host-local's order: the first address of the subnet that is not the gateway.
+    assert_eq!(added.ips, vec![("10.77.0.2".parse().unwrap(), 24)], "{out}");
+    assert_eq!(
+        added.gateways,
+        vec!["10.77.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        added.result["routes"],
+        json!([{"dst": "0.0.0.0/0"}]),
+        "{out}"
+    );
+    if version == "1.1.0" {
+        for i in 0..2 {
+            assert_eq!(added.result["interfaces"][i]["mtu"], MTU, "{out}");
+        }
+    }
+    assert_attached(&node, &pod, "eth0", &added, Some(MTU));
+    assert_eq!(
+        node.records(NETWORK).unwrap(),
+        vec![format!("{cid}.eth0.json")]
+    );
+    assert_eq!(node.reservations(NETWORK).unwrap(), vec![added.ip()]);
+    let owner = node.reservation_owner(NETWORK, added.ip()).unwrap();
+    assert!(owner.starts_with(&cid), "reservation owner {owner:?}");
+
+    let with_prev = with_prev_result(&conf, &added.result);
+    let out = node
+        .cni("CHECK", &with_prev, &cid, "eth0", Some(&pod), &[])
+        .unwrap();
+    if has_check(version) {
+        out.ok_silent();
+    } else {
+        let e = out.error(1);
+        e.assert_names(&[version, "CHECK"]);
+        assert_eq!(e.cni_version.as_deref(), Some(version));
+    }
+    if version != "1.1.0" {
+        for cmd in ["GC", "STATUS"] {
+            let e = node.cni(cmd, &conf, "", "", None, &[]).unwrap().error(1);
+            e.assert_names(&[version, cmd]);
+        }
+    }
+    // The failed or successful CHECK changed nothing.
+    assert_attached(&node, &pod, "eth0", &added, Some(MTU));
+
+    // Runtimes pass the cached result to DEL from 0.4.0 on.
+    let del_conf = if has_check(version) {
+        &with_prev
+    } else {
+        &conf
+    };
+    node.cni("DEL", del_conf, &cid, "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, &cid, "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+    // The pod namespace is as it was: only lo.
+    assert_eq!(look::link_names(&pod.name).unwrap(), vec!["lo"]);
+}
+
+#[test]
+fn lifecycle_0_3_0() {
+    lifecycle("0.3.0");
+}
+
+#[test]
+fn lifecycle_0_3_1() {
+    lifecycle("0.3.1");
+}
+
+#[test]
+fn lifecycle_0_4_0() {
+    lifecycle("0.4.0");
+}
+
+#[test]
+fn lifecycle_1_0_0() {
+    lifecycle("1.0.0");
+}
+
+#[test]
+fn lifecycle_1_1_0() {
+    lifecycle("1.1.0");
+}
+
+/// CHECK compares the pod with prevResult and Sluice's own state, and says what
+/// differs (code 105).
+#[test]
+fn check_reports_what_changed() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let conf = node.conf("1.0.0", "10.77.0.0/24");
+    let out = node
+        .cni("ADD", &conf, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
+    let with_prev = with_prev_result(&conf, &added.result);
+
+    // A datapath link unpinned (the kernel detaches it): CHECK names it.
+    let pin = node
+        .pin_root()
+        .join("links")
+        .join(format!("{}-from_pod", added.host_veth));
+    std::fs::remove_file(&pin).unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&["from_pod"]);
+
+    // The pod's address removed behind the plugin's back.
+    let addr = format!("{}/24", added.ip());
+    sluice_tests::exec::tool(
+        None,
+        "ip",
+        &["-n", &pod.name, "addr", "del", &addr, "dev", "eth0"],
+    )
+    .unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&[&addr]);
+
+    // The pod interface gone (with it, its host veth peer).
+    sluice_tests::exec::tool(None, "ip", &["-n", &pod.name, "link", "del", "eth0"]).unwrap();
+    let e = node
+        .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .error(105);
+    e.assert_names(&["eth0"]);
+
+    // DEL still cleans up what is left: pins, record, reservation.
+    node.cni("DEL", &with_prev, "life-chk", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, "life-chk", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}
+
+/// Dual-stack: an IPv4 and an IPv6 range give the pod one address of each, with
+/// the IPv6 side made like the IPv4 one.
+#[test]
+fn lifecycle_dual_stack() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf("1.1.0", "unused");
+    conf["ipam"] = json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd00:77::/64"}]],
+        "dataDir": node.ipam_dir(),
+    });
+    let out = node
+        .cni("ADD", &conf, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap();
+    let added = check_add_result(&out.result(), "1.1.0", "eth0", &pod);
+    let mut ips: Vec<String> = added
+        .ips
+        .iter()
+        .map(|(ip, p)| format!("{ip}/{p}"))
+        .collect();
+    ips.sort();
+    assert_eq!(ips, vec!["10.77.0.2/24", "fd00:77::2/64"], "{out}");
+    assert_attached(&node, &pod, "eth0", &added, None);
+
+    // IPv6: address in the pod, gateway route and neighbour, /128 route and
+    // neighbour on the node, forwarding on.
+    let v6 = look::ip_json(&pod.name, &["-6", "route", "show"]).unwrap();
+    let gw6 = added
+        .gateways
+        .iter()
+        .find(|g| g.is_ipv6())
+        .map_or_else(|| "fe80::1".to_string(), ToString::to_string);
+    assert!(
+        look::route(&v6, &gw6).is_some(),
+        "no route to {gw6}: {v6:?}"
+    );
+    assert!(
+        look::route(&v6, "fd00:77::/64").is_some_and(|r| r["gateway"] == gw6.as_str()),
+        "no subnet route via {gw6}: {v6:?}"
+    );
+    let neigh = look::neighbours(&pod.name, "eth0").unwrap();
+    assert!(
+        look::is_permanent_neighbour(&neigh, &gw6, &added.host_mac),
+        "{neigh:?}"
+    );
+    let node_v6 = look::ip_json(node.name(), &["-6", "route", "show"]).unwrap();
+    assert!(
+        look::route(&node_v6, "fd00:77::2").is_some_and(|r| r["dev"] == added.host_veth.as_str()),
+        "no /128 route on the node: {node_v6:?}"
+    );
+    let node_neigh = look::neighbours(node.name(), &added.host_veth).unwrap();
+    assert!(
+        look::is_permanent_neighbour(&node_neigh, "fd00:77::2", &added.pod_mac),
+        "{node_neigh:?}"
+    );
+    assert_eq!(
+        look::sysctl(&node.netns_path(), "net/ipv6/conf/all/forwarding").unwrap(),
+        "1"
+    );
+    let mut reserved = node.reservations(NETWORK).unwrap();
+    reserved.sort();
+    assert_eq!(reserved.len(), 2);
+
+    let with_prev = with_prev_result(&conf, &added.result);
+    node.cni("CHECK", &with_prev, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    node.cni("DEL", &with_prev, "life-ds", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
+    assert_detached(&node, "life-ds", "eth0", Some(&pod), &added);
+    node.assert_clean(NETWORK);
+}
+
+/// The addresses and MAC a runtime asks for: `CNI_ARGS` `IP=` and `MAC=`, and the
+/// `mac` and `ips` capabilities in runtimeConfig.
+#[test]
+fn requested_ip_and_mac_are_used() {
+    let node = Node::new().unwrap();
+    let conf = node.conf("1.0.0", "10.77.0.0/24");
+    let a = node.pod("a").unwrap();
+    let args = [("CNI_ARGS", "IP=10.77.0.40;MAC=02:00:00:00:00:40")];
+    let out = node
+        .cni("ADD", &conf, "life-req-a", "eth0", Some(&a), &args)
+        .unwrap();
+    let added_a = check_add_result(&out.result(), "1.0.0", "eth0", &a);
+    assert_eq!(added_a.ip().to_string(), "10.77.0.40");
+    assert_eq!(added_a.pod_mac, "02:00:00:00:00:40");
+    assert_attached(&node, &a, "eth0", &added_a, None);
+
+    let b = node.pod("b").unwrap();
+    let mut conf_b = conf.clone();
+    conf_b["runtimeConfig"] = json!({"mac": "02:00:00:00:00:41", "ips": ["10.77.0.41/24"]});
+    let out = node
+        .cni("ADD", &conf_b, "life-req-b", "eth0", Some(&b), &[])
+        .unwrap();
+    let added_b = check_add_result(&out.result(), "1.0.0", "eth0", &b);
+    assert_eq!(added_b.ip().to_string(), "10.77.0.41");
+    assert_eq!(added_b.pod_mac, "02:00:00:00:00:41");
+    assert_attached(&node, &b, "eth0", &added_b, None);
+
+    // A requested address that is taken: code 103, nothing made.
+    let c = node.pod("c").unwrap();
+    let args = [("CNI_ARGS", "IP=10.77.0.40")];
+    let e = node
+        .cni("ADD", &conf, "life-req-c", "eth0", Some(&c), &args)
+        .unwrap()
+        .error(103);
+    e.assert_names(&["10.77.0.40"]);
+    assert!(look::link(&c.name, "eth0").unwrap().is_none());
+    assert_eq!(node.host_veths().unwrap().len(), 2);
+
+    for (cid, pod) in [("life-req-a", &a), ("life-req-b", &b)] {
+        node.cni("DEL", &conf, cid, "eth0", Some(pod), &[])
+            .unwrap()
+            .ok_silent();
+    }
+    node.assert_clean(NETWORK);
+}

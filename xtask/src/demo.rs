@@ -1,0 +1,161 @@
+//! `cargo xtask demo`: Sluice's main job, live, on namespaces. A node with an
+//! uplink to an "external" host, two pods attached through the real CNI protocol,
+//! traffic between them and to the outside through the eBPF datapath, the pinned
+//! maps shown with `sluicectl`, then CHECK and DEL. Everything is removed at the
+//! end, also on error.
+use std::{process::Command, time::Duration};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::{
+    build::{self, Binaries},
+    cli::SetupArgs,
+    cmd, ebpf, setup,
+    testbed::{wait_listening, Background, Cni, Testbed},
+    ws::Workspace,
+};
+
+const PREFIX: &str = "sldemo";
+const POD_CIDR: &str = "10.88.0.0/24";
+
+pub fn run(ws: &Workspace) -> Result<()> {
+    setup::run(&SetupArgs::default())?;
+    let object = ebpf::build(ws)?;
+    let bins = build::build_bins(ws, &object, true)?;
+    let mut tb = Testbed::new(PREFIX)?;
+    let result = demo(&mut tb, &bins);
+    drop(tb);
+    step("cleanup: namespaces, pins and scratch files removed");
+    result
+}
+
+fn step(s: &str) {
+    println!("\n=== {s}");
+}
+
+fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
+    step("testbed: node (uplink up0) <-> external host; two pod namespaces");
+    let node = tb.netns("node")?;
+    let ext = tb.netns("ext")?;
+    let web = tb.netns("web")?;
+    let db = tb.netns("db")?;
+    tb.wire(
+        node,
+        "up0",
+        "192.168.77.1/24",
+        ext,
+        "eth0",
+        "192.168.77.2/24",
+    )?;
+    tb.ns(node)
+        .ip(&["route", "add", "default", "via", "192.168.77.2"])?;
+    tb.ns(ext)
+        .ip(&["route", "add", POD_CIDR, "via", "192.168.77.1"])?;
+
+    let pin_root = tb.pin_root("demo");
+    let conf = json!({
+        "cniVersion": "1.1.0",
+        "name": "demo",
+        "type": "sluice",
+        "pinRoot": pin_root,
+        "stateDir": tb.dir.join("state"),
+        "ipam": {
+            "type": "sluice",
+            "subnet": POD_CIDR,
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": tb.dir.join("ipam"),
+        },
+    });
+    println!("network config:\n{}", serde_json::to_string_pretty(&conf)?);
+    let cni = Cni {
+        node: tb.ns(node),
+        plugin: &bins.sluice,
+        cni_path: "/usr/lib/cni",
+    };
+
+    step("ADD: the runtime executes sluice for each pod");
+    let mut results = Vec::new();
+    for (pod, id) in [(web, "web"), (db, "db")] {
+        let started = std::time::Instant::now();
+        let r = cni.run("ADD", &conf, id, "eth0", Some(tb.ns(pod)))?;
+        println!(
+            "{id}: {} in {:.1} ms",
+            r["ips"][0]["address"].as_str().unwrap_or("?"),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        results.push(r);
+    }
+    let ip_of = |r: &Value| -> Result<String> {
+        let a = r["ips"][0]["address"]
+            .as_str()
+            .context("ADD result without ips")?;
+        Ok(a.split('/').next().unwrap_or(a).to_string())
+    };
+    let (web_ip, db_ip) = (ip_of(&results[0])?, ip_of(&results[1])?);
+    println!(
+        "result of web's ADD:\n{}",
+        serde_json::to_string_pretty(&results[0])?
+    );
+
+    let ctl = |args: &[&str]| -> Result<()> {
+        let mut c = Command::new(&bins.sluicectl);
+        c.arg("--pin-root").arg(&pin_root).args(args);
+        println!("$ sluicectl {}", args.join(" "));
+        print!("{}", cmd::stdout(&mut c)?);
+        Ok(())
+    };
+    step("the datapath after the ADDs");
+    ctl(&["endpoints"])?;
+    let links = cmd::stdout(Command::new("bpftool").args(["link", "show"]))?;
+    println!(
+        "bpftool link show: {} tcx/XDP links pinned, alive after the plugin exited",
+        links.lines().filter(|l| l.contains("prog")).count()
+    );
+
+    step(&format!(
+        "traffic: web ({web_ip}) -> db ({db_ip}), TCP for 2 s (iperf3)"
+    ));
+    iperf(tb, web, db, &db_ip)?;
+    step("traffic: web -> external host 192.168.77.2, TCP for 2 s");
+    iperf(tb, web, ext, "192.168.77.2")?;
+    step("traffic: external host -> db, TCP for 2 s");
+    iperf(tb, ext, db, &db_ip)?;
+
+    step("the counters moved");
+    ctl(&["endpoints"])?;
+
+    step("CHECK, then DEL (twice: DEL is idempotent)");
+    for ((pod, id), r) in [(web, "web"), (db, "db")].into_iter().zip(&results) {
+        let mut with_prev = conf.clone();
+        with_prev["prevResult"] = r.clone();
+        cni.run("CHECK", &with_prev, id, "eth0", Some(tb.ns(pod)))?;
+        println!("CHECK {id}: ok");
+    }
+    for (pod, id) in [(web, "web"), (db, "db")] {
+        cni.run("DEL", &conf, id, "eth0", Some(tb.ns(pod)))?;
+        cni.run("DEL", &conf, id, "eth0", None)?;
+        println!("DEL {id}: ok");
+    }
+    ctl(&["endpoints"])?;
+    Ok(())
+}
+
+/// One iperf3 run from `client` to a one-shot server in `server` at `addr`.
+fn iperf(tb: &Testbed, client: usize, server: usize, addr: &str) -> Result<()> {
+    let mut s = tb.ns(server).command("iperf3");
+    s.args(["-s", "-1", "-p", "5201"]);
+    let _server = Background::spawn(s)?;
+    wait_listening(tb.ns(server), 5201, Duration::from_secs(5))?;
+    let out = cmd::stdout(
+        tb.ns(client)
+            .command("timeout")
+            .args(["20", "iperf3", "-c", addr, "-p", "5201", "-t", "2", "-J"]),
+    )?;
+    let v: Value = serde_json::from_str(&out).context("parsing iperf3 -J output")?;
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 reported no throughput")?;
+    println!("{:.2} Gbit/s", bps / 1e9);
+    Ok(())
+}
