@@ -115,8 +115,8 @@ impl StateStore {
                 .truncate(true)
                 .mode(0o600)
                 .open(&tmp)?;
+            // Atomic through the rename; no fsync (see ipam::store::write_temp).
             f.write_all(&body)?;
-            f.sync_all()?;
             fs::rename(&tmp, &path)
         };
         write().map_err(|e| {

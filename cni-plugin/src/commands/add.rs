@@ -192,8 +192,8 @@ async fn add_steps(
         pod_mac.map(|m| m.0),
     )
     .await?;
+    // Saved with the final record: DEL finds the veth by its derived name anyway.
     record.host_ifindex = Some(pair.host.index);
-    store.save(&record)?;
 
     interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
     interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;
