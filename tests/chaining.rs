@@ -20,7 +20,11 @@ const CONTAINER_PORT: u16 = 8080;
 /// The conflist's plugin configs as the runtime hands them to each plugin
 /// (name and cniVersion from the list, runtimeConfig for declared capabilities).
 fn plugins(node: &Node) -> Vec<(String, Value)> {
-    let sluice = node.conf(VERSION, "10.83.0.0/24");
+    let mut sluice = node.conf(VERSION, "10.83.0.0/24");
+    // The reference bandwidth plugin adds an `ingress` qdisc for pod egress limits,
+    // which cannot coexist with the clsact qdisc of Sluice's default cls_bpf
+    // attachment; tcx attachment needs no qdisc (README, `podAttach`).
+    sluice["podAttach"] = serde_json::json!("tcx");
     let portmap = json!({
         "cniVersion": VERSION,
         "name": NETWORK,

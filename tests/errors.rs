@@ -268,7 +268,9 @@ fn exhausted_range_is_code_102() {
         .unwrap()
         .contains(&format!("{cid}.eth0.json")));
     assert_eq!(node.reservations(NETWORK).unwrap().len(), held.len());
-    assert_eq!(node.link_pins().unwrap().len(), 2 * held.len());
+    // The default cls_bpf attachment pins no links; the held pods' filters are
+    // checked when they are deleted below.
+    assert!(node.link_pins().unwrap().is_empty());
 
     for (cid, pod) in &held {
         node.cni("DEL", &conf, cid, "eth0", Some(pod), &[])

@@ -53,7 +53,8 @@ fn gc_removes_the_attachment_no_one_owns_and_keeps_the_others() {
     assert_detached(&node, "gc-c", "eth0", Some(&pods[2]), &added[2]);
     assert_eq!(node.records(NETWORK).unwrap().len(), 2);
     assert_eq!(node.reservations(NETWORK).unwrap().len(), 2);
-    assert_eq!(node.link_pins().unwrap().len(), 4);
+    // cls_bpf filters pin nothing; assert_attached reads them from the kernel.
+    assert!(node.link_pins().unwrap().is_empty());
     for i in 0..2 {
         assert_attached(&node, &pods[i], "eth0", &added[i], None);
         check(&node, &conf, cids[i], &pods[i], &added[i]);

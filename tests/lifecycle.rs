@@ -18,10 +18,18 @@ fn has_check(version: &str) -> bool {
 }
 
 fn lifecycle(version: &str) {
+    lifecycle_with(version, None);
+}
+
+/// `pod_attach`: `podAttach` to set (the default, cls_bpf, when `None`).
+fn lifecycle_with(version: &str, pod_attach: Option<&str>) {
     let node = Node::new().unwrap();
     let pod = node.pod("a").unwrap();
     let mut conf = node.conf(version, "10.77.0.0/24");
     conf["mtu"] = json!(MTU);
+    if let Some(a) = pod_attach {
+        conf["podAttach"] = json!(a);
+    }
     let cid = format!("life-{version}");
 
     let out = node
@@ -113,6 +121,12 @@ fn lifecycle_1_1_0() {
     lifecycle("1.1.0");
 }
 
+/// The same with pinned tcx links instead of cls_bpf filters.
+#[test]
+fn lifecycle_1_1_0_tcx() {
+    lifecycle_with("1.1.0", Some("tcx"));
+}
+
 /// CHECK compares the pod with prevResult and Sluice's own state, and says what
 /// differs (code 105).
 #[test]
@@ -126,12 +140,24 @@ fn check_reports_what_changed() {
     let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
     let with_prev = with_prev_result(&conf, &added.result);
 
-    // A datapath link unpinned (the kernel detaches it): CHECK names it.
-    let pin = node
-        .pin_root()
-        .join("links")
-        .join(format!("{}-from_pod", added.host_veth));
-    std::fs::remove_file(&pin).unwrap();
+    // The from_pod filter deleted behind the plugin's back: CHECK names it.
+    sluice_tests::exec::tool(
+        Some(&node.netns_path()),
+        "tc",
+        &[
+            "filter",
+            "del",
+            "dev",
+            &added.host_veth,
+            "ingress",
+            "pref",
+            "1",
+            "handle",
+            "1",
+            "bpf",
+        ],
+    )
+    .unwrap();
     let e = node
         .cni("CHECK", &with_prev, "life-chk", "eth0", Some(&pod), &[])
         .unwrap()

@@ -45,6 +45,43 @@ fn must<T>(r: crate::Result<T>) -> T {
     }
 }
 
+/// The programs attached to `host_veth`, read from the kernel: (from_pod id,
+/// to_pod id). Either pinned tcx links (`podAttach: tcx`; their interface and
+/// direction are checked against `host_ifindex`) or cls_bpf filters on the
+/// clsact hooks (`podAttach: tc`, the default).
+#[track_caller]
+pub fn pod_programs(node: &Node, host_veth: &str, host_ifindex: u64) -> (u64, u64) {
+    let tcx_pin = node
+        .pin_root()
+        .join("links")
+        .join(format!("{host_veth}-from_pod"));
+    if tcx_pin.exists() {
+        let (from_pod, to_pod) = tcx_links(node, host_veth);
+        let listed: Vec<u64> = must(look::bpf_links())
+            .iter()
+            .filter_map(|l| l["id"].as_u64())
+            .collect();
+        for (link, ingress, name) in [(&from_pod, true, "from_pod"), (&to_pod, false, "to_pod")] {
+            assert_eq!(u64::from(link.ifindex), host_ifindex, "{name} link ifindex");
+            assert_eq!(link.ingress, ingress, "{name} link direction");
+            assert!(
+                listed.contains(&u64::from(link.id)),
+                "bpftool link show does not list {name} link {}",
+                link.id
+            );
+        }
+        return (u64::from(from_pod.prog_id), u64::from(to_pod.prog_id));
+    }
+    let one = |ingress: bool, name: &str| -> u64 {
+        let filters = must(look::tc_bpf_filters(&node.netns_path(), host_veth, ingress));
+        match filters.as_slice() {
+            [(n, id)] if n == name => *id,
+            other => panic!("{host_veth}: expected one {name} filter, found {other:?}"),
+        }
+    };
+    (one(true, "from_pod"), one(false, "to_pod"))
+}
+
 /// The tcx links pinned for `host_veth`: (from_pod, to_pod).
 #[track_caller]
 pub fn tcx_links(node: &Node, host_veth: &str) -> (TcxLink, TcxLink) {
@@ -65,10 +102,10 @@ pub fn tcx_links(node: &Node, host_veth: &str) -> (TcxLink, TcxLink) {
 ///   gateway, a permanent neighbour gateway -> host veth MAC;
 /// - node: the host veth, up, the pod interface's peer, with the gateway address,
 ///   a /32 route and a permanent neighbour per pod address, `ip_forward` = 1;
-/// - datapath: maps and programs pinned, the two tcx links pinned under
-///   `links/`, listed by `bpftool link show` after the plugin exited, attached to
-///   the host veth (from_pod on ingress, to_pod on egress), running the pinned
-///   `from_pod`/`to_pod` programs; `sluicectl endpoints` lists every address.
+/// - datapath: maps and programs pinned; the pinned `from_pod`/`to_pod` programs
+///   attached to the host veth (ingress, egress) after the plugin exited, as
+///   cls_bpf filters or pinned tcx links (see [`pod_programs`]); `sluicectl
+///   endpoints` lists every address.
 #[track_caller]
 pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Option<u64>) {
     let ctx = |what: &str| format!("{what} (pod {}, result {:#})", pod.name, a.result);
@@ -230,35 +267,20 @@ pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Opt
         );
     }
     let host_ifindex = host_link["ifindex"].as_u64().unwrap_or(0);
-    let (from_pod, to_pod) = tcx_links(node, &a.host_veth);
-    let listed: Vec<u64> = must(look::bpf_links())
-        .iter()
-        .filter_map(|l| l["id"].as_u64())
-        .collect();
-    for (link, ingress, name) in [(from_pod, true, "from_pod"), (to_pod, false, "to_pod")] {
-        assert_eq!(
-            u64::from(link.ifindex),
-            host_ifindex,
-            "{}",
-            ctx(&format!("{name} ifindex"))
-        );
-        assert_eq!(
-            link.ingress,
-            ingress,
-            "{}",
-            ctx(&format!("{name} direction"))
-        );
-        assert!(
-            listed.contains(&u64::from(link.id)),
-            "{}",
-            ctx(&format!(
-                "bpftool link show does not list {name} link {}",
-                link.id
-            ))
-        );
-        let prog = must(look::bpf_prog(u64::from(link.prog_id)));
-        assert_eq!(prog["name"], name, "{}", ctx("program of the link"));
+    let (from_pod, to_pod) = pod_programs(node, &a.host_veth, host_ifindex);
+    for (id, name) in [(from_pod, "from_pod"), (to_pod, "to_pod")] {
+        let prog = must(look::bpf_prog(id));
+        assert_eq!(prog["name"], name, "{}", ctx("attached program"));
         assert_eq!(prog["type"], "sched_cls", "{}", ctx("program type"));
+        let pinned = must(look::pinned_prog_id(
+            &node.pin_root().join("progs").join(name),
+        ));
+        assert_eq!(
+            id,
+            pinned,
+            "{}",
+            ctx(&format!("{name} attached is not the pinned one"))
+        );
     }
 
     let eps = must(node.endpoints());

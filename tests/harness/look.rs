@@ -117,6 +117,41 @@ pub fn bpf_link_pinned(pin: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&out)?)
 }
 
+/// The cls_bpf filters on `dev`'s ingress (`true`) or egress hook in `netns`
+/// (`tc -j filter show`): (program name, program id).
+pub fn tc_bpf_filters(netns: &Path, dev: &str, ingress: bool) -> Result<Vec<(String, u64)>> {
+    let hook = if ingress { "ingress" } else { "egress" };
+    let out = exec::tool(
+        Some(netns),
+        "tc",
+        &["-j", "filter", "show", "dev", dev, hook],
+    )?;
+    if out.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let v: Value = serde_json::from_str(&out)?;
+    Ok(v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| {
+                    let prog = &f["options"]["prog"];
+                    Some((prog["name"].as_str()?.to_string(), prog["id"].as_u64()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// `bpftool prog show pinned <pin> -j`: the id of a pinned program.
+pub fn pinned_prog_id(pin: &Path) -> Result<u64> {
+    let p = pin.display().to_string();
+    let out = exec::tool(None, "bpftool", &["prog", "show", "pinned", &p, "-j"])?;
+    let v: Value = serde_json::from_str(&out)?;
+    v["id"]
+        .as_u64()
+        .ok_or_else(|| err!("bpftool printed no id for {p}: {out}"))
+}
+
 /// `bpftool prog show id <id> -j`.
 pub fn bpf_prog(id: u64) -> Result<Value> {
     let id = id.to_string();
