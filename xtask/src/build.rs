@@ -5,7 +5,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{
     cli::BuildArgs,
@@ -22,6 +22,27 @@ pub struct Binaries {
 pub fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
     let object = ebpf::build(ws)?;
     build_bins(ws, &object, args.release).map(drop)
+}
+
+/// A second `sluice` embedding `next_object`, copied to `sluice-next` next to the
+/// normal one; the normal binary is rebuilt afterwards (only the plugin crate
+/// recompiles: its build script depends on `SLUICE_EBPF_OBJECT`).
+pub fn build_next_sluice(ws: &Workspace, next_object: &Path, object: &Path) -> Result<PathBuf> {
+    let plugin = |obj: &Path| -> Result<()> {
+        cmd::run(
+            Command::new("cargo")
+                .args(["build", "--bin", "sluice"])
+                .current_dir(&ws.root)
+                .env("SLUICE_EBPF_OBJECT", obj),
+        )
+    };
+    plugin(next_object)?;
+    let next = ws.bin(false, "sluice-next");
+    std::fs::copy(ws.bin(false, "sluice"), &next)
+        .with_context(|| format!("copying the variant plugin to {}", next.display()))?;
+    plugin(object)?;
+    println!("binary: {}", next.display());
+    Ok(next)
 }
 
 /// `cargo build --bin sluice --bin sluicectl` with `SLUICE_EBPF_OBJECT=object`.

@@ -19,8 +19,32 @@ pub fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
 
 /// Builds the object and returns its path.
 pub fn build(ws: &Workspace) -> Result<PathBuf> {
-    cmd::run(&mut nightly_cargo(ws, "build")?)?;
-    let object = ws.ebpf_object();
+    cmd::run(&mut nightly_cargo(
+        ws,
+        "build",
+        &ws.ebpf_target_dir(),
+        RUSTFLAGS,
+    )?)?;
+    report(ws.ebpf_object())
+}
+
+/// Builds a second object from the same sources with other debug info: the same
+/// programs, different bytes, so a different hash. The upgrade test embeds it in a
+/// second `sluice` to replace the pinned programs under live traffic.
+pub fn build_variant(ws: &Workspace) -> Result<PathBuf> {
+    let dir = ws.target.join("ebpf-next");
+    cmd::run(&mut nightly_cargo(ws, "build", &dir, VARIANT_RUSTFLAGS)?)?;
+    report(
+        dir.join(crate::ws::EBPF_TARGET)
+            .join("release")
+            .join("sluice-ebpf"),
+    )
+}
+
+/// What [`build_variant`] changes: debug info level (and so the BTF it carries).
+const VARIANT_RUSTFLAGS: &str = "-C debuginfo=1 -C link-arg=--btf";
+
+fn report(object: PathBuf) -> Result<PathBuf> {
     let size = fs::metadata(&object)
         .with_context(|| format!("the eBPF build produced no {}", object.display()))?
         .len();
@@ -30,20 +54,28 @@ pub fn build(ws: &Workspace) -> Result<PathBuf> {
 
 /// `cargo +nightly clippy ... -- -D warnings` on the eBPF crate.
 pub fn clippy(ws: &Workspace) -> Result<()> {
-    cmd::run(nightly_cargo(ws, "clippy")?.args(["--", "-D", "warnings"]))
+    cmd::run(
+        nightly_cargo(ws, "clippy", &ws.ebpf_target_dir(), RUSTFLAGS)?
+            .args(["--", "-D", "warnings"]),
+    )
 }
 
-fn nightly_cargo(ws: &Workspace, subcommand: &str) -> Result<Command> {
+fn nightly_cargo(
+    ws: &Workspace,
+    subcommand: &str,
+    target_dir: &std::path::Path,
+    rustflags: &str,
+) -> Result<Command> {
     let linker = setup::find_bpf_linker()?
         .context("bpf-linker is not installed (neither on PATH nor in $CARGO_HOME/bin); run `cargo xtask setup`")?;
     let mut c = Command::new("cargo");
     c.args(["+nightly", subcommand, "--release", "--target"])
         .arg(crate::ws::EBPF_TARGET)
         .args(["-Z", "build-std=core", "--target-dir"])
-        .arg(ws.ebpf_target_dir())
+        .arg(target_dir)
         .current_dir(ws.ebpf_crate())
         // With --target, RUSTFLAGS reach only the eBPF crates, not build scripts.
-        .env("RUSTFLAGS", RUSTFLAGS)
+        .env("RUSTFLAGS", rustflags)
         // Would take precedence over RUSTFLAGS.
         .env_remove("CARGO_ENCODED_RUSTFLAGS");
     // rustc runs `bpf-linker` from PATH; make sure the one setup installed is there.

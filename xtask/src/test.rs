@@ -92,7 +92,13 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
         return Ok(());
     }
     let bins = st.run("build", || build::build_bins(ws, &object, false))?;
-    st.run("integration", || integration(ws, args, ci, &object, &bins))
+    let next = st.run("build-next", || {
+        let variant = ebpf::build_variant(ws)?;
+        build::build_next_sluice(ws, &variant, &object)
+    })?;
+    st.run("integration", || {
+        integration(ws, args, ci, &object, &bins, &next)
+    })
 }
 
 fn cargo(ws: &Workspace) -> Command {
@@ -108,6 +114,7 @@ fn integration(
     ci: bool,
     object: &Path,
     bins: &Binaries,
+    next_sluice: &Path,
 ) -> Result<()> {
     for plugin in ["bridge", "host-local", "portmap", "bandwidth", "loopback"] {
         let path = Path::new(CNI_PATH).join(plugin);
@@ -124,6 +131,7 @@ fn integration(
             .env("SLUICE_EBPF_OBJECT", object)
             .env("SLUICE_BIN", &bins.sluice)
             .env("SLUICECTL_BIN", &bins.sluicectl)
+            .env("SLUICE_NEXT_BIN", next_sluice)
             .env("SLUICE_CNI_PATH", CNI_PATH);
         c
     };
