@@ -43,6 +43,12 @@ impl Datapath {
         };
         let dp = Self { pin_root };
         let meta = dp.meta()?;
+        if meta.layout_version == 0 {
+            bail!(
+                "the datapath at {} is not loaded (a first load did not finish); the next ADD loads it",
+                dp.pin_root.display()
+            );
+        }
         if meta.layout_version != LAYOUT_VERSION {
             bail!(
                 "the datapath at {} uses map layout v{}, this sluicectl reads v{LAYOUT_VERSION}; use the sluicectl that matches the installed sluice",

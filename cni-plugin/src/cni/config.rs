@@ -45,6 +45,151 @@ pub enum PodAttach {
     Tcx,
 }
 
+/// Masquerade settings: `nonMasqueradeCIDRs`, `masqueradeAddress`,
+/// `masqueradePorts`, `natMaxFlows`, `natTimeouts`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MasqSettings {
+    /// `None`: this network's pod ranges (and `nodes`' pod CIDRs).
+    pub non_masq: Option<Vec<ipnetwork::Ipv4Network>>,
+    /// `None`: the uplink's first IPv4 address.
+    pub address: Option<std::net::Ipv4Addr>,
+    /// `None`: the ports above the node's `ip_local_port_range`.
+    pub ports: Option<(u16, u16)>,
+    pub max_flows: u32,
+    pub timeouts: NatTimeouts,
+}
+
+/// Idle timeouts of masqueraded flows, in seconds (config `natTimeouts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatTimeouts {
+    pub tcp_syn: u32,
+    pub tcp_established: u32,
+    pub tcp_closing: u32,
+    pub udp: u32,
+    pub icmp: u32,
+}
+
+impl Default for NatTimeouts {
+    /// Close to Cilium's and conntrack's: a SYN without answer a minute, an
+    /// established connection six hours, a closing one ten seconds, UDP a minute,
+    /// ICMP half a minute.
+    fn default() -> Self {
+        Self {
+            tcp_syn: 60,
+            tcp_established: 21_600,
+            tcp_closing: 10,
+            udp: 60,
+            icmp: 30,
+        }
+    }
+}
+
+/// Default and bounds of `natMaxFlows` (entries of each NAT map).
+pub const NAT_MAX_FLOWS_DEFAULT: u32 = 65_536;
+const NAT_MAX_FLOWS_RANGE: std::ops::RangeInclusive<u32> = 1_024..=4_194_304;
+
+impl MasqSettings {
+    fn parse(o: &json::Object) -> Result<Self, Error> {
+        let non_masq = match o.get("nonMasqueradeCIDRs").filter(|v| !v.is_null()) {
+            None => None,
+            Some(_) => {
+                let mut v = Vec::new();
+                for (i, c) in array(o, "nonMasqueradeCIDRs", "")?.iter().enumerate() {
+                    let key = format!("nonMasqueradeCIDRs[{i}]");
+                    let s = c
+                        .as_str()
+                        .ok_or_else(|| Error::config(&key, c, "must be a string"))?;
+                    match super::parse_cidr(s) {
+                        Some(ipnetwork::IpNetwork::V4(n)) => v.push(n),
+                        Some(ipnetwork::IpNetwork::V6(_)) => {
+                            return Err(Error::UnsupportedField {
+                                key,
+                                value: s.to_string(),
+                                reason: "masquerade is IPv4 only".into(),
+                            })
+                        }
+                        None => return Err(Error::config(&key, s, "must be a CIDR")),
+                    }
+                }
+                Some(v)
+            }
+        };
+        let address =
+            match string(o, "masqueradeAddress", "")? {
+                Some(s) => Some(s.parse::<std::net::Ipv4Addr>().map_err(|_| {
+                    Error::config("masqueradeAddress", &s, "must be an IPv4 address")
+                })?),
+                None => None,
+            };
+        let ports = match string(o, "masqueradePorts", "")? {
+            Some(s) => {
+                Some(parse_port_range(&s).map_err(|r| Error::config("masqueradePorts", &s, r))?)
+            }
+            None => None,
+        };
+        let max_flows = uint(o, "natMaxFlows", "")?.unwrap_or(NAT_MAX_FLOWS_DEFAULT);
+        if !NAT_MAX_FLOWS_RANGE.contains(&max_flows) {
+            return Err(Error::config(
+                "natMaxFlows",
+                max_flows,
+                format!(
+                    "must be between {} and {}",
+                    NAT_MAX_FLOWS_RANGE.start(),
+                    NAT_MAX_FLOWS_RANGE.end()
+                ),
+            ));
+        }
+        let mut timeouts = NatTimeouts::default();
+        if let Some(t) = o.get("natTimeouts").filter(|v| !v.is_null()) {
+            let to = object(t, "natTimeouts")?;
+            for (k, slot) in [
+                ("tcpSyn", &mut timeouts.tcp_syn),
+                ("tcpEstablished", &mut timeouts.tcp_established),
+                ("tcpClosing", &mut timeouts.tcp_closing),
+                ("udp", &mut timeouts.udp),
+                ("icmp", &mut timeouts.icmp),
+            ] {
+                if let Some(v) = uint(to, k, "natTimeouts")? {
+                    if v == 0 || v > 7 * 86_400 {
+                        return Err(Error::config(
+                            format!("natTimeouts.{k}"),
+                            v,
+                            "must be between 1 and 604800 seconds",
+                        ));
+                    }
+                    *slot = v;
+                }
+            }
+        }
+        Ok(Self {
+            non_masq,
+            address,
+            ports,
+            max_flows,
+            timeouts,
+        })
+    }
+}
+
+/// `"61000-65535"` -> (61000, 65535); at least 1 port, at least 1024.
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| "must be a range like 61000-65535".to_string())?;
+    let a: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("{a:?} is not a port"))?;
+    let b: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("{b:?} is not a port"))?;
+    if a < 1024 || a > b {
+        return Err("must be low-high with 1024 <= low <= high".into());
+    }
+    Ok((a, b))
+}
+
 /// Another node's pods (config `nodes`): traffic to `pod_cidr` goes to `node_ip`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteNode {
@@ -81,6 +226,8 @@ pub struct NetConf {
     pub mtu: Option<u32>,
     /// `ipMasq` (acted on by the masquerade datapath).
     pub ip_masq: bool,
+    /// Masquerade settings (used when `ip_masq`).
+    pub masq: MasqSettings,
     /// bpffs directory of this network's datapath.
     pub pin_root: PathBuf,
     /// Directory of this network's attachment records.
@@ -190,6 +337,7 @@ impl NetConf {
             }
         }
         let ip_masq = boolean(o, "ipMasq", "")?.unwrap_or(false);
+        let masq = MasqSettings::parse(o)?;
 
         let pin_root = match string(o, "pinRoot", "")? {
             Some(p) => {
@@ -276,6 +424,7 @@ impl NetConf {
             dns,
             mtu,
             ip_masq,
+            masq,
             pin_root,
             state_dir,
             runtime,
@@ -420,6 +569,11 @@ mod tests {
             "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.9.0.2/24"}]},
             "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}],
             "uplink": "eth1",
+            "nonMasqueradeCIDRs": ["10.0.0.0/8"],
+            "masqueradeAddress": "192.0.2.9",
+            "masqueradePorts": "62000-62999",
+            "natMaxFlows": 4096,
+            "natTimeouts": {"udp": 5, "tcpEstablished": 100},
             "xdp": "generic",
             "nodes": [{"podCIDR": "10.23.0.0/24", "nodeIP": "192.0.2.2"}],
             "someUnknownKey": [1, 2, 3]
@@ -436,6 +590,16 @@ mod tests {
         );
         assert_eq!(c.prev_result.unwrap().ips.len(), 1);
         assert_eq!(c.uplink.as_deref(), Some("eth1"));
+        assert_eq!(
+            c.masq.non_masq.as_ref().unwrap()[0].to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(c.masq.address.unwrap().to_string(), "192.0.2.9");
+        assert_eq!(c.masq.ports, Some((62000, 62999)));
+        assert_eq!(c.masq.max_flows, 4096);
+        assert_eq!(c.masq.timeouts.udp, 5);
+        assert_eq!(c.masq.timeouts.tcp_established, 100);
+        assert_eq!(c.masq.timeouts.icmp, 30);
         assert_eq!(c.xdp, XdpMode::Generic);
         assert_eq!(c.nodes[0].node_ip, "192.0.2.2".parse::<IpAddr>().unwrap());
         assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c1");
@@ -526,6 +690,32 @@ mod tests {
             ),
             (with("xdp", json!("offload")), "xdp", "offload"),
             (with("podAttach", json!("netkit")), "podAttach", "netkit"),
+            (
+                with("nonMasqueradeCIDRs", json!(["10.0.0.0"])),
+                "nonMasqueradeCIDRs[0]",
+                "10.0.0.0",
+            ),
+            (
+                with("masqueradeAddress", json!("fd00::1")),
+                "masqueradeAddress",
+                "fd00::1",
+            ),
+            (
+                with("masqueradePorts", json!("100-200")),
+                "masqueradePorts",
+                "100-200",
+            ),
+            (
+                with("masqueradePorts", json!("65000-64000")),
+                "masqueradePorts",
+                "65000-64000",
+            ),
+            (with("natMaxFlows", json!(10)), "natMaxFlows", "10"),
+            (
+                with("natTimeouts", json!({"udp": 0})),
+                "natTimeouts.udp",
+                "0",
+            ),
             (
                 with(
                     "nodes",

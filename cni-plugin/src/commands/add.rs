@@ -17,6 +17,7 @@ use crate::{
     error::Error,
     interface,
     ipam::Ipam,
+    masquerade,
     netlink::Netlink,
     netns::Netns,
     node,
@@ -25,15 +26,6 @@ use crate::{
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let id = env.attachment()?;
-    // Accepting ipMasq without masquerading would leave pods without a way out
-    // that the config promises; say so instead (code 2 names key and value).
-    if conf.ip_masq {
-        return Err(Error::UnsupportedField {
-            key: "ipMasq".into(),
-            value: "true".into(),
-            reason: "this Sluice version does not masquerade yet".into(),
-        });
-    }
     let netns_path = env
         .netns
         .as_ref()
@@ -213,11 +205,14 @@ async fn add_steps(
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
+    let masq = masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, &ipam_result.ips).await?;
     let guard = dp.ensure_loaded(&NodeSettings {
         uplink,
         xdp: conf.xdp,
         pod_mtu: mtu,
+        nat_flows: conf.masq.max_flows,
     })?;
+    dp.apply_masq(&guard, masq.as_ref())?;
     dp.add_endpoint(
         &guard,
         &EndpointSpec {

@@ -10,20 +10,24 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{
+        lpm_trie::{Key as LpmKey, LpmTrie},
+        Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    },
     programs::{
         links::{FdLink, PinnedLink},
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         tc::SchedClassifierLink,
         tc::{qdisc_add_clsact, NlOptions, TcAttachOptions, TcError, TcHandle},
         xdp::XdpLink,
-        Link, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        Link, PerfEvent, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     EbpfLoader,
 };
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
     map_names, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    NodeConfig, LAYOUT_VERSION,
+    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -44,12 +48,26 @@ const TC_PROGRAMS: [(&str, TcAttachType); 2] = [
 ];
 
 /// Every program of the object: its name and whether it is XDP (else tc).
-const ALL_PROGRAMS: [(&str, bool); 4] = [
-    (prog_names::FROM_POD, false),
-    (prog_names::TO_POD, false),
-    (prog_names::UPLINK_IN, false),
-    (prog_names::UPLINK_XDP, true),
+const ALL_PROGRAMS: [(&str, Kind); 6] = [
+    (prog_names::FROM_POD, Kind::Tc),
+    (prog_names::TO_POD, Kind::Tc),
+    (prog_names::UPLINK_IN, Kind::Tc),
+    (prog_names::UPLINK_OUT, Kind::Tc),
+    (prog_names::UPLINK_XDP, Kind::Xdp),
+    (prog_names::NAT_SWEEP, Kind::PerfEvent),
 ];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tc,
+    Xdp,
+    PerfEvent,
+}
+
+/// Pin of the NAT sweeper's perf-event link.
+const SWEEP_LINK: &str = "nat_sweep";
+/// How often the sweeper runs (CPU clock of CPU 0, which ticks while idle too).
+const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
 
 /// Prefix of the uplink's link pins (`uplink<ifindex>-<program>`); pod links start
 /// with the host veth name (`sl...`), so the two never mix.
@@ -57,7 +75,7 @@ pub const UPLINK_LINK_PREFIX: &str = "uplink";
 
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 6] {
+fn expected_maps() -> [(&'static str, usize, usize); 10] {
     use std::mem::size_of;
     [
         (
@@ -78,6 +96,18 @@ fn expected_maps() -> [(&'static str, usize, usize); 6] {
         (map_names::META, size_of::<u32>(), size_of::<DatapathMeta>()),
         (map_names::COUNTERS, size_of::<u32>(), size_of::<u64>()),
         (map_names::CONFIG, size_of::<u32>(), size_of::<NodeConfig>()),
+        (map_names::MASQ, size_of::<u32>(), size_of::<MasqConfig>()),
+        (
+            map_names::NON_MASQ,
+            size_of::<LpmKey<[u8; 4]>>(),
+            size_of::<u8>(),
+        ),
+        (
+            map_names::NAT_FWD,
+            size_of::<NatKey>(),
+            size_of::<NatEntry>(),
+        ),
+        (map_names::NAT_REV, size_of::<NatKey>(), size_of::<NatRev>()),
     ]
 }
 
@@ -146,6 +176,43 @@ pub fn programs_pinned(progs_dir: &Path) -> bool {
         .all(|(name, _)| progs_dir.join(name).exists())
 }
 
+/// Fires `prog` once a second on CPU 0 through a perf event whose link is pinned:
+/// the sweep runs with no process of ours alive.
+fn attach_sweeper(prog: &mut PerfEvent, links_dir: &Path) -> Result<(), Error> {
+    let lp = links_dir.join(SWEEP_LINK);
+    unpin(&lp)?;
+    let id = prog
+        .attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu: 0 },
+            SamplePolicy::Period(SWEEP_PERIOD_NS),
+            false,
+        )
+        .map_err(|e| dp_err("attach the NAT sweeper to a CPU clock perf event", e))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| dp_err("take the NAT sweeper link", e))?;
+    let fd: FdLink = link
+        .try_into()
+        .map_err(|e| dp_err("NAT sweeper link is not a bpf_link", e))?;
+    fd.pin(&lp)
+        .map(drop)
+        .map_err(|e| dp_err(format!("pin {}", lp.display()), e))
+}
+
+/// Whether the sweeper's link is pinned.
+pub fn sweeper_attached(links_dir: &Path) -> bool {
+    links_dir.join(SWEEP_LINK).exists()
+}
+
+/// Attaches the pinned sweeper program (after an upgrade from a datapath
+/// without one, or when its link was removed).
+pub fn ensure_sweeper(progs_dir: &Path, links_dir: &Path) -> Result<(), Error> {
+    let mut prog = PerfEvent::from_pin(progs_dir.join(prog_names::NAT_SWEEP))
+        .map_err(|e| dp_err("open pinned program nat_sweep", e))?;
+    attach_sweeper(&mut prog, links_dir)
+}
+
 /// Loads the embedded object (reusing pinned maps), pins its programs, moves every
 /// existing attachment to the new programs atomically (`bpf_link_update`), and
 /// records the object's identity. Runs under the datapath's exclusive lock.
@@ -154,6 +221,7 @@ pub fn load_and_pin(
     progs_dir: &Path,
     links_dir: &Path,
     pod_ifnames: &[String],
+    nat_flows: u32,
 ) -> Result<(), Error> {
     if OBJECT.is_empty() {
         return Err(dp_err(
@@ -161,17 +229,31 @@ pub fn load_and_pin(
             "this sluice binary was built without its eBPF object; build it with `cargo xtask build`",
         ));
     }
+    // Sizes only matter when the maps are created; pinned maps are reused as they are.
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(maps_dir)
+        .map_max_entries(map_names::NAT_FWD, nat_flows)
+        .map_max_entries(map_names::NAT_REV, nat_flows)
         .load(OBJECT)
         .map_err(|e| dp_err("load the eBPF object", e))?;
-    for (name, is_xdp) in ALL_PROGRAMS {
+    for (name, kind) in ALL_PROGRAMS {
         let staged = progs_dir.join(format!("{name}-new"));
         unpin(&staged)?;
         let prog = ebpf
             .program_mut(name)
             .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?;
-        if is_xdp {
+        if kind == Kind::PerfEvent {
+            let prog: &mut PerfEvent = prog
+                .try_into()
+                .map_err(|e| dp_err(format!("load {name}"), e))?;
+            prog.load()
+                .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+            prog.pin(&staged)
+                .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
+            // Perf-event links cannot be updated in place: the new one replaces
+            // the old (a second without sweeping at most).
+            attach_sweeper(prog, links_dir)?;
+        } else if kind == Kind::Xdp {
             let prog: &mut Xdp = prog
                 .try_into()
                 .map_err(|e| dp_err(format!("load {name}"), e))?;
@@ -442,7 +524,9 @@ fn uplink_link_path(links_dir: &Path, ifindex: u32, prog: &str) -> PathBuf {
 
 /// Whether the uplink's tc program is attached (its link pin exists).
 pub fn uplink_attached(links_dir: &Path, ifindex: u32) -> bool {
-    uplink_link_path(links_dir, ifindex, prog_names::UPLINK_IN).exists()
+    [prog_names::UPLINK_IN, prog_names::UPLINK_OUT]
+        .iter()
+        .all(|p| uplink_link_path(links_dir, ifindex, p).exists())
 }
 
 /// Attaches `uplink_in` (tcx ingress) and, unless `xdp` is `None`, `uplink_xdp` to
@@ -455,18 +539,23 @@ pub fn attach_uplink(
     ifindex: u32,
     xdp: crate::cni::config::XdpMode,
 ) -> Result<XdpAttached, Error> {
-    let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_IN);
-    unpin(&lp)?;
-    let mut tc = SchedClassifier::from_pin(progs_dir.join(prog_names::UPLINK_IN))
-        .map_err(|e| dp_err("open pinned program uplink_in", e))?;
-    let id = tc
-        .attach(ifname, TcAttachType::Ingress)
-        .map_err(|e| dp_err(format!("attach uplink_in to {ifname}"), e))?;
-    pin_link(
-        tc.take_link(id)
-            .map_err(|e| dp_err("take uplink_in link", e))?,
-        &lp,
-    )?;
+    for (name, hook) in [
+        (prog_names::UPLINK_IN, TcAttachType::Ingress),
+        (prog_names::UPLINK_OUT, TcAttachType::Egress),
+    ] {
+        let lp = uplink_link_path(links_dir, ifindex, name);
+        unpin(&lp)?;
+        let mut tc = SchedClassifier::from_pin(progs_dir.join(name))
+            .map_err(|e| dp_err(format!("open pinned program {name}"), e))?;
+        let id = tc
+            .attach(ifname, hook)
+            .map_err(|e| dp_err(format!("attach {name} to {ifname}"), e))?;
+        pin_link(
+            tc.take_link(id)
+                .map_err(|e| dp_err(format!("take {name} link"), e))?,
+            &lp,
+        )?;
+    }
 
     let mode = match xdp {
         crate::cni::config::XdpMode::Native | crate::cni::config::XdpMode::Auto => XdpMode::Driver,
@@ -537,6 +626,87 @@ pub fn counters(maps_dir: &Path) -> Result<Vec<u64>, Error> {
                 .map_err(|e| dp_err("read sl_counters", e))
         })
         .collect()
+}
+
+/// Writes the masquerade settings the programs read.
+pub fn write_masq(maps_dir: &Path, cfg: MasqConfig) -> Result<(), Error> {
+    let mut arr: Array<MapData, MasqConfig> = Array::try_from(open_map(maps_dir, map_names::MASQ)?)
+        .map_err(|e| dp_err("open sl_masq", e))?;
+    if arr.get(&0, 0).ok() == Some(cfg) {
+        return Ok(());
+    }
+    arr.set(0, cfg, 0).map_err(|e| dp_err("write sl_masq", e))
+}
+
+/// Makes the non-masquerade trie hold exactly `cidrs`: new prefixes are added
+/// before stale ones go, so traffic inside the cluster range is never masqueraded
+/// while it changes.
+pub fn set_non_masq(maps_dir: &Path, cidrs: &[(u32, [u8; 4])]) -> Result<(), Error> {
+    let mut trie: LpmTrie<MapData, [u8; 4], u8> =
+        LpmTrie::try_from(open_map(maps_dir, map_names::NON_MASQ)?)
+            .map_err(|e| dp_err("open sl_nonmasq", e))?;
+    let have: Vec<LpmKey<[u8; 4]>> = trie.keys().filter_map(Result::ok).collect();
+    for (len, addr) in cidrs {
+        let k = LpmKey::new(*len, *addr);
+        if !have
+            .iter()
+            .any(|h| h.prefix_len() == *len && h.data() == *addr)
+        {
+            trie.insert(&k, 1, 0).map_err(|e| {
+                dp_err(
+                    format!(
+                        "add {}/{len} to sl_nonmasq",
+                        std::net::Ipv4Addr::from(*addr)
+                    ),
+                    e,
+                )
+            })?;
+        }
+    }
+    for h in have {
+        if !cidrs
+            .iter()
+            .any(|(len, addr)| h.prefix_len() == *len && h.data() == *addr)
+        {
+            let _ = trie.remove(&h);
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the masqueraded flows of pod addresses `ips` (both directions).
+/// Returns how many flows went.
+pub fn flush_nat(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<usize, Error> {
+    if !maps_dir.join(map_names::NAT_FWD).exists() {
+        return Ok(0);
+    }
+    let masq: Array<MapData, MasqConfig> = Array::try_from(open_map(maps_dir, map_names::MASQ)?)
+        .map_err(|e| dp_err("open sl_masq", e))?;
+    let addr = masq.get(&0, 0).map(|c| c.addr).unwrap_or_default();
+    let mut fwd: HashMap<MapData, NatKey, NatEntry> =
+        HashMap::try_from(open_map(maps_dir, map_names::NAT_FWD)?)
+            .map_err(|e| dp_err("open sl_nat_fwd", e))?;
+    let mut rev: HashMap<MapData, NatKey, NatRev> =
+        HashMap::try_from(open_map(maps_dir, map_names::NAT_REV)?)
+            .map_err(|e| dp_err("open sl_nat_rev", e))?;
+    let doomed: Vec<(NatKey, NatEntry)> = fwd
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| ips.contains(&k.src_ip))
+        .collect();
+    for (k, e) in &doomed {
+        let rk = NatKey {
+            src_ip: k.dst_ip,
+            dst_ip: addr,
+            src_port: k.dst_port,
+            dst_port: e.nat_port,
+            proto: k.proto,
+            _pad: [0; 3],
+        };
+        let _ = rev.remove(&rk);
+        let _ = fwd.remove(k);
+    }
+    Ok(doomed.len())
 }
 
 /// The pinned maps the plugin writes.

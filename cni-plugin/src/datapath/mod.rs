@@ -11,7 +11,7 @@ use std::{
 
 use sluice_common::{
     config_flags, endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey,
-    NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
+    MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
 };
 
 pub use bpf::{now_unix, object_hash, XdpAttached};
@@ -42,6 +42,16 @@ pub struct NodeSettings {
     pub xdp: XdpMode,
     /// MTU of the pods' veths.
     pub pod_mtu: u32,
+    /// Entries of each NAT map when they are created.
+    pub nat_flows: u32,
+}
+
+/// Masquerade as the programs see it: the config entry and the prefixes never
+/// masqueraded.
+#[derive(Clone, Debug)]
+pub struct MasqSpec {
+    pub config: MasqConfig,
+    pub non_masq: Vec<(u32, [u8; 4])>,
 }
 
 /// A pod's endpoint as the datapath sees it.
@@ -131,10 +141,29 @@ impl Datapath {
         })
     }
 
+    /// The node-wide attachments are in place: the uplink's programs and the NAT
+    /// sweeper.
     fn uplink_ok(&self, s: &NodeSettings) -> bool {
-        s.uplink
-            .as_ref()
-            .is_none_or(|u| bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex))
+        let links = self.dir(pin_dirs::LINKS);
+        bpf::sweeper_attached(&links)
+            && s.uplink
+                .as_ref()
+                .is_none_or(|u| bpf::uplink_attached(&links, u.ifindex))
+    }
+
+    /// Writes the masquerade settings (disabled when `spec` is `None`). Cheap when
+    /// nothing changed: every ADD calls it, so a config change takes effect at the
+    /// next ADD.
+    pub fn apply_masq(&self, _guard: &LoadedGuard, spec: Option<&MasqSpec>) -> Result<(), Error> {
+        let maps = self.dir(pin_dirs::MAPS);
+        match spec {
+            Some(s) => {
+                // Prefixes first: the cluster range must never be masqueraded.
+                bpf::set_non_masq(&maps, &s.non_masq)?;
+                bpf::write_masq(&maps, s.config)
+            }
+            None => bpf::write_masq(&maps, MasqConfig::default()),
+        }
     }
 
     /// Makes sure this binary's programs are loaded and pinned, and attached to the
@@ -173,6 +202,7 @@ impl Datapath {
             &self.dir(pin_dirs::PROGS),
             &self.dir(pin_dirs::LINKS),
             &self.pod_ifnames(),
+            crate::cni::config::NAT_MAX_FLOWS_DEFAULT,
         )
     }
 
@@ -189,10 +219,14 @@ impl Datapath {
                 &self.dir(pin_dirs::PROGS),
                 &self.dir(pin_dirs::LINKS),
                 &self.pod_ifnames(),
+                s.nat_flows,
             )?;
         }
+        if !bpf::sweeper_attached(&self.dir(pin_dirs::LINKS)) {
+            bpf::ensure_sweeper(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS))?;
+        }
         if let Some(u) = &s.uplink {
-            if !self.uplink_ok(s) {
+            if !bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex) {
                 // Native XDP on a veth turns skbs into XDP frames, losing the
                 // CHECKSUM_PARTIAL state a veth peer leaves (the pod then drops the
                 // segment as a bad checksum); generic XDP keeps the skb.
@@ -300,12 +334,18 @@ impl Datapath {
                 ifindexes.push(idx);
             }
         }
+        let mut v4 = Vec::new();
         for (key, ep) in maps.endpoints() {
             if ifindexes.contains(&ep.ifindex) {
+                v4.extend(key.as_v4());
                 if let Err(e) = maps.remove_endpoint(&key) {
                     first_err.get_or_insert(e);
                 }
             }
+        }
+        // The pod's masqueraded flows go with it.
+        if let Err(e) = bpf::flush_nat(&maps_dir, &v4) {
+            first_err.get_or_insert(e);
         }
         for idx in ifindexes {
             if let Err(e) = maps.remove_interface(idx) {

@@ -37,6 +37,14 @@ pub mod map_names {
     pub const COUNTERS: &str = "sl_counters";
     /// index 0 -> [`crate::NodeConfig`].
     pub const CONFIG: &str = "sl_config";
+    /// index 0 -> [`crate::MasqConfig`].
+    pub const MASQ: &str = "sl_masq";
+    /// LPM trie of IPv4 prefixes never masqueraded (`nonMasqueradeCIDRs`).
+    pub const NON_MASQ: &str = "sl_nonmasq";
+    /// Pod-side [`crate::NatKey`] -> [`crate::NatEntry`]: every masqueraded flow.
+    pub const NAT_FWD: &str = "sl_nat_fwd";
+    /// Outside [`crate::NatKey`] -> [`crate::NatRev`]: how replies find the pod.
+    pub const NAT_REV: &str = "sl_nat_rev";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -47,6 +55,10 @@ pub mod prog_names {
     pub const TO_POD: &str = "to_pod";
     /// tc ingress of the node's uplink.
     pub const UPLINK_IN: &str = "uplink_in";
+    /// tc egress of the node's uplink (masquerade).
+    pub const UPLINK_OUT: &str = "uplink_out";
+    /// Perf-event program that deletes expired NAT flows, once a second.
+    pub const NAT_SWEEP: &str = "nat_sweep";
     /// XDP on the node's uplink.
     pub const UPLINK_XDP: &str = "uplink_xdp";
 }
@@ -93,11 +105,34 @@ pub mod reason {
     pub const FROM_POD_FIB_FRAG_NEEDED: u32 = 16;
     /// from-pod: no route (unreachable, blackhole, prohibit); the kernel answers.
     pub const FROM_POD_FIB_NO_ROUTE: u32 = 17;
+    /// masquerade: a new flow got a NAT port.
+    pub const MASQ_NEW_FLOW: u32 = 18;
+    /// masquerade: a packet leaving the node was source-translated.
+    pub const MASQ_SNAT: u32 = 19;
+    /// masquerade: a reply was translated back and delivered (tc).
+    pub const MASQ_DNAT: u32 = 20;
+    /// masquerade: an ICMP error about a masqueraded flow was translated back.
+    pub const MASQ_ICMP_ERROR: u32 = 21;
+    /// masquerade: an IPv4 fragment cannot be translated (no L4 header): dropped.
+    pub const DROP_MASQ_FRAGMENT: u32 = 22;
+    /// masquerade: a protocol without ports (not TCP, UDP or ICMP echo): dropped.
+    pub const DROP_MASQ_PROTO: u32 = 23;
+    /// masquerade: every port tried for a new flow was taken: dropped.
+    pub const DROP_MASQ_NO_PORT: u32 = 24;
+    /// masquerade: the NAT maps are full: the new flow is dropped, existing
+    /// flows are unaffected.
+    pub const DROP_MASQ_MAP_FULL: u32 = 25;
+    /// masquerade: flows deleted by the sweeper after their timeout.
+    pub const NAT_EXPIRED: u32 = 26;
+    /// masquerade: a reply translated back in XDP.
+    pub const XDP_MASQ_DNAT: u32 = 27;
+    /// masquerade: a truncated L4 header on a flow to be translated: dropped.
+    pub const DROP_MASQ_MALFORMED: u32 = 28;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 18] = [
+    pub const NAMES: [&str; 29] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -116,6 +151,17 @@ pub mod reason {
         "to_pod_from_kernel",
         "from_pod_fib_frag_needed",
         "from_pod_fib_no_route",
+        "masq_new_flow",
+        "masq_snat",
+        "masq_dnat",
+        "masq_icmp_error",
+        "drop_masq_fragment",
+        "drop_masq_proto",
+        "drop_masq_no_port",
+        "drop_masq_map_full",
+        "nat_expired",
+        "xdp_masq_dnat",
+        "drop_masq_malformed",
     ];
 }
 
@@ -124,6 +170,86 @@ pub mod map_sizes {
     pub const ENDPOINTS: u32 = 16_384;
     pub const ENDPOINT_STATS: u32 = 8_192;
     pub const ENDPOINT_INFO: u32 = 8_192;
+    /// Default NAT flows (each map); config `natMaxFlows` changes it at load.
+    pub const NAT_FLOWS: u32 = 65_536;
+    pub const NON_MASQ: u32 = 256;
+}
+
+/// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
+/// (reverse key: remote -> masquerade address). Ports in network byte order; for
+/// ICMP echo the identifier is the source port of requests (forward) and the
+/// destination port of replies (reverse), the other port is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct NatKey {
+    pub src_ip: [u8; 4],
+    pub dst_ip: [u8; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+/// The state of a masqueraded flow (value of the forward map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    /// The source port (ICMP: identifier) on the outside, network byte order.
+    pub nat_port: u16,
+    /// [`nat_state`].
+    pub state: u8,
+    pub _pad: u8,
+    /// Host veth of the pod (for `sluicectl nat list`).
+    pub pod_ifindex: u32,
+    /// `bpf_ktime_get_coarse_ns` of the last packet either way.
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+}
+
+pub mod nat_state {
+    /// TCP: SYN seen, no reply yet.
+    pub const TCP_SYN: u8 = 1;
+    /// TCP: traffic both ways.
+    pub const TCP_ESTABLISHED: u8 = 2;
+    /// TCP: FIN or RST seen.
+    pub const TCP_CLOSING: u8 = 3;
+    pub const UDP: u8 = 4;
+    pub const ICMP: u8 = 5;
+}
+
+/// Where replies of a masqueraded flow go (value of the reverse map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatRev {
+    pub pod_ip: [u8; 4],
+    /// Network byte order (ICMP: the pod's identifier).
+    pub pod_port: u16,
+    pub _pad: u16,
+}
+
+/// Masquerade settings, at index 0 of `sl_masq`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MasqConfig {
+    /// The address masqueraded flows leave with.
+    pub addr: [u8; 4],
+    /// [`masq_flags`].
+    pub flags: u32,
+    /// NAT ports, host byte order, inclusive: disjoint from the node's
+    /// `ip_local_port_range`, so they never collide with the node's own sockets.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Timeouts in seconds.
+    pub tcp_syn_secs: u32,
+    pub tcp_established_secs: u32,
+    pub tcp_closing_secs: u32,
+    pub udp_secs: u32,
+    pub icmp_secs: u32,
+}
+
+pub mod masq_flags {
+    /// `ipMasq: true`.
+    pub const ENABLED: u32 = 1 << 0;
 }
 
 /// An IP address as a map key: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
@@ -315,6 +441,10 @@ mod pod {
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::DatapathMeta {}
     unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::NatKey {}
+    unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::NatRev {}
+    unsafe impl aya::Pod for super::MasqConfig {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -371,10 +501,11 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(
-            reason::NAMES.len() as u32,
-            reason::FROM_POD_FIB_NO_ROUTE + 1
-        );
+        assert_eq!(reason::NAMES.len() as u32, reason::DROP_MASQ_MALFORMED + 1);
+        assert_eq!(size_of::<NatKey>(), 16);
+        assert_eq!(size_of::<NatEntry>(), 24);
+        assert_eq!(size_of::<NatRev>(), 8);
+        assert_eq!(size_of::<MasqConfig>(), 32);
     }
 
     #[test]

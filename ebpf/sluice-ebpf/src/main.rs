@@ -20,12 +20,13 @@ mod endpoint;
 mod forward;
 mod l3;
 mod maps;
+mod nat;
 mod packet;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{classifier, perf_event, xdp},
+    programs::{PerfEventContext, TcContext, XdpContext},
 };
 use sluice_common::{endpoint_flags, reason};
 
@@ -99,6 +100,10 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
         return TCX_NEXT;
     }
+    pull(&ctx, HEADERS_LEN);
+    if let Some(verdict) = nat::dnat(&ctx) {
+        return verdict;
+    }
     let h = match parse_tc(&ctx) {
         Ok(h) => h,
         Err(verdict) => return verdict,
@@ -115,6 +120,19 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
             TCX_NEXT
         }
     }
+}
+
+/// tc egress of the uplink: masquerade.
+#[classifier]
+pub fn uplink_out(ctx: TcContext) -> i32 {
+    nat::snat(&ctx)
+}
+
+/// Fired once a second by a pinned perf event: expires idle NAT flows.
+#[perf_event]
+pub fn nat_sweep(_ctx: PerfEventContext) -> u32 {
+    nat::sweep();
+    0
 }
 
 #[xdp]

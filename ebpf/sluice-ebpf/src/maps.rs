@@ -1,11 +1,13 @@
 //! The pinned maps. Names and value types come from `sluice-common`; every map is
 //! pinned by name so that a later load (and `sluicectl`) finds the same map.
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
 };
 use sluice_common::{
-    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey, NodeConfig,
+    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey, MasqConfig,
+    NatEntry, NatKey, NatRev, NodeConfig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -27,3 +29,16 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(reason::MAX, 0);
 
 #[map(name = "sl_config")]
 pub static CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
+
+#[map(name = "sl_masq")]
+pub static MASQ: Array<MasqConfig> = Array::pinned(1, 0);
+
+/// LPM tries must be created without preallocation (BPF_F_NO_PREALLOC).
+#[map(name = "sl_nonmasq")]
+pub static NON_MASQ: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(map_sizes::NON_MASQ, BPF_F_NO_PREALLOC);
+
+#[map(name = "sl_nat_fwd")]
+pub static NAT_FWD: HashMap<NatKey, NatEntry> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);
+
+#[map(name = "sl_nat_rev")]
+pub static NAT_REV: HashMap<NatKey, NatRev> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);

@@ -1,0 +1,575 @@
+//! Masquerade (SNAT to the node's address) with Sluice's own connection tracking:
+//! no `nf_conntrack`, no iptables.
+//!
+//! - [`snat`] (tc egress of the uplink): IPv4 from a local pod to a destination
+//!   outside `nonMasqueradeCIDRs` leaves with the masquerade address and a NAT
+//!   port. A new flow takes a port by inserting its reverse entry with
+//!   `BPF_NOEXIST`, so two CPUs can never hand out the same port.
+//! - [`dnat`] (tc ingress of the uplink): replies to the masquerade address, and
+//!   ICMP errors quoting a masqueraded packet, are translated back and delivered
+//!   straight into the pod.
+//! - [`sweep`] (a perf-event program, once a second): deletes flows idle longer
+//!   than their timeout, so the maps never fill up with dead flows.
+//!
+//! Checksums are updated with the kernel's helpers (`bpf_l3_csum_replace`,
+//! `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR`), which handle partial checksum
+//! offload; IPv4 fragments cannot be matched to a flow (no L4 header) and are
+//! dropped, counted.
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT},
+    helpers::{bpf_for_each_map_elem, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    maps::lpm_trie::Key,
+    programs::TcContext,
+};
+use network_types::ip::Ipv4Hdr;
+use sluice_common::{masq_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey, NatRev};
+
+use crate::{
+    counters::count,
+    endpoint,
+    maps::{ENDPOINTS, MASQ, NAT_FWD, NAT_REV, NON_MASQ},
+    TCX_NEXT,
+};
+
+const ETH_LEN: usize = 14;
+const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+const PROTO_ICMP: u8 = 1;
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_ECHO: u8 = 8;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+const EEXIST: i32 = 17;
+/// Ports tried for a new flow before giving up.
+const PORT_TRIES: u32 = 32;
+/// `last_seen_ns` is refreshed at most this often (fewer writes to a shared line).
+const REFRESH_NS: u64 = 1_000_000_000;
+/// IPv4 header checksum offset.
+const IP_CSUM: usize = ETH_LEN + 10;
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_ktime_get_coarse_ns() }
+}
+
+#[inline(always)]
+fn config() -> Option<&'static MasqConfig> {
+    MASQ.get(0).filter(|c| c.flags & masq_flags::ENABLED != 0)
+}
+
+/// Where the ports and the L4 checksum of a packet are.
+struct L4 {
+    /// Source port (ICMP echo: identifier).
+    sport_off: usize,
+    sport: u16,
+    /// Destination port (ICMP echo: none, 0).
+    dport_off: Option<usize>,
+    dport: u16,
+    csum_off: usize,
+    /// The checksum covers a pseudo header (TCP, UDP).
+    pseudo: bool,
+    /// UDP without a checksum (0): leave it alone.
+    no_csum: bool,
+    /// `BPF_F_MARK_MANGLED_0` for UDP: a checksum that becomes 0 is sent as 0xffff
+    /// (0 means "no checksum").
+    mangled: u64,
+}
+
+/// One address and one port to replace in a packet.
+struct Rewrite {
+    addr_off: usize,
+    old_addr: [u8; 4],
+    new_addr: [u8; 4],
+    port_off: usize,
+    old_port: u16,
+    new_port: u16,
+}
+
+/// The IPv4 header of a frame, if it is IPv4.
+#[inline(always)]
+fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
+    if ctx.load::<u16>(12).ok()? != ETH_P_IP_BE {
+        return None;
+    }
+    ctx.load::<Ipv4Hdr>(ETH_LEN).ok()
+}
+
+#[inline(always)]
+fn is_fragment(ip: &Ipv4Hdr) -> bool {
+    u16::from_be_bytes(ip.frags) & 0x3fff != 0
+}
+
+/// TCP/UDP ports, or an ICMP echo request/reply identifier, at `l4`.
+#[inline(always)]
+fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
+    let bad = |_| reason::DROP_MASQ_MALFORMED;
+    match proto {
+        PROTO_TCP | PROTO_UDP => {
+            let csum_off = if proto == PROTO_TCP { l4 + 16 } else { l4 + 6 };
+            let csum: u16 = ctx.load(csum_off).map_err(bad)?;
+            Ok(L4 {
+                sport_off: l4,
+                sport: ctx.load(l4).map_err(bad)?,
+                dport_off: Some(l4 + 2),
+                dport: ctx.load(l4 + 2).map_err(bad)?,
+                csum_off,
+                pseudo: true,
+                no_csum: proto == PROTO_UDP && csum == 0,
+                mangled: if proto == PROTO_UDP {
+                    u64::from(BPF_F_MARK_MANGLED_0)
+                } else {
+                    0
+                },
+            })
+        }
+        PROTO_ICMP => {
+            let t: u8 = ctx.load(l4).map_err(bad)?;
+            if t != echo_type {
+                return Err(reason::DROP_MASQ_PROTO);
+            }
+            Ok(L4 {
+                sport_off: l4 + 4,
+                sport: ctx.load(l4 + 4).map_err(bad)?,
+                dport_off: None,
+                dport: 0,
+                csum_off: l4 + 2,
+                pseudo: false,
+                no_csum: false,
+                mangled: 0,
+            })
+        }
+        _ => Err(reason::DROP_MASQ_PROTO),
+    }
+}
+
+/// The reverse key of a forward flow `k` that left with `nat_port`.
+#[inline(always)]
+fn rev_key(k: &NatKey, addr: [u8; 4], nat_port: u16) -> NatKey {
+    NatKey {
+        src_ip: k.dst_ip,
+        dst_ip: addr,
+        src_port: k.dst_port,
+        dst_port: nat_port,
+        proto: k.proto,
+        _pad: [0; 3],
+    }
+}
+
+#[inline(always)]
+fn flow_hash(k: &NatKey) -> u32 {
+    let a = u32::from_ne_bytes(k.src_ip);
+    let b = u32::from_ne_bytes(k.dst_ip);
+    let c = (u32::from(k.src_port) << 16) | u32::from(k.dst_port);
+    let mut h = a ^ b.rotate_left(11) ^ c.rotate_left(22) ^ u32::from(k.proto);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h.wrapping_mul(0x846c_a68b)
+}
+
+/// Takes a NAT port for a new flow: reverse entry first (BPF_NOEXIST makes the
+/// port ours), then the forward entry.
+#[inline(always)]
+fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result<(), u32> {
+    let range = u32::from(cfg.port_max.saturating_sub(cfg.port_min)) + 1;
+    let h = flow_hash(k);
+    let rev = NatRev {
+        pod_ip: k.src_ip,
+        pod_port: k.src_port,
+        _pad: 0,
+    };
+    let mut i = 0;
+    while i < PORT_TRIES {
+        let port = cfg
+            .port_min
+            .wrapping_add(((h.wrapping_add(i)) % range) as u16);
+        let nat_port = port.to_be();
+        let rk = rev_key(k, cfg.addr, nat_port);
+        match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
+            Ok(()) => {
+                let t = now();
+                let e = NatEntry {
+                    nat_port,
+                    state,
+                    _pad: 0,
+                    pod_ifindex,
+                    last_seen_ns: t,
+                    created_ns: t,
+                };
+                return match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+                    Ok(()) => {
+                        count(reason::MASQ_NEW_FLOW);
+                        Ok(())
+                    }
+                    // Another CPU created the same flow meanwhile: use its port.
+                    Err(e) if e == -EEXIST => {
+                        let _ = NAT_REV.remove(rk);
+                        Ok(())
+                    }
+                    Err(_) => {
+                        let _ = NAT_REV.remove(rk);
+                        Err(reason::DROP_MASQ_MAP_FULL)
+                    }
+                };
+            }
+            Err(e) if e == -EEXIST => {}
+            Err(_) => return Err(reason::DROP_MASQ_MAP_FULL),
+        }
+        i += 1;
+    }
+    Err(reason::DROP_MASQ_NO_PORT)
+}
+
+/// The TCP state after a packet with `flags`; `reply` for the return direction.
+#[inline(always)]
+fn next_state(cur: u8, proto: u8, flags: u8, reply: bool) -> u8 {
+    match proto {
+        PROTO_TCP if flags & (TCP_FIN | TCP_RST) != 0 => nat_state::TCP_CLOSING,
+        PROTO_TCP if cur == nat_state::TCP_SYN && reply => nat_state::TCP_ESTABLISHED,
+        PROTO_TCP if cur == 0 && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 => nat_state::TCP_SYN,
+        // A flow first seen mid-stream (after a restart or expiry) is established.
+        PROTO_TCP if cur == 0 => nat_state::TCP_ESTABLISHED,
+        PROTO_TCP => cur,
+        PROTO_UDP => nat_state::UDP,
+        _ => nat_state::ICMP,
+    }
+}
+
+/// Refreshes a flow's state and timestamp.
+#[inline(always)]
+fn touch(e: *mut NatEntry, proto: u8, flags: u8, reply: bool) {
+    let t = now();
+    // SAFETY: a live map value; concurrent writers race benignly (last writer
+    // wins on a timestamp and a state that only moves forward in practice).
+    unsafe {
+        let s = next_state((*e).state, proto, flags, reply);
+        if s != (*e).state {
+            (*e).state = s;
+        }
+        if t.saturating_sub((*e).last_seen_ns) > REFRESH_NS {
+            (*e).last_seen_ns = t;
+        }
+    }
+}
+
+/// Rewrites an address and a port with their checksums.
+#[inline(always)]
+fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
+    let (oa, na) = (
+        u64::from(u32::from_ne_bytes(r.old_addr)),
+        u64::from(u32::from_ne_bytes(r.new_addr)),
+    );
+    let (op, np) = (u64::from(r.old_port), u64::from(r.new_port));
+    if !l4.no_csum {
+        if l4.pseudo {
+            ctx.l4_csum_replace(
+                l4.csum_off,
+                oa,
+                na,
+                u64::from(BPF_F_PSEUDO_HDR) | l4.mangled | 4,
+            )
+            .map_err(|_| ())?;
+        }
+        ctx.l4_csum_replace(l4.csum_off, op, np, l4.mangled | 2)
+            .map_err(|_| ())?;
+    }
+    ctx.l3_csum_replace(IP_CSUM, oa, na, 4).map_err(|_| ())?;
+    ctx.store(r.addr_off, &r.new_addr, 0).map_err(|_| ())?;
+    ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
+}
+
+/// uplink egress: masquerades pod traffic leaving the cluster range.
+#[inline(always)]
+pub fn snat(ctx: &TcContext) -> i32 {
+    let Some(cfg) = config() else {
+        return TCX_NEXT;
+    };
+    let Some(ip) = ipv4(ctx) else {
+        return TCX_NEXT;
+    };
+    // SAFETY: map values are only read.
+    let Some(ep) = (unsafe { ENDPOINTS.get(IpKey::v4(ip.src_addr)) }) else {
+        return TCX_NEXT;
+    };
+    if NON_MASQ.get(Key::new(32, ip.dst_addr)).is_some() {
+        return TCX_NEXT;
+    }
+    if is_fragment(&ip) {
+        count(reason::DROP_MASQ_FRAGMENT);
+        return TC_ACT_SHOT;
+    }
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    let l4 = match l4(ctx, ip.proto, l4_off, ICMP_ECHO) {
+        Ok(l) => l,
+        Err(r) => {
+            count(r);
+            return TC_ACT_SHOT;
+        }
+    };
+    let flags: u8 = if ip.proto == PROTO_TCP {
+        ctx.load(l4_off + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    let key = NatKey {
+        src_ip: ip.src_addr,
+        dst_ip: ip.dst_addr,
+        src_port: l4.sport,
+        dst_port: l4.dport,
+        proto: ip.proto,
+        _pad: [0; 3],
+    };
+    if NAT_FWD.get_ptr(key).is_none() {
+        let state = next_state(0, ip.proto, flags, false);
+        if let Err(r) = allocate(&key, cfg, ep.ifindex, state) {
+            count(r);
+            return TC_ACT_SHOT;
+        }
+    }
+    let Some(e) = NAT_FWD.get_ptr_mut(key) else {
+        count(reason::DROP_MASQ_MAP_FULL);
+        return TC_ACT_SHOT;
+    };
+    touch(e, ip.proto, flags, false);
+    // SAFETY: a live map value.
+    let nat_port = unsafe { (*e).nat_port };
+    let r = Rewrite {
+        addr_off: ETH_LEN + 12,
+        old_addr: ip.src_addr,
+        new_addr: cfg.addr,
+        port_off: l4.sport_off,
+        old_port: l4.sport,
+        new_port: nat_port,
+    };
+    if rewrite(ctx, &l4, &r).is_err() {
+        count(reason::DROP_MASQ_MALFORMED);
+        return TC_ACT_SHOT;
+    }
+    count(reason::MASQ_SNAT);
+    TCX_NEXT
+}
+
+/// uplink ingress: translates replies (and ICMP errors about) masqueraded flows
+/// back and delivers them into the pod. `None`: not masquerade traffic.
+#[inline(always)]
+pub fn dnat(ctx: &TcContext) -> Option<i32> {
+    let cfg = config()?;
+    let ip = ipv4(ctx)?;
+    if ip.dst_addr != cfg.addr || is_fragment(&ip) {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    if ip.proto == PROTO_ICMP {
+        let t: u8 = ctx.load(l4_off).ok()?;
+        if t == ICMP_DEST_UNREACH || t == ICMP_TIME_EXCEEDED {
+            return icmp_error(ctx, cfg, l4_off);
+        }
+    }
+    let l4 = l4(ctx, ip.proto, l4_off, ICMP_ECHO_REPLY).ok()?;
+    // Replies carry the NAT port as destination (ICMP: the identifier).
+    let rk = if ip.proto == PROTO_ICMP {
+        NatKey {
+            src_ip: ip.src_addr,
+            dst_ip: ip.dst_addr,
+            src_port: 0,
+            dst_port: l4.sport,
+            proto: ip.proto,
+            _pad: [0; 3],
+        }
+    } else {
+        NatKey {
+            src_ip: ip.src_addr,
+            dst_ip: ip.dst_addr,
+            src_port: l4.sport,
+            dst_port: l4.dport,
+            proto: ip.proto,
+            _pad: [0; 3],
+        }
+    };
+    // SAFETY: map values are only read.
+    let rev = *unsafe { NAT_REV.get(rk) }?;
+    let fk = NatKey {
+        src_ip: rev.pod_ip,
+        dst_ip: ip.src_addr,
+        src_port: rev.pod_port,
+        dst_port: rk.src_port,
+        proto: ip.proto,
+        _pad: [0; 3],
+    };
+    if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
+        let flags: u8 = if ip.proto == PROTO_TCP {
+            ctx.load(l4_off + 13).unwrap_or(0)
+        } else {
+            0
+        };
+        touch(e, ip.proto, flags, true);
+    }
+    let (port_off, old_port) = match l4.dport_off {
+        Some(off) => (off, l4.dport),
+        None => (l4.sport_off, l4.sport),
+    };
+    let r = Rewrite {
+        addr_off: ETH_LEN + 16,
+        old_addr: ip.dst_addr,
+        new_addr: rev.pod_ip,
+        port_off,
+        old_port,
+        new_port: rev.pod_port,
+    };
+    if rewrite(ctx, &l4, &r).is_err() {
+        count(reason::DROP_MASQ_MALFORMED);
+        return Some(TC_ACT_SHOT);
+    }
+    count(reason::MASQ_DNAT);
+    Some(deliver(ctx, rev.pod_ip))
+}
+
+/// An ICMP error quoting a masqueraded packet (its inner source is the masquerade
+/// address and NAT port): the inner source, the outer destination and the ICMP
+/// checksum are rewritten to the pod's. The inner IP header checksum is updated
+/// with it, which leaves the ICMP checksum unchanged for those two fields (a
+/// header with a correct checksum always sums to 0xffff); the inner L4 checksum is
+/// left alone, receivers do not check it.
+#[inline(always)]
+fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
+    let inner_off = l4_off + 8;
+    let inner: Ipv4Hdr = ctx.load(inner_off).ok()?;
+    if inner.src_addr != cfg.addr {
+        return None;
+    }
+    let inner_l4 = inner_off + usize::from(inner.vihl & 0x0f) * 4;
+    let (sport_off, rk) = match inner.proto {
+        PROTO_TCP | PROTO_UDP => {
+            let sport: u16 = ctx.load(inner_l4).ok()?;
+            let dport: u16 = ctx.load(inner_l4 + 2).ok()?;
+            (
+                inner_l4,
+                NatKey {
+                    src_ip: inner.dst_addr,
+                    dst_ip: inner.src_addr,
+                    src_port: dport,
+                    dst_port: sport,
+                    proto: inner.proto,
+                    _pad: [0; 3],
+                },
+            )
+        }
+        PROTO_ICMP => {
+            let id: u16 = ctx.load(inner_l4 + 4).ok()?;
+            (
+                inner_l4 + 4,
+                NatKey {
+                    src_ip: inner.dst_addr,
+                    dst_ip: inner.src_addr,
+                    src_port: 0,
+                    dst_port: id,
+                    proto: PROTO_ICMP,
+                    _pad: [0; 3],
+                },
+            )
+        }
+        _ => return None,
+    };
+    // SAFETY: map values are only read.
+    let rev = *unsafe { NAT_REV.get(rk) }?;
+    let (old_a, new_a) = (
+        u64::from(u32::from_ne_bytes(cfg.addr)),
+        u64::from(u32::from_ne_bytes(rev.pod_ip)),
+    );
+    let ok = ctx.l3_csum_replace(inner_off + 10, old_a, new_a, 4).is_ok()
+        && ctx.store(inner_off + 12, &rev.pod_ip, 0).is_ok()
+        && ctx
+            .l4_csum_replace(
+                l4_off + 2,
+                u64::from(rk.dst_port),
+                u64::from(rev.pod_port),
+                2,
+            )
+            .is_ok()
+        && ctx.store(sport_off, &rev.pod_port, 0).is_ok()
+        && ctx.l3_csum_replace(IP_CSUM, old_a, new_a, 4).is_ok()
+        && ctx.store(ETH_LEN + 16, &rev.pod_ip, 0).is_ok();
+    if !ok {
+        count(reason::DROP_MASQ_MALFORMED);
+        return Some(TC_ACT_SHOT);
+    }
+    count(reason::MASQ_ICMP_ERROR);
+    Some(deliver(ctx, rev.pod_ip))
+}
+
+/// Delivers a translated packet into the pod (or to the kernel, which routes it
+/// there, when the pod is not in the endpoint map).
+#[inline(always)]
+fn deliver(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
+    // The helpers above may have moved the packet: parse it again.
+    let Ok(h) = crate::l3::parse(ctx) else {
+        return TCX_NEXT;
+    };
+    // SAFETY: map values are only read.
+    match unsafe { ENDPOINTS.get(IpKey::v4(pod_ip)) } {
+        Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
+        _ => TCX_NEXT,
+    }
+}
+
+/// Deletes every flow idle longer than its timeout. Runs from a perf event.
+#[inline(always)]
+pub fn sweep() {
+    // SAFETY: the callback matches the helper's contract (map, key, value, ctx).
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const NAT_FWD).cast_mut().cast::<c_void>(),
+            sweep_one as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
+#[inline(never)]
+extern "C" fn sweep_one(
+    _map: *mut c_void,
+    key: *mut NatKey,
+    value: *mut NatEntry,
+    _ctx: *mut c_void,
+) -> i64 {
+    let Some(cfg) = MASQ.get(0) else {
+        return 1;
+    };
+    // SAFETY: the helper passes valid key and value pointers of this map.
+    let (k, e) = unsafe { (*key, *value) };
+    // All five loaded first: matching on the state to pick a field made LLVM
+    // compute the field offset from the state, which the verifier cannot bound.
+    let (syn, est, closing, udp, icmp) = (
+        cfg.tcp_syn_secs,
+        cfg.tcp_established_secs,
+        cfg.tcp_closing_secs,
+        cfg.udp_secs,
+        cfg.icmp_secs,
+    );
+    let secs = match e.state {
+        nat_state::TCP_SYN => syn,
+        nat_state::TCP_ESTABLISHED => est,
+        nat_state::TCP_CLOSING => closing,
+        nat_state::ICMP => icmp,
+        _ => udp,
+    };
+    // Perf-event programs may not call bpf_ktime_get_coarse_ns; the fine clock is
+    // the same CLOCK_MONOTONIC, ahead of the coarse one by less than a tick.
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.saturating_sub(e.last_seen_ns) > u64::from(secs) * 1_000_000_000 {
+        let _ = NAT_REV.remove(rev_key(&k, cfg.addr, e.nat_port));
+        let _ = NAT_FWD.remove(k);
+        count(reason::NAT_EXPIRED);
+    }
+    0
+}
