@@ -38,6 +38,44 @@ pub enum Command {
     /// The loaded programs: version, reload.
     #[command(subcommand)]
     Datapath(DatapathCommand),
+    /// Masqueraded flows: list, flush.
+    #[command(subcommand)]
+    Nat(NatCommand),
+}
+
+#[derive(Subcommand)]
+pub enum NatCommand {
+    /// List masqueraded flows (pod side -> NAT address:port -> destination).
+    List(NatListArgs),
+    /// Delete masqueraded flows: all, or those of one pod. Their next packet
+    /// starts a new flow (a TCP connection in the middle is reset by the peer).
+    Flush(NatFlushArgs),
+}
+
+#[derive(Args)]
+pub struct NatListArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only flows of this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only this protocol.
+    #[arg(long, value_parser = ["tcp", "udp", "icmp"])]
+    pub proto: Option<String>,
+    /// Only flows to this destination address.
+    #[arg(long)]
+    pub dst: Option<std::net::Ipv4Addr>,
+}
+
+#[derive(Args)]
+pub struct NatFlushArgs {
+    /// Only flows of this pod (its IP, or a container id prefix).
+    #[arg(long, conflicts_with = "all")]
+    pub pod: Option<String>,
+    /// Every masqueraded flow of the node.
+    #[arg(long, required_unless_present = "pod")]
+    pub all: bool,
 }
 
 #[derive(Args)]

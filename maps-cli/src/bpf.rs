@@ -11,7 +11,7 @@ use aya::{
 };
 use sluice_common::{
     map_names, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -85,6 +85,46 @@ impl Datapath {
     pub fn meta(&self) -> Result<DatapathMeta> {
         let arr: Array<MapData, DatapathMeta> = Array::try_from(self.map(map_names::META)?)?;
         Ok(arr.get(&0, 0)?)
+    }
+
+    /// Masquerade settings.
+    pub fn masq(&self) -> Result<MasqConfig> {
+        let arr: Array<MapData, MasqConfig> = Array::try_from(self.map(map_names::MASQ)?)?;
+        Ok(arr.get(&0, 0)?)
+    }
+
+    /// Every masqueraded flow: (pod-side key, entry).
+    pub fn nat_flows(&self) -> Result<Vec<(NatKey, NatEntry)>> {
+        let fwd: HashMap<MapData, NatKey, NatEntry> =
+            HashMap::try_from(self.map(map_names::NAT_FWD)?)?;
+        let mut v: Vec<(NatKey, NatEntry)> = fwd.iter().filter_map(Result::ok).collect();
+        v.sort_by_key(|(k, _)| (k.src_ip, k.src_port, k.dst_ip, k.dst_port, k.proto));
+        Ok(v)
+    }
+
+    /// Deletes flows (both directions); returns how many went.
+    pub fn delete_nat_flows(&self, flows: &[(NatKey, NatEntry)]) -> Result<usize> {
+        let addr = self.masq()?.addr;
+        let mut fwd: HashMap<MapData, NatKey, NatEntry> =
+            HashMap::try_from(self.map(map_names::NAT_FWD)?)?;
+        let mut rev: HashMap<MapData, NatKey, NatRev> =
+            HashMap::try_from(self.map(map_names::NAT_REV)?)?;
+        let mut n = 0;
+        for (k, e) in flows {
+            let rk = NatKey {
+                src_ip: k.dst_ip,
+                dst_ip: addr,
+                src_port: k.dst_port,
+                dst_port: e.nat_port,
+                proto: k.proto,
+                _pad: [0; 3],
+            };
+            let _ = rev.remove(&rk);
+            if fwd.remove(k).is_ok() {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Node settings written at load (uplink, XDP mode).

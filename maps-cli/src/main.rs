@@ -6,6 +6,7 @@ mod bpf;
 mod counters;
 mod datapath;
 mod endpoints;
+mod nat;
 mod status;
 mod table;
 
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
         args::Command::Endpoints(a) => endpoints::execute(&cli.target, a),
         args::Command::Counters(a) => counters::execute(&cli.target, a),
         args::Command::Datapath(c) => datapath::execute(&cli.target, c),
+        args::Command::Nat(c) => nat::execute(&cli.target, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

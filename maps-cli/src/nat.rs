@@ -1,0 +1,152 @@
+//! `sluicectl nat list|flush`: the masqueraded flows.
+use std::net::Ipv4Addr;
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use sluice_common::{nat_state, NatEntry, NatKey};
+
+use crate::{
+    args::{NatCommand, NatFlushArgs, NatListArgs, Target},
+    bpf::Datapath,
+    table,
+};
+
+pub fn execute(t: &Target, c: &NatCommand) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    match c {
+        NatCommand::List(a) => list(&dp, a),
+        NatCommand::Flush(a) => flush(&dp, a),
+    }
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        1 => "icmp",
+        _ => "?",
+    }
+}
+
+fn state_name(s: u8) -> &'static str {
+    match s {
+        nat_state::TCP_SYN => "syn-sent",
+        nat_state::TCP_ESTABLISHED => "established",
+        nat_state::TCP_CLOSING => "closing",
+        nat_state::UDP => "udp",
+        nat_state::ICMP => "icmp",
+        _ => "?",
+    }
+}
+
+/// The pod addresses `pod` names: an IPv4 address, or a container id prefix.
+fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
+    if let Ok(ip) = pod.parse::<Ipv4Addr>() {
+        return Ok(vec![ip.octets()]);
+    }
+    let ips: Vec<[u8; 4]> = dp
+        .endpoints()?
+        .into_iter()
+        .filter(|r| {
+            r.owner
+                .as_ref()
+                .is_some_and(|o| table::text(&o.container_id).starts_with(pod))
+        })
+        .filter_map(|r| match r.ip {
+            std::net::IpAddr::V4(v4) => Some(v4.octets()),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
+    if ips.is_empty() {
+        bail!("no pod with address or container id {pod:?} on this datapath");
+    }
+    Ok(ips)
+}
+
+fn selected(dp: &Datapath, pod: Option<&str>) -> Result<Vec<(NatKey, NatEntry)>> {
+    let flows = dp.nat_flows()?;
+    Ok(match pod {
+        Some(p) => {
+            let ips = pod_ips(dp, p)?;
+            flows
+                .into_iter()
+                .filter(|(k, _)| ips.contains(&k.src_ip))
+                .collect()
+        }
+        None => flows,
+    })
+}
+
+fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
+    let masq = dp.masq()?;
+    let now = monotonic_ns();
+    let flows: Vec<(NatKey, NatEntry)> = selected(dp, a.pod.as_deref())?
+        .into_iter()
+        .filter(|(k, _)| a.proto.as_deref().is_none_or(|p| p == proto_name(k.proto)))
+        .filter(|(k, _)| a.dst.is_none_or(|d| d.octets() == k.dst_ip))
+        .collect();
+    let idle = |e: &NatEntry| now.saturating_sub(e.last_seen_ns) / 1_000_000_000;
+    if a.json {
+        let v: Vec<Value> = flows
+            .iter()
+            .map(|(k, e)| {
+                json!({
+                    "proto": proto_name(k.proto),
+                    "podIp": Ipv4Addr::from(k.src_ip).to_string(),
+                    "podPort": u16::from_be(k.src_port),
+                    "natIp": Ipv4Addr::from(masq.addr).to_string(),
+                    "natPort": u16::from_be(e.nat_port),
+                    "dstIp": Ipv4Addr::from(k.dst_ip).to_string(),
+                    "dstPort": u16::from_be(k.dst_port),
+                    "state": state_name(e.state),
+                    "idleSeconds": idle(e),
+                    "hostIfindex": e.pod_ifindex,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = flows
+        .iter()
+        .map(|(k, e)| {
+            vec![
+                proto_name(k.proto).to_string(),
+                format!("{}:{}", Ipv4Addr::from(k.src_ip), u16::from_be(k.src_port)),
+                format!("{}:{}", Ipv4Addr::from(masq.addr), u16::from_be(e.nat_port)),
+                format!("{}:{}", Ipv4Addr::from(k.dst_ip), u16::from_be(k.dst_port)),
+                state_name(e.state).to_string(),
+                format!("{}s", idle(e)),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["PROTO", "POD", "NAT", "DESTINATION", "STATE", "IDLE"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+fn flush(dp: &Datapath, a: &NatFlushArgs) -> Result<()> {
+    let flows = selected(dp, a.pod.as_deref())?;
+    let n = dp.delete_nat_flows(&flows)?;
+    match &a.pod {
+        Some(p) => println!("deleted {n} masqueraded flows of {p}"),
+        None => println!("deleted {n} masqueraded flows"),
+    }
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC in ns, the clock the programs stamp flows with.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
