@@ -28,7 +28,7 @@ use aya_ebpf::{
     macros::{classifier, perf_event, xdp},
     programs::{PerfEventContext, TcContext, XdpContext},
 };
-use sluice_common::{endpoint_flags, reason};
+use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
 
 use crate::{counters::count, l3::Headers, maps::ENDPOINTS, packet::pull};
 
@@ -153,6 +153,24 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     }
     let len = (ctx.data_end() - ctx.data()) as u32;
+    // Replies to masqueraded flows, in native mode (see nat::dnat_xdp).
+    if cfg.flags & config_flags::XDP_NATIVE != 0 {
+        if let Some(pod) = nat::dnat_xdp(&ctx, &h) {
+            // SAFETY: the map value is only read.
+            return match unsafe { ENDPOINTS.get(IpKey::v4(pod)) } {
+                Some(ep)
+                    if ep.flags & endpoint_flags::XDP_READY != 0
+                        && h.ttl() > 1
+                        && len <= u32::from(cfg.pod_mtu) + 14 =>
+                {
+                    count(reason::XDP_MASQ_DNAT);
+                    endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
+                }
+                // Translated already; the kernel routes it to the pod.
+                _ => xdp_action::XDP_PASS,
+            };
+        }
+    }
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep)

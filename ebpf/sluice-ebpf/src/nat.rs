@@ -21,7 +21,7 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT},
     helpers::{bpf_for_each_map_elem, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     maps::lpm_trie::Key,
-    programs::TcContext,
+    programs::{TcContext, XdpContext},
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{masq_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey, NatRev};
@@ -30,6 +30,7 @@ use crate::{
     counters::count,
     endpoint,
     maps::{ENDPOINTS, MASQ, NAT_FWD, NAT_REV, NON_MASQ},
+    packet::ptr_at,
     TCX_NEXT,
 };
 
@@ -572,4 +573,133 @@ extern "C" fn sweep_one(
         count(reason::NAT_EXPIRED);
     }
     0
+}
+
+/// RFC 1624 incremental update of a checksum `check` (as stored) when 16-bit words
+/// `old` become `new` (as stored). Only valid for complete checksums.
+#[inline(always)]
+fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
+    let mut sum = u32::from(!check);
+    let mut i = 0;
+    while i < 3 {
+        sum += u32::from(!old[i]) + u32::from(new[i]);
+        i += 1;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// The two 16-bit words of an address as stored.
+#[inline(always)]
+fn words(a: [u8; 4]) -> [u16; 2] {
+    [
+        u16::from_ne_bytes([a[0], a[1]]),
+        u16::from_ne_bytes([a[2], a[3]]),
+    ]
+}
+
+/// XDP: translates a TCP/UDP reply or ICMP echo reply to the masquerade address
+/// back to the pod and returns the pod's endpoint to deliver to. Native XDP only:
+/// there frames come from a NIC with complete checksums, which an incremental
+/// update keeps right; a generic-XDP skb may carry a partial checksum, which it
+/// would corrupt, so those go on to the tc program and its checksum helpers.
+#[inline(always)]
+pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
+    let cfg = config()?;
+    let crate::l3::L3::V4(ip) = h.l3 else {
+        return None;
+    };
+    // SAFETY: `ip` was bounds checked by l3::parse.
+    let (dst, src, proto, vihl, frags) = unsafe {
+        (
+            (*ip).dst_addr,
+            (*ip).src_addr,
+            (*ip).proto,
+            (*ip).vihl,
+            (*ip).frags,
+        )
+    };
+    if dst != cfg.addr || u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    // Ports (or type/code and identifier) and the checksum, bounds checked.
+    let hdr: *mut [u16; 4] = ptr_at(ctx, l4_off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let w = unsafe { *hdr };
+    let (sport, dport, port_idx, csum_ptr): (u16, u16, usize, *mut u16) = match proto {
+        PROTO_TCP => {
+            let c: *mut u16 = ptr_at(ctx, l4_off + 16)?;
+            (w[0], w[1], 1, c)
+        }
+        PROTO_UDP => {
+            let c: *mut u16 = ptr_at(ctx, l4_off + 6)?;
+            (w[0], w[1], 1, c)
+        }
+        PROTO_ICMP => {
+            // Echo reply: type 0, code 0; the identifier is the third word.
+            if u16::from_be(w[0]) >> 8 != u16::from(ICMP_ECHO_REPLY) {
+                return None;
+            }
+            let c: *mut u16 = ptr_at(ctx, l4_off + 2)?;
+            (0, w[2], 2, c)
+        }
+        _ => return None,
+    };
+    let rk = NatKey {
+        src_ip: src,
+        dst_ip: dst,
+        src_port: sport,
+        dst_port: dport,
+        proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: map values are only read.
+    let rev = *unsafe { NAT_REV.get(rk) }?;
+    let fk = NatKey {
+        src_ip: rev.pod_ip,
+        dst_ip: src,
+        src_port: rev.pod_port,
+        dst_port: sport,
+        proto,
+        _pad: [0; 3],
+    };
+    if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
+        let flags = if proto == PROTO_TCP {
+            (u16::from_be(w[3]) & 0xff) as u8
+        } else {
+            0
+        };
+        touch(e, proto, flags, true);
+    }
+    let (od, nd) = (words(dst), words(rev.pod_ip));
+    // SAFETY: every pointer below was bounds checked by ptr_at / l3::parse.
+    unsafe {
+        let old_port = (*hdr)[port_idx];
+        let c = *csum_ptr;
+        // UDP checksum 0: none to update.
+        if !(proto == PROTO_UDP && c == 0) {
+            let nc = if proto == PROTO_ICMP {
+                // No pseudo header: only the identifier is in the checksum.
+                csum_update(c, [old_port, 0, 0], [rev.pod_port, 0, 0])
+            } else {
+                csum_update(c, [od[0], od[1], old_port], [nd[0], nd[1], rev.pod_port])
+            };
+            *csum_ptr = if proto == PROTO_UDP && nc == 0 {
+                0xffff
+            } else {
+                nc
+            };
+        }
+        (*hdr)[port_idx] = rev.pod_port;
+        (*ip).check = csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [od[0], od[1], 0],
+            [nd[0], nd[1], 0],
+        )
+        .to_ne_bytes();
+        (*ip).dst_addr = rev.pod_ip;
+    }
+    Some(rev.pod_ip)
 }
