@@ -1,0 +1,186 @@
+//! Pod-to-pod routing on one node: `from_pod` sees a packet for another pod of
+//! the node, rewrites it and hands it straight to that pod (`bpf_redirect_peer`),
+//! so the node's IP stack never forwards it. Real TCP both ways, then what the
+//! datapath counted and what the node's kernel did not.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::net::IpAddr;
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    fixtures::{add, check, del, ipv6},
+    traffic::tcp_echo,
+    Node, NETWORK,
+};
+
+/// Bytes of each echo (sent one way, then echoed back).
+const BYTES: usize = 384 << 10;
+/// Fewest packets a 384 KiB echo can take through `from_pod`, even as 64 KiB
+/// GSO segments: 2 * 384 KiB / 64 KiB.
+const MIN_PACKETS: u64 = 12;
+
+/// (fromPodPackets, fromPodBytes, toPodPackets, toPodBytes) of `ip`.
+fn endpoint_counters(eps: &[Value], ip: IpAddr) -> [u64; 4] {
+    let ip = ip.to_string();
+    let Some(ep) = eps.iter().find(|e| e["ip"] == ip.as_str()) else {
+        panic!("sluicectl does not list {ip}: {eps:?}");
+    };
+    [
+        "fromPodPackets",
+        "fromPodBytes",
+        "toPodPackets",
+        "toPodBytes",
+    ]
+    .map(|k| {
+        ep[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} of {ip} is not a number: {ep}"))
+    })
+}
+
+/// The kernel counter of forwarded packets of `family` ("Ip.ForwDatagrams" or
+/// "Ip6OutForwDatagrams").
+fn forwarded(node: &Node, counter: &str) -> u64 {
+    let snmp = node.snmp().unwrap();
+    match snmp.get(counter) {
+        Some(n) => *n,
+        None => panic!("no {counter} in the node's SNMP counters: {snmp:?}"),
+    }
+}
+
+/// Two pods on a node made with `conf`; TCP echo a -> b and b -> a over the
+/// addresses `pick` chooses from each ADD result; asserts the redirect counter
+/// rose, the node's `forward_counter` did not, and both endpoints counted.
+fn pod_to_pod(
+    conf: &Value,
+    pick: fn(&sluice_tests::schema::Added) -> IpAddr,
+    forward_counter: &str,
+) {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let conf = {
+        let mut c = conf.clone();
+        c["pinRoot"] = json!(node.pin_root());
+        c["stateDir"] = json!(node.state_dir());
+        c["ipam"]["dataDir"] = json!(node.ipam_dir());
+        c
+    };
+    let added_a = add(&node, &conf, "route-a", &a);
+    let added_b = add(&node, &conf, "route-b", &b);
+    let (ip_a, ip_b) = (pick(&added_a), pick(&added_b));
+
+    let c0 = node.counters().unwrap();
+    let fwd0 = forwarded(&node, forward_counter);
+    let e0 = node.endpoints().unwrap();
+
+    let seen = tcp_echo(&b, ip_b, &a, BYTES).unwrap();
+    assert_eq!(seen.ip(), ip_a, "pod traffic must not be translated");
+    let seen = tcp_echo(&a, ip_a, &b, BYTES).unwrap();
+    assert_eq!(seen.ip(), ip_b, "pod traffic must not be translated");
+
+    let c1 = node.counters().unwrap();
+    let fwd1 = forwarded(&node, forward_counter);
+    let e1 = node.endpoints().unwrap();
+    let d = c1.since(&c0);
+    assert!(
+        d.get("from_pod_to_local_pod") >= MIN_PACKETS,
+        "from_pod_to_local_pod rose by {}, expected at least {MIN_PACKETS}; counters that rose: {d}",
+        d.get("from_pod_to_local_pod")
+    );
+    // Nothing of it took the FIB path. (`from_pod_to_host` may rise: a new pod
+    // interface sends IPv6 router solicitations and MLD reports to the node.)
+    for r in [
+        "from_pod_fib_redirect",
+        "from_pod_fib_neigh",
+        "drop_malformed",
+    ] {
+        assert_eq!(d.get(r), 0, "{r} rose; counters that rose: {d}");
+    }
+    assert_eq!(
+        fwd1,
+        fwd0,
+        "the node's kernel forwarded {} packets ({forward_counter}) during pod-to-pod \
+         traffic: the host stack was not bypassed (datapath: {d})",
+        fwd1.saturating_sub(fwd0)
+    );
+    // Each pod sent and received 2 * BYTES of payload.
+    for (name, ip) in [("a", ip_a), ("b", ip_b)] {
+        let (before, after) = (endpoint_counters(&e0, ip), endpoint_counters(&e1, ip));
+        let want = [
+            MIN_PACKETS / 2,
+            2 * BYTES as u64,
+            MIN_PACKETS / 2,
+            2 * BYTES as u64,
+        ];
+        for i in 0..4 {
+            let rose = after[i].saturating_sub(before[i]);
+            assert!(
+                rose >= want[i],
+                "endpoint counter {i} of pod {name} ({ip}) rose by {rose}, expected at least {} \
+                 (before {before:?}, after {after:?})",
+                want[i]
+            );
+        }
+    }
+
+    // The datapath is still what CHECK expects.
+    check(&node, &conf, "route-a", &a, &added_a);
+    check(&node, &conf, "route-b", &b, &added_b);
+    del(&node, &conf, "route-a", &a);
+    del(&node, &conf, "route-b", &b);
+    node.assert_clean(NETWORK);
+}
+
+fn v4_conf(subnet: &str) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK,
+        "type": "sluice",
+        "ipam": {
+            "type": "sluice",
+            "subnet": subnet,
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    })
+}
+
+#[test]
+fn pod_to_pod_tcp_is_redirected_past_the_host_stack() {
+    pod_to_pod(&v4_conf("10.90.0.0/24"), |a| a.ip(), "Ip.ForwDatagrams");
+}
+
+#[test]
+fn pod_to_pod_tcp_is_redirected_past_the_host_stack_with_tcx() {
+    let mut conf = v4_conf("10.90.1.0/24");
+    conf["podAttach"] = json!("tcx");
+    pod_to_pod(&conf, |a| a.ip(), "Ip.ForwDatagrams");
+}
+
+#[test]
+fn pod_to_pod_ipv6_is_redirected_past_the_host_stack() {
+    let conf = json!({
+        "cniVersion": "1.1.0",
+        "name": NETWORK,
+        "type": "sluice",
+        "ipam": {
+            "type": "sluice",
+            "ranges": [[{"subnet": "10.90.2.0/24"}], [{"subnet": "fd00:90:2::/64"}]],
+        },
+    });
+    pod_to_pod(&conf, ipv6, "Ip6OutForwDatagrams");
+}
+
+#[test]
+fn dual_stack_pods_route_ipv4_past_the_host_stack_too() {
+    let conf = json!({
+        "cniVersion": "1.1.0",
+        "name": NETWORK,
+        "type": "sluice",
+        "podAttach": "tcx",
+        "ipam": {
+            "type": "sluice",
+            "ranges": [[{"subnet": "10.90.3.0/24"}], [{"subnet": "fd00:90:3::/64"}]],
+        },
+    });
+    pod_to_pod(&conf, |a| a.ip(), "Ip.ForwDatagrams");
+}
