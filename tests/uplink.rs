@@ -1,0 +1,318 @@
+//! A node wired to an external host through its uplink (`up0`, a veth), for each
+//! `xdp` setting: TCP from the external host into a pod and from a pod out to the
+//! external host, and which program carried it. Into the pod: `uplink_xdp`
+//! (`xdp_to_pod`) or `uplink_in` (`uplink_to_pod`); out of the pod: `from_pod`'s
+//! FIB lookup (`from_pod_fib_redirect` / `from_pod_fib_neigh`). Neither way does
+//! the node's IP stack forward anything. Without the uplink programs the kernel
+//! still routes everything.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    fixtures::{add, check, del, external_host, wait_links_gone, EXT_IF, EXT_IP, UPLINK},
+    host::tx_checksum_off,
+    look,
+    traffic::tcp_echo_via,
+    Counters, Host, Node, Pod, NETWORK,
+};
+
+/// Bytes of each echo (sent one way, then echoed back).
+const BYTES: usize = 384 << 10;
+/// Fewest packets an echo can take in one direction, even as 64 KiB GSO segments.
+const MIN_PACKETS: u64 = 6;
+
+/// The XDP attachment of `dev` as the kernel reports it (`ip -d -j link`):
+/// (mode name, program id), `None` without one.
+fn xdp_of(netns: &str, dev: &str) -> Option<(String, u64)> {
+    let link = look::link(netns, dev).unwrap()?;
+    let xdp = link.get("xdp")?;
+    let mode = match xdp["mode"].as_u64() {
+        Some(1) => "native",
+        Some(2) => "generic",
+        Some(3) => "offload",
+        _ => "?",
+    };
+    Some((mode.to_string(), xdp["prog"]["id"].as_u64().unwrap_or(0)))
+}
+
+fn ext_ip() -> IpAddr {
+    EXT_IP.parse().unwrap()
+}
+
+/// TCP echo from the external host to the pod at `ip`.
+fn echo_in(ext: &Host, pod: &Pod, ip: IpAddr) {
+    let seen = tcp_echo_via(
+        &pod.path,
+        SocketAddr::new(ip, 0),
+        &ext.netns_path(),
+        SocketAddr::new(ip, 0),
+        BYTES,
+    )
+    .unwrap();
+    assert_eq!(seen.ip(), ext_ip(), "the pod must see the external address");
+}
+
+/// TCP echo from the pod to the external host.
+fn echo_out(ext: &Host, pod: &Pod, ip: IpAddr) {
+    let seen = tcp_echo_via(
+        &ext.netns_path(),
+        SocketAddr::new(ext_ip(), 0),
+        &pod.path,
+        SocketAddr::new(ext_ip(), 0),
+        BYTES,
+    )
+    .unwrap();
+    assert_eq!(seen.ip(), ip, "pod traffic must leave untranslated");
+}
+
+fn forwarded(node: &Node) -> u64 {
+    node.snmp().unwrap()["Ip.ForwDatagrams"]
+}
+
+/// What the uplink's status must say: its ifindex and MAC, the XDP mode.
+fn assert_status(node: &Node, xdp: &str) -> Value {
+    let st = node.status().unwrap();
+    let up = &st["uplink"];
+    assert_eq!(
+        up["ifindex"],
+        look::ifindex(node.name(), UPLINK).unwrap(),
+        "status uplink: {st:#}"
+    );
+    assert!(
+        up["mac"]
+            .as_str()
+            .is_some_and(|m| m.eq_ignore_ascii_case(&look::mac(node.name(), UPLINK).unwrap())),
+        "status uplink MAC: {st:#}"
+    );
+    assert_eq!(up["xdp"], xdp, "status uplink XDP mode: {st:#}");
+    st
+}
+
+/// The uplink's link pins (`links/uplink*`).
+fn uplink_pins(node: &Node) -> Vec<String> {
+    node.link_pins()
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.starts_with("uplink"))
+        .collect()
+}
+
+/// One `xdp` setting end to end. `xdp`: the config value (`None`: left out, and
+/// the uplink left to the default route too); `mode`: what status must report.
+fn uplink_traffic(subnet: &str, xdp: Option<&str>, mode: &str) {
+    let node = Node::new().unwrap();
+    let ext = external_host(&node, subnet).unwrap();
+    if mode == "native" {
+        // See `tx_checksum_off`: a physical NIC delivers complete checksums.
+        tx_checksum_off(&ext.netns_path(), EXT_IF).unwrap();
+    }
+    let pod = node.pod("a").unwrap();
+    let mut conf = node.conf("1.0.0", subnet);
+    if let Some(x) = xdp {
+        conf["xdp"] = json!(x);
+        conf["uplink"] = json!(UPLINK);
+    }
+    let added = add(&node, &conf, "uplink-a", &pod);
+    let ip = added.ip();
+
+    // The uplink is attached as configured, and the kernel agrees.
+    let st = assert_status(&node, mode);
+    let ifindex = look::ifindex(node.name(), UPLINK).unwrap();
+    let pins = uplink_pins(&node);
+    let tc_pin = format!("uplink{ifindex}-uplink_in");
+    let xdp_pin = format!("uplink{ifindex}-uplink_xdp");
+    assert!(pins.contains(&tc_pin), "no {tc_pin} in {pins:?}: {st:#}");
+    let kernel_xdp = xdp_of(node.name(), UPLINK);
+    if mode == "off" {
+        assert!(!pins.contains(&xdp_pin), "{xdp_pin} with xdp off: {pins:?}");
+        assert_eq!(kernel_xdp, None, "XDP on {UPLINK} with xdp off");
+    } else {
+        assert!(pins.contains(&xdp_pin), "no {xdp_pin} in {pins:?}: {st:#}");
+        let pinned = look::pinned_prog_id(&node.pin_root().join("progs/uplink_xdp")).unwrap();
+        assert_eq!(
+            kernel_xdp,
+            Some((mode.to_string(), pinned)),
+            "the kernel's XDP attachment of {UPLINK}"
+        );
+    }
+
+    // External host -> pod.
+    let c0 = node.counters().unwrap();
+    let fwd0 = forwarded(&node);
+    echo_in(&ext, &pod, ip);
+    let c1 = node.counters().unwrap();
+    let d = c1.since(&c0);
+    eprintln!("xdp {mode}: external -> pod: {d}");
+    let (xdp_in, tc_in) = (d.get("xdp_to_pod"), d.get("uplink_to_pod"));
+    match mode {
+        "native" => assert!(
+            xdp_in >= MIN_PACKETS,
+            "native XDP: xdp_to_pod rose by {xdp_in}; counters that rose: {d}"
+        ),
+        "generic" => assert!(
+            xdp_in + tc_in >= MIN_PACKETS,
+            "generic XDP: xdp_to_pod + uplink_to_pod rose by {}; counters that rose: {d}",
+            xdp_in + tc_in
+        ),
+        _ => {
+            assert!(
+                tc_in >= MIN_PACKETS,
+                "xdp off: uplink_to_pod rose by {tc_in}; counters that rose: {d}"
+            );
+            assert_eq!(xdp_in, 0, "xdp off, yet xdp_to_pod rose: {d}");
+            assert_eq!(d.get("xdp_pass_to_tc"), 0, "xdp off, yet XDP ran: {d}");
+        }
+    }
+    // The pod's answers left by FIB lookup.
+    assert!(
+        d.sum(&["from_pod_fib_redirect", "from_pod_fib_neigh"]) >= MIN_PACKETS,
+        "the pod's answers did not leave through from_pod's FIB redirect: {d}"
+    );
+
+    // Pod -> external host.
+    echo_out(&ext, &pod, ip);
+    let c2 = node.counters().unwrap();
+    let d = c2.since(&c1);
+    eprintln!("xdp {mode}: pod -> external: {d}");
+    assert!(
+        d.sum(&["from_pod_fib_redirect", "from_pod_fib_neigh"]) >= MIN_PACKETS,
+        "pod -> external: from_pod_fib_redirect + from_pod_fib_neigh rose by {}; \
+         counters that rose: {d}",
+        d.sum(&["from_pod_fib_redirect", "from_pod_fib_neigh"])
+    );
+    assert!(
+        d.sum(&["xdp_to_pod", "uplink_to_pod"]) >= MIN_PACKETS,
+        "the external host's answers did not come in through the uplink programs: {d}"
+    );
+    if mode == "off" {
+        assert_eq!(d.get("xdp_to_pod"), 0, "xdp off, yet xdp_to_pod rose: {d}");
+    }
+    let fwd = forwarded(&node) - fwd0;
+    assert_eq!(
+        fwd,
+        0,
+        "the node's kernel forwarded {fwd} packets: uplink traffic was not kept off \
+         the host stack (datapath: {})",
+        c2.since(&c0)
+    );
+
+    check(&node, &conf, "uplink-a", &pod, &added);
+    assert_status(&node, mode);
+    del(&node, &conf, "uplink-a", &pod);
+    // The uplink stays attached for the next pod (its pins are the node's, not
+    // the pod's); everything of the pod is gone.
+    assert!(node.host_veths().unwrap().is_empty());
+    assert!(node.records(NETWORK).unwrap().is_empty());
+    assert!(node.endpoints().unwrap().is_empty());
+}
+
+#[test]
+fn xdp_native_carries_external_traffic_into_the_pod() {
+    uplink_traffic("10.91.1.0/24", Some("native"), "native");
+}
+
+#[test]
+fn xdp_generic_carries_external_traffic_into_the_pod() {
+    uplink_traffic("10.91.2.0/24", Some("generic"), "generic");
+}
+
+#[test]
+fn xdp_off_leaves_external_traffic_to_the_tc_program() {
+    uplink_traffic("10.91.3.0/24", Some("off"), "off");
+}
+
+#[test]
+fn xdp_auto_on_a_veth_uplink_found_by_the_default_route_is_generic() {
+    uplink_traffic("10.91.4.0/24", None, "generic");
+}
+
+#[test]
+fn xdp_auto_written_out_is_generic_on_a_veth_uplink() {
+    uplink_traffic("10.91.5.0/24", Some("auto"), "generic");
+}
+
+/// With the uplink's links unpinned (so detached), the kernel routes external
+/// traffic into the pod by itself; the next ADD attaches the uplink again.
+#[test]
+fn pods_stay_reachable_with_the_uplink_programs_detached() {
+    let subnet = "10.91.6.0/24";
+    let node = Node::new().unwrap();
+    let ext = external_host(&node, subnet).unwrap();
+    let a = node.pod("a").unwrap();
+    let conf = node.conf("1.0.0", subnet);
+    let added_a = add(&node, &conf, "detach-a", &a);
+    let ip_a = added_a.ip();
+    echo_in(&ext, &a, ip_a);
+
+    // Detach: drop the pins, the links' last references.
+    let pins = uplink_pins(&node);
+    assert_eq!(
+        pins.len(),
+        2,
+        "expected the uplink's tc and XDP links: {pins:?}"
+    );
+    let mut ids = Vec::new();
+    for p in &pins {
+        let path = node.pin_root().join("links").join(p);
+        ids.push(look::pinned_link_ids(&path).unwrap().0);
+        std::fs::remove_file(&path).unwrap();
+    }
+    wait_links_gone(&ids, Duration::from_secs(10)).unwrap();
+    assert_eq!(xdp_of(node.name(), UPLINK), None, "XDP still on {UPLINK}");
+
+    let c0 = node.counters().unwrap();
+    let fwd0 = forwarded(&node);
+    echo_in(&ext, &a, ip_a);
+    echo_out(&ext, &a, ip_a);
+    let d = node.counters().unwrap().since(&c0);
+    let fwd = forwarded(&node) - fwd0;
+    eprintln!("detached: {d}; forwarded by the kernel: {fwd}");
+    for r in [
+        "xdp_to_pod",
+        "xdp_pass_to_tc",
+        "uplink_to_pod",
+        "uplink_pass",
+    ] {
+        assert_eq!(
+            d.get(r),
+            0,
+            "{r} rose with the uplink programs detached: {d}"
+        );
+    }
+    assert!(
+        d.get("to_pod_from_kernel") >= MIN_PACKETS,
+        "the kernel's deliveries into the pod were not seen by to_pod: {d}"
+    );
+    assert!(
+        fwd >= MIN_PACKETS,
+        "the node's kernel forwarded only {fwd} packets with the uplink programs detached"
+    );
+    // The pod's own programs still send its packets out by FIB lookup.
+    assert!(
+        d.sum(&["from_pod_fib_redirect", "from_pod_fib_neigh"]) >= MIN_PACKETS,
+        "{d}"
+    );
+    check(&node, &conf, "detach-a", &a, &added_a);
+    node.status().unwrap();
+
+    // The next ADD finds the uplink unattached and attaches it again.
+    let b = node.pod("b").unwrap();
+    let added_b = add(&node, &conf, "detach-b", &b);
+    assert_eq!(uplink_pins(&node).len(), 2, "{:?}", node.link_pins());
+    assert_status(&node, "generic");
+    let c1 = node.counters().unwrap();
+    echo_in(&ext, &b, added_b.ip());
+    echo_in(&ext, &a, ip_a);
+    let d: Counters = node.counters().unwrap().since(&c1);
+    assert!(
+        d.sum(&["xdp_to_pod", "uplink_to_pod"]) >= 2 * MIN_PACKETS,
+        "after re-attaching, external traffic did not go through the uplink programs: {d}"
+    );
+    del(&node, &conf, "detach-a", &a);
+    del(&node, &conf, "detach-b", &b);
+    assert!(node.endpoints().unwrap().is_empty());
+}
