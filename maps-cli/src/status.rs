@@ -1,7 +1,7 @@
 //! `sluicectl status`: the state of a network's datapath at a glance.
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, pin_dirs, prog_names};
+use sluice_common::{config_flags, pin_dirs};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -19,7 +19,16 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .iter()
         .map(|p| json!({ "name": p, "id": dp.program_id(p).ok() }))
         .collect();
-    let endpoints = dp.endpoints()?.len();
+    let rows = dp.endpoints()?;
+    let endpoints = rows.len();
+    // Pod interfaces: the host veths owning endpoints (attached as cls_bpf
+    // filters or tcx links, whichever `podAttach` chose).
+    let mut pods: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.owner.as_ref().map(|o| table::text(&o.host_ifname)))
+        .collect();
+    pods.sort();
+    pods.dedup();
     let xdp = if cfg.flags & config_flags::XDP_NATIVE != 0 {
         "native"
     } else if cfg.flags & config_flags::XDP_GENERIC != 0 {
@@ -27,11 +36,6 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     } else {
         "off"
     };
-    let pods: Vec<&str> = links
-        .iter()
-        .filter_map(|l| l.strip_suffix(&format!("-{}", prog_names::FROM_POD)))
-        .filter(|l| !l.starts_with("uplink"))
-        .collect();
     let counters: Vec<(&str, u64)> = dp.counters()?.into_iter().filter(|(_, v)| *v > 0).collect();
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),

@@ -29,7 +29,8 @@ pub enum Command {
     /// Live demo on namespaces: pods attached through the CNI protocol, traffic
     /// through the eBPF datapath, the pinned maps shown with sluicectl (as root).
     Demo(DemoArgs),
-    /// Benchmarks against the reference plugins (not implemented yet).
+    /// Benchmarks: Sluice, the reference plugins and a bare veth pair on one
+    /// namespace testbed, interleaved, as ratios; writes docs/benchmarks.md (root).
     Bench(BenchArgs),
 }
 
@@ -84,7 +85,17 @@ pub struct TestArgs {
 pub struct DemoArgs {}
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Rounds of every traffic figure; the report shows the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    /// Seconds per traffic measurement.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub seconds: u32,
+    /// Pods for the ADD/DEL latency figures.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=200))]
+    pub pods: u64,
+}
 
 #[cfg(test)]
 mod tests {

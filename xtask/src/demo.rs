@@ -106,11 +106,12 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         Ok(())
     };
     step("the datapath after the ADDs");
+    ctl(&["status"])?;
     ctl(&["endpoints"])?;
-    let links = cmd::stdout(Command::new("bpftool").args(["link", "show"]))?;
-    println!(
-        "bpftool link show: {} tcx/XDP links pinned, alive after the plugin exited",
-        links.lines().filter(|l| l.contains("prog")).count()
+    println!("$ bpftool net show   (in the node namespace: the attachments outlive the plugin)");
+    print!(
+        "{}",
+        cmd::stdout(tb.ns(node).command("bpftool").args(["net", "show"]))?
     );
 
     step(&format!(
@@ -122,8 +123,9 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     step("traffic: external host -> db, TCP for 2 s");
     iperf(tb, ext, db, &db_ip)?;
 
-    step("the counters moved");
+    step("the counters moved: pod-to-pod went straight from one veth into the other (bpf_redirect_peer), pod-to-external out of the uplink by FIB lookup, external-to-pod in through the uplink's XDP/tc programs");
     ctl(&["endpoints"])?;
+    ctl(&["counters"])?;
 
     step("CHECK, then DEL (twice: DEL is idempotent)");
     for ((pod, id), r) in [(web, "web"), (db, "db")].into_iter().zip(&results) {

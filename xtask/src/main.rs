@@ -1,5 +1,6 @@
 //! `cargo xtask`: Sluice's developer tooling. One module per subcommand; the
 //! command line is in `cli`.
+mod bench;
 mod build;
 mod cli;
 mod cmd;
@@ -15,7 +16,7 @@ mod ws;
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
@@ -38,6 +39,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Build(args) => build::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::Demo(_) => demo::run(&ws),
-        Command::Bench(_) => bail!("`cargo xtask bench` is not implemented yet"),
+        Command::Bench(args) => bench::run(&ws, &args),
     }
 }

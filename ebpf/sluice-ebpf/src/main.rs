@@ -72,7 +72,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         count(reason::IPV4_OPTIONS_OR_FRAGMENT);
     }
     // SAFETY: the map value is only read.
-    if let Some(ep) = unsafe { ENDPOINTS.get(&h.dst_key()) } {
+    if let Some(ep) = unsafe { ENDPOINTS.get(h.dst_key()) } {
         if ep.ifindex == ifindex {
             count(reason::FROM_POD_TO_SELF);
             return TCX_NEXT;
@@ -104,7 +104,7 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
         Err(verdict) => return verdict,
     };
     // SAFETY: the map value is only read.
-    match unsafe { ENDPOINTS.get(&h.dst_key()) } {
+    match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
         Some(_) => {
             count(reason::PASS_TTL);
@@ -136,7 +136,7 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     }
     let len = (ctx.data_end() - ctx.data()) as u32;
     // SAFETY: the map value is only read.
-    match unsafe { ENDPOINTS.get(&h.dst_key()) } {
+    match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep)
             if ep.flags & endpoint_flags::XDP_READY != 0
                 && h.ttl() > 1

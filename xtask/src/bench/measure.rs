@@ -1,0 +1,181 @@
+//! One measurement each: the real peers (iperf3, sockperf) between two
+//! namespaces, both ends pinned to one CPU, or CNI ADD/DEL timed the way a runtime
+//! runs a plugin (spawned from a process already in the node's namespace).
+use std::{
+    io::Write,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::{
+    cmd,
+    testbed::{wait_listening, Background, Netns},
+};
+
+/// Both ends of every traffic figure run on this CPU: on a 2-vCPU VM a round trip
+/// across CPUs pays ~50 us of wakeup (IPI) noise (TOOLCHAIN.md, "Measuring").
+pub const CPU: &str = "1";
+
+fn pinned(ns: &Netns, program: &str) -> Command {
+    let mut c = ns.command("taskset");
+    c.args(["-c", CPU, program]);
+    c
+}
+
+/// TCP throughput client -> server in Gbit/s (iperf3, one stream).
+pub fn tcp_gbps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+    let v = iperf(client, server, addr, &["-t", &secs.to_string()])?;
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 reported no received rate")?;
+    Ok(bps / 1e9)
+}
+
+/// UDP packets per second received with 64-byte payloads, unlimited send rate
+/// (small packets show per-packet cost that big TCP segments hide).
+pub fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+    let v = iperf(
+        client,
+        server,
+        addr,
+        &["-u", "-l", "64", "-b", "0", "-t", &secs.to_string()],
+    )?;
+    let sum = &v["end"]["sum"];
+    let sent = sum["packets"]
+        .as_f64()
+        .context("iperf3 -u reported no packets")?;
+    let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
+    let seconds = sum["seconds"].as_f64().unwrap_or(f64::from(secs));
+    Ok((sent - lost) / seconds)
+}
+
+fn iperf(client: &Netns, server: &Netns, addr: &str, args: &[&str]) -> Result<Value> {
+    let port = 5301;
+    let mut s = pinned(server, "iperf3");
+    s.args(["-s", "-1", "-p", &port.to_string()]);
+    let _server = Background::spawn(s)?;
+    wait_listening(server, port, Duration::from_secs(5))?;
+    let mut c = pinned(client, "timeout");
+    c.args(["60", "iperf3", "-c", addr, "-p", &port.to_string(), "-J"])
+        .args(args);
+    let out = cmd::stdout(&mut c)?;
+    serde_json::from_str(&out).context("parsing iperf3 -J output")
+}
+
+/// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
+/// from sockperf ping-pong with --full-rtt.
+pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
+    let port = 11311;
+    let mut s = pinned(server, "sockperf");
+    s.args(["sr", "--tcp", "-i", addr, "-p", &port.to_string()]);
+    let _server = Background::spawn(s)?;
+    wait_listening(server, port, Duration::from_secs(5))?;
+    let mut c = pinned(client, "timeout");
+    c.args([
+        "60",
+        "sockperf",
+        "pp",
+        "--tcp",
+        "-i",
+        addr,
+        "-p",
+        &port.to_string(),
+    ])
+    .args(["-t", &secs.to_string(), "-m", "64", "--full-rtt"]);
+    let out = cmd::capture(&mut c)?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let pct = |p: &str| -> Result<f64> {
+        text.lines()
+            .find(|l| l.contains(&format!("percentile {p} =")))
+            .and_then(|l| l.rsplit('=').next())
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no percentile {p} in sockperf output: {text}"))
+    };
+    Ok((pct("50.000")?, pct("99.000")?))
+}
+
+/// p50 and p99 of a sample, in the sample's unit.
+pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// ADD then DEL of `n` pods (namespaces `<node>-l<i>`), each timed in ms: the
+/// plugin is spawned by a thread that entered the node's namespace, as a runtime
+/// in that namespace would run it (no nsenter in the timed path).
+pub fn add_del_ms(
+    node: &Netns,
+    plugin: &Path,
+    conf: &Value,
+    n: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let pods: Vec<Netns> = (0..n)
+        .map(|i| {
+            let name = format!("{}-l{i}", node.name);
+            cmd::stdout(Command::new("ip").args(["netns", "add", &name]))?;
+            Ok(Netns { name })
+        })
+        .collect::<Result<_>>()?;
+    let node_path = node.path();
+    let plugin = plugin.to_path_buf();
+    let conf = conf.to_string();
+    let pod_paths: Vec<_> = pods.iter().map(Netns::path).collect();
+    let handle = std::thread::spawn(move || -> Result<(Vec<f64>, Vec<f64>)> {
+        let ns = std::fs::File::open(&node_path)?;
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .context("entering the node namespace")?;
+        let run = |cmd: &str, i: usize, netns: &Path| -> Result<f64> {
+            let started = Instant::now();
+            let mut child = Command::new(&plugin)
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .env("CNI_COMMAND", cmd)
+                .env("CNI_CONTAINERID", format!("bench{i}"))
+                .env("CNI_NETNS", netns)
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", "/usr/lib/cni")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            if let Some(mut s) = child.stdin.take() {
+                s.write_all(conf.as_bytes())?;
+            }
+            let out = child.wait_with_output()?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            if !out.status.success() {
+                bail!(
+                    "{} {cmd} bench{i} failed: {}",
+                    plugin.display(),
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            Ok(ms)
+        };
+        let adds = pod_paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| run("ADD", i, p))
+            .collect::<Result<Vec<_>>>()?;
+        let dels = pod_paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| run("DEL", i, p))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((adds, dels))
+    });
+    let r = handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("the ADD/DEL timing thread panicked"))?;
+    drop(pods);
+    r
+}

@@ -1,0 +1,246 @@
+//! The figures, their medians over rounds, ratios and the targets, as a terminal
+//! table and as docs/benchmarks.md.
+use std::fmt::Write;
+
+use crate::cli::BenchArgs;
+
+use super::{measure::CPU, topology::Setup};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Figure {
+    PodPodGbps,
+    PodPodRttP50,
+    PodPodRttP99,
+    PodPodUdpKpps,
+    PodExtGbps,
+    PodExtRttP50,
+    ExtPodGbps,
+    ExtPodRttP50,
+    AddP50,
+    AddP99,
+    DelP50,
+    DelP99,
+}
+
+const ALL: [Figure; 12] = [
+    Figure::PodPodGbps,
+    Figure::PodPodRttP50,
+    Figure::PodPodRttP99,
+    Figure::PodPodUdpKpps,
+    Figure::PodExtGbps,
+    Figure::PodExtRttP50,
+    Figure::ExtPodGbps,
+    Figure::ExtPodRttP50,
+    Figure::AddP50,
+    Figure::AddP99,
+    Figure::DelP50,
+    Figure::DelP99,
+];
+
+impl Figure {
+    fn label(self) -> &'static str {
+        match self {
+            Self::PodPodGbps => "pod->pod TCP throughput (Gbit/s)",
+            Self::PodPodRttP50 => "pod->pod TCP RTT median (us)",
+            Self::PodPodRttP99 => "pod->pod TCP RTT p99 (us)",
+            Self::PodPodUdpKpps => "pod->pod UDP 64 B received (kpps)",
+            Self::PodExtGbps => "pod->external TCP throughput (Gbit/s)",
+            Self::PodExtRttP50 => "pod->external TCP RTT median (us)",
+            Self::ExtPodGbps => "external->pod TCP throughput (Gbit/s)",
+            Self::ExtPodRttP50 => "external->pod TCP RTT median (us)",
+            Self::AddP50 => "ADD latency p50 (ms)",
+            Self::AddP99 => "ADD latency p99 (ms)",
+            Self::DelP50 => "DEL latency p50 (ms)",
+            Self::DelP99 => "DEL latency p99 (ms)",
+        }
+    }
+
+    fn higher_is_better(self) -> bool {
+        matches!(
+            self,
+            Self::PodPodGbps | Self::PodPodUdpKpps | Self::PodExtGbps | Self::ExtPodGbps
+        )
+    }
+}
+
+pub struct Report {
+    setups: Vec<&'static str>,
+    values: Vec<(Figure, usize, f64)>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+impl Report {
+    pub fn new(setups: &[Setup]) -> Self {
+        Self {
+            setups: setups.iter().map(|s| s.name).collect(),
+            values: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, f: Figure, setup: usize, v: f64) {
+        self.values.push((f, setup, v));
+    }
+
+    fn value(&self, f: Figure, setup: usize) -> Option<f64> {
+        median(
+            self.values
+                .iter()
+                .filter(|(g, s, _)| *g == f && *s == setup)
+                .map(|(_, _, v)| *v)
+                .collect(),
+        )
+    }
+
+    /// Rows: label, one cell per setup, Sluice/reference, Sluice/limit.
+    fn rows(&self) -> Vec<Vec<String>> {
+        let (limit, reference, sluice) = (0, 1, 2);
+        ALL.iter()
+            .map(|f| {
+                let cell = |s| self.value(*f, s).map_or("-".into(), |v| format!("{v:.2}"));
+                let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+                    _ => "-".into(),
+                };
+                let s = self.value(*f, sluice);
+                let mut row = vec![format!(
+                    "{}{}",
+                    f.label(),
+                    if f.higher_is_better() {
+                        ""
+                    } else {
+                        " [lower is better]"
+                    }
+                )];
+                row.extend((0..self.setups.len()).map(cell));
+                row.push(ratio(s, self.value(*f, reference)));
+                row.push(ratio(s, self.value(*f, limit)));
+                row
+            })
+            .collect()
+    }
+
+    fn header(&self) -> Vec<String> {
+        let mut h = vec!["figure".to_string()];
+        h.extend(self.setups.iter().map(|s| (*s).to_string()));
+        h.push("sluice/reference".into());
+        h.push("sluice/limit".into());
+        h
+    }
+
+    /// The issue's targets, each with the same-run figures it is judged on.
+    fn targets(&self) -> Vec<String> {
+        let v = |f, s| self.value(f, s).unwrap_or(f64::NAN);
+        let check = |ok: bool| if ok { "met" } else { "NOT met" };
+        let tput_lim = v(Figure::PodPodGbps, 2) / v(Figure::PodPodGbps, 0);
+        let tput_ref = v(Figure::PodPodGbps, 2) / v(Figure::PodPodGbps, 1);
+        let rtt_lim = v(Figure::PodPodRttP50, 2) / v(Figure::PodPodRttP50, 0);
+        let add_ref = v(Figure::AddP50, 2) / v(Figure::AddP50, 1);
+        vec![
+            format!(
+                "pod->pod throughput >= 0.95x limit: {tput_lim:.2}x, {}",
+                check(tput_lim >= 0.95)
+            ),
+            format!(
+                "pod->pod throughput >= 1.1x reference: {tput_ref:.2}x, {}",
+                check(tput_ref >= 1.1)
+            ),
+            format!(
+                "pod->pod median RTT <= 1.1x limit: {rtt_lim:.2}x, {}",
+                check(rtt_lim <= 1.1)
+            ),
+            format!(
+                "ADD p50 <= 0.5x reference: {add_ref:.2}x, {}",
+                check(add_ref <= 0.5)
+            ),
+        ]
+    }
+
+    fn method(args: &BenchArgs) -> String {
+        format!(
+            "{} rounds, each figure measured for every setup in turn (interleaved), median of the rounds; \
+             traffic figures run {} s each with both ends pinned to CPU {CPU} (taskset); \
+             TCP throughput: iperf3, one stream; RTT: sockperf ping-pong, 64-byte messages, full round trip; \
+             UDP: iperf3 -u -l 64 -b 0, packets received per second; \
+             ADD/DEL: {} pods, each plugin run spawned from a thread inside the node namespace (as a runtime \
+             in that namespace runs it), on a node whose network is already up.",
+            args.rounds, args.seconds, args.pods
+        )
+    }
+
+    pub fn render(&self, args: &BenchArgs) -> String {
+        let mut out = String::new();
+        let rows = self.rows();
+        let header = self.header();
+        let mut widths: Vec<usize> = header.iter().map(String::len).collect();
+        for r in &rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.len());
+            }
+        }
+        let line = |cells: &[String]| {
+            cells
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        let _ = writeln!(out, "\n{}", line(&header));
+        for r in &rows {
+            let _ = writeln!(out, "{}", line(r));
+        }
+        let _ = writeln!(out, "\ntargets:");
+        for t in self.targets() {
+            let _ = writeln!(out, "  {t}");
+        }
+        let _ = writeln!(out, "\nmethod: {}", Self::method(args));
+        out
+    }
+
+    pub fn markdown(&self, args: &BenchArgs) -> String {
+        let mut md = String::from("# Benchmarks\n\nGenerated by `cargo xtask bench");
+        let _ = write!(
+            md,
+            " --rounds {} --seconds {} --pods {}` (as root). ",
+            args.rounds, args.seconds, args.pods
+        );
+        md.push_str(
+            "Sluice, the reference plugins and the limit (a bare veth pair between two namespaces) \
+             run on the same namespace testbed in one run. Absolute numbers drift by 30% or more \
+             between runs on these VMs; compare the ratios.\n\n",
+        );
+        let _ = writeln!(md, "Machine: {}\n", machine());
+        let _ = writeln!(md, "| {} |", self.header().join(" | "));
+        let _ = writeln!(md, "|{}", " --- |".repeat(self.header().len()));
+        for r in self.rows() {
+            let _ = writeln!(md, "| {} |", r.join(" | "));
+        }
+        md.push_str("\n## Targets (issue: routing datapath)\n\n");
+        for t in self.targets() {
+            let _ = writeln!(md, "- {t}");
+        }
+        let _ = writeln!(md, "\n## Method\n\n{}", Self::method(args));
+        md
+    }
+}
+
+fn machine() -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("unknown CPU")
+        .to_string();
+    format!("Linux {}, {cpus} vCPUs ({model})", kernel.trim())
+}
