@@ -340,10 +340,11 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
     assert_upgraded(&node, &next, &[&added_a], &before, &eps, &c0);
     let progs1 = pinned_programs(&node);
     let links1 = link_ids(&node);
-    let listed: Vec<u64> = look::bpf_links()
+    // `bpftool link show -j`: link id -> program id.
+    let listed: BTreeMap<u64, u64> = look::bpf_links()
         .unwrap()
         .iter()
-        .filter_map(|l| l["id"].as_u64())
+        .filter_map(|l| Some((l["id"].as_u64()?, l["prog_id"].as_u64()?)))
         .collect();
     assert_eq!(
         links1.keys().collect::<Vec<_>>(),
@@ -357,9 +358,10 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
             link1, *link0,
             "{pin}: the link was replaced instead of updated"
         );
-        assert!(
-            listed.contains(&u64::from(link1)),
-            "bpftool does not list link {link1}"
+        assert_eq!(
+            listed.get(&u64::from(link1)),
+            Some(&u64::from(prog1)),
+            "{pin}: bpftool link show does not list link {link1} with program {prog1}: {listed:?}"
         );
         assert_ne!(prog1, *prog0, "{pin}: still runs the old program");
         assert_eq!(
