@@ -3,12 +3,18 @@
 //! so the node's IP stack never forwards it. Real TCP both ways, then what the
 //! datapath counted and what the node's kernel did not.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
+};
 
 use serde_json::{json, Value};
 use sluice_tests::{
     fixtures::{add, check, del, ipv6},
-    raw::{ethernet, parse_mac, send_frames, udp, Ipv4, ETH_P_IP},
+    raw::{
+        ethernet, is_udp_to, l2_l3, parse_mac, send_frames, udp, udp_send, Capture, Ipv4,
+        UdpReceiver, ETH_P_IP,
+    },
     traffic::{tcp_echo, tcp_echo_via},
     Node, NETWORK,
 };
@@ -288,4 +294,60 @@ fn destinations_without_any_route_count_as_no_route() {
         "a packet to a destination without any route; counters that rose: {d}"
     );
     del(&node, &conf, "route-void", &a);
+}
+
+/// What the receiving pod sees of a redirected packet: the Ethernet header of its
+/// own link (its MAC as destination, its host veth's as source), the TTL one
+/// lower, a valid IPv4 header checksum (and so the datagram delivered).
+#[test]
+fn redirected_packets_carry_the_pod_link_macs_and_a_decremented_ttl() {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let mut conf = v4_conf("10.90.7.0/24");
+    conf["pinRoot"] = json!(node.pin_root());
+    conf["stateDir"] = json!(node.state_dir());
+    conf["ipam"]["dataDir"] = json!(node.ipam_dir());
+    let added_a = add(&node, &conf, "rewrite-a", &a);
+    let added_b = add(&node, &conf, "rewrite-b", &b);
+    let rx = UdpReceiver::start(
+        &b.path,
+        SocketAddr::new(added_b.ip(), 0),
+        1,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let port = rx.addr.port();
+    let cap = Capture::start(
+        &b.path,
+        "eth0",
+        1,
+        Duration::from_secs(5),
+        Box::new(move |f| is_udp_to(f, port)),
+    )
+    .unwrap();
+    let c0 = node.counters().unwrap();
+    udp_send(
+        &a.path,
+        SocketAddr::new(added_a.ip(), 0),
+        SocketAddr::new(added_b.ip(), port),
+        b"rewritten?",
+    )
+    .unwrap();
+    let frames = cap.finish().unwrap();
+    let got = rx.finish().unwrap();
+    let d = node.counters().unwrap().since(&c0);
+    assert_eq!(d.get("from_pod_to_local_pod"), 1, "{d}");
+    assert_eq!(frames.len(), 1, "pod b captured {} frames", frames.len());
+    let (dst, src, ttl, csum_ok) = l2_l3(&frames[0]).unwrap();
+    assert_eq!(dst, parse_mac(&added_b.pod_mac).unwrap(), "destination MAC");
+    assert_eq!(src, parse_mac(&added_b.host_mac).unwrap(), "source MAC");
+    assert_eq!(ttl, 63, "TTL (sent with 64)");
+    assert!(
+        csum_ok,
+        "the IPv4 header checksum is wrong after the TTL update"
+    );
+    assert_eq!(got, vec![b"rewritten?".to_vec()]);
+    del(&node, &conf, "rewrite-a", &a);
+    del(&node, &conf, "rewrite-b", &b);
 }

@@ -305,9 +305,10 @@ fn add_by_the_next_binary_mid_stream_replaces_tcx_programs() {
 }
 
 /// With the uplink attached: a stream from the external host into a pod spans
-/// the reload; every pinned link (uplink tcx and XDP, pod tcx) keeps its id and
-/// runs the new program.
-fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
+/// the upgrade (a reload, or with `via_add` an ADD of another pod by the next
+/// binary); every pinned link (uplink tcx and XDP, pod tcx) keeps its id and runs
+/// the new program.
+fn uplink_across_an_upgrade(subnet: &str, xdp: &str, via_add: bool) {
     let (cur, next) = hashes();
     let node = Node::new().unwrap();
     let ext = external_host(&node, subnet).unwrap();
@@ -333,8 +334,24 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
     let eps = endpoints(&node);
     let c0 = node.counters().unwrap();
 
+    let b = node.pod("b").unwrap();
     let report = stream_across(&a.path, ip, &ext.netns_path(), || {
-        reload_next(&node, &cur, &next);
+        if via_add {
+            let out = node
+                .cni_with(
+                    &sluice_next_bin().unwrap(),
+                    "ADD",
+                    &conf,
+                    "upl-b",
+                    "eth0",
+                    Some(&b),
+                    &[],
+                )
+                .unwrap();
+            check_add_result(&out.result(), "1.0.0", "eth0", &b);
+        } else {
+            reload_next(&node, &cur, &next);
+        }
     });
 
     assert_upgraded(&node, &next, &[&added_a], &before, &eps, &c0);
@@ -346,13 +363,16 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
         .iter()
         .filter_map(|l| Some((l["id"].as_u64()?, l["prog_id"].as_u64()?)))
         .collect();
+    // The same pins (and, after an ADD, the new pod's two).
     assert_eq!(
-        links1.keys().collect::<Vec<_>>(),
-        links0.keys().collect::<Vec<_>>(),
-        "link pins changed"
+        links1.len(),
+        links0.len() + if via_add { 2 } else { 0 },
+        "link pins: {links0:?} -> {links1:?}"
     );
     for (pin, (link0, prog0)) in &links0 {
-        let (link1, prog1) = links1[pin];
+        let Some(&(link1, prog1)) = links1.get(pin) else {
+            panic!("{pin} is gone after the upgrade: {links1:?}");
+        };
         let name = pin.rsplit_once("-").map_or("", |(_, n)| n);
         assert_eq!(
             link1, *link0,
@@ -392,10 +412,15 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str) {
 
 #[test]
 fn reload_keeps_the_uplink_links_generic_xdp() {
-    uplink_across_an_upgrade("10.93.5.0/24", "generic");
+    uplink_across_an_upgrade("10.93.5.0/24", "generic", false);
 }
 
 #[test]
 fn reload_keeps_the_uplink_links_native_xdp() {
-    uplink_across_an_upgrade("10.93.6.0/24", "native");
+    uplink_across_an_upgrade("10.93.6.0/24", "native", false);
+}
+
+#[test]
+fn add_by_the_next_binary_keeps_the_uplink_links() {
+    uplink_across_an_upgrade("10.93.7.0/24", "generic", true);
 }

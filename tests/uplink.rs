@@ -16,7 +16,10 @@ use sluice_tests::{
     fixtures::{add, check, del, external_host, wait_links_gone, EXT_IF, EXT_IP, UPLINK},
     host::tx_checksum_off,
     look,
-    raw::{ethernet, parse_mac, send_frames, udp, Ipv4, UdpReceiver, ETH_P_IP},
+    raw::{
+        ethernet, is_udp_to, l2_l3, parse_mac, send_frames, udp, udp_send, Capture, Ipv4,
+        UdpReceiver, ETH_P_IP,
+    },
     traffic::tcp_echo_via,
     Counters, Host, Node, Pod, NETWORK,
 };
@@ -529,4 +532,116 @@ fn ipv6_external_traffic_goes_through_the_uplink_programs() {
     assert_eq!(fwd(&node) - f0, 0, "the node forwarded IPv6 packets ({d})");
     check(&node, &conf, "v6-a", &a, &added);
     del(&node, &conf, "v6-a", &a);
+}
+
+/// The frame a UDP datagram `from` -> `to` becomes, captured on `cap_if` in
+/// `cap_ns`, which also receives it on `to`: (dst MAC, src MAC, TTL, checksum ok).
+fn one_udp(
+    from_ns: &std::path::Path,
+    from: IpAddr,
+    cap_ns: &std::path::Path,
+    cap_if: &str,
+    to: IpAddr,
+) -> ([u8; 6], [u8; 6], u8, bool) {
+    let rx = UdpReceiver::start(cap_ns, SocketAddr::new(to, 0), 1, Duration::from_secs(5)).unwrap();
+    let port = rx.addr.port();
+    let cap = Capture::start(
+        cap_ns,
+        cap_if,
+        1,
+        Duration::from_secs(5),
+        Box::new(move |f| is_udp_to(f, port)),
+    )
+    .unwrap();
+    udp_send(
+        from_ns,
+        SocketAddr::new(from, 0),
+        SocketAddr::new(to, port),
+        b"hop",
+    )
+    .unwrap();
+    let frames = cap.finish().unwrap();
+    assert_eq!(
+        rx.finish().unwrap(),
+        vec![b"hop".to_vec()],
+        "{from} -> {to}"
+    );
+    assert_eq!(
+        frames.len(),
+        1,
+        "{from} -> {to}: captured {} frames",
+        frames.len()
+    );
+    l2_l3(&frames[0]).unwrap()
+}
+
+/// Into the pod through XDP or tc, and out of it by FIB redirect, a packet gets
+/// the Ethernet header of the link it goes out on and its TTL one lower.
+fn uplink_rewrites(subnet: &str, xdp: &str) {
+    let node = Node::new().unwrap();
+    let ext = external_host(&node, subnet).unwrap();
+    if xdp == "native" {
+        tx_checksum_off(&ext.netns_path(), EXT_IF).unwrap();
+    }
+    let a = node.pod("a").unwrap();
+    let mut conf = node.conf("1.0.0", subnet);
+    conf["uplink"] = json!(UPLINK);
+    conf["xdp"] = json!(xdp);
+    let added = add(&node, &conf, "rw-a", &a);
+    let mac = |ns: &str, dev: &str| parse_mac(&look::mac(ns, dev).unwrap()).unwrap();
+
+    let c0 = node.counters().unwrap();
+    let (dst, src, ttl, ok) = one_udp(&ext.netns_path(), ext_ip(), &a.path, "eth0", added.ip());
+    let d = node.counters().unwrap().since(&c0);
+    let via = if xdp == "off" {
+        "uplink_to_pod"
+    } else {
+        "xdp_to_pod"
+    };
+    assert_eq!(d.get(via), 1, "external -> pod: {d}");
+    assert_eq!(
+        dst,
+        parse_mac(&added.pod_mac).unwrap(),
+        "external -> pod: destination MAC"
+    );
+    assert_eq!(
+        src,
+        parse_mac(&added.host_mac).unwrap(),
+        "external -> pod: source MAC"
+    );
+    assert_eq!(ttl, 63, "external -> pod: TTL (sent with 64)");
+    assert!(ok, "external -> pod: IPv4 header checksum");
+
+    let c0 = node.counters().unwrap();
+    let (dst, src, ttl, ok) = one_udp(&a.path, added.ip(), &ext.netns_path(), EXT_IF, ext_ip());
+    let d = node.counters().unwrap().since(&c0);
+    assert_eq!(
+        d.sum(&["from_pod_fib_redirect", "from_pod_fib_neigh"]),
+        1,
+        "pod -> external: {d}"
+    );
+    assert_eq!(
+        dst,
+        mac(ext.name(), EXT_IF),
+        "pod -> external: destination MAC"
+    );
+    assert_eq!(src, mac(node.name(), UPLINK), "pod -> external: source MAC");
+    assert_eq!(ttl, 63, "pod -> external: TTL (sent with 64)");
+    assert!(ok, "pod -> external: IPv4 header checksum");
+    del(&node, &conf, "rw-a", &a);
+}
+
+#[test]
+fn uplink_paths_rewrite_macs_and_ttl_native_xdp() {
+    uplink_rewrites("10.91.11.0/24", "native");
+}
+
+#[test]
+fn uplink_paths_rewrite_macs_and_ttl_generic_xdp() {
+    uplink_rewrites("10.91.12.0/24", "generic");
+}
+
+#[test]
+fn uplink_paths_rewrite_macs_and_ttl_without_xdp() {
+    uplink_rewrites("10.91.13.0/24", "off");
 }

@@ -281,3 +281,215 @@ impl Drop for UdpReceiver {
         }
     }
 }
+
+/// `PACKET_OUTGOING`: a frame this host sent (`sockaddr_ll.sll_pkttype`).
+const PACKET_OUTGOING: u8 = 4;
+
+/// What a [`Capture`] keeps: frames for which it returns `true`.
+pub type FrameFilter = Box<dyn Fn(&[u8]) -> bool + Send>;
+
+/// Frames received on an interface in a namespace (an `AF_PACKET` socket bound
+/// to it, IPv4 only, outgoing frames skipped), collected on a thread until
+/// `want` matched or `timeout` passed.
+pub struct Capture {
+    handle: Option<JoinHandle<Result<Vec<Vec<u8>>>>>,
+}
+
+impl Capture {
+    /// Starts capturing on `ifname` in the namespace at `netns`; returns once the
+    /// socket is bound, so that frames sent after it are seen.
+    pub fn start(
+        netns: &Path,
+        ifname: &str,
+        want: usize,
+        timeout: Duration,
+        keep: FrameFilter,
+    ) -> Result<Self> {
+        let ns = netns.to_path_buf();
+        let ifname = ifname.to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = thread::spawn(move || -> Result<Vec<Vec<u8>>> {
+            let sock = match enter_netns(&ns).and_then(|()| capture_socket(&ifname)) {
+                Ok(s) => {
+                    let _ = tx.send(true);
+                    s
+                }
+                Err(e) => {
+                    let _ = tx.send(false);
+                    return Err(e);
+                }
+            };
+            let deadline = Instant::now() + timeout;
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            while got.len() < want && Instant::now() < deadline {
+                use std::os::fd::AsRawFd;
+                // SAFETY: all-zero is a valid sockaddr_ll.
+                let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                let mut sa_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                // SAFETY: `buf` and `sa` are live and writable for the sizes passed.
+                let n = unsafe {
+                    libc::recvfrom(
+                        sock.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                        std::ptr::from_mut(&mut sa).cast(),
+                        &mut sa_len,
+                    )
+                };
+                let Ok(n) = usize::try_from(n) else {
+                    let e = std::io::Error::last_os_error();
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) {
+                        continue;
+                    }
+                    return Err(err!("capture on {ifname}: {e}"));
+                };
+                if sa.sll_pkttype != PACKET_OUTGOING && keep(&buf[..n]) {
+                    got.push(buf[..n].to_vec());
+                }
+            }
+            Ok(got)
+        });
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(true) => Ok(Self {
+                handle: Some(handle),
+            }),
+            _ => {
+                let why = handle.join();
+                Err(err!("the capture did not start: {why:?}"))
+            }
+        }
+    }
+
+    /// Waits for the capturing thread: the frames kept, in order.
+    pub fn finish(mut self) -> Result<Vec<Vec<u8>>> {
+        self.handle
+            .take()
+            .ok_or_else(|| err!("finished twice"))?
+            .join()
+            .map_err(|_| err!("the capture panicked"))?
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // Bounded by the capture's own timeout.
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// An `AF_PACKET` socket receiving IPv4 frames of `ifname` (this thread's
+/// namespace), with a 50 ms receive timeout.
+fn capture_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let proto = ETH_P_IP.to_be();
+    // SAFETY: plain system call.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
+    if fd < 0 {
+        return Err(err!(
+            "socket(AF_PACKET): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the kernel just returned this descriptor; OwnedFd closes it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let c_if = std::ffi::CString::new(ifname).map_err(|e| err!("{ifname}: {e}"))?;
+    // SAFETY: `c_if` is a NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(c_if.as_ptr()) };
+    if ifindex == 0 {
+        return Err(err!("no interface {ifname}"));
+    }
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as u16;
+    sa.sll_protocol = proto;
+    sa.sll_ifindex = i32::try_from(ifindex).map_err(|_| err!("ifindex {ifindex}"))?;
+    // SAFETY: `sa` is a valid sockaddr_ll of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::from_ref(&sa).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(err!(
+            "binding AF_PACKET to {ifname}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    // SAFETY: `tv` is a valid timeval of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::from_ref(&tv).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(err!("SO_RCVTIMEO: {}", std::io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
+/// Whether `frame` is IPv4/UDP to `port` (any IPv4 header length).
+pub fn is_udp_to(frame: &[u8], port: u16) -> bool {
+    if frame.len() < 14 + 20 || u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_IP {
+        return false;
+    }
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    frame[14 + 9] == IPPROTO_UDP
+        && frame.len() >= 14 + ihl + 4
+        && u16::from_be_bytes([frame[14 + ihl + 2], frame[14 + ihl + 3]]) == port
+}
+
+/// (destination MAC, source MAC, TTL, whether the IPv4 header checksum is right)
+/// of an IPv4 frame.
+pub fn l2_l3(frame: &[u8]) -> Result<([u8; 6], [u8; 6], u8, bool)> {
+    if frame.len() < 14 + 20 {
+        return Err(err!("frame of {} bytes has no IPv4 header", frame.len()));
+    }
+    let mut dst = [0u8; 6];
+    let mut src = [0u8; 6];
+    dst.copy_from_slice(&frame[..6]);
+    src.copy_from_slice(&frame[6..12]);
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    let header = frame
+        .get(14..14 + ihl)
+        .ok_or_else(|| err!("truncated IPv4 header"))?;
+    Ok((dst, src, frame[14 + 8], checksum(header) == 0))
+}
+
+/// Sends one UDP datagram from a socket bound to `from` (port 0: any) in the
+/// namespace at `netns` to `to`.
+pub fn udp_send(netns: &Path, from: SocketAddr, to: SocketAddr, data: &[u8]) -> Result<()> {
+    let ns = netns.to_path_buf();
+    let data = data.to_vec();
+    thread::spawn(move || -> Result<()> {
+        enter_netns(&ns)?;
+        let s = UdpSocket::bind(from).map_err(|e| err!("binding UDP {from}: {e}"))?;
+        s.send_to(&data, to)
+            .map_err(|e| err!("UDP {from} -> {to}: {e}"))
+            .map(drop)
+    })
+    .join()
+    .map_err(|_| err!("the UDP sender panicked"))?
+}
