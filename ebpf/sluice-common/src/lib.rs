@@ -60,8 +60,10 @@ pub mod reason {
     pub const FROM_POD_FIB_REDIRECT: u32 = 1;
     /// from-pod: forwarded by FIB lookup with `bpf_redirect_neigh`.
     pub const FROM_POD_FIB_NEIGH: u32 = 2;
-    /// from-pod: the FIB says the node itself is the destination.
-    pub const FROM_POD_TO_HOST: u32 = 3;
+    /// from-pod: the FIB does not forward it: the node itself is the destination,
+    /// or no route matches (`bpf_fib_lookup` maps -ENETUNREACH to NOT_FWDED, so the
+    /// two cannot be told apart); the kernel delivers it or answers unreachable.
+    pub const FROM_POD_NOT_FORWARDED: u32 = 3;
     /// from-pod: the FIB could not forward for another reason (forwarding off,
     /// lightweight tunnel, ...); the kernel decides.
     pub const FROM_POD_FIB_PASS: u32 = 4;
@@ -101,7 +103,7 @@ pub mod reason {
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
-        "from_pod_to_host",
+        "from_pod_not_forwarded",
         "from_pod_fib_pass",
         "pass_not_ip",
         "pass_ttl",
