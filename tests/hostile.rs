@@ -271,10 +271,6 @@ fn hostile_frames_from_a_pod_are_counted_and_harmless() {
 /// a total length that claims 60 too: the header is truncated, whatever the
 /// total length says.
 #[test]
-#[ignore = "plugin bug: l3::parse checks IHL against the total length field only, never \
-            against the bytes the frame holds, so a truncated IPv4 header with a consistent \
-            total length is routed (redirected into the destination pod) instead of dropped \
-            as drop_malformed"]
 fn ipv4_header_longer_than_the_frame_is_dropped_as_malformed() {
     let node = Node::new().unwrap();
     let a = node.pod("a").unwrap();
@@ -399,9 +395,6 @@ fn hostile_frames_on_the_uplink_without_xdp() {
 /// IPv4 with options and fragments coming in through the uplink are counted as
 /// they are from a pod.
 #[test]
-#[ignore = "plugin bug: only from_pod counts ipv4_options_or_fragment; uplink_xdp and \
-            uplink_in deliver IPv4 with options and fragments into the pod without counting \
-            them (the contract names the counter for the datapath as a whole)"]
 fn options_and_fragments_on_the_uplink_are_counted() {
     let subnet = "10.94.6.0/24";
     let node = Node::new().unwrap();

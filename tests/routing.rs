@@ -11,6 +11,7 @@ use std::{
 use serde_json::{json, Value};
 use sluice_tests::{
     fixtures::{add, check, del, ipv6},
+    look,
     raw::{
         ethernet, is_udp_to, l2_l3, parse_mac, send_frames, udp, udp_send, Capture, Ipv4,
         UdpReceiver, ETH_P_IP,
@@ -94,7 +95,7 @@ fn pod_to_pod(
         "from_pod_to_local_pod rose by {}, expected at least {MIN_PACKETS}; counters that rose: {d}",
         d.get("from_pod_to_local_pod")
     );
-    // Nothing of it took the FIB path. (`from_pod_to_host` may rise: a new pod
+    // Nothing of it took the FIB path. (`from_pod_not_forwarded` may rise: a new pod
     // interface sends IPv6 router solicitations and MLD reports to the node.)
     for r in [
         "from_pod_fib_redirect",
@@ -216,7 +217,7 @@ fn pod_to_node_traffic_is_left_to_the_kernel() {
     .unwrap();
     assert_eq!(seen.ip(), added.ip());
     let d = node.counters().unwrap().since(&c0);
-    assert!(d.get("from_pod_to_host") >= MIN_PACKETS, "{d}");
+    assert!(d.get("from_pod_not_forwarded") >= MIN_PACKETS, "{d}");
     assert!(d.get("to_pod_from_kernel") >= MIN_PACKETS, "{d}");
     assert_eq!(d.get("from_pod_to_local_pod"), 0, "{d}");
     del(&node, &conf, "route-host", &a);
@@ -261,18 +262,16 @@ fn unroutable_destinations_are_left_to_the_kernel() {
     send_frames(&a.path, "eth0", frames).unwrap();
     let d = node.counters().unwrap().since(&c0);
     assert_eq!(d.get("from_pod_fib_no_route"), 3, "{d}");
-    assert_eq!(d.get("from_pod_to_host"), 0, "{d}");
+    assert_eq!(d.get("from_pod_not_forwarded"), 0, "{d}");
     del(&node, &conf, "route-none", &a);
 }
 
-/// A destination the node has no route to at all (no default route either): no
-/// route, so `from_pod_fib_no_route`, not "for the node".
+/// A destination the node has no route to at all (no default route either):
+/// `bpf_fib_lookup` cannot tell that from a local destination (both are
+/// NOT_FWDED), so `from_pod` counts `from_pod_not_forwarded` and leaves it to the
+/// kernel, which answers the pod "network unreachable".
 #[test]
-#[ignore = "plugin bug: bpf_fib_lookup answers BPF_FIB_LKUP_RET_NOT_FWDED when no route \
-            matches (-ENETUNREACH), and from_pod counts every NOT_FWDED as \
-            from_pod_to_host, so packets without any route are reported as traffic for the \
-            node instead of from_pod_fib_no_route"]
-fn destinations_without_any_route_count_as_no_route() {
+fn destinations_without_any_route_are_left_to_the_kernel() {
     let node = Node::new().unwrap();
     let a = node.pod("a").unwrap();
     let mut conf = v4_conf("10.90.6.0/24");
@@ -281,6 +280,7 @@ fn destinations_without_any_route_count_as_no_route() {
     conf["ipam"]["dataDir"] = json!(node.ipam_dir());
     let added = add(&node, &conf, "route-void", &a);
     let c0 = node.counters().unwrap();
+    let icmp0 = look::snmp(&a.path).unwrap()["Icmp.InDestUnreachs"];
     send_frames(
         &a.path,
         "eth0",
@@ -289,10 +289,19 @@ fn destinations_without_any_route_count_as_no_route() {
     .unwrap();
     let d = node.counters().unwrap().since(&c0);
     assert_eq!(
-        d.get("from_pod_fib_no_route"),
+        d.get("from_pod_not_forwarded"),
         1,
         "a packet to a destination without any route; counters that rose: {d}"
     );
+    for r in [
+        "from_pod_fib_redirect",
+        "from_pod_fib_neigh",
+        "from_pod_to_local_pod",
+    ] {
+        assert_eq!(d.get(r), 0, "{d}");
+    }
+    let icmp = look::snmp(&a.path).unwrap()["Icmp.InDestUnreachs"] - icmp0;
+    assert_eq!(icmp, 1, "the pod got no unreachable answer ({d})");
     del(&node, &conf, "route-void", &a);
 }
 

@@ -452,11 +452,6 @@ fn oversized_packets_are_left_to_the_kernel_for_frag_needed() {
 }
 
 #[test]
-#[ignore = "plugin bug: from_pod calls bpf_fib_lookup with tot_len 0, so the kernel checks \
-            the MTU only when the lookup succeeds; with the next hop not resolved yet \
-            (BPF_FIB_LKUP_RET_NO_NEIGH) an oversized DF packet goes to bpf_redirect_neigh and \
-            is dropped at the uplink, without from_pod_fib_frag_needed and without an ICMP \
-            answer to the pod"]
 fn oversized_packets_to_an_unresolved_next_hop_are_left_to_the_kernel_for_frag_needed() {
     frag_needed("10.91.9.0/24", false);
 }
