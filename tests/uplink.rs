@@ -249,7 +249,10 @@ fn pods_stay_reachable_with_the_uplink_programs_detached() {
     let node = Node::new().unwrap();
     let ext = external_host(&node, subnet).unwrap();
     let a = node.pod("a").unwrap();
-    let conf = node.conf("1.0.0", subnet);
+    let mut conf = node.conf("1.0.0", subnet);
+    // Explicit: `auto` attaches no XDP on this veth uplink, and both hooks are
+    // to be detached here.
+    conf["xdp"] = serde_json::json!("generic");
     let added_a = add(&node, &conf, "detach-a", &a);
     let ip_a = added_a.ip();
     echo_in(&ext, &a, ip_a);
