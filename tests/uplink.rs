@@ -645,3 +645,31 @@ fn uplink_paths_rewrite_macs_and_ttl_generic_xdp() {
 fn uplink_paths_rewrite_macs_and_ttl_without_xdp() {
     uplink_rewrites("10.91.13.0/24", "off");
 }
+
+/// A changed `xdp` takes effect at the next ADD: the uplink is re-attached in the
+/// new mode (and XDP detached for `off`).
+#[test]
+fn changing_xdp_takes_effect_at_the_next_add() {
+    let subnet = "10.91.7.0/24";
+    let node = Node::new().unwrap();
+    let _ext = external_host(&node, subnet).unwrap();
+    let mut conf = node.conf("1.0.0", subnet);
+    let steps = [
+        ("generic", "generic"),
+        ("off", "off"),
+        ("native", "native"),
+        ("auto", "off"),
+    ];
+    for (i, (mode, want)) in steps.iter().enumerate() {
+        conf["xdp"] = json!(mode);
+        let pod = node.pod(&format!("x{i}")).unwrap();
+        add(&node, &conf, &format!("xdp-{i}"), &pod);
+        let st = node.status().unwrap();
+        assert_eq!(st["uplink"]["xdp"], *want, "after xdp={mode}: {st:#}");
+        assert_eq!(
+            xdp_of(node.name(), UPLINK).is_some(),
+            *want != "off",
+            "kernel XDP state after xdp={mode}"
+        );
+    }
+}

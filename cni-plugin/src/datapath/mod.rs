@@ -88,6 +88,30 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
     info_owned_by(&info, id)
 }
 
+/// `xdp` made concrete for `uplink`. On a veth, no XDP pays: native turns skbs
+/// into XDP frames, losing the CHECKSUM_PARTIAL state a veth peer leaves (the pod
+/// drops the segment as a bad checksum); generic has to linearize (copy) every
+/// GRO'd skb before running, only to pass most of them on (measured:
+/// external->pod TCP at 0.75x of tc alone). The tc program's
+/// bpf_redirect_peer does the job.
+fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
+    match xdp {
+        XdpMode::Auto if uplink.is_veth => XdpMode::Off,
+        XdpMode::Auto => XdpMode::Native,
+        other => other,
+    }
+}
+
+const WANT_MASK: u32 = config_flags::XDP_WANT_NATIVE | config_flags::XDP_WANT_GENERIC;
+
+fn want_flags(xdp: XdpMode) -> u32 {
+    match xdp {
+        XdpMode::Native | XdpMode::Auto => config_flags::XDP_WANT_NATIVE,
+        XdpMode::Generic => config_flags::XDP_WANT_GENERIC,
+        XdpMode::Off => 0,
+    }
+}
+
 pub fn ip_key(ip: IpAddr) -> IpKey {
     match ip {
         IpAddr::V4(v4) => IpKey::v4(v4.octets()),
@@ -131,10 +155,16 @@ impl Datapath {
         })
     }
 
+    /// The uplink's programs are attached as the settings ask: to that interface,
+    /// with that XDP mode (so a changed `xdp` takes effect at the next ADD).
     fn uplink_ok(&self, s: &NodeSettings) -> bool {
-        s.uplink
-            .as_ref()
-            .is_none_or(|u| bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex))
+        s.uplink.as_ref().is_none_or(|u| {
+            bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex)
+                && bpf::read_config(&self.dir(pin_dirs::MAPS)).is_ok_and(|c| {
+                    c.uplink_ifindex == u.ifindex
+                        && c.flags & WANT_MASK == want_flags(resolve_xdp(s.xdp, u))
+                })
+        })
     }
 
     /// Makes sure this binary's programs are loaded and pinned, and attached to the
@@ -193,17 +223,7 @@ impl Datapath {
         }
         if let Some(u) = &s.uplink {
             if !self.uplink_ok(s) {
-                // On a veth, no XDP pays: native turns skbs into XDP frames,
-                // losing the CHECKSUM_PARTIAL state a veth peer leaves (the pod
-                // drops the segment as a bad checksum); generic has to linearize
-                // (copy) every GRO'd skb before running, only to pass most of
-                // them on (measured: external->pod TCP at 0.75x of tc alone).
-                // The tc program's bpf_redirect_peer does the job.
-                let xdp = match s.xdp {
-                    XdpMode::Auto if u.is_veth => XdpMode::Off,
-                    XdpMode::Auto => XdpMode::Native,
-                    other => other,
-                };
+                let xdp = resolve_xdp(s.xdp, u);
                 let attached = bpf::attach_uplink(
                     &self.dir(pin_dirs::PROGS),
                     &self.dir(pin_dirs::LINKS),
@@ -212,11 +232,12 @@ impl Datapath {
                     xdp,
                 )?;
                 eprintln!("sluice: uplink {} attached (XDP: {attached:?})", u.ifname);
-                let flags = match attached {
-                    XdpAttached::Native => config_flags::XDP_NATIVE,
-                    XdpAttached::Generic => config_flags::XDP_GENERIC,
-                    XdpAttached::Off => 0,
-                };
+                let flags = want_flags(xdp)
+                    | match attached {
+                        XdpAttached::Native => config_flags::XDP_NATIVE,
+                        XdpAttached::Generic => config_flags::XDP_GENERIC,
+                        XdpAttached::Off => 0,
+                    };
                 bpf::write_config(
                     &self.dir(pin_dirs::MAPS),
                     NodeConfig {

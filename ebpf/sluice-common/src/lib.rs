@@ -207,6 +207,10 @@ pub mod config_flags {
     pub const XDP_NATIVE: u32 = 1 << 1;
     /// `uplink_xdp` runs in generic (skb) mode.
     pub const XDP_GENERIC: u32 = 1 << 2;
+    /// The config asked for native XDP (`xdp` resolved: `auto` made concrete).
+    pub const XDP_WANT_NATIVE: u32 = 1 << 3;
+    /// The config asked for generic XDP.
+    pub const XDP_WANT_GENERIC: u32 = 1 << 4;
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.
