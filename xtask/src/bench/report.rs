@@ -244,9 +244,36 @@ impl Report {
             let _ = writeln!(md, "- {t}");
         }
         let _ = writeln!(md, "\n## Method\n\n{}", Self::method(args));
+        md.push_str(PATHS);
         md
     }
 }
+
+/// Which path each figure's packets take, and how to read the targets.
+const PATHS: &str = "
+## What the packets go through
+
+- **bare veth**: one veth pair between two namespaces; no node in between. The limit.
+- **bridge+host-local**: pod veth -> Linux bridge -> the node's IP stack (routing,
+  netfilter hooks) -> bridge -> pod veth; to the outside through the node's stack and
+  the uplink veth.
+- **sluice** (defaults: cls_bpf on pod veths, no XDP on a veth uplink): pod -> pod:
+  `from_pod` on the sender's host veth redirects with `bpf_redirect_peer` straight
+  into the receiver; the node's IP stack never sees the packet. pod -> external:
+  `from_pod` looks up the FIB and `bpf_redirect`s to the uplink's egress. external ->
+  pod: `uplink_in` on the uplink's ingress redirects with `bpf_redirect_peer` into
+  the pod.
+
+## Reading the targets
+
+One TCP stream through the reference bridge already runs within a few percent of the
+bare veth: big GSO segments (64 KiB) hide the per-packet cost of the bridge and the
+node's stack. A target of 1.1x the reference therefore asks for more than the limit
+on this figure, and the ratio to the reference sits at the reference's own distance
+from the limit. The per-packet cost that Sluice removes shows in the round trips and
+the 64-byte UDP rate. Both ends of every figure run on one CPU, so a throughput
+figure also includes the sender's and receiver's own work.
+";
 
 fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
