@@ -7,22 +7,31 @@
 //! Binaries come from the environment, never from guessed paths:
 //! - `SLUICE_BIN`: the `sluice` plugin (absolute path, required);
 //! - `SLUICECTL_BIN`: `sluicectl` (absolute path, required by the tests using it);
-//! - `SLUICE_CNI_PATH`: directory of the reference plugins (default `/usr/lib/cni`).
+//! - `SLUICE_CNI_PATH`: directory of the reference plugins (default `/usr/lib/cni`);
+//! - `SLUICE_NEXT_BIN`: a second `sluice` embedding another eBPF object (absolute
+//!   path, required by the upgrade tests).
 //!
 //! Functions that can fail for reasons outside the test's control return
 //! [`Result`]; the `expect_*`/`assert_*` helpers panic with the whole context
 //! (command, exit code, stdout, stderr) when what they check does not hold.
 pub mod attached;
 pub mod cni;
+pub mod counters;
 pub mod exec;
+pub mod fixtures;
+pub mod host;
 pub mod look;
 pub mod node;
+pub mod raw;
 pub mod schema;
+pub mod stream;
 pub mod traffic;
 
 use std::{fmt, path::PathBuf};
 
 pub use cni::{with_prev_result, CniError, CniOutput};
+pub use counters::Counters;
+pub use host::Host;
 pub use node::{Node, Pod, NETWORK};
 
 /// Every CNI version Sluice supports, oldest first.
@@ -94,6 +103,12 @@ pub fn sluice_bin() -> Result<PathBuf> {
 /// `sluicectl` (`SLUICECTL_BIN`).
 pub fn sluicectl_bin() -> Result<PathBuf> {
     binary_from_env("SLUICECTL_BIN", "sluicectl")
+}
+
+/// A `sluice` embedding a different eBPF object than [`sluice_bin`]'s
+/// (`SLUICE_NEXT_BIN`, built by `cargo xtask test`): what an upgrade installs.
+pub fn sluice_next_bin() -> Result<PathBuf> {
+    binary_from_env("SLUICE_NEXT_BIN", "sluice-next")
 }
 
 /// Directory of the reference CNI plugins (`SLUICE_CNI_PATH`, default `/usr/lib/cni`).

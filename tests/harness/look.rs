@@ -241,6 +241,29 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
 
 /// Opens the link pinned at `pin` and reads its tcx attachment.
 pub fn tcx_link(pin: &Path) -> Result<TcxLink> {
+    let info = read_link_info(pin)?;
+    if info.link_type != BPF_LINK_TYPE_TCX {
+        return Err(err!(
+            "{} is a link of type {}, not tcx ({BPF_LINK_TYPE_TCX})",
+            pin.display(),
+            info.link_type
+        ));
+    }
+    let ingress = match info.tcx_attach_type {
+        BPF_TCX_INGRESS => true,
+        BPF_TCX_EGRESS => false,
+        t => return Err(err!("{} has attach type {t}", pin.display())),
+    };
+    Ok(TcxLink {
+        id: info.id,
+        prog_id: info.prog_id,
+        ifindex: info.tcx_ifindex,
+        ingress,
+    })
+}
+
+/// Opens the link pinned at `pin` and reads what the kernel says about it.
+fn read_link_info(pin: &Path) -> Result<LinkInfo> {
     use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
     let c_path = std::ffi::CString::new(pin.as_os_str().as_bytes())
         .map_err(|e| err!("{}: {e}", pin.display()))?;
@@ -260,22 +283,64 @@ pub fn tcx_link(pin: &Path) -> Result<TcxLink> {
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
         .map_err(|e| err!("BPF_OBJ_GET_INFO_BY_FD {}: {e}", pin.display()))?;
-    if info.link_type != BPF_LINK_TYPE_TCX {
-        return Err(err!(
-            "{} is a link of type {}, not tcx ({BPF_LINK_TYPE_TCX})",
-            pin.display(),
-            info.link_type
-        ));
+    Ok(info)
+}
+
+/// The IP counters of the namespace at `netns` (`/proc/net/snmp` read through
+/// `nsenter --net=`, whose procfs shows the namespace of the reader): IPv4 ones
+/// as `Ip.ForwDatagrams`, `Icmp.InMsgs`, ..., and the IPv6 ones of
+/// `/proc/net/snmp6` under their own names (`Ip6OutForwDatagrams`, ...).
+pub fn snmp(netns: &Path) -> Result<std::collections::BTreeMap<String, u64>> {
+    let mut m = std::collections::BTreeMap::new();
+    let v4 = exec::tool(Some(netns), "cat", &["/proc/net/snmp"])?;
+    let lines: Vec<&str> = v4.lines().collect();
+    for pair in lines.chunks(2) {
+        let [names, values] = pair else { continue };
+        let (Some((group, names)), Some((_, values))) =
+            (names.split_once(':'), values.split_once(':'))
+        else {
+            continue;
+        };
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if let Ok(v) = v.parse::<i64>() {
+                m.insert(format!("{group}.{n}"), u64::try_from(v).unwrap_or(0));
+            }
+        }
     }
-    let ingress = match info.tcx_attach_type {
-        BPF_TCX_INGRESS => true,
-        BPF_TCX_EGRESS => false,
-        t => return Err(err!("{} has attach type {t}", pin.display())),
-    };
-    Ok(TcxLink {
-        id: info.id,
-        prog_id: info.prog_id,
-        ifindex: info.tcx_ifindex,
-        ingress,
-    })
+    // Absent when IPv6 is disabled.
+    if let Ok(v6) = exec::tool(Some(netns), "cat", &["/proc/net/snmp6"]) {
+        for l in v6.lines() {
+            let mut f = l.split_whitespace();
+            if let (Some(n), Some(v)) = (f.next(), f.next()) {
+                if let Ok(v) = v.parse::<u64>() {
+                    m.insert(n.to_string(), v);
+                }
+            }
+        }
+    }
+    if !m.contains_key("Ip.ForwDatagrams") {
+        return Err(err!("no Ip ForwDatagrams in /proc/net/snmp: {v4}"));
+    }
+    Ok(m)
+}
+
+/// The ifindex of `dev` in `netns`.
+pub fn ifindex(netns: &str, dev: &str) -> Result<u64> {
+    link(netns, dev)?
+        .and_then(|l| l["ifindex"].as_u64())
+        .ok_or_else(|| err!("no interface {dev} in {netns}"))
+}
+
+/// The MAC address of `dev` in `netns`, as `ip` prints it (lower case).
+pub fn mac(netns: &str, dev: &str) -> Result<String> {
+    link(netns, dev)?
+        .and_then(|l| l["address"].as_str().map(str::to_string))
+        .ok_or_else(|| err!("no interface {dev} in {netns}"))
+}
+
+/// (link id, program id) of the BPF link pinned at `pin`, asked from the kernel
+/// (`BPF_OBJ_GET_INFO_BY_FD`; works for every link type, tcx and XDP alike).
+pub fn pinned_link_ids(pin: &Path) -> Result<(u32, u32)> {
+    let info = read_link_info(pin)?;
+    Ok((info.id, info.prog_id))
 }

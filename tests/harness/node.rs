@@ -18,6 +18,7 @@ use tempfile::TempDir;
 
 use crate::{
     cni::CniOutput,
+    counters::Counters,
     err,
     exec::{self, Output},
     look, Result,
@@ -55,11 +56,17 @@ pub struct Node {
     pods: Mutex<BTreeSet<String>>,
 }
 
-fn netns_path(name: &str) -> PathBuf {
+pub(crate) fn netns_path(name: &str) -> PathBuf {
     Path::new("/run/netns").join(name)
 }
 
-fn add_netns(name: &str) -> Result<()> {
+/// A name no other namespace of this machine has: `slt<pid><tag><n>`.
+pub(crate) fn unique_name(tag: char) -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("slt{}{tag}{n}", std::process::id())
+}
+
+pub(crate) fn add_netns(name: &str) -> Result<()> {
     // A namespace of this name can only be left over by a dead process whose pid
     // this one reuses.
     if netns_path(name).exists() {
@@ -106,8 +113,7 @@ impl Node {
                 "the integration tests need root (network namespaces, bpffs)"
             ));
         }
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("slt{}x{n}", std::process::id());
+        let name = unique_name('x');
         let dir = tempfile::Builder::new()
             .prefix(&format!("{name}-"))
             .tempdir()?;
@@ -236,6 +242,28 @@ impl Node {
         )
     }
 
+    /// As [`Self::cni`] with another `sluice` binary (e.g. [`crate::sluice_next_bin`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cni_with(
+        &self,
+        binary: &Path,
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+        extra_env: &[(&str, &str)],
+    ) -> Result<CniOutput> {
+        let env = cni_env(cmd, container_id, ifname, netns, extra_env);
+        self.exec_plugin(binary, &env, conf.to_string().as_bytes())
+    }
+
+    /// Runs `program args...` in the node namespace (`nsenter --net=`), e.g.
+    /// `sluice datapath reload --pin-root P`.
+    pub fn run(&self, program: &Path, args: &[&str]) -> Result<Output> {
+        exec::run(Some(&self.netns_path()), program, args, &[], b"")
+    }
+
     /// Runs `sluice` in the node namespace with exactly `env` (plus `PATH`) and
     /// `stdin`: for tests of bad environments and bad input.
     pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &[u8]) -> Result<CniOutput> {
@@ -281,6 +309,31 @@ impl Node {
         v.as_array()
             .cloned()
             .ok_or_else(|| err!("sluicectl printed no JSON array: {out}"))
+    }
+
+    /// `sluicectl counters --json`: packets per reason, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        Counters::parse(&self.sluicectl_json(&["counters", "--json"])?)
+    }
+
+    /// `sluicectl status --json`.
+    pub fn status(&self) -> Result<Value> {
+        self.sluicectl_json(&["status", "--json"])
+    }
+
+    /// `sluicectl args...` that must succeed and print JSON.
+    pub fn sluicectl_json(&self, args: &[&str]) -> Result<Value> {
+        let out = self.sluicectl(args)?;
+        if !out.success() {
+            return Err(err!("{out}"));
+        }
+        serde_json::from_str(&out.stdout)
+            .map_err(|e| err!("sluicectl printed no JSON ({e}): {out}"))
+    }
+
+    /// The kernel's IP counters of the node namespace (see [`look::snmp`]).
+    pub fn snmp(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        look::snmp(&self.netns_path())
     }
 
     /// Names of the host veths (`sl*`) in the node namespace.

@@ -24,7 +24,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
 /// XDP on the uplink (config `xdp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpMode {
-    /// The default: native, except generic on a veth uplink (see `datapath`).
+    /// The default: native, except off on a veth uplink (see `datapath`).
     Auto,
     /// In the driver; falls back to generic when the driver lacks it (logged).
     Native,

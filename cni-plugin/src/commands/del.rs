@@ -73,15 +73,17 @@ async fn teardown_node(
         .map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
     let mut first_err: Option<Error> = None;
 
+    // The veth first: deleting it takes the filters (or tcx attachments) with it,
+    // so remove_endpoint finds no filter left to delete one by one.
+    if let Err(e) = delete_host_veth(host_nl, &host_ifname).await {
+        first_err.get_or_insert(e);
+    }
     let dp = Datapath::new(&conf.pin_root);
     if let Err(e) = dp.remove_endpoint(
         &host_ifname,
         record.as_ref().and_then(|r| r.host_ifindex),
         id,
     ) {
-        first_err.get_or_insert(e);
-    }
-    if let Err(e) = delete_host_veth(host_nl, &host_ifname).await {
         first_err.get_or_insert(e);
     }
     first_err.map_or(Ok(()), Err)

@@ -557,13 +557,14 @@ pub fn attach_uplink(
         )?;
     }
 
+    // Any XDP link of an earlier mode goes first (also when XDP is now off).
+    let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_XDP);
+    unpin(&lp)?;
     let mode = match xdp {
         crate::cni::config::XdpMode::Native | crate::cni::config::XdpMode::Auto => XdpMode::Driver,
         crate::cni::config::XdpMode::Generic => XdpMode::Skb,
         crate::cni::config::XdpMode::Off => return Ok(XdpAttached::Off),
     };
-    let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_XDP);
-    unpin(&lp)?;
     let mut prog = Xdp::from_pin(
         progs_dir.join(prog_names::UPLINK_XDP),
         XdpAttachType::Interface,
@@ -604,6 +605,13 @@ fn pin_link(link: SchedClassifierLink, path: &Path) -> Result<(), Error> {
     fd.pin(path)
         .map(drop)
         .map_err(|e| dp_err(format!("pin {}", path.display()), e))
+}
+
+/// The node settings the programs read.
+pub fn read_config(maps_dir: &Path) -> Result<NodeConfig, Error> {
+    let arr: Array<MapData, NodeConfig> = Array::try_from(open_map(maps_dir, map_names::CONFIG)?)
+        .map_err(|e| dp_err("open sl_config", e))?;
+    arr.get(&0, 0).map_err(|e| dp_err("read sl_config", e))
 }
 
 /// Writes the node settings the programs read.

@@ -98,6 +98,30 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
     info_owned_by(&info, id)
 }
 
+/// `xdp` made concrete for `uplink`. On a veth, no XDP pays: native turns skbs
+/// into XDP frames, losing the CHECKSUM_PARTIAL state a veth peer leaves (the pod
+/// drops the segment as a bad checksum); generic has to linearize (copy) every
+/// GRO'd skb before running, only to pass most of them on (measured:
+/// external->pod TCP at 0.75x of tc alone). The tc program's
+/// bpf_redirect_peer does the job.
+fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
+    match xdp {
+        XdpMode::Auto if uplink.is_veth => XdpMode::Off,
+        XdpMode::Auto => XdpMode::Native,
+        other => other,
+    }
+}
+
+const WANT_MASK: u32 = config_flags::XDP_WANT_NATIVE | config_flags::XDP_WANT_GENERIC;
+
+fn want_flags(xdp: XdpMode) -> u32 {
+    match xdp {
+        XdpMode::Native | XdpMode::Auto => config_flags::XDP_WANT_NATIVE,
+        XdpMode::Generic => config_flags::XDP_WANT_GENERIC,
+        XdpMode::Off => 0,
+    }
+}
+
 pub fn ip_key(ip: IpAddr) -> IpKey {
     match ip {
         IpAddr::V4(v4) => IpKey::v4(v4.octets()),
@@ -141,14 +165,22 @@ impl Datapath {
         })
     }
 
-    /// The node-wide attachments are in place: the uplink's programs and the NAT
-    /// sweeper.
+    /// The node-wide attachments are in place: the NAT sweeper and the uplink's
+    /// programs as the settings ask.
     fn uplink_ok(&self, s: &NodeSettings) -> bool {
-        let links = self.dir(pin_dirs::LINKS);
-        bpf::sweeper_attached(&links)
-            && s.uplink
-                .as_ref()
-                .is_none_or(|u| bpf::uplink_attached(&links, u.ifindex))
+        bpf::sweeper_attached(&self.dir(pin_dirs::LINKS)) && self.uplink_current(s)
+    }
+
+    /// The uplink's programs are attached as the settings ask: to that interface,
+    /// with that XDP mode (so a changed `xdp` takes effect at the next ADD).
+    fn uplink_current(&self, s: &NodeSettings) -> bool {
+        s.uplink.as_ref().is_none_or(|u| {
+            bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex)
+                && bpf::read_config(&self.dir(pin_dirs::MAPS)).is_ok_and(|c| {
+                    c.uplink_ifindex == u.ifindex
+                        && c.flags & WANT_MASK == want_flags(resolve_xdp(s.xdp, u))
+                })
+        })
     }
 
     /// Writes the masquerade settings (disabled when `spec` is `None`). Cheap when
@@ -226,15 +258,8 @@ impl Datapath {
             bpf::ensure_sweeper(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS))?;
         }
         if let Some(u) = &s.uplink {
-            if !bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex) {
-                // Native XDP on a veth turns skbs into XDP frames, losing the
-                // CHECKSUM_PARTIAL state a veth peer leaves (the pod then drops the
-                // segment as a bad checksum); generic XDP keeps the skb.
-                let xdp = match s.xdp {
-                    XdpMode::Auto if u.is_veth => XdpMode::Generic,
-                    XdpMode::Auto => XdpMode::Native,
-                    other => other,
-                };
+            if !self.uplink_current(s) {
+                let xdp = resolve_xdp(s.xdp, u);
                 let attached = bpf::attach_uplink(
                     &self.dir(pin_dirs::PROGS),
                     &self.dir(pin_dirs::LINKS),
@@ -243,11 +268,12 @@ impl Datapath {
                     xdp,
                 )?;
                 eprintln!("sluice: uplink {} attached (XDP: {attached:?})", u.ifname);
-                let flags = match attached {
-                    XdpAttached::Native => config_flags::XDP_NATIVE,
-                    XdpAttached::Generic => config_flags::XDP_GENERIC,
-                    XdpAttached::Off => 0,
-                };
+                let flags = want_flags(xdp)
+                    | match attached {
+                        XdpAttached::Native => config_flags::XDP_NATIVE,
+                        XdpAttached::Generic => config_flags::XDP_GENERIC,
+                        XdpAttached::Off => 0,
+                    };
                 bpf::write_config(
                     &self.dir(pin_dirs::MAPS),
                     NodeConfig {

@@ -72,8 +72,10 @@ pub mod reason {
     pub const FROM_POD_FIB_REDIRECT: u32 = 1;
     /// from-pod: forwarded by FIB lookup with `bpf_redirect_neigh`.
     pub const FROM_POD_FIB_NEIGH: u32 = 2;
-    /// from-pod: the FIB says the node itself is the destination.
-    pub const FROM_POD_TO_HOST: u32 = 3;
+    /// from-pod: the FIB does not forward it: the node itself is the destination,
+    /// or no route matches (`bpf_fib_lookup` maps -ENETUNREACH to NOT_FWDED, so the
+    /// two cannot be told apart); the kernel delivers it or answers unreachable.
+    pub const FROM_POD_NOT_FORWARDED: u32 = 3;
     /// from-pod: the FIB could not forward for another reason (forwarding off,
     /// lightweight tunnel, ...); the kernel decides.
     pub const FROM_POD_FIB_PASS: u32 = 4;
@@ -136,7 +138,7 @@ pub mod reason {
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
-        "from_pod_to_host",
+        "from_pod_not_forwarded",
         "from_pod_fib_pass",
         "pass_not_ip",
         "pass_ttl",
@@ -331,6 +333,10 @@ pub mod config_flags {
     pub const XDP_NATIVE: u32 = 1 << 1;
     /// `uplink_xdp` runs in generic (skb) mode.
     pub const XDP_GENERIC: u32 = 1 << 2;
+    /// The config asked for native XDP (`xdp` resolved: `auto` made concrete).
+    pub const XDP_WANT_NATIVE: u32 = 1 << 3;
+    /// The config asked for generic XDP.
+    pub const XDP_WANT_GENERIC: u32 = 1 << 4;
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.

@@ -6,12 +6,13 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
+    bindings::bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
     bindings::{
         bpf_fib_lookup as FibParams, bpf_redir_neigh, BPF_FIB_LKUP_RET_BLACKHOLE,
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_PROHIBIT, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LKUP_RET_UNREACHABLE,
     },
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    helpers::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
     EbpfContext,
 };
@@ -70,6 +71,24 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
                 count(reason::PASS_TTL);
                 return TCX_NEXT;
             }
+            // With tot_len 0 the kernel checks the MTU only on success; here
+            // nobody has yet. Too big (GSO segments included): the kernel sends
+            // "fragmentation needed" / "packet too big".
+            let mut mtu: u32 = 0;
+            // SAFETY: plain helper call with a valid out pointer.
+            let rc = unsafe {
+                bpf_check_mtu(
+                    ctx.as_ptr(),
+                    p.ifindex,
+                    &mut mtu,
+                    0,
+                    u64::from(BPF_MTU_CHK_SEGS),
+                )
+            };
+            if rc != 0 {
+                count(reason::FROM_POD_FIB_FRAG_NEEDED);
+                return TCX_NEXT;
+            }
             h.decrement_ttl();
             // The lookup filled in the next hop (gateway or destination).
             // SAFETY: reading the union members the helper set for this family.
@@ -91,7 +110,7 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
             }
         }
         BPF_FIB_LKUP_RET_NOT_FWDED => {
-            count(reason::FROM_POD_TO_HOST);
+            count(reason::FROM_POD_NOT_FORWARDED);
             TCX_NEXT
         }
         BPF_FIB_LKUP_RET_FRAG_NEEDED => {

@@ -49,7 +49,16 @@ pub fn parse(p: &impl Packet) -> Result<Headers, Verdict> {
             let vihl = unsafe { (*ip).vihl };
             let total = u16::from_be_bytes(unsafe { (*ip).tot_len }) as usize;
             let ihl = ((vihl & 0x0f) as usize) * 4;
-            if vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN || total < ihl {
+            let l3_bytes = p.frame_len().saturating_sub(EthHdr::LEN);
+            // As the kernel's ip_rcv: the frame must hold the header the IHL
+            // announces and the total length (padding after it is fine). A total
+            // of 0 is IPv4 BIG TCP (a GSO packet over 64 KiB).
+            let big_tcp = total == 0 && l3_bytes > 65_535;
+            if vihl >> 4 != 4
+                || ihl < Ipv4Hdr::LEN
+                || ihl > l3_bytes
+                || (!big_tcp && (total < ihl || total > l3_bytes))
+            {
                 return Err(Verdict {
                     reason: reason::DROP_MALFORMED,
                     drop: true,
@@ -66,7 +75,12 @@ pub fn parse(p: &impl Packet) -> Result<Headers, Verdict> {
                 drop: true,
             })?;
             // SAFETY: bounds checked.
-            if unsafe { (*ip).vcf[0] } >> 4 != 6 {
+            let payload = usize::from(u16::from_be_bytes(unsafe { (*ip).payload_len }));
+            let l3_bytes = p.frame_len().saturating_sub(EthHdr::LEN);
+            // A payload length of 0 is a jumbogram / BIG TCP packet.
+            if unsafe { (*ip).vcf[0] } >> 4 != 6
+                || (payload != 0 && Ipv6Hdr::LEN + payload > l3_bytes)
+            {
                 return Err(Verdict {
                     reason: reason::DROP_MALFORMED,
                     drop: true,

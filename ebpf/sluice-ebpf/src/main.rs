@@ -108,6 +108,9 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
         Ok(h) => h,
         Err(verdict) => return verdict,
     };
+    if h.v4_options_or_fragment() {
+        count(reason::IPV4_OPTIONS_OR_FRAGMENT);
+    }
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
@@ -178,6 +181,10 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
                 && h.ttl() > 1
                 && len <= u32::from(cfg.pod_mtu) + 14 =>
         {
+            // What XDP passes on, tc counts.
+            if h.v4_options_or_fragment() {
+                count(reason::IPV4_OPTIONS_OR_FRAGMENT);
+            }
             endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
         }
         _ => {

@@ -8,6 +8,8 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 pub trait Packet {
     fn data(&self) -> usize;
     fn data_end(&self) -> usize;
+    /// Bytes in the whole frame (for an skb also the parts not directly readable).
+    fn frame_len(&self) -> usize;
 }
 
 impl Packet for TcContext {
@@ -19,6 +21,10 @@ impl Packet for TcContext {
     fn data_end(&self) -> usize {
         TcContext::data_end(self)
     }
+    #[inline(always)]
+    fn frame_len(&self) -> usize {
+        self.len() as usize
+    }
 }
 
 impl Packet for XdpContext {
@@ -29,6 +35,10 @@ impl Packet for XdpContext {
     #[inline(always)]
     fn data_end(&self) -> usize {
         XdpContext::data_end(self)
+    }
+    #[inline(always)]
+    fn frame_len(&self) -> usize {
+        XdpContext::data_end(self) - XdpContext::data(self)
     }
 }
 

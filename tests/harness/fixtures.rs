@@ -1,0 +1,109 @@
+//! Building blocks of the datapath tests: ADD/CHECK/DEL that must succeed, a node
+//! wired to an external host through its uplink, waiting for BPF links to go.
+use std::{
+    net::IpAddr,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{
+    err,
+    host::{self, Host},
+    look,
+    schema::{check_add_result, Added},
+    with_prev_result, Node, Pod, Result,
+};
+
+/// ADD of `cid`/`eth0` into `pod`: must succeed with a well-formed result.
+#[track_caller]
+pub fn add(node: &Node, conf: &Value, cid: &str, pod: &Pod) -> Added {
+    let out = match node.cni("ADD", conf, cid, "eth0", Some(pod), &[]) {
+        Ok(o) => o,
+        Err(e) => panic!("ADD {cid}: {e}"),
+    };
+    let version = conf["cniVersion"].as_str().unwrap_or("1.0.0");
+    check_add_result(&out.result(), version, "eth0", pod)
+}
+
+/// CHECK of an attachment with its ADD result as prevResult: must pass.
+#[track_caller]
+pub fn check(node: &Node, conf: &Value, cid: &str, pod: &Pod, added: &Added) {
+    let with_prev = with_prev_result(conf, &added.result);
+    match node.cni("CHECK", &with_prev, cid, "eth0", Some(pod), &[]) {
+        Ok(o) => o.ok_silent(),
+        Err(e) => panic!("CHECK {cid}: {e}"),
+    }
+}
+
+/// DEL of `cid`/`eth0`: must succeed.
+#[track_caller]
+pub fn del(node: &Node, conf: &Value, cid: &str, pod: &Pod) {
+    match node.cni("DEL", conf, cid, "eth0", Some(pod), &[]) {
+        Ok(o) => o.ok_silent(),
+        Err(e) => panic!("DEL {cid}: {e}"),
+    }
+}
+
+/// The IPv6 address of an ADD result.
+#[track_caller]
+pub fn ipv6(a: &Added) -> IpAddr {
+    match a.ips.iter().find(|(ip, _)| ip.is_ipv6()) {
+        Some((ip, _)) => *ip,
+        None => panic!("no IPv6 address in {:#}", a.result),
+    }
+}
+
+/// The node's uplink in [`external_host`]'s topology.
+pub const UPLINK: &str = "up0";
+/// The external host's end of the wire.
+pub const EXT_IF: &str = "ext0";
+/// The node's address on the wire.
+pub const NODE_IP: &str = "192.168.50.1";
+/// The external host's address.
+pub const EXT_IP: &str = "192.168.50.2";
+
+/// An external host wired to `node`: the node's `up0` (192.168.50.1/24, default
+/// route via the host) to the host's `ext0` (192.168.50.2/24, a route to
+/// `pod_cidr` via the node). Made before the first ADD, so that the plugin finds
+/// the uplink.
+pub fn external_host(node: &Node, pod_cidr: &str) -> Result<Host> {
+    let ext = Host::new()?;
+    host::wire(
+        node.name(),
+        UPLINK,
+        &format!("{NODE_IP}/24"),
+        ext.name(),
+        EXT_IF,
+        &format!("{EXT_IP}/24"),
+    )?;
+    host::ip(node.name(), &["route", "add", "default", "via", EXT_IP])?;
+    ext.ip(&["route", "add", pod_cidr, "via", NODE_IP])?;
+    Ok(ext)
+}
+
+/// Waits until none of the BPF links `ids` is listed by `bpftool link show`
+/// (the kernel frees a link whose last reference went, its pin, on a work queue),
+/// at most `timeout`.
+pub fn wait_links_gone(ids: &[u32], timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listed: Vec<u64> = look::bpf_links()?
+            .iter()
+            .filter_map(|l| l["id"].as_u64())
+            .collect();
+        let left: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| listed.contains(&u64::from(*id)))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(err!("BPF links {left:?} still exist after {timeout:?}"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
