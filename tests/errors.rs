@@ -42,20 +42,6 @@ fn malformed_json_is_code_6() {
     node.assert_clean(NETWORK);
 }
 
-/// A well-known key Sluice cannot act on yet is refused, naming key and value.
-#[test]
-fn ip_masq_is_code_2_until_masquerade_exists() {
-    let node = Node::new().unwrap();
-    let pod = node.pod("a").unwrap();
-    let mut conf = node.conf("1.0.0", "10.82.0.0/24");
-    conf["ipMasq"] = serde_json::json!(true);
-    let out = node
-        .cni("ADD", &conf, "err-masq", "eth0", Some(&pod), &[])
-        .unwrap();
-    out.error(2).assert_names(&["ipMasq", "true"]);
-    node.assert_clean(NETWORK);
-}
-
 #[test]
 fn unsupported_cni_version_is_code_1() {
     let node = Node::new().unwrap();

@@ -98,7 +98,7 @@ fn assert_status(node: &Node, xdp: &str) -> Value {
 
 /// The uplink's link pins (`links/uplink*`).
 fn uplink_pins(node: &Node) -> Vec<String> {
-    node.link_pins()
+    node.all_link_pins()
         .unwrap()
         .into_iter()
         .filter(|p| p.starts_with("uplink"))
@@ -128,6 +128,8 @@ fn uplink_traffic(subnet: &str, xdp: Option<&str>, mode: &str) {
     let ifindex = look::ifindex(node.name(), UPLINK).unwrap();
     let pins = uplink_pins(&node);
     let tc_pin = format!("uplink{ifindex}-uplink_in");
+    let out_pin = format!("uplink{ifindex}-uplink_out");
+    assert!(pins.contains(&out_pin), "no {out_pin} in {pins:?}: {st:#}");
     let xdp_pin = format!("uplink{ifindex}-uplink_xdp");
     assert!(pins.contains(&tc_pin), "no {tc_pin} in {pins:?}: {st:#}");
     let kernel_xdp = xdp_of(node.name(), UPLINK);
@@ -261,8 +263,8 @@ fn pods_stay_reachable_with_the_uplink_programs_detached() {
     let pins = uplink_pins(&node);
     assert_eq!(
         pins.len(),
-        2,
-        "expected the uplink's tc and XDP links: {pins:?}"
+        3,
+        "expected the uplink's tc ingress, tc egress and XDP links: {pins:?}"
     );
     let mut ids = Vec::new();
     for p in &pins {
@@ -311,7 +313,7 @@ fn pods_stay_reachable_with_the_uplink_programs_detached() {
     // The next ADD finds the uplink unattached and attaches it again.
     let b = node.pod("b").unwrap();
     let added_b = add(&node, &conf, "detach-b", &b);
-    assert_eq!(uplink_pins(&node).len(), 2, "{:?}", node.link_pins());
+    assert_eq!(uplink_pins(&node).len(), 3, "{:?}", node.all_link_pins());
     assert_status(&node, "generic");
     let c1 = node.counters().unwrap();
     echo_in(&ext, &b, added_b.ip());

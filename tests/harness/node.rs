@@ -366,8 +366,19 @@ impl Node {
     }
 
     /// Pinned tcx links under `<pin root>/links`.
-    pub fn link_pins(&self) -> Result<Vec<String>> {
+    /// Every pinned link of the datapath, node-wide ones included.
+    pub fn all_link_pins(&self) -> Result<Vec<String>> {
         look::files(&self.pin_root.join("links"))
+    }
+
+    /// Pinned links of pods (`<host veth>-<program>`, tcx mode). The node-wide
+    /// ones (`uplink<ifindex>-*`, `nat_sweep`) stay while the datapath is loaded
+    /// and are not a pod's leftovers.
+    pub fn link_pins(&self) -> Result<Vec<String>> {
+        Ok(look::files(&self.pin_root.join("links"))?
+            .into_iter()
+            .filter(|p| p.starts_with("sl"))
+            .collect())
     }
 
     /// Asserts that no pod of `network` is left on the node: no `sl*` veth, no

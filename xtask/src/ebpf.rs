@@ -28,8 +28,8 @@ pub fn build(ws: &Workspace) -> Result<PathBuf> {
     report(ws.ebpf_object())
 }
 
-/// Builds a second object from the same sources with other debug info: the same
-/// programs, different bytes, so a different hash. The upgrade test embeds it in a
+/// Builds a second object from the same sources at another optimisation level:
+/// the same programs, different bytes, so a different hash. The upgrade test embeds it in a
 /// second `sluice` to replace the pinned programs under live traffic.
 pub fn build_variant(ws: &Workspace) -> Result<PathBuf> {
     let dir = ws.target.join("ebpf-next");
@@ -41,8 +41,10 @@ pub fn build_variant(ws: &Workspace) -> Result<PathBuf> {
     )
 }
 
-/// What [`build_variant`] changes: debug info level (and so the BTF it carries).
-const VARIANT_RUSTFLAGS: &str = "-C debuginfo=1 -C link-arg=--btf";
+/// What [`build_variant`] changes: the optimisation level. (Not the debug info:
+/// the NAT sweeper's `bpf_for_each_map_elem` callback needs the full BTF
+/// func_info that only `debuginfo=2` gives.)
+const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C opt-level=2";
 
 fn report(object: PathBuf) -> Result<PathBuf> {
     let size = fs::metadata(&object)
