@@ -331,8 +331,8 @@ pub fn attach(
             }
             PodAttach::Tcx => {
                 let lp = link_path(links_dir, host_ifname, name);
-                // A pin left by a crashed ADD of the same attachment points at a dead link.
-                unpin(&lp)?;
+                // A pin left by a crashed ADD of the same attachment.
+                detach_pinned_link(&lp)?;
                 let id = prog
                     .attach(host_ifname, attach_type)
                     .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
@@ -436,6 +436,45 @@ pub enum XdpAttached {
     Off,
 }
 
+/// Detaches the link pinned at `path` now and removes the pin. Removing a pin
+/// alone drops the link's reference only after an RCU grace period (bpffs frees
+/// its inodes with call_rcu), so a new attachment made right after would find the
+/// old one still there (tcx: EEXIST, XDP: EBUSY). aya does not expose the link fd
+/// or BPF_LINK_DETACH, hence the two raw bpf(2) calls.
+fn detach_pinned_link(path: &Path) -> Result<(), Error> {
+    use std::os::unix::ffi::OsStrExt;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    if !path.exists() {
+        return Ok(());
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| dp_err(format!("detach {}", path.display()), e))?;
+    // union bpf_attr, zeroed: `pathname` first for BPF_OBJ_GET, `link_fd` first
+    // for BPF_LINK_DETACH.
+    let mut attr = [0u64; 16];
+    attr[0] = c.as_ptr() as u64;
+    let size = std::mem::size_of_val(&attr) as libc::c_long;
+    // SAFETY: a valid, zeroed bpf_attr and a NUL-terminated path that outlives it.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_mut_ptr(), size) };
+    if fd >= 0 {
+        let mut attr = [0u64; 16];
+        attr[0] = fd as u64;
+        // SAFETY: as above; the fd is ours and closed right after.
+        let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, attr.as_mut_ptr(), size) };
+        if rc != 0 {
+            eprintln!(
+                "sluice: BPF_LINK_DETACH of {} failed ({}); the pin's removal releases it",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: closing the fd BPF_OBJ_GET returned.
+        unsafe { libc::close(fd as libc::c_int) };
+    }
+    unpin(path)
+}
+
 fn uplink_link_path(links_dir: &Path, ifindex: u32, prog: &str) -> PathBuf {
     links_dir.join(format!("{UPLINK_LINK_PREFIX}{ifindex}-{prog}"))
 }
@@ -456,7 +495,11 @@ pub fn attach_uplink(
     xdp: crate::cni::config::XdpMode,
 ) -> Result<XdpAttached, Error> {
     let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_IN);
-    unpin(&lp)?;
+    // Already attached to this interface (the pin name carries the ifindex): keep
+    // it; upgrades replace its program in place.
+    if lp.exists() {
+        return attach_uplink_xdp(progs_dir, links_dir, ifname, ifindex, xdp);
+    }
     let mut tc = SchedClassifier::from_pin(progs_dir.join(prog_names::UPLINK_IN))
         .map_err(|e| dp_err("open pinned program uplink_in", e))?;
     let id = tc
@@ -468,9 +511,20 @@ pub fn attach_uplink(
         &lp,
     )?;
 
+    attach_uplink_xdp(progs_dir, links_dir, ifname, ifindex, xdp)
+}
+
+/// The XDP half of [`attach_uplink`].
+fn attach_uplink_xdp(
+    progs_dir: &Path,
+    links_dir: &Path,
+    ifname: &str,
+    ifindex: u32,
+    xdp: crate::cni::config::XdpMode,
+) -> Result<XdpAttached, Error> {
     // Any XDP link of an earlier mode goes first (also when XDP is now off).
     let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_XDP);
-    unpin(&lp)?;
+    detach_pinned_link(&lp)?;
     let mode = match xdp {
         crate::cni::config::XdpMode::Native | crate::cni::config::XdpMode::Auto => XdpMode::Driver,
         crate::cni::config::XdpMode::Generic => XdpMode::Skb,
