@@ -262,7 +262,9 @@ fn unroutable_destinations_are_left_to_the_kernel() {
     send_frames(&a.path, "eth0", frames).unwrap();
     let d = node.counters().unwrap().since(&c0);
     assert_eq!(d.get("from_pod_fib_no_route"), 3, "{d}");
-    assert_eq!(d.get("from_pod_not_forwarded"), 0, "{d}");
+    // The three frames were not counted there; a new pod's own IPv6 router
+    // solicitations and MLD reports may be.
+    assert!(d.get("from_pod_not_forwarded") < 3, "{d}");
     del(&node, &conf, "route-none", &a);
 }
 

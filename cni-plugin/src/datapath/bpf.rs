@@ -568,8 +568,8 @@ pub fn uplink_attached(links_dir: &Path, ifindex: u32) -> bool {
         .all(|p| uplink_link_path(links_dir, ifindex, p).exists())
 }
 
-/// Attaches `uplink_in` (tcx ingress) and, unless `xdp` is `None`, `uplink_xdp` to
-/// the uplink. Native XDP falls back to generic when the driver refuses it; an XDP
+/// Attaches `uplink_in` (tcx ingress), `uplink_out` (tcx egress) and, unless `xdp`
+/// is off, `uplink_xdp` to the uplink. Native XDP falls back to generic when the driver refuses it; an XDP
 /// failure leaves tc alone to do the job. Returns how XDP ended up.
 pub fn attach_uplink(
     progs_dir: &Path,
@@ -600,6 +600,17 @@ pub fn attach_uplink(
         )?;
     }
 
+    attach_uplink_xdp(progs_dir, links_dir, ifname, ifindex, xdp)
+}
+
+/// The XDP half of [`attach_uplink`].
+fn attach_uplink_xdp(
+    progs_dir: &Path,
+    links_dir: &Path,
+    ifname: &str,
+    ifindex: u32,
+    xdp: crate::cni::config::XdpMode,
+) -> Result<XdpAttached, Error> {
     // Any XDP link of an earlier mode goes first (also when XDP is now off).
     let lp = uplink_link_path(links_dir, ifindex, prog_names::UPLINK_XDP);
     detach_pinned_link(&lp)?;
