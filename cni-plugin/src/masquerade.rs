@@ -47,7 +47,8 @@ pub async fn spec(
         tcp_closing_secs: t.tcp_closing,
         udp_secs: t.udp,
         icmp_secs: t.icmp,
-        _pad: 0,
+        // Kept from the map by Datapath::apply_masq.
+        prev_addr: [0; 4],
     };
     let non_masq = match &conf.masq.non_masq {
         Some(v) => v.clone(),

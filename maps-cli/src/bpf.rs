@@ -10,8 +10,8 @@ use aya::{
     programs::SchedClassifier,
 };
 use sluice_common::{
-    map_names, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    map_names, nat_flags, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats,
+    IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -102,24 +102,18 @@ impl Datapath {
         Ok(v)
     }
 
-    /// Deletes flows (both directions); returns how many went.
+    /// Deletes flows (both directions; each reverse key made with the flow's own
+    /// address, inbound flows have none); returns how many went.
     pub fn delete_nat_flows(&self, flows: &[(NatKey, NatEntry)]) -> Result<usize> {
-        let addr = self.masq()?.addr;
         let mut fwd: HashMap<MapData, NatKey, NatEntry> =
             HashMap::try_from(self.map(map_names::NAT_FWD)?)?;
         let mut rev: HashMap<MapData, NatKey, NatRev> =
             HashMap::try_from(self.map(map_names::NAT_REV)?)?;
         let mut n = 0;
         for (k, e) in flows {
-            let rk = NatKey {
-                src_ip: k.dst_ip,
-                dst_ip: addr,
-                src_port: k.dst_port,
-                dst_port: e.nat_port,
-                proto: k.proto,
-                _pad: [0; 3],
-            };
-            let _ = rev.remove(&rk);
+            if e.flags & nat_flags::INBOUND == 0 {
+                let _ = rev.remove(&k.reverse(e.nat_addr, e.nat_port));
+            }
             if fwd.remove(k).is_ok() {
                 n += 1;
             }

@@ -3,7 +3,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
-use sluice_common::{nat_state, NatEntry, NatKey};
+use sluice_common::{nat_flags, nat_state, NatEntry, NatKey};
 
 use crate::{
     args::{NatCommand, NatFlushArgs, NatListArgs, Target},
@@ -77,8 +77,19 @@ fn selected(dp: &Datapath, pod: Option<&str>) -> Result<Vec<(NatKey, NatEntry)>>
     })
 }
 
+/// Who opened a flow: a pod (masqueraded), the outside (a connection to a routed
+/// pod address: untranslated), or the node (its own ping, tracked).
+fn origin(e: &NatEntry) -> &'static str {
+    if e.flags & nat_flags::INBOUND != 0 {
+        "outside"
+    } else if e.flags & nat_flags::NODE != 0 {
+        "node"
+    } else {
+        "pod"
+    }
+}
+
 fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
-    let masq = dp.masq()?;
     let now = monotonic_ns();
     let flows: Vec<(NatKey, NatEntry)> = selected(dp, a.pod.as_deref())?
         .into_iter()
@@ -94,15 +105,14 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
                     "proto": proto_name(k.proto),
                     "podIp": Ipv4Addr::from(k.src_ip).to_string(),
                     "podPort": u16::from_be(k.src_port),
-                    "natIp": Ipv4Addr::from(masq.addr).to_string(),
+                    "natIp": Ipv4Addr::from(e.nat_addr).to_string(),
                     "natPort": u16::from_be(e.nat_port),
+                    "origin": origin(e),
                     "dstIp": Ipv4Addr::from(k.dst_ip).to_string(),
                     "dstPort": u16::from_be(k.dst_port),
                     "state": state_name(e.state),
                     "idleSeconds": idle(e),
                     "hostIfindex": e.pod_ifindex,
-                    // The node's own ping, tracked so pods cannot take its identifier.
-                    "node": e.pod_ifindex == 0,
                 })
             })
             .collect();
@@ -114,23 +124,35 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
         .map(|(k, e)| {
             vec![
                 proto_name(k.proto).to_string(),
-                format!(
-                    "{}{}:{}",
-                    if e.pod_ifindex == 0 { "node " } else { "" },
-                    Ipv4Addr::from(k.src_ip),
-                    u16::from_be(k.src_port)
-                ),
-                format!("{}:{}", Ipv4Addr::from(masq.addr), u16::from_be(e.nat_port)),
+                format!("{}:{}", Ipv4Addr::from(k.src_ip), u16::from_be(k.src_port)),
+                if e.flags & nat_flags::INBOUND != 0 {
+                    "-".to_string()
+                } else {
+                    format!(
+                        "{}:{}",
+                        Ipv4Addr::from(e.nat_addr),
+                        u16::from_be(e.nat_port)
+                    )
+                },
                 format!("{}:{}", Ipv4Addr::from(k.dst_ip), u16::from_be(k.dst_port)),
                 state_name(e.state).to_string(),
                 format!("{}s", idle(e)),
+                origin(e).to_string(),
             ]
         })
         .collect();
     print!(
         "{}",
         table::render(
-            &["PROTO", "POD", "NAT", "DESTINATION", "STATE", "IDLE"],
+            &[
+                "PROTO",
+                "POD",
+                "NAT",
+                "DESTINATION",
+                "STATE",
+                "IDLE",
+                "ORIGIN"
+            ],
             &rows
         )
     );

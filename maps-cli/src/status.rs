@@ -1,7 +1,7 @@
 //! `sluicectl status`: the state of a network's datapath at a glance.
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, pin_dirs};
+use sluice_common::{config_flags, masq_flags, pin_dirs, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -37,6 +37,8 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "off"
     };
     let counters: Vec<(&str, u64)> = dp.counters()?.into_iter().filter(|(_, v)| *v > 0).collect();
+    let masq = dp.masq()?;
+    let flows = dp.nat_flows()?.len();
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -50,6 +52,7 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "links": links,
         "podInterfaces": pods,
         "endpoints": endpoints,
+        "masquerade": masq_json(&masq, flows),
         "counters": counters.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
     if a.json {
@@ -74,6 +77,7 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "pods:       {} interfaces, {endpoints} addresses",
         pods.len()
     );
+    println!("masquerade: {}", masq_line(&masq, flows));
     for p in &programs {
         println!(
             "program:    {} (id {})",
@@ -85,4 +89,53 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         println!("counter:    {k} {v}");
     }
     Ok(())
+}
+
+fn addr(a: [u8; 4]) -> Option<String> {
+    (a != [0; 4]).then(|| std::net::Ipv4Addr::from(a).to_string())
+}
+
+/// The NAT port ranges as "lo-hi[,lo-hi]" (the second range may be empty).
+fn port_ranges(m: &MasqConfig) -> Vec<String> {
+    [(m.port_min, m.port_max), (m.port2_min, m.port2_max)]
+        .iter()
+        .filter(|(lo, hi)| lo <= hi && *hi != 0)
+        .map(|(lo, hi)| format!("{lo}-{hi}"))
+        .collect()
+}
+
+fn masq_json(m: &MasqConfig, flows: usize) -> Value {
+    json!({
+        "enabled": m.flags & masq_flags::ENABLED != 0,
+        "address": addr(m.addr),
+        "previousAddress": addr(m.prev_addr),
+        "ports": port_ranges(m),
+        "timeouts": {
+            "tcpSyn": m.tcp_syn_secs,
+            "tcpEstablished": m.tcp_established_secs,
+            "tcpClosing": m.tcp_closing_secs,
+            "udp": m.udp_secs,
+            "icmp": m.icmp_secs,
+        },
+        "flows": flows,
+    })
+}
+
+fn masq_line(m: &MasqConfig, flows: usize) -> String {
+    if m.flags & masq_flags::ENABLED == 0 {
+        return format!("off ({flows} flows tracked)");
+    }
+    let mut s = format!(
+        "on, as {}, ports {}, {flows} flows",
+        addr(m.addr).unwrap_or_else(|| "?".into()),
+        port_ranges(m).join(",")
+    );
+    if let Some(p) = addr(m.prev_addr) {
+        s.push_str(&format!(", replies to {p} still translated"));
+    }
+    s.push_str(&format!(
+        "; timeouts tcp syn/est/closing {}/{}/{}s, udp {}s, icmp {}s",
+        m.tcp_syn_secs, m.tcp_established_secs, m.tcp_closing_secs, m.udp_secs, m.icmp_secs
+    ));
+    s
 }

@@ -32,6 +32,10 @@ pub enum Command {
     /// Benchmarks: Sluice, the reference plugins and a bare veth pair on one
     /// namespace testbed, interleaved, as ratios; writes docs/benchmarks.md (root).
     Bench(BenchArgs),
+    /// The connection loop `bench` runs inside a namespace (one side of the
+    /// new-connections-per-second figure).
+    #[command(hide = true)]
+    ConnLoop(ConnLoopArgs),
 }
 
 #[derive(Debug, Default, Args)]
@@ -95,6 +99,27 @@ pub struct BenchArgs {
     /// Pods for the ADD/DEL latency figures.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=200))]
     pub pods: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnLoopArgs {
+    #[arg(value_enum)]
+    pub mode: ConnLoopMode,
+    /// serve: the address to listen on; connect: the server's.
+    #[arg(long)]
+    pub addr: std::net::SocketAddr,
+    /// How long to connect (the server stays up 30 s longer).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub secs: u32,
+    /// At most this many connections.
+    #[arg(long, default_value_t = 20_000)]
+    pub max: u64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ConnLoopMode {
+    Serve,
+    Connect,
 }
 
 #[cfg(test)]

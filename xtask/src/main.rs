@@ -32,6 +32,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Command::ConnLoop(args) = &cli.command {
+        return bench::conn_loop(args);
+    }
     let ws = ws::Workspace::locate()?;
     match cli.command {
         Command::Setup(args) => setup::run(&args),
@@ -40,5 +43,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Test(args) => test::run(&ws, &args),
         Command::Demo(_) => demo::run(&ws),
         Command::Bench(args) => bench::run(&ws, &args),
+        Command::ConnLoop(args) => bench::conn_loop(&args),
     }
 }

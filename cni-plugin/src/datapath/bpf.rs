@@ -26,8 +26,8 @@ use aya::{
 };
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
-    map_names, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey,
-    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, LAYOUT_VERSION,
+    map_names, masq_flags, nat_flags, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo,
+    EndpointStats, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -691,13 +691,30 @@ pub fn counters(maps_dir: &Path) -> Result<Vec<u64>, Error> {
 }
 
 /// Writes the masquerade settings the programs read.
-pub fn write_masq(maps_dir: &Path, cfg: MasqConfig) -> Result<(), Error> {
+pub fn write_masq(maps_dir: &Path, mut cfg: MasqConfig) -> Result<(), Error> {
     let mut arr: Array<MapData, MasqConfig> = Array::try_from(open_map(maps_dir, map_names::MASQ)?)
         .map_err(|e| dp_err("open sl_masq", e))?;
-    if arr.get(&0, 0).ok() == Some(cfg) {
+    let old = arr.get(&0, 0).unwrap_or_default();
+    // A new address: flows opened before keep theirs and still get replies
+    // (`prev_addr`); flows of any older one are dropped from the maps.
+    let changed = old.flags & masq_flags::ENABLED != 0 && old.addr != cfg.addr;
+    if cfg.flags & masq_flags::ENABLED != 0 {
+        cfg.prev_addr = if changed { old.addr } else { old.prev_addr };
+        if cfg.prev_addr == cfg.addr {
+            cfg.prev_addr = [0; 4];
+        }
+    }
+    if old == cfg {
         return Ok(());
     }
-    arr.set(0, cfg, 0).map_err(|e| dp_err("write sl_masq", e))
+    arr.set(0, cfg, 0).map_err(|e| dp_err("write sl_masq", e))?;
+    if changed && cfg.flags & masq_flags::ENABLED != 0 {
+        let keep = [cfg.addr, cfg.prev_addr];
+        flush_nat_matching(maps_dir, |_, e| {
+            e.flags & nat_flags::INBOUND == 0 && !keep.contains(&e.nat_addr)
+        })?;
+    }
+    Ok(())
 }
 
 /// Makes the non-masquerade trie hold exactly `cidrs`: new prefixes are added
@@ -739,12 +756,18 @@ pub fn set_non_masq(maps_dir: &Path, cidrs: &[(u32, [u8; 4])]) -> Result<(), Err
 /// Deletes the masqueraded flows of pod addresses `ips` (both directions).
 /// Returns how many flows went.
 pub fn flush_nat(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<usize, Error> {
+    flush_nat_matching(maps_dir, |k, _| ips.contains(&k.src_ip))
+}
+
+/// Deletes the flows `doomed` picks, each with its reverse entry (made with the
+/// flow's own address; inbound flows have none).
+fn flush_nat_matching(
+    maps_dir: &Path,
+    doomed: impl Fn(&NatKey, &NatEntry) -> bool,
+) -> Result<usize, Error> {
     if !maps_dir.join(map_names::NAT_FWD).exists() {
         return Ok(0);
     }
-    let masq: Array<MapData, MasqConfig> = Array::try_from(open_map(maps_dir, map_names::MASQ)?)
-        .map_err(|e| dp_err("open sl_masq", e))?;
-    let addr = masq.get(&0, 0).map(|c| c.addr).unwrap_or_default();
     let mut fwd: HashMap<MapData, NatKey, NatEntry> =
         HashMap::try_from(open_map(maps_dir, map_names::NAT_FWD)?)
             .map_err(|e| dp_err("open sl_nat_fwd", e))?;
@@ -754,18 +777,12 @@ pub fn flush_nat(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<usize, Error> {
     let doomed: Vec<(NatKey, NatEntry)> = fwd
         .iter()
         .filter_map(Result::ok)
-        .filter(|(k, _)| ips.contains(&k.src_ip))
+        .filter(|(k, e)| doomed(k, e))
         .collect();
     for (k, e) in &doomed {
-        let rk = NatKey {
-            src_ip: k.dst_ip,
-            dst_ip: addr,
-            src_port: k.dst_port,
-            dst_port: e.nat_port,
-            proto: k.proto,
-            _pad: [0; 3],
-        };
-        let _ = rev.remove(&rk);
+        if e.flags & nat_flags::INBOUND == 0 {
+            let _ = rev.remove(&k.reverse(e.nat_addr, e.nat_port));
+        }
         let _ = fwd.remove(k);
     }
     Ok(doomed.len())

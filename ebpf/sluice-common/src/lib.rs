@@ -130,11 +130,18 @@ pub mod reason {
     pub const XDP_MASQ_DNAT: u32 = 27;
     /// masquerade: a truncated L4 header on a flow to be translated: dropped.
     pub const DROP_MASQ_MALFORMED: u32 = 28;
+    /// masquerade: a new connection from outside to a pod was tracked, so the
+    /// pod's replies leave untranslated.
+    pub const MASQ_INBOUND_FLOW: u32 = 29;
+    /// masquerade: a pod's TCP segment (not a SYN) to the outside without a flow
+    /// (expired, flushed, or never seen): dropped rather than sent with the pod's
+    /// address (kube-proxy drops conntrack INVALID likewise).
+    pub const DROP_MASQ_NO_FLOW: u32 = 30;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 29] = [
+    pub const NAMES: [&str; 31] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -164,6 +171,8 @@ pub mod reason {
         "nat_expired",
         "xdp_masq_dnat",
         "drop_masq_malformed",
+        "masq_inbound_flow",
+        "drop_masq_no_flow",
     ];
 }
 
@@ -192,7 +201,24 @@ pub struct NatKey {
     pub _pad: [u8; 3],
 }
 
-/// The state of a masqueraded flow (value of the forward map).
+impl NatKey {
+    /// The reverse key of this forward key for a flow that leaves with
+    /// `nat_addr`:`nat_port`: the tuple its replies carry.
+    #[inline(always)]
+    pub const fn reverse(&self, nat_addr: [u8; 4], nat_port: u16) -> NatKey {
+        NatKey {
+            src_ip: self.dst_ip,
+            dst_ip: nat_addr,
+            src_port: self.dst_port,
+            dst_port: nat_port,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// The state of a flow (value of the forward map): masqueraded (it has a reverse
+/// entry), or with [`nat_flags::INBOUND`] opened from outside (no translation).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct NatEntry {
@@ -200,12 +226,25 @@ pub struct NatEntry {
     pub nat_port: u16,
     /// [`nat_state`].
     pub state: u8,
-    pub _pad: u8,
-    /// Host veth of the pod (for `sluicectl nat list`).
+    /// [`nat_flags`].
+    pub flags: u8,
+    /// Host veth of the pod (for `sluicectl nat list`); 0 for the node's own.
     pub pod_ifindex: u32,
     /// `bpf_ktime_get_coarse_ns` of the last packet either way.
     pub last_seen_ns: u64,
     pub created_ns: u64,
+    /// The address the flow leaves with: it keeps it when `masqueradeAddress`
+    /// changes, and its reverse key is made with it.
+    pub nat_addr: [u8; 4],
+    pub _pad: u32,
+}
+
+pub mod nat_flags {
+    /// Opened from outside (a routed pod address): the pod's packets of this flow
+    /// are replies and leave untranslated; there is no reverse entry.
+    pub const INBOUND: u8 = 1 << 0;
+    /// The node's own ICMP echo, tracked so no pod flow takes its identifier.
+    pub const NODE: u8 = 1 << 1;
 }
 
 pub mod nat_state {
@@ -250,7 +289,9 @@ pub struct MasqConfig {
     pub tcp_closing_secs: u32,
     pub udp_secs: u32,
     pub icmp_secs: u32,
-    pub _pad: u32,
+    /// The address before the last change (0.0.0.0: none): replies to it are
+    /// still translated, for the flows opened before.
+    pub prev_addr: [u8; 4],
 }
 
 pub mod masq_flags {
@@ -511,9 +552,9 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::DROP_MASQ_MALFORMED + 1);
+        assert_eq!(reason::NAMES.len() as u32, reason::DROP_MASQ_NO_FLOW + 1);
         assert_eq!(size_of::<NatKey>(), 16);
-        assert_eq!(size_of::<NatEntry>(), 24);
+        assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<NatRev>(), 8);
         assert_eq!(size_of::<MasqConfig>(), 40);
     }

@@ -113,7 +113,10 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
     }
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
-        Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
+        Some(ep) if h.ttl() > 1 => {
+            nat::note_inbound(&ctx, &h, ep.ifindex);
+            endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD)
+        }
         Some(_) => {
             count(reason::PASS_TTL);
             TCX_NEXT
@@ -185,6 +188,7 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
             if h.v4_options_or_fragment() {
                 count(reason::IPV4_OPTIONS_OR_FRAGMENT);
             }
+            nat::note_inbound(&ctx, &h, ep.ifindex);
             endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
         }
         _ => {

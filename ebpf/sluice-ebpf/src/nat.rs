@@ -24,13 +24,16 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use network_types::ip::Ipv4Hdr;
-use sluice_common::{masq_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey, NatRev};
+use sluice_common::{
+    masq_flags, nat_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey, NatRev,
+};
 
 use crate::{
     counters::count,
     endpoint,
+    l3::{Headers, L3},
     maps::{ENDPOINTS, MASQ, NAT_FWD, NAT_REV, NON_MASQ},
-    packet::ptr_at,
+    packet::{ptr_at, Packet},
     TCX_NEXT,
 };
 
@@ -151,17 +154,10 @@ fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
     }
 }
 
-/// The reverse key of a forward flow `k` that left with `nat_port`.
+/// The reverse key of a forward flow `k` that left with `addr`:`nat_port`.
 #[inline(always)]
 fn rev_key(k: &NatKey, addr: [u8; 4], nat_port: u16) -> NatKey {
-    NatKey {
-        src_ip: k.dst_ip,
-        dst_ip: addr,
-        src_port: k.dst_port,
-        dst_port: nat_port,
-        proto: k.proto,
-        _pad: [0; 3],
-    }
+    k.reverse(addr, nat_port)
 }
 
 #[inline(always)]
@@ -210,10 +206,12 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
                 let e = NatEntry {
                     nat_port,
                     state,
-                    _pad: 0,
+                    flags: if pod_ifindex == 0 { nat_flags::NODE } else { 0 },
                     pod_ifindex,
                     last_seen_ns: t,
                     created_ns: t,
+                    nat_addr: cfg.addr,
+                    _pad: 0,
                 };
                 return match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
                     Ok(()) => {
@@ -330,6 +328,11 @@ pub fn snat(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    // Only echo requests open ICMP flows; echo replies and errors a pod sends
+    // answer the outside and leave as they are.
+    if ip.proto == PROTO_ICMP && ctx.load::<u8>(l4_off).is_ok_and(|t| t != ICMP_ECHO) {
+        return TCX_NEXT;
+    }
     let l4 = match l4(ctx, ip.proto, l4_off, ICMP_ECHO) {
         Ok(l) => l,
         Err(r) => {
@@ -351,6 +354,13 @@ pub fn snat(ctx: &TcContext) -> i32 {
         _pad: [0; 3],
     };
     if NAT_FWD.get_ptr(key).is_none() {
+        // A TCP segment other than a SYN opens nothing: its flow expired or was
+        // flushed, and with the pod's address it would only leak.
+        let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+        if ip.proto == PROTO_TCP && !syn {
+            count(reason::DROP_MASQ_NO_FLOW);
+            return TC_ACT_SHOT;
+        }
         let state = next_state(0, ip.proto, flags, false);
         if let Err(r) = allocate(&key, cfg, ep.ifindex, state) {
             count(r);
@@ -361,13 +371,18 @@ pub fn snat(ctx: &TcContext) -> i32 {
         count(reason::DROP_MASQ_MAP_FULL);
         return TC_ACT_SHOT;
     };
-    touch(e, ip.proto, flags, false);
     // SAFETY: a live map value.
-    let nat_port = unsafe { (*e).nat_port };
+    let (nat_port, nat_addr, eflags) = unsafe { ((*e).nat_port, (*e).nat_addr, (*e).flags) };
+    // A connection from outside: the pod answers from its own address.
+    if eflags & nat_flags::INBOUND != 0 {
+        touch(e, ip.proto, flags, true);
+        return TCX_NEXT;
+    }
+    touch(e, ip.proto, flags, false);
     let r = Rewrite {
         addr_off: ETH_LEN + 12,
         old_addr: ip.src_addr,
-        new_addr: cfg.addr,
+        new_addr: nat_addr,
         port_off: l4.sport_off,
         old_port: l4.sport,
         new_port: nat_port,
@@ -412,8 +427,8 @@ fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
     if nat_id != l4.sport {
         let r = Rewrite {
             addr_off: ETH_LEN + 12,
-            old_addr: cfg.addr,
-            new_addr: cfg.addr,
+            old_addr: ip.src_addr,
+            new_addr: ip.src_addr,
             port_off: l4.sport_off,
             old_port: l4.sport,
             new_port: nat_id,
@@ -440,10 +455,12 @@ fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
     let e = NatEntry {
         nat_port: k.src_port,
         state: nat_state::ICMP,
-        _pad: 0,
+        flags: nat_flags::NODE,
         pod_ifindex: 0,
         last_seen_ns: t,
         created_ns: t,
+        nat_addr: cfg.addr,
+        _pad: 0,
     };
     match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
@@ -458,13 +475,89 @@ fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
     }
 }
 
+/// A connection from outside straight to a local pod (routed pod addresses):
+/// tracked as an inbound flow, so that [`snat`] lets the pod's replies leave
+/// from the pod's own address, as nf_conntrack does for MASQUERADE. A TCP SYN or
+/// any UDP datagram opens one; ICMP needs none (only echo requests are
+/// masqueraded). Sources in `nonMasqueradeCIDRs` are skipped: replies to them are
+/// never translated anyway.
+#[inline(always)]
+pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
+    let Some(_cfg) = config() else {
+        return;
+    };
+    let L3::V4(ip) = h.l3 else {
+        return;
+    };
+    // SAFETY: `ip` was bounds checked by l3::parse.
+    let (src, dst, proto, vihl, frags) = unsafe {
+        (
+            (*ip).src_addr,
+            (*ip).dst_addr,
+            (*ip).proto,
+            (*ip).vihl,
+            (*ip).frags,
+        )
+    };
+    if (proto != PROTO_TCP && proto != PROTO_UDP) || u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return;
+    }
+    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    if proto == PROTO_TCP {
+        let Some(f) = ptr_at::<u8>(p, l4_off + 13) else {
+            return;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        if unsafe { *f } & (TCP_SYN | TCP_ACK) != TCP_SYN {
+            return;
+        }
+    }
+    if NON_MASQ.get(Key::new(32, src)).is_some() {
+        return;
+    }
+    let Some(ports) = ptr_at::<[u16; 2]>(p, l4_off) else {
+        return;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let [sport, dport] = unsafe { *ports };
+    let key = NatKey {
+        src_ip: dst,
+        dst_ip: src,
+        src_port: dport,
+        dst_port: sport,
+        proto,
+        _pad: [0; 3],
+    };
+    if NAT_FWD.get_ptr(key).is_some() {
+        return;
+    }
+    let t = now();
+    let e = NatEntry {
+        nat_port: dport,
+        state: if proto == PROTO_TCP {
+            nat_state::TCP_SYN
+        } else {
+            nat_state::UDP
+        },
+        flags: nat_flags::INBOUND,
+        pod_ifindex,
+        last_seen_ns: t,
+        created_ns: t,
+        nat_addr: [0; 4],
+        _pad: 0,
+    };
+    if NAT_FWD.insert(key, e, u64::from(BPF_NOEXIST)).is_ok() {
+        count(reason::MASQ_INBOUND_FLOW);
+    }
+}
+
 /// uplink ingress: translates replies (and ICMP errors about) masqueraded flows
 /// back and delivers them into the pod. `None`: not masquerade traffic.
 #[inline(always)]
 pub fn dnat(ctx: &TcContext) -> Option<i32> {
     let cfg = config()?;
     let ip = ipv4(ctx)?;
-    if ip.dst_addr != cfg.addr || is_fragment(&ip) {
+    if !is_nat_addr(cfg, ip.dst_addr) || is_fragment(&ip) {
         return None;
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
@@ -533,6 +626,12 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     Some(deliver(ctx, rev.pod_ip))
 }
 
+/// The masquerade address, or the one before (its flows still get replies).
+#[inline(always)]
+fn is_nat_addr(cfg: &MasqConfig, a: [u8; 4]) -> bool {
+    a == cfg.addr || (a == cfg.prev_addr && a != [0; 4])
+}
+
 /// An ICMP error quoting a masqueraded packet (its inner source is the masquerade
 /// address and NAT port): the inner source, the outer destination and the ICMP
 /// checksum are rewritten to the pod's. The inner IP header checksum is updated
@@ -543,7 +642,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
 fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
     let inner_off = l4_off + 8;
     let inner: Ipv4Hdr = ctx.load(inner_off).ok()?;
-    if inner.src_addr != cfg.addr {
+    if !is_nat_addr(cfg, inner.src_addr) {
         return None;
     }
     let inner_l4 = inner_off + usize::from(inner.vihl & 0x0f) * 4;
@@ -582,7 +681,7 @@ fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
     let (old_a, new_a) = (
-        u64::from(u32::from_ne_bytes(cfg.addr)),
+        u64::from(u32::from_ne_bytes(inner.src_addr)),
         u64::from(u32::from_ne_bytes(rev.pod_ip)),
     );
     let ok = ctx.l3_csum_replace(inner_off + 10, old_a, new_a, 4).is_ok()
@@ -668,7 +767,11 @@ extern "C" fn sweep_one(
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     if now.saturating_sub(e.last_seen_ns) > u64::from(secs) * 1_000_000_000 {
-        let _ = NAT_REV.remove(rev_key(&k, cfg.addr, e.nat_port));
+        // Inbound flows have no reverse entry (and their key could be a
+        // masqueraded flow's).
+        if e.flags & nat_flags::INBOUND == 0 {
+            let _ = NAT_REV.remove(rev_key(&k, e.nat_addr, e.nat_port));
+        }
         let _ = NAT_FWD.remove(k);
         count(reason::NAT_EXPIRED);
     }
@@ -720,7 +823,7 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
             (*ip).frags,
         )
     };
-    if dst != cfg.addr || u16::from_be_bytes(frags) & 0x3fff != 0 {
+    if !is_nat_addr(cfg, dst) || u16::from_be_bytes(frags) & 0x3fff != 0 {
         return None;
     }
     let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
@@ -759,7 +862,7 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
     let rev = *unsafe { NAT_REV.get(rk) }?;
     // A node echo's reply (see node_echo) is tc's: after XDP translated it, tc
     // would look its identifier up again.
-    if rev.pod_ip == cfg.addr {
+    if rev.pod_ip == dst {
         return None;
     }
     let fk = NatKey {

@@ -99,6 +99,39 @@ pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Resu
     Ok((pct("50.000")?, pct("99.000")?))
 }
 
+/// New TCP connections per second client -> server (`cargo xtask conn-loop`: one
+/// byte each way, the server closes first), at most `MAX_CONNS` per measurement:
+/// a masqueraded reference run leaves one nf_conntrack entry per connection for
+/// two minutes, and that table is shared with the host.
+pub fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+    const MAX_CONNS: u64 = 20_000;
+    let port = 5302;
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let target = format!("{addr}:{port}");
+    let mut s = pinned(server, &exe.to_string_lossy());
+    s.args(["conn-loop", "serve", "--addr", &target, "--secs"])
+        .arg(secs.to_string());
+    let _server = Background::spawn(s)?;
+    wait_listening(server, port, Duration::from_secs(5))?;
+    let mut c = pinned(client, "timeout");
+    c.arg("90")
+        .arg(&exe)
+        .args(["conn-loop", "connect", "--addr", &target, "--secs"])
+        .arg(secs.to_string())
+        .args(["--max", &MAX_CONNS.to_string()]);
+    let out = cmd::stdout(&mut c)?;
+    let v: Value = serde_json::from_str(&out).context("parsing conn-loop output")?;
+    let (done, failed, seconds) = (
+        v["connections"].as_f64().unwrap_or(0.0),
+        v["failed"].as_f64().unwrap_or(0.0),
+        v["seconds"].as_f64().unwrap_or(0.0),
+    );
+    if done == 0.0 || seconds <= 0.0 || failed > done / 100.0 {
+        bail!("connections to {target}: {done} completed, {failed} failed");
+    }
+    Ok(done / seconds)
+}
+
 /// p50 and p99 of a sample, in the sample's unit.
 pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);

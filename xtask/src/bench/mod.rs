@@ -2,7 +2,9 @@
 //! the limit (a bare veth pair) on the same namespace testbed, in one run,
 //! interleaved round by round, printed as ratios and written to
 //! docs/benchmarks.md. Absolute numbers drift 30% between runs on these VMs;
-//! the ratios within one run are what to compare.
+//! the ratios within one run are what to compare. Masquerade is measured on two
+//! more setups (both plugins with `ipMasq: true`) in the same run.
+mod connloop;
 mod measure;
 mod report;
 mod topology;
@@ -11,8 +13,12 @@ use anyhow::Result;
 
 use crate::{build, cli::BenchArgs, cli::SetupArgs, ebpf, setup, testbed::Testbed, ws::Workspace};
 
-use report::{Figure, Report};
+use report::{Figure, Report, REFERENCE_MASQ, SLUICE_MASQ};
 use topology::Setup;
+
+pub fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
+    connloop::run(args)
+}
 
 pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     setup::run(&SetupArgs::default())?;
@@ -23,13 +29,16 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         topology::limit(&mut tb)?,
         topology::reference(&mut tb)?,
         topology::sluice(&mut tb, &bins)?,
+        topology::reference_masq(&mut tb)?,
+        topology::sluice_masq(&mut tb, &bins)?,
     ];
     let mut report = Report::new(&setups);
     for round in 0..args.rounds {
         eprintln!("bench: round {} of {}", round + 1, args.rounds);
-        traffic_round(&tb, &setups, args.seconds, &mut report)?;
+        traffic_round(&tb, &setups[..3], args.seconds, &mut report)?;
+        masq_round(&tb, &setups, args.seconds, &mut report)?;
     }
-    lifecycle(&tb, &setups, usize::try_from(args.pods)?, &mut report)?;
+    lifecycle(&tb, &setups[..3], usize::try_from(args.pods)?, &mut report)?;
     drop(tb);
     let text = report.render(args);
     print!("{text}");
@@ -79,6 +88,35 @@ fn traffic_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> R
         );
         let (p50, _) = measure::tcp_rtt_us(ns(s.ext), ns(s.pod1), &s.pod1_ip, secs)?;
         r.add(Figure::ExtPodRttP50, i, p50);
+    }
+    Ok(())
+}
+
+/// The masquerade figures, pod -> external host, the two ipMasq setups in turn.
+fn masq_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> Result<()> {
+    let ns = |i| tb.ns(i);
+    let both = [REFERENCE_MASQ, SLUICE_MASQ];
+    for i in both {
+        let s = &setups[i];
+        r.add(
+            Figure::MasqGbps,
+            i,
+            measure::tcp_gbps(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,
+        );
+    }
+    for i in both {
+        let s = &setups[i];
+        let (p50, p99) = measure::tcp_rtt_us(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?;
+        r.add(Figure::MasqRttP50, i, p50);
+        r.add(Figure::MasqRttP99, i, p99);
+    }
+    for i in both {
+        let s = &setups[i];
+        r.add(
+            Figure::MasqConnsPerSec,
+            i,
+            measure::conns_per_sec(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,
+        );
     }
     Ok(())
 }

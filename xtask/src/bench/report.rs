@@ -20,21 +20,62 @@ pub enum Figure {
     AddP99,
     DelP50,
     DelP99,
+    MasqGbps,
+    MasqRttP50,
+    MasqRttP99,
+    MasqConnsPerSec,
 }
 
-const ALL: [Figure; 12] = [
-    Figure::PodPodGbps,
-    Figure::PodPodRttP50,
-    Figure::PodPodRttP99,
-    Figure::PodPodUdpKpps,
-    Figure::PodExtGbps,
-    Figure::PodExtRttP50,
-    Figure::ExtPodGbps,
-    Figure::ExtPodRttP50,
-    Figure::AddP50,
-    Figure::AddP99,
-    Figure::DelP50,
-    Figure::DelP99,
+/// Setup indexes (the order `bench::run` builds them in).
+pub const LIMIT: usize = 0;
+pub const REFERENCE: usize = 1;
+pub const SLUICE: usize = 2;
+pub const REFERENCE_MASQ: usize = 3;
+pub const SLUICE_MASQ: usize = 4;
+
+/// One table: its figures, the setups it shows, and Sluice's ratios to the others.
+struct Table {
+    title: &'static str,
+    figures: &'static [Figure],
+    columns: &'static [usize],
+    /// (header, numerator setup, denominator setup)
+    ratios: &'static [(&'static str, usize, usize)],
+}
+
+const TABLES: [Table; 2] = [
+    Table {
+        title: "Routing",
+        figures: &[
+            Figure::PodPodGbps,
+            Figure::PodPodRttP50,
+            Figure::PodPodRttP99,
+            Figure::PodPodUdpKpps,
+            Figure::PodExtGbps,
+            Figure::PodExtRttP50,
+            Figure::ExtPodGbps,
+            Figure::ExtPodRttP50,
+            Figure::AddP50,
+            Figure::AddP99,
+            Figure::DelP50,
+            Figure::DelP99,
+        ],
+        columns: &[LIMIT, REFERENCE, SLUICE],
+        ratios: &[
+            ("sluice/reference", SLUICE, REFERENCE),
+            ("sluice/limit", SLUICE, LIMIT),
+        ],
+    },
+    Table {
+        title: "Masquerade (pod -> external host without a route to the pods)",
+        figures: &[
+            Figure::MasqGbps,
+            Figure::MasqRttP50,
+            Figure::MasqRttP99,
+            Figure::MasqConnsPerSec,
+        ],
+        columns: &[REFERENCE_MASQ, SLUICE_MASQ],
+        ratios: &[("sluice/reference", SLUICE_MASQ, REFERENCE_MASQ)],
+    },
 ];
 
 impl Figure {
@@ -52,13 +93,22 @@ impl Figure {
             Self::AddP99 => "ADD latency p99 (ms)",
             Self::DelP50 => "DEL latency p50 (ms)",
             Self::DelP99 => "DEL latency p99 (ms)",
+            Self::MasqGbps => "masqueraded TCP throughput (Gbit/s)",
+            Self::MasqRttP50 => "masqueraded TCP RTT median (us)",
+            Self::MasqRttP99 => "masqueraded TCP RTT p99 (us)",
+            Self::MasqConnsPerSec => "masqueraded new TCP connections per second",
         }
     }
 
     fn higher_is_better(self) -> bool {
         matches!(
             self,
-            Self::PodPodGbps | Self::PodPodUdpKpps | Self::PodExtGbps | Self::ExtPodGbps
+            Self::PodPodGbps
+                | Self::PodPodUdpKpps
+                | Self::PodExtGbps
+                | Self::ExtPodGbps
+                | Self::MasqGbps
+                | Self::MasqConnsPerSec
         )
     }
 }
@@ -114,17 +164,15 @@ impl Report {
         }
     }
 
-    /// Rows: label, one cell per setup, Sluice/reference, Sluice/limit.
-    fn rows(&self) -> Vec<Vec<String>> {
-        let (limit, reference, sluice) = (0, 1, 2);
-        ALL.iter()
+    /// Rows of table `t`: label, one cell per setup, then Sluice's ratios.
+    fn rows(&self, t: &Table) -> Vec<Vec<String>> {
+        t.figures
+            .iter()
             .map(|f| {
-                let cell = |s| self.cell(*f, s);
                 let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
                     (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
                     _ => "-".into(),
                 };
-                let s = self.value(*f, sluice);
                 let mut row = vec![format!(
                     "{}{}",
                     f.label(),
@@ -134,19 +182,21 @@ impl Report {
                         " [lower is better]"
                     }
                 )];
-                row.extend((0..self.setups.len()).map(cell));
-                row.push(ratio(s, self.value(*f, reference)));
-                row.push(ratio(s, self.value(*f, limit)));
+                row.extend(t.columns.iter().map(|s| self.cell(*f, *s)));
+                row.extend(
+                    t.ratios
+                        .iter()
+                        .map(|(_, a, b)| ratio(self.value(*f, *a), self.value(*f, *b))),
+                );
                 row
             })
             .collect()
     }
 
-    fn header(&self) -> Vec<String> {
+    fn header(&self, t: &Table) -> Vec<String> {
         let mut h = vec!["figure".to_string()];
-        h.extend(self.setups.iter().map(|s| (*s).to_string()));
-        h.push("sluice/reference".into());
-        h.push("sluice/limit".into());
+        h.extend(t.columns.iter().map(|s| self.setups[*s].to_string()));
+        h.extend(t.ratios.iter().map(|(name, _, _)| (*name).to_string()));
         h
     }
 
@@ -154,10 +204,12 @@ impl Report {
     fn targets(&self) -> Vec<String> {
         let v = |f, s| self.value(f, s).unwrap_or(f64::NAN);
         let check = |ok: bool| if ok { "met" } else { "NOT met" };
-        let tput_lim = v(Figure::PodPodGbps, 2) / v(Figure::PodPodGbps, 0);
-        let tput_ref = v(Figure::PodPodGbps, 2) / v(Figure::PodPodGbps, 1);
-        let rtt_lim = v(Figure::PodPodRttP50, 2) / v(Figure::PodPodRttP50, 0);
-        let add_ref = v(Figure::AddP50, 2) / v(Figure::AddP50, 1);
+        let tput_lim = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, LIMIT);
+        let tput_ref = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, REFERENCE);
+        let rtt_lim = v(Figure::PodPodRttP50, SLUICE) / v(Figure::PodPodRttP50, LIMIT);
+        let add_ref = v(Figure::AddP50, SLUICE) / v(Figure::AddP50, REFERENCE);
+        let masq = |f| v(f, SLUICE_MASQ) / v(f, REFERENCE_MASQ);
+        let (masq_tput, masq_conns) = (masq(Figure::MasqGbps), masq(Figure::MasqConnsPerSec));
         vec![
             format!(
                 "pod->pod throughput >= 0.95x limit: {tput_lim:.3}x, {}",
@@ -175,6 +227,14 @@ impl Report {
                 "ADD p50 <= 0.5x reference: {add_ref:.3}x, {}",
                 check(add_ref <= 0.5)
             ),
+            format!(
+                "masqueraded throughput >= 1.0x reference (bridge ipMasq): {masq_tput:.3}x, {}",
+                check(masq_tput >= 1.0)
+            ),
+            format!(
+                "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): {masq_conns:.3}x, {}",
+                check(masq_conns >= 1.2)
+            ),
         ]
     }
 
@@ -186,32 +246,36 @@ impl Report {
              TCP throughput: iperf3, one stream; RTT: sockperf ping-pong, 64-byte messages, full round trip; \
              UDP: iperf3 -u -l 64 -b 0, packets received per second; \
              ADD/DEL: {} pods, each plugin run spawned from a thread inside the node namespace (as a runtime \
-             in that namespace runs it), on a node whose network is already up.",
+             in that namespace runs it), on a node whose network is already up; \
+             new connections: `cargo xtask conn-loop` (connect, one byte each way, the server closes first, \
+             one connection at a time, at most 20000 per measurement).",
             args.rounds, args.seconds, args.pods
         )
     }
 
     pub fn render(&self, args: &BenchArgs) -> String {
         let mut out = String::new();
-        let rows = self.rows();
-        let header = self.header();
-        let mut widths: Vec<usize> = header.iter().map(String::len).collect();
-        for r in &rows {
-            for (w, c) in widths.iter_mut().zip(r) {
-                *w = (*w).max(c.len());
+        for t in &TABLES {
+            let rows = self.rows(t);
+            let header = self.header(t);
+            let mut widths: Vec<usize> = header.iter().map(String::len).collect();
+            for r in &rows {
+                for (w, c) in widths.iter_mut().zip(r) {
+                    *w = (*w).max(c.len());
+                }
             }
-        }
-        let line = |cells: &[String]| {
-            cells
-                .iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
-        let _ = writeln!(out, "\n{}", line(&header));
-        for r in &rows {
-            let _ = writeln!(out, "{}", line(r));
+            let line = |cells: &[String]| {
+                cells
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect::<Vec<_>>()
+                    .join("  ")
+            };
+            let _ = writeln!(out, "\n{}:\n{}", t.title, line(&header));
+            for r in &rows {
+                let _ = writeln!(out, "{}", line(r));
+            }
         }
         let _ = writeln!(out, "\ntargets:");
         for t in self.targets() {
@@ -234,12 +298,17 @@ impl Report {
              between runs on these VMs; compare the ratios.\n\n",
         );
         let _ = writeln!(md, "Machine: {}\n", machine());
-        let _ = writeln!(md, "| {} |", self.header().join(" | "));
-        let _ = writeln!(md, "|{}", " --- |".repeat(self.header().len()));
-        for r in self.rows() {
-            let _ = writeln!(md, "| {} |", r.join(" | "));
+        for t in &TABLES {
+            let header = self.header(t);
+            let _ = writeln!(md, "## {}\n", t.title);
+            let _ = writeln!(md, "| {} |", header.join(" | "));
+            let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
+            for r in self.rows(t) {
+                let _ = writeln!(md, "| {} |", r.join(" | "));
+            }
+            md.push('\n');
         }
-        md.push_str("\n## Targets (issue: routing datapath)\n\n");
+        md.push_str("## Targets (issues: routing datapath, masquerade)\n\n");
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
         }
@@ -263,6 +332,13 @@ const PATHS: &str = "
   `from_pod` looks up the FIB and `bpf_redirect`s to the uplink's egress. external ->
   pod: `uplink_in` on the uplink's ingress redirects with `bpf_redirect_peer` into
   the pod.
+- **bridge ipMasq**: as bridge+host-local, plus the bridge plugin's iptables chain
+  (`MASQUERADE` for everything outside the pod subnet) in the node namespace:
+  nf_conntrack tracks every flow and nf_nat rewrites it on the way out and back.
+- **sluice ipMasq**: as sluice, plus `uplink_out` on the uplink's tc egress, which
+  tracks the flow in Sluice's NAT maps and rewrites source address and port;
+  `uplink_in` translates the replies back and redirects them into the pod. The
+  node's netfilter never sees these packets.
 
 ## Reading the targets
 

@@ -1,6 +1,8 @@
-//! The three testbeds of one run, same shape: a bare veth pair (the limit), the
-//! reference plugins (bridge + host-local) and Sluice, each of the latter two a
-//! node namespace with two pods and an "external" host behind its uplink.
+//! The testbeds of one run, same shape: a bare veth pair (the limit), the
+//! reference plugins (bridge + host-local) and Sluice, each of the latter a node
+//! namespace with two pods and an "external" host behind its uplink; and both
+//! plugins again with `ipMasq: true`, where the external host has no route to the
+//! pods, so only masqueraded traffic gets answers.
 use serde_json::{json, Value};
 
 use crate::{
@@ -56,6 +58,7 @@ fn node_with_pods(
     n: u8,
     plugin: &std::path::Path,
     conf: Value,
+    masq: bool,
 ) -> Result<Setup> {
     let node = tb.netns(&format!("{tag}-node"))?;
     let ext = tb.netns(&format!("{tag}-ext"))?;
@@ -72,8 +75,10 @@ fn node_with_pods(
     )?;
     tb.ns(node)
         .ip(&["route", "add", "default", "via", &ext_ip])?;
-    tb.ns(ext)
-        .ip(&["route", "add", &format!("10.{n}.0.0/24"), "via", &node_ip])?;
+    if !masq {
+        tb.ns(ext)
+            .ip(&["route", "add", &format!("10.{n}.0.0/24"), "via", &node_ip])?;
+    }
     let cni = Cni {
         node: tb.ns(node),
         plugin,
@@ -105,45 +110,79 @@ fn node_with_pods(
 
 /// bridge + host-local, as the reference plugins' users run them.
 pub fn reference(tb: &mut Testbed) -> Result<Setup> {
-    let n = 81;
+    reference_with(tb, "bridge+host-local", "ref", 81, false)
+}
+
+/// The same with `ipMasq: true`: the bridge plugin adds an iptables MASQUERADE
+/// chain in the node namespace, which nf_conntrack and nf_nat carry out.
+pub fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
+    reference_with(tb, "bridge ipMasq", "rmq", 83, true)
+}
+
+fn reference_with(
+    tb: &mut Testbed,
+    name: &'static str,
+    tag: &str,
+    n: u8,
+    masq: bool,
+) -> Result<Setup> {
     let conf = json!({
         "cniVersion": "1.0.0",
-        "name": "benchref",
+        "name": format!("bench{tag}"),
         "type": "bridge",
-        "bridge": "brbench0",
+        "bridge": format!("br{tag}0"),
         "isGateway": true,
+        "ipMasq": masq,
         "ipam": {
             "type": "host-local",
             "subnet": format!("10.{n}.0.0/24"),
             "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": tb.dir.join("ref-ipam"),
+            "dataDir": tb.dir.join(format!("{tag}-ipam")),
         },
     });
     node_with_pods(
         tb,
-        "bridge+host-local",
-        "ref",
+        name,
+        tag,
         n,
         std::path::Path::new("/usr/lib/cni/bridge"),
         conf,
+        masq,
     )
 }
 
 /// Sluice with its defaults (cls_bpf pod attachment, XDP auto on the uplink).
 pub fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    let n = 82;
+    sluice_with(tb, bins, "sluice", "sl", 82, false)
+}
+
+/// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
+/// through its tc ingress (Sluice's own NAT maps, no nf_conntrack).
+pub fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
+    sluice_with(tb, bins, "sluice ipMasq", "smq", 84, true)
+}
+
+fn sluice_with(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    name: &'static str,
+    tag: &str,
+    n: u8,
+    masq: bool,
+) -> Result<Setup> {
     let conf = json!({
         "cniVersion": "1.1.0",
-        "name": "benchsl",
+        "name": format!("bench{tag}"),
         "type": "sluice",
-        "pinRoot": tb.pin_root("bench"),
-        "stateDir": tb.dir.join("sl-state"),
+        "ipMasq": masq,
+        "pinRoot": tb.pin_root(tag),
+        "stateDir": tb.dir.join(format!("{tag}-state")),
         "ipam": {
             "type": "sluice",
             "subnet": format!("10.{n}.0.0/24"),
             "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": tb.dir.join("sl-ipam"),
+            "dataDir": tb.dir.join(format!("{tag}-ipam")),
         },
     });
-    node_with_pods(tb, "sluice", "sl", n, &bins.sluice, conf)
+    node_with_pods(tb, name, tag, n, &bins.sluice, conf, masq)
 }
