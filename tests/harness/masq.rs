@@ -243,13 +243,89 @@ pub fn tcp_connect(netns: &Path, bind: Option<SocketAddr>, to: SocketAddr) -> Re
             )
         };
         if r < 0 {
-            return Err(last_os_error(&format!("connecting {bind:?} -> {to}")));
+            let e = std::io::Error::last_os_error();
+            // A blocking connect cut short by SO_SNDTIMEO says EINPROGRESS.
+            let why = if e.raw_os_error() == Some(libc::EINPROGRESS) {
+                format!("no answer within {IO_TIMEOUT:?}")
+            } else {
+                e.to_string()
+            };
+            return Err(err!("connecting {bind:?} -> {to}: {why}"));
         }
         let s = TcpStream::from(fd);
         s.set_read_timeout(Some(IO_TIMEOUT))?;
         s.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(s)
     })
+}
+
+/// A TCP listener on `bind` in the namespace at `netns`.
+pub fn tcp_listen(netns: &Path, bind: SocketAddr) -> Result<TcpListener> {
+    in_netns(netns, move || {
+        TcpListener::bind(bind).map_err(|e| err!("listening on TCP {bind}: {e}"))
+    })
+}
+
+/// The next connection of `l`, waiting at most [`IO_TIMEOUT`]; reads and writes
+/// time out after [`IO_TIMEOUT`].
+pub fn tcp_accept(l: &TcpListener) -> Result<TcpStream> {
+    l.set_nonblocking(true)?;
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(err!("no connection within {IO_TIMEOUT:?}"));
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
+/// Closes `s` with a reset (`SO_LINGER` 0): no FIN, no TIME_WAIT.
+pub fn tcp_abort(s: TcpStream) -> Result<()> {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is a live linger of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&l).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(last_os_error("SO_LINGER"));
+    }
+    drop(s);
+    Ok(())
+}
+
+/// Writes `data` on `from` and reads exactly as many bytes on `to`, which must
+/// be the same: one direction of a connection whose two ends the test holds.
+pub fn tcp_send_over(from: &TcpStream, to: &TcpStream, data: &[u8]) -> Result<()> {
+    (&*from)
+        .write_all(data)
+        .map_err(|e| err!("writing {} bytes: {e}", data.len()))?;
+    let mut back = vec![0u8; data.len()];
+    (&*to)
+        .read_exact(&mut back)
+        .map_err(|e| err!("reading {} bytes on the other end: {e}", data.len()))?;
+    if back != data {
+        return Err(err!("{} bytes arrived changed", data.len()));
+    }
+    Ok(())
 }
 
 /// Deterministic payload of an echo: byte `i` is `(i * 7 + salt) mod 251`.
@@ -536,6 +612,12 @@ pub fn icmp_echo_request(ident: u16, seq: u16, data: &[u8]) -> Vec<u8> {
     m
 }
 
+impl AsRawFd for Pinger {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 impl Pinger {
     /// Opens the socket in the namespace at `netns`.
     pub fn new(netns: &Path) -> Result<Self> {
@@ -562,6 +644,44 @@ impl Pinger {
             )?;
             Ok(Self { fd })
         })
+    }
+
+    /// Sends one echo request to `dst` and does not wait.
+    pub fn send(&self, dst: Ipv4Addr, ident: u16, seq: u16) -> Result<()> {
+        let msg = icmp_echo_request(ident, seq, &payload(48, seq as u8));
+        let sa = sockaddr_in(SocketAddrV4::new(dst, 0));
+        // SAFETY: `msg` and `sa` are live for the sizes passed.
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                std::ptr::from_ref(&sa).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(last_os_error(&format!("sending an echo request to {dst}")));
+        }
+        Ok(())
+    }
+
+    /// The first ICMP packet (IP header included) for which `want` holds,
+    /// waiting at most `wait`.
+    pub fn recv_matching(&self, wait: Duration, want: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 2048];
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            // SAFETY: `buf` is live and writable for its length.
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let Ok(n) = usize::try_from(n) else { continue };
+            if want(&buf[..n]) {
+                return Some(buf[..n].to_vec());
+            }
+        }
+        None
     }
 
     /// Sends one echo request to `dst` and waits up to `wait` for its reply
