@@ -759,3 +759,40 @@ pub fn ipv4_of(ip: IpAddr) -> Result<Ipv4Addr> {
         IpAddr::V6(_) => Err(err!("{ip} is not IPv4")),
     }
 }
+
+/// Whether an Ethernet frame's IPv4 header checksum and its TCP, UDP or ICMP
+/// checksum are right (`None`: not such a frame, or a fragment). A UDP checksum
+/// of 0 (none) counts as right. Only meaningful for frames sent with complete
+/// checksums (TX checksum offload off on the sender).
+pub fn checksums_ok(frame: &[u8]) -> Option<bool> {
+    let ip = frame.get(14..)?;
+    if frame.get(12..14)? != [0x08, 0x00] || ip.len() < 20 {
+        return None;
+    }
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
+    if frag != 0 || total < ihl || total > ip.len() {
+        return None;
+    }
+    let header_ok = checksum(&ip[..ihl]) == 0;
+    let l4 = &ip[ihl..total];
+    let proto = ip[9];
+    let l4_ok = match proto {
+        1 => checksum(l4) == 0,
+        6 | 17 => {
+            if proto == 17 && l4.get(6..8)? == [0, 0] {
+                true
+            } else {
+                let mut pseudo = Vec::with_capacity(12 + l4.len());
+                pseudo.extend_from_slice(&ip[12..20]);
+                pseudo.extend_from_slice(&[0, proto]);
+                pseudo.extend_from_slice(&u16::try_from(l4.len()).ok()?.to_be_bytes());
+                pseudo.extend_from_slice(l4);
+                checksum(&pseudo) == 0
+            }
+        }
+        _ => return None,
+    };
+    Some(header_ok && l4_ok)
+}
