@@ -79,13 +79,20 @@ fn pinned_hash(node: &Node) -> String {
 
 /// The pinned programs' ids by name (`progs/*`).
 fn pinned_programs(node: &Node) -> BTreeMap<String, u64> {
-    ["from_pod", "to_pod", "uplink_in", "uplink_out", "uplink_xdp", "nat_sweep"]
-        .iter()
-        .map(|n| {
-            let id = look::pinned_prog_id(&node.pin_root().join("progs").join(n)).unwrap();
-            ((*n).to_string(), id)
-        })
-        .collect()
+    [
+        "from_pod",
+        "to_pod",
+        "uplink_in",
+        "uplink_out",
+        "uplink_xdp",
+        "nat_sweep",
+    ]
+    .iter()
+    .map(|n| {
+        let id = look::pinned_prog_id(&node.pin_root().join("progs").join(n)).unwrap();
+        ((*n).to_string(), id)
+    })
+    .collect()
 }
 
 /// (from_pod, to_pod) program ids attached to the pod's host veth.

@@ -33,18 +33,21 @@ pub async fn spec(
         None => uplink_v4(host_nl, uplink).await?,
     };
     let node_range = node_port_range()?;
-    let (port_min, port_max) = nat_ports(conf.masq.ports, node_range)?;
+    let [(port_min, port_max), (port2_min, port2_max)] = nat_ports(conf.masq.ports, node_range)?;
     let t = conf.masq.timeouts;
     let config = MasqConfig {
         addr: addr.octets(),
         flags: masq_flags::ENABLED,
         port_min,
         port_max,
+        port2_min,
+        port2_max,
         tcp_syn_secs: t.tcp_syn,
         tcp_established_secs: t.tcp_established,
         tcp_closing_secs: t.tcp_closing,
         udp_secs: t.udp,
         icmp_secs: t.icmp,
+        _pad: 0,
     };
     let non_masq = match &conf.masq.non_masq {
         Some(v) => v.clone(),
@@ -100,36 +103,43 @@ fn parse_range(s: &str) -> Option<(u16, u16)> {
     Some((it.next()?.ok()?, it.next()?.ok()?))
 }
 
-/// NAT ports: the configured range, or the ports above the node's ephemeral range.
-/// Either way disjoint from it, so a masqueraded flow never takes the tuple of a
-/// connection the node itself makes to the same server.
-fn nat_ports(configured: Option<(u16, u16)>, node: (u16, u16)) -> Result<(u16, u16), Error> {
+/// No second range.
+const NONE: (u16, u16) = (1, 0);
+
+/// NAT ports: the configured range, or every port from 1024 up that lies outside
+/// the node's ephemeral range (two ranges, e.g. 1024-32767 and 61000-65535). Either
+/// way disjoint from the ephemeral range, so a masqueraded flow never takes the
+/// tuple of a connection the node itself makes to the same server. (Ports below
+/// 1024 are left alone: some clients bind them on purpose, e.g. NFS.)
+fn nat_ports(configured: Option<(u16, u16)>, node: (u16, u16)) -> Result<[(u16, u16); 2], Error> {
     let (lo, hi) = node;
-    match configured {
-        Some((a, b)) => {
-            if a <= hi && b >= lo {
-                return Err(Error::config(
-                    "masqueradePorts",
-                    format!("{a}-{b}"),
-                    format!("overlaps the node's ip_local_port_range {lo}-{hi}"),
-                ));
-            }
-            Ok((a, b))
+    if let Some((a, b)) = configured {
+        if a <= hi && b >= lo {
+            return Err(Error::config(
+                "masqueradePorts",
+                format!("{a}-{b}"),
+                format!("overlaps the node's ip_local_port_range {lo}-{hi}"),
+            ));
         }
-        None => {
-            let free = 65_535 - u32::from(hi);
-            if free < MIN_PORTS {
-                return Err(Error::config(
-                    "masqueradePorts",
-                    "null",
-                    format!(
-                        "the node's ip_local_port_range {lo}-{hi} leaves only {free} ports above it; set masqueradePorts to a range outside it"
-                    ),
-                ));
-            }
-            Ok((hi + 1, 65_535))
-        }
+        return Ok([(a, b), NONE]);
     }
+    let below = (lo > 1024).then(|| (1024, lo - 1));
+    let above = (hi < 65_535).then(|| (hi + 1, 65_535));
+    let count = |r: Option<(u16, u16)>| r.map_or(0, |(a, b)| u32::from(b - a) + 1);
+    if count(below) + count(above) < MIN_PORTS {
+        return Err(Error::config(
+            "masqueradePorts",
+            "null",
+            format!(
+                "the node's ip_local_port_range {lo}-{hi} leaves fewer than {MIN_PORTS} ports from 1024 up; set masqueradePorts to a range outside it"
+            ),
+        ));
+    }
+    Ok(match (below, above) {
+        (Some(a), Some(b)) => [a, b],
+        (Some(a), None) | (None, Some(a)) => [a, NONE],
+        (None, None) => [NONE, NONE],
+    })
 }
 
 /// This network's pods, here and on the other nodes: the IPAM ranges, the pod's
@@ -167,13 +177,24 @@ mod tests {
 
     #[test]
     fn nat_ports_stay_off_the_node_range() {
-        assert_eq!(nat_ports(None, (32768, 60999)).unwrap(), (61000, 65535));
+        assert_eq!(
+            nat_ports(None, (32768, 60999)).unwrap(),
+            [(1024, 32767), (61000, 65535)]
+        );
+        assert_eq!(
+            nat_ports(None, (1024, 40000)).unwrap(),
+            [(40001, 65535), NONE]
+        );
+        assert_eq!(
+            nat_ports(None, (30000, 65535)).unwrap(),
+            [(1024, 29999), NONE]
+        );
         let e = nat_ports(None, (1024, 65000)).unwrap_err();
         assert_eq!(e.code(), 7);
         assert!(e.to_string().contains("1024-65000"));
         assert_eq!(
             nat_ports(Some((20000, 29999)), (32768, 60999)).unwrap(),
-            (20000, 29999)
+            [(20000, 29999), NONE]
         );
         let e = nat_ports(Some((60000, 62000)), (32768, 60999)).unwrap_err();
         assert!(e.to_string().contains("60000-62000"), "{e}");

@@ -101,6 +101,8 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
                     "state": state_name(e.state),
                     "idleSeconds": idle(e),
                     "hostIfindex": e.pod_ifindex,
+                    // The node's own ping, tracked so pods cannot take its identifier.
+                    "node": e.pod_ifindex == 0,
                 })
             })
             .collect();
@@ -112,7 +114,12 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
         .map(|(k, e)| {
             vec![
                 proto_name(k.proto).to_string(),
-                format!("{}:{}", Ipv4Addr::from(k.src_ip), u16::from_be(k.src_port)),
+                format!(
+                    "{}{}:{}",
+                    if e.pod_ifindex == 0 { "node " } else { "" },
+                    Ipv4Addr::from(k.src_ip),
+                    u16::from_be(k.src_port)
+                ),
                 format!("{}:{}", Ipv4Addr::from(masq.addr), u16::from_be(e.nat_port)),
                 format!("{}:{}", Ipv4Addr::from(k.dst_ip), u16::from_be(k.dst_port)),
                 state_name(e.state).to_string(),

@@ -237,16 +237,20 @@ pub struct MasqConfig {
     pub addr: [u8; 4],
     /// [`masq_flags`].
     pub flags: u32,
-    /// NAT ports, host byte order, inclusive: disjoint from the node's
-    /// `ip_local_port_range`, so they never collide with the node's own sockets.
+    /// NAT ports, host byte order, inclusive: up to two ranges, disjoint from the
+    /// node's `ip_local_port_range`, so they never collide with the node's own
+    /// outgoing connections. An empty second range has `port2_min > port2_max`.
     pub port_min: u16,
     pub port_max: u16,
+    pub port2_min: u16,
+    pub port2_max: u16,
     /// Timeouts in seconds.
     pub tcp_syn_secs: u32,
     pub tcp_established_secs: u32,
     pub tcp_closing_secs: u32,
     pub udp_secs: u32,
     pub icmp_secs: u32,
+    pub _pad: u32,
 }
 
 pub mod masq_flags {
@@ -511,7 +515,7 @@ mod tests {
         assert_eq!(size_of::<NatKey>(), 16);
         assert_eq!(size_of::<NatEntry>(), 24);
         assert_eq!(size_of::<NatRev>(), 8);
-        assert_eq!(size_of::<MasqConfig>(), 32);
+        assert_eq!(size_of::<MasqConfig>(), 40);
     }
 
     #[test]

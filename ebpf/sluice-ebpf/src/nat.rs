@@ -180,7 +180,13 @@ fn flow_hash(k: &NatKey) -> u32 {
 /// port ours), then the forward entry.
 #[inline(always)]
 fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result<(), u32> {
-    let range = u32::from(cfg.port_max.saturating_sub(cfg.port_min)) + 1;
+    let n1 = u32::from(cfg.port_max.saturating_sub(cfg.port_min)) + 1;
+    let n2 = if cfg.port2_min <= cfg.port2_max {
+        u32::from(cfg.port2_max - cfg.port2_min) + 1
+    } else {
+        0
+    };
+    let range = n1 + n2;
     let h = flow_hash(k);
     let rev = NatRev {
         pod_ip: k.src_ip,
@@ -189,9 +195,13 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
     };
     let mut i = 0;
     while i < PORT_TRIES {
-        let port = cfg
-            .port_min
-            .wrapping_add(((h.wrapping_add(i)) % range) as u16);
+        // An index over both ranges, first then second.
+        let idx = h.wrapping_add(i) % range;
+        let port = if idx < n1 {
+            cfg.port_min.wrapping_add(idx as u16)
+        } else {
+            cfg.port2_min.wrapping_add((idx - n1) as u16)
+        };
         let nat_port = port.to_be();
         let rk = rev_key(k, cfg.addr, nat_port);
         match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
@@ -235,7 +245,16 @@ fn next_state(cur: u8, proto: u8, flags: u8, reply: bool) -> u8 {
     match proto {
         PROTO_TCP if flags & (TCP_FIN | TCP_RST) != 0 => nat_state::TCP_CLOSING,
         PROTO_TCP if cur == nat_state::TCP_SYN && reply => nat_state::TCP_ESTABLISHED,
-        PROTO_TCP if cur == 0 && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 => nat_state::TCP_SYN,
+        // A SYN from the pod opens a connection: on a new flow, or on a flow the
+        // previous connection of the same 4-tuple left closing.
+        PROTO_TCP
+            if !reply
+                && (cur == 0 || cur == nat_state::TCP_CLOSING)
+                && flags & TCP_SYN != 0
+                && flags & TCP_ACK == 0 =>
+        {
+            nat_state::TCP_SYN
+        }
         // A flow first seen mid-stream (after a restart or expiry) is established.
         PROTO_TCP if cur == 0 => nat_state::TCP_ESTABLISHED,
         PROTO_TCP => cur,
@@ -298,6 +317,9 @@ pub fn snat(ctx: &TcContext) -> i32 {
     };
     // SAFETY: map values are only read.
     let Some(ep) = (unsafe { ENDPOINTS.get(IpKey::v4(ip.src_addr)) }) else {
+        if ip.src_addr == cfg.addr && ip.proto == PROTO_ICMP && !is_fragment(&ip) {
+            node_echo(ctx, cfg, &ip);
+        }
         return TCX_NEXT;
     };
     if NON_MASQ.get(Key::new(32, ip.dst_addr)).is_some() {
@@ -356,6 +378,84 @@ pub fn snat(ctx: &TcContext) -> i32 {
     }
     count(reason::MASQ_SNAT);
     TCX_NEXT
+}
+
+/// The node's own ICMP echo requests. Echo identifiers are not split like ports
+/// (ping sockets hand out all 65535), so a node ping could use a pod flow's NAT
+/// identifier to the same destination and its reply would be delivered into the
+/// pod. So node echoes are flows too (`pod_ifindex` 0): a free identifier is
+/// reserved as it is, one a pod flow holds is translated like a pod's. Node
+/// traffic is never dropped here: without room in the maps it leaves untracked.
+#[inline(always)]
+fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    let Ok(l4) = l4(ctx, PROTO_ICMP, l4_off, ICMP_ECHO) else {
+        return;
+    };
+    let key = NatKey {
+        src_ip: ip.src_addr,
+        dst_ip: ip.dst_addr,
+        src_port: l4.sport,
+        dst_port: 0,
+        proto: PROTO_ICMP,
+        _pad: [0; 3],
+    };
+    if NAT_FWD.get_ptr(key).is_none() && reserve(&key, cfg).is_err() {
+        let _ = allocate(&key, cfg, 0, nat_state::ICMP);
+    }
+    let Some(e) = NAT_FWD.get_ptr_mut(key) else {
+        return;
+    };
+    touch(e, PROTO_ICMP, 0, false);
+    // SAFETY: a live map value.
+    let nat_id = unsafe { (*e).nat_port };
+    if nat_id != l4.sport {
+        let r = Rewrite {
+            addr_off: ETH_LEN + 12,
+            old_addr: cfg.addr,
+            new_addr: cfg.addr,
+            port_off: l4.sport_off,
+            old_port: l4.sport,
+            new_port: nat_id,
+        };
+        if rewrite(ctx, &l4, &r).is_ok() {
+            count(reason::MASQ_SNAT);
+        }
+    }
+}
+
+/// Takes a node echo's own identifier as its NAT identifier, if no flow holds it.
+#[inline(always)]
+fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
+    let rk = rev_key(k, cfg.addr, k.src_port);
+    let rev = NatRev {
+        pod_ip: k.src_ip,
+        pod_port: k.src_port,
+        _pad: 0,
+    };
+    NAT_REV
+        .insert(rk, rev, u64::from(BPF_NOEXIST))
+        .map_err(|_| ())?;
+    let t = now();
+    let e = NatEntry {
+        nat_port: k.src_port,
+        state: nat_state::ICMP,
+        _pad: 0,
+        pod_ifindex: 0,
+        last_seen_ns: t,
+        created_ns: t,
+    };
+    match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            count(reason::MASQ_NEW_FLOW);
+            Ok(())
+        }
+        // Map full (the echo leaves untracked), or another CPU made the flow.
+        Err(_) => {
+            let _ = NAT_REV.remove(rk);
+            Ok(())
+        }
+    }
 }
 
 /// uplink ingress: translates replies (and ICMP errors about) masqueraded flows
@@ -657,6 +757,11 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
     };
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
+    // A node echo's reply (see node_echo) is tc's: after XDP translated it, tc
+    // would look its identifier up again.
+    if rev.pod_ip == cfg.addr {
+        return None;
+    }
     let fk = NatKey {
         src_ip: rev.pod_ip,
         dst_ip: src,
@@ -666,8 +771,10 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
         _pad: [0; 3],
     };
     if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
+        // The flags are byte 13 of the TCP header.
         let flags = if proto == PROTO_TCP {
-            (u16::from_be(w[3]) & 0xff) as u8
+            // SAFETY: bounds checked by ptr_at.
+            ptr_at::<u8>(ctx, l4_off + 13).map_or(0, |f| unsafe { *f })
         } else {
             0
         };
