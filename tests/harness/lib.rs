@@ -21,6 +21,7 @@ pub mod exec;
 pub mod fixtures;
 pub mod host;
 pub mod look;
+pub mod masq;
 pub mod node;
 pub mod raw;
 pub mod schema;

@@ -4,6 +4,10 @@
 use std::{
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
@@ -293,6 +297,7 @@ pub type FrameFilter = Box<dyn Fn(&[u8]) -> bool + Send>;
 /// `want` matched or `timeout` passed.
 pub struct Capture {
     handle: Option<JoinHandle<Result<Vec<Vec<u8>>>>>,
+    stop: Arc<AtomicBool>,
 }
 
 impl Capture {
@@ -308,6 +313,8 @@ impl Capture {
         let ns = netns.to_path_buf();
         let ifname = ifname.to_string();
         let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
         let handle = thread::spawn(move || -> Result<Vec<Vec<u8>>> {
             let sock = match enter_netns(&ns).and_then(|()| capture_socket(&ifname)) {
                 Ok(s) => {
@@ -322,7 +329,8 @@ impl Capture {
             let deadline = Instant::now() + timeout;
             let mut got = Vec::new();
             let mut buf = vec![0u8; 65536];
-            while got.len() < want && Instant::now() < deadline {
+            while got.len() < want && Instant::now() < deadline && !stopped.load(Ordering::Relaxed)
+            {
                 use std::os::fd::AsRawFd;
                 // SAFETY: all-zero is a valid sockaddr_ll.
                 let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -357,6 +365,7 @@ impl Capture {
         match rx.recv_timeout(Duration::from_secs(10)) {
             Ok(true) => Ok(Self {
                 handle: Some(handle),
+                stop,
             }),
             _ => {
                 let why = handle.join();
@@ -372,6 +381,13 @@ impl Capture {
             .ok_or_else(|| err!("finished twice"))?
             .join()
             .map_err(|_| err!("the capture panicked"))?
+    }
+
+    /// Stops capturing now (within 50 ms) and returns the frames kept so far:
+    /// for a capture that looks for frames which must not come.
+    pub fn stop(self) -> Result<Vec<Vec<u8>>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.finish()
     }
 }
 
