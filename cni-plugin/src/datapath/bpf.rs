@@ -27,7 +27,8 @@ use aya::{
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
     map_names, masq_flags, nat_flags, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo,
-    EndpointStats, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, LAYOUT_VERSION,
+    EndpointStats, FragEntry, FragKey, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
+    LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -75,7 +76,7 @@ pub const UPLINK_LINK_PREFIX: &str = "uplink";
 
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 10] {
+fn expected_maps() -> [(&'static str, usize, usize); 11] {
     use std::mem::size_of;
     [
         (
@@ -108,6 +109,11 @@ fn expected_maps() -> [(&'static str, usize, usize); 10] {
             size_of::<NatEntry>(),
         ),
         (map_names::NAT_REV, size_of::<NatKey>(), size_of::<NatRev>()),
+        (
+            map_names::NAT_FRAG,
+            size_of::<FragKey>(),
+            size_of::<FragEntry>(),
+        ),
     ]
 }
 
@@ -756,7 +762,29 @@ pub fn set_non_masq(maps_dir: &Path, cidrs: &[(u32, [u8; 4])]) -> Result<(), Err
 /// Deletes the masqueraded flows of pod addresses `ips` (both directions).
 /// Returns how many flows went.
 pub fn flush_nat(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<usize, Error> {
+    flush_frags(maps_dir, ips)?;
     flush_nat_matching(maps_dir, |k, _| ips.contains(&k.src_ip))
+}
+
+/// Deletes the fragment entries of datagrams from or to `ips`, so none can
+/// reach a later pod with a reused address.
+fn flush_frags(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<(), Error> {
+    if !maps_dir.join(map_names::NAT_FRAG).exists() {
+        return Ok(());
+    }
+    let mut frags: HashMap<MapData, FragKey, FragEntry> =
+        HashMap::try_from(open_map(maps_dir, map_names::NAT_FRAG)?)
+            .map_err(|e| dp_err("open sl_nat_frag", e))?;
+    let doomed: Vec<FragKey> = frags
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, e)| ips.contains(&k.src_ip) || ips.contains(&e.addr))
+        .map(|(k, _)| k)
+        .collect();
+    for k in &doomed {
+        let _ = frags.remove(k);
+    }
+    Ok(())
 }
 
 /// Deletes the flows `doomed` picks, each with its reverse entry (made with the

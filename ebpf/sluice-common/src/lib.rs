@@ -45,6 +45,9 @@ pub mod map_names {
     pub const NAT_FWD: &str = "sl_nat_fwd";
     /// Outside [`crate::NatKey`] -> [`crate::NatRev`]: how replies find the pod.
     pub const NAT_REV: &str = "sl_nat_rev";
+    /// [`crate::FragKey`] -> [`crate::FragEntry`]: fragmented datagrams of
+    /// masqueraded flows being translated (LRU).
+    pub const NAT_FRAG: &str = "sl_nat_frag";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -115,7 +118,9 @@ pub mod reason {
     pub const MASQ_DNAT: u32 = 20;
     /// masquerade: an ICMP error about a masqueraded flow was translated back.
     pub const MASQ_ICMP_ERROR: u32 = 21;
-    /// masquerade: an IPv4 fragment cannot be translated (no L4 header): dropped.
+    /// masquerade: a later IPv4 fragment whose first fragment was not seen (out
+    /// of order, or its flow could not be translated): dropped, it cannot be
+    /// matched to a flow without the L4 header.
     pub const DROP_MASQ_FRAGMENT: u32 = 22;
     /// masquerade: a protocol without ports (not TCP, UDP or ICMP echo): dropped.
     pub const DROP_MASQ_PROTO: u32 = 23;
@@ -137,11 +142,14 @@ pub mod reason {
     /// (expired, flushed, or never seen): dropped rather than sent with the pod's
     /// address (kube-proxy drops conntrack INVALID likewise).
     pub const DROP_MASQ_NO_FLOW: u32 = 30;
+    /// masquerade: a later fragment of a translated datagram was translated
+    /// like its first fragment.
+    pub const MASQ_FRAGMENT: u32 = 31;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 31] = [
+    pub const NAMES: [&str; 32] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -173,6 +181,7 @@ pub mod reason {
         "drop_masq_malformed",
         "masq_inbound_flow",
         "drop_masq_no_flow",
+        "masq_fragment",
     ];
 }
 
@@ -184,6 +193,8 @@ pub mod map_sizes {
     /// Default NAT flows (each map); config `natMaxFlows` changes it at load.
     pub const NAT_FLOWS: u32 = 65_536;
     pub const NON_MASQ: u32 = 256;
+    /// Fragmented datagrams in flight (LRU: the oldest make room).
+    pub const NAT_FRAGS: u32 = 8_192;
 }
 
 /// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
@@ -267,6 +278,36 @@ pub struct NatRev {
     pub pod_port: u16,
     pub _pad: u16,
 }
+
+/// The fields that identify the fragments of one IPv4 datagram (RFC 791 3.2:
+/// source, destination, protocol, identification), as the packet carries them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    pub src_ip: [u8; 4],
+    pub dst_ip: [u8; 4],
+    /// Network byte order.
+    pub id: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// How the later fragments of a datagram are translated: the address that
+/// replaces the source (leaving) or destination (arriving) one. The ports are in
+/// the first fragment only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragEntry {
+    pub addr: [u8; 4],
+    pub _pad: u32,
+    /// When the first fragment passed; entries older than
+    /// [`FRAG_TIMEOUT_NS`] (the kernel's default `ipfrag_time`) are ignored and
+    /// swept.
+    pub created_ns: u64,
+}
+
+/// 30 s, as `net.ipv4.ipfrag_time` defaults to.
+pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
 
 /// Masquerade settings, at index 0 of `sl_masq`.
 #[repr(C)]
@@ -496,6 +537,8 @@ mod pod {
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::NatRev {}
     unsafe impl aya::Pod for super::MasqConfig {}
+    unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::FragEntry {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -552,7 +595,9 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::DROP_MASQ_NO_FLOW + 1);
+        assert_eq!(reason::NAMES.len() as u32, reason::MASQ_FRAGMENT + 1);
+        assert_eq!(size_of::<FragKey>(), 12);
+        assert_eq!(size_of::<FragEntry>(), 16);
         assert_eq!(size_of::<NatKey>(), 16);
         assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<NatRev>(), 8);

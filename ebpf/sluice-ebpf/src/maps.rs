@@ -3,11 +3,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use sluice_common::{
-    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, IpKey, MasqConfig,
-    NatEntry, NatKey, NatRev, NodeConfig,
+    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry, FragKey,
+    IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -42,3 +42,6 @@ pub static NAT_FWD: HashMap<NatKey, NatEntry> = HashMap::pinned(map_sizes::NAT_F
 
 #[map(name = "sl_nat_rev")]
 pub static NAT_REV: HashMap<NatKey, NatRev> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);
+
+#[map(name = "sl_nat_frag")]
+pub static NAT_FRAG: LruHashMap<FragKey, FragEntry> = LruHashMap::pinned(map_sizes::NAT_FRAGS, 0);

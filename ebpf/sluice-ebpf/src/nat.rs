@@ -13,8 +13,12 @@
 //!
 //! Checksums are updated with the kernel's helpers (`bpf_l3_csum_replace`,
 //! `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR`), which handle partial checksum
-//! offload; IPv4 fragments cannot be matched to a flow (no L4 header) and are
-//! dropped, counted.
+//! offload. IPv4 fragments: the first one carries the L4 header and is
+//! translated like any packet of its flow, and remembered in `sl_nat_frag` (by
+//! the fields that identify a datagram's fragments); the later ones carry no
+//! ports and are translated from that entry. A later fragment seen before its
+//! first is dropped (leaving) or left to the kernel (arriving: it may be the
+//! node's own).
 use core::ffi::c_void;
 
 use aya_ebpf::{
@@ -25,14 +29,15 @@ use aya_ebpf::{
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{
-    masq_flags, nat_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey, NatRev,
+    masq_flags, nat_flags, nat_state, reason, FragEntry, FragKey, IpKey, MasqConfig, NatEntry,
+    NatKey, NatRev, FRAG_TIMEOUT_NS,
 };
 
 use crate::{
     counters::count,
     endpoint,
     l3::{Headers, L3},
-    maps::{ENDPOINTS, MASQ, NAT_FWD, NAT_REV, NON_MASQ},
+    maps::{ENDPOINTS, MASQ, NAT_FRAG, NAT_FWD, NAT_REV, NON_MASQ},
     packet::{ptr_at, Packet},
     TCX_NEXT,
 };
@@ -109,6 +114,58 @@ fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
 #[inline(always)]
 fn is_fragment(ip: &Ipv4Hdr) -> bool {
     u16::from_be_bytes(ip.frags) & 0x3fff != 0
+}
+
+/// A later fragment: no L4 header.
+#[inline(always)]
+fn later_fragment(ip: &Ipv4Hdr) -> bool {
+    u16::from_be_bytes(ip.frags) & 0x1fff != 0
+}
+
+#[inline(always)]
+fn frag_key(ip: &Ipv4Hdr) -> FragKey {
+    FragKey {
+        src_ip: ip.src_addr,
+        dst_ip: ip.dst_addr,
+        id: u16::from_ne_bytes(ip.id),
+        proto: ip.proto,
+        _pad: 0,
+    }
+}
+
+/// After the first fragment of a datagram (more fragments follow): the later
+/// ones get `addr` too. Keyed by the fields as the first fragment arrived.
+#[inline(always)]
+fn remember_fragments(ip: &Ipv4Hdr, addr: [u8; 4]) {
+    if u16::from_be_bytes(ip.frags) & 0x2000 == 0 {
+        return;
+    }
+    let e = FragEntry {
+        addr,
+        _pad: 0,
+        created_ns: now(),
+    };
+    let _ = NAT_FRAG.insert(frag_key(ip), e, 0);
+}
+
+/// The address a later fragment's first fragment was translated to.
+#[inline(always)]
+fn fragment_target(ip: &Ipv4Hdr) -> Option<[u8; 4]> {
+    // SAFETY: the map value is only read.
+    let e = unsafe { NAT_FRAG.get(frag_key(ip)) }?;
+    (now().saturating_sub(e.created_ns) < FRAG_TIMEOUT_NS).then_some(e.addr)
+}
+
+/// Replaces the IPv4 address at `off` (source 12, destination 16 past the
+/// Ethernet header) of a later fragment: only the IP header checksum covers it.
+#[inline(always)]
+fn rewrite_addr(ctx: &TcContext, off: usize, old: [u8; 4], new: [u8; 4]) -> Result<(), ()> {
+    let (oa, na) = (
+        u64::from(u32::from_ne_bytes(old)),
+        u64::from(u32::from_ne_bytes(new)),
+    );
+    ctx.l3_csum_replace(IP_CSUM, oa, na, 4).map_err(|_| ())?;
+    ctx.store(ETH_LEN + off, &new, 0).map_err(|_| ())
 }
 
 /// TCP/UDP ports, or an ICMP echo request/reply identifier, at `l4`.
@@ -323,15 +380,38 @@ pub fn snat(ctx: &TcContext) -> i32 {
     if NON_MASQ.get(Key::new(32, ip.dst_addr)).is_some() {
         return TCX_NEXT;
     }
-    if is_fragment(&ip) {
-        count(reason::DROP_MASQ_FRAGMENT);
-        return TC_ACT_SHOT;
+    if later_fragment(&ip) {
+        return match fragment_target(&ip) {
+            // Its first fragment left as it was (an answer from the pod's address).
+            Some(a) if a == ip.src_addr => TCX_NEXT,
+            Some(a) if rewrite_addr(ctx, 12, ip.src_addr, a).is_ok() => {
+                count(reason::MASQ_FRAGMENT);
+                TCX_NEXT
+            }
+            // Never with the pod's address.
+            _ => {
+                count(reason::DROP_MASQ_FRAGMENT);
+                TC_ACT_SHOT
+            }
+        };
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
-    // Only echo requests open ICMP flows; echo replies and errors a pod sends
-    // answer the outside and leave as they are.
-    if ip.proto == PROTO_ICMP && ctx.load::<u8>(l4_off).is_ok_and(|t| t != ICMP_ECHO) {
-        return TCX_NEXT;
+    // Only echo requests open ICMP flows. Echo replies and errors (destination
+    // unreachable, time exceeded, parameter problem: RFC 792) answer what the
+    // outside sent to the pod's own address, and leave as they are; any other
+    // ICMP request would leak the pod's address, so it is dropped.
+    if ip.proto == PROTO_ICMP {
+        match ctx.load::<u8>(l4_off) {
+            Ok(ICMP_ECHO) => {}
+            Ok(ICMP_ECHO_REPLY | 3 | 11 | 12) => {
+                remember_fragments(&ip, ip.src_addr);
+                return TCX_NEXT;
+            }
+            _ => {
+                count(reason::DROP_MASQ_PROTO);
+                return TC_ACT_SHOT;
+            }
+        }
     }
     let l4 = match l4(ctx, ip.proto, l4_off, ICMP_ECHO) {
         Ok(l) => l,
@@ -376,6 +456,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
     // A connection from outside: the pod answers from its own address.
     if eflags & nat_flags::INBOUND != 0 {
         touch(e, ip.proto, flags, true);
+        remember_fragments(&ip, ip.src_addr);
         return TCX_NEXT;
     }
     touch(e, ip.proto, flags, false);
@@ -391,6 +472,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
         count(reason::DROP_MASQ_MALFORMED);
         return TC_ACT_SHOT;
     }
+    remember_fragments(&ip, nat_addr);
     count(reason::MASQ_SNAT);
     TCX_NEXT
 }
@@ -557,8 +639,18 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
 pub fn dnat(ctx: &TcContext) -> Option<i32> {
     let cfg = config()?;
     let ip = ipv4(ctx)?;
-    if !is_nat_addr(cfg, ip.dst_addr) || is_fragment(&ip) {
+    if !is_nat_addr(cfg, ip.dst_addr) {
         return None;
+    }
+    if later_fragment(&ip) {
+        // Not seen the first: maybe the node's own datagram; the kernel's.
+        let pod = fragment_target(&ip)?;
+        if rewrite_addr(ctx, 16, ip.dst_addr, pod).is_err() {
+            count(reason::DROP_MASQ_MALFORMED);
+            return Some(TC_ACT_SHOT);
+        }
+        count(reason::MASQ_FRAGMENT);
+        return Some(deliver(ctx, pod));
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
     if ip.proto == PROTO_ICMP {
@@ -622,6 +714,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
         count(reason::DROP_MASQ_MALFORMED);
         return Some(TC_ACT_SHOT);
     }
+    remember_fragments(&ip, rev.pod_ip);
     count(reason::MASQ_DNAT);
     Some(deliver(ctx, rev.pod_ip))
 }
@@ -731,7 +824,31 @@ pub fn sweep() {
             core::ptr::null_mut(),
             0,
         );
+        bpf_for_each_map_elem(
+            (&raw const NAT_FRAG).cast_mut().cast::<c_void>(),
+            sweep_frag as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
     }
+}
+
+/// Fragment entries are ignored after `FRAG_TIMEOUT_NS`; this removes them.
+#[inline(never)]
+extern "C" fn sweep_frag(
+    _map: *mut c_void,
+    key: *mut FragKey,
+    value: *mut FragEntry,
+    _ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes valid key and value pointers of this map.
+    let (k, created) = unsafe { (*key, (*value).created_ns) };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.saturating_sub(created) > FRAG_TIMEOUT_NS {
+        let _ = NAT_FRAG.remove(k);
+    }
+    0
 }
 
 #[inline(never)]
