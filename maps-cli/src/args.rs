@@ -47,8 +47,10 @@ pub enum Command {
 pub enum NatCommand {
     /// List masqueraded flows (pod side -> NAT address:port -> destination).
     List(NatListArgs),
-    /// Delete masqueraded flows: all, or those of one pod. Their next packet
-    /// starts a new flow (a TCP connection in the middle is reset by the peer).
+    /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP start a
+    /// new flow (new NAT port) with their next packet; a TCP connection in the
+    /// middle has no flow any more and its segments are dropped
+    /// (drop_masq_no_flow) until the application reconnects.
     Flush(NatFlushArgs),
 }
 

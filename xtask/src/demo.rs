@@ -59,6 +59,7 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         "name": "demo",
         "type": "sluice",
         "pinRoot": pin_root,
+        "ipMasq": true,
         "stateDir": tb.dir.join("state"),
         "ipam": {
             "type": "sluice",
@@ -118,10 +119,12 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         "traffic: web ({web_ip}) -> db ({db_ip}), TCP for 2 s (iperf3)"
     ));
     iperf(tb, web, db, &db_ip)?;
-    step("traffic: web -> external host 192.168.77.2, TCP for 2 s");
+    step("traffic: web -> external host 192.168.77.2, TCP for 2 s, masqueraded (ipMasq: it leaves with the node's address 192.168.77.1 and a NAT port; no iptables, no conntrack)");
     iperf(tb, web, ext, "192.168.77.2")?;
-    step("traffic: external host -> db, TCP for 2 s");
+    step("traffic: external host -> db, TCP for 2 s (the external host routes the pod range to the node: an inbound flow, answered from db's own address)");
     iperf(tb, ext, db, &db_ip)?;
+    step("the NAT flows: web's two connections (iperf3 control and data) as masqueraded flows, db's as inbound");
+    ctl(&["nat", "list"])?;
 
     step("the counters moved: pod-to-pod went straight from one veth into the other (bpf_redirect_peer), pod-to-external out of the uplink by FIB lookup, external-to-pod in through the uplink's XDP/tc programs");
     ctl(&["endpoints"])?;

@@ -53,7 +53,7 @@ pub struct MasqSettings {
     pub non_masq: Option<Vec<ipnetwork::Ipv4Network>>,
     /// `None`: the uplink's first IPv4 address.
     pub address: Option<std::net::Ipv4Addr>,
-    /// `None`: the ports above the node's `ip_local_port_range`.
+    /// `None`: the ports from 1024 up outside the node's `ip_local_port_range`.
     pub ports: Option<(u16, u16)>,
     pub max_flows: u32,
     pub timeouts: NatTimeouts,
