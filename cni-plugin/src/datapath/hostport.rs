@@ -399,6 +399,8 @@ fn activate(maps_dir: &Path) -> Result<(), Error> {
 }
 
 /// Whether `dir` is on a cgroup2 file system (statfs magic CGROUP2_SUPER_MAGIC).
+// `f_type`'s integer type differs between architectures.
+#[allow(clippy::useless_conversion)]
 fn is_cgroup2(dir: &fs::File) -> bool {
     const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
     // SAFETY: a zeroed statfs buffer and a valid fd.
