@@ -353,41 +353,14 @@ pub fn set_node_addrs(maps_dir: &Path, addrs: &[[u8; 4]]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The node namespace's cookie (SO_NETNS_COOKIE, Linux 5.14): the socket hooks
-/// compare it with their socket's so they never act in another namespace.
-pub fn netns_cookie() -> Result<u64, Error> {
-    const SO_NETNS_COOKIE: libc::c_int = 71;
-    let s = std::net::UdpSocket::bind("0.0.0.0:0")
-        .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
-        .map_err(|e| Error::io("opening a socket to read the netns cookie", e))?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
-    let rc = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&s),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::io(
-            "reading SO_NETNS_COOKIE",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(cookie)
-}
-
 /// Turns the pod programs' flow lookup on and records the node namespace.
 fn activate(maps_dir: &Path) -> Result<(), Error> {
     let mut arr: Array<MapData, HostPortConfig> =
         Array::try_from(open_map(maps_dir, map_names::HP_CONFIG)?)
             .map_err(|e| dp_err("open sl_hp_config", e))?;
     let cfg = HostPortConfig {
-        netns_cookie: netns_cookie()?,
+        netns_cookie: sluice_common::user::netns_cookie()
+            .map_err(|e| Error::io("reading the node's SO_NETNS_COOKIE", e))?,
         active: 1,
         _pad: 0,
     };

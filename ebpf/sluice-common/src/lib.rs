@@ -640,6 +640,31 @@ pub mod user {
         PathBuf::from(crate::DEFAULT_PIN_BASE).join(pin_dir_name(network))
     }
 
+    /// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE,
+    /// Linux 5.14): the hostPort socket hooks act only on sockets whose namespace
+    /// has the cookie written in `sl_hp_config`.
+    pub fn netns_cookie() -> std::io::Result<u64> {
+        const SO_NETNS_COOKIE: libc::c_int = 71;
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")
+            .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
+        let mut cookie: u64 = 0;
+        let mut len = core::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &raw mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(cookie)
+    }
+
     /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on a unified
     /// system, `/sys/fs/cgroup/unified` on a hybrid (v1 + v2) one. Socket hooks
     /// attach to v2 cgroups only.
