@@ -433,3 +433,92 @@ pub fn attach_hooks(progs_dir: &Path, links_dir: &Path, cgroup: &Path) -> Result
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pm(host: u16, cont: u16, proto: Protocol, ip: Option<&str>) -> PortMapping {
+        PortMapping {
+            host_port: host,
+            container_port: cont,
+            protocol: proto,
+            host_ip: ip.map(|s| s.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn entries_pack_ports_in_network_order() {
+        let pod: Ipv4Addr = "10.1.2.3".parse().unwrap();
+        let e = entries(
+            &[
+                pm(8080, 80, Protocol::Tcp, None),
+                pm(5353, 53, Protocol::Udp, Some("192.0.2.7")),
+                pm(9999, 9999, Protocol::Sctp, None),
+            ],
+            "pm",
+            Some(pod),
+            42,
+        )
+        .unwrap();
+        assert_eq!(e.len(), 3);
+        let (k, t) = e[0];
+        assert_eq!(k.host_ip, [0; 4]);
+        assert_eq!(k.host_port.to_ne_bytes(), 8080u16.to_be_bytes());
+        assert_eq!(k.proto, 6);
+        assert_eq!(t.pod_ip, [10, 1, 2, 3]);
+        assert_eq!(t.pod_port.to_ne_bytes(), 80u16.to_be_bytes());
+        assert_eq!(t.pod_ifindex, 42);
+        assert_eq!(t.flags, 0);
+        assert_eq!(e[1].0.host_ip, [192, 0, 2, 7]);
+        assert_eq!(e[1].0.proto, 17);
+        assert_eq!(e[2].0.proto, 132);
+        assert_eq!(describe(&e[0].0), "*:8080/tcp");
+        assert_eq!(describe(&e[1].0), "192.0.2.7:5353/udp");
+    }
+
+    #[test]
+    fn entries_refuse_what_the_datapath_cannot_serve() {
+        let pod = Some("10.1.2.3".parse().unwrap());
+        let e = entries(&[pm(9999, 9998, Protocol::Sctp, None)], "pm", pod, 1).unwrap_err();
+        assert_eq!(e.code(), 7);
+        assert!(e.to_string().contains("pm[0].containerPort=9998"), "{e}");
+        let e = entries(
+            &[
+                pm(80, 80, Protocol::Tcp, None),
+                pm(81, 81, Protocol::Tcp, Some("fd00::1")),
+            ],
+            "pm",
+            pod,
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(e.to_string().contains("pm[1].hostIP=fd00::1"), "{e}");
+        let e = entries(&[pm(80, 80, Protocol::Tcp, None)], "pm", None, 1).unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(entries(&[], "pm", None, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn wildcard_and_specific_mappings_overlap() {
+        let any = PortKey {
+            host_ip: [0; 4],
+            host_port: 80u16.to_be(),
+            proto: 6,
+            _pad: 0,
+        };
+        let addrs = [[192, 0, 2, 1], [10, 0, 0, 1]];
+        let o = overlapping(&any, &addrs);
+        assert_eq!(o.len(), 2);
+        assert!(o
+            .iter()
+            .all(|k| k.host_port == any.host_port && k.proto == 6));
+        assert_eq!(o[0].host_ip, [192, 0, 2, 1]);
+        let one = PortKey {
+            host_ip: [192, 0, 2, 1],
+            ..any
+        };
+        assert_eq!(overlapping(&one, &addrs), vec![any]);
+    }
+}

@@ -20,13 +20,15 @@
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    programs::{SockAddrContext, TcContext},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig};
 
 use crate::{
     counters::count,
+    l3::{Headers, L3},
+    packet::ptr_at,
     maps::{HP_CONFIG, HP_CT, HP_SOCK, NODE_ADDRS, PORTS},
     nat::{self, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
 };
@@ -103,22 +105,23 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
     Ok(())
 }
 
-/// Records how the pod's answers to `client` are translated back (to `host`).
+/// Records how the pod's answers to the client `src`:`sport` are translated
+/// back (to `dst`:`dport`, what the client sent to).
 #[inline(always)]
-fn remember_reply(t: &PortTarget, ip: &Ipv4Hdr, l4: &L4) {
+fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) {
     let key = NatKey {
         src_ip: t.pod_ip,
-        dst_ip: ip.src_addr,
+        dst_ip: src,
         src_port: t.pod_port,
-        dst_port: l4.sport,
-        proto: ip.proto,
+        dst_port: sport,
+        proto,
         _pad: [0; 3],
     };
     let f = HpFlow {
-        src_ip: ip.dst_addr,
-        dst_ip: ip.src_addr,
-        src_port: l4.dport,
-        dst_port: l4.sport,
+        src_ip: dst,
+        dst_ip: src,
+        src_port: dport,
+        dst_port: sport,
         _pad: 0,
     };
     // SAFETY: map values are only read. Written only when new or changed: the
@@ -134,7 +137,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
     config()?;
     let (ip, l4) = parse(ctx)?;
     let t = lookup(ip.dst_addr, l4.dport, ip.proto)?;
-    remember_reply(&t, &ip, &l4);
+    remember_reply(&t, ip.proto, ip.src_addr, ip.dst_addr, l4.sport, l4.dport);
     let f = HpFlow {
         src_ip: ip.src_addr,
         dst_ip: t.pod_ip,
@@ -148,6 +151,66 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
     }
     count(reason::HOSTPORT_DNAT);
     Some(nat::deliver(ctx, t.pod_ip))
+}
+
+/// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]
+/// with incremental checksum updates; returns the pod to deliver to.
+#[inline(always)]
+pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
+    config()?;
+    let L3::V4(ip) = h.l3 else {
+        return None;
+    };
+    // SAFETY: `ip` was bounds checked by l3::parse.
+    let (src, dst, proto, vihl, frags) = unsafe {
+        (
+            (*ip).src_addr,
+            (*ip).dst_addr,
+            (*ip).proto,
+            (*ip).vihl,
+            (*ip).frags,
+        )
+    };
+    if u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    let csum_off = match proto {
+        PROTO_TCP => l4_off + 16,
+        PROTO_UDP => l4_off + 6,
+        PROTO_SCTP => 0,
+        _ => return None,
+    };
+    let ports: *mut [u16; 2] = ptr_at(ctx, l4_off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let [sport, dport] = unsafe { *ports };
+    let t = lookup(dst, dport, proto)?;
+    remember_reply(&t, proto, src, dst, sport, dport);
+    let (od, nd) = (nat::words(dst), nat::words(t.pod_ip));
+    if proto != PROTO_SCTP {
+        let c: *mut u16 = ptr_at(ctx, csum_off)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            // UDP checksum 0: none to update.
+            if !(proto == PROTO_UDP && *c == 0) {
+                let nc = nat::csum_update(*c, [od[0], od[1], dport], [nd[0], nd[1], t.pod_port]);
+                *c = if proto == PROTO_UDP && nc == 0 { 0xffff } else { nc };
+            }
+        }
+    }
+    // SAFETY: bounds checked by ptr_at / l3::parse.
+    unsafe {
+        (*ports)[1] = t.pod_port;
+        (*ip).check = nat::csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [od[0], od[1], 0],
+            [nd[0], nd[1], 0],
+        )
+        .to_ne_bytes();
+        (*ip).dst_addr = t.pod_ip;
+    }
+    count(reason::HOSTPORT_DNAT);
+    Some(t.pod_ip)
 }
 
 /// What [`from_pod`] did.

@@ -198,7 +198,12 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u32;
     // Replies to masqueraded flows, in native mode (see nat::dnat_xdp).
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
-        if let Some(pod) = nat::dnat_xdp(&ctx, &h) {
+        // Masquerade replies, then hostPorts (hostport counts its own).
+        let pod = match nat::dnat_xdp(&ctx, &h) {
+            Some(pod) => Some((pod, true)),
+            None => hostport::from_uplink_xdp(&ctx, &h).map(|p| (p, false)),
+        };
+        if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
             return match unsafe { ENDPOINTS.get(IpKey::v4(pod)) } {
                 Some(ep)
@@ -206,7 +211,9 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
                         && h.ttl() > 1
                         && len <= u32::from(cfg.pod_mtu) + 14 =>
                 {
-                    count(reason::XDP_MASQ_DNAT);
+                    if masq {
+                        count(reason::XDP_MASQ_DNAT);
+                    }
                     endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
                 }
                 // Translated already; the kernel routes it to the pod.

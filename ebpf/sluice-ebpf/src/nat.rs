@@ -916,7 +916,7 @@ extern "C" fn sweep_one(
 /// RFC 1624 incremental update of a checksum `check` (as stored) when 16-bit words
 /// `old` become `new` (as stored). Only valid for complete checksums.
 #[inline(always)]
-fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
+pub(crate) fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
     let mut sum = u32::from(!check);
     let mut i = 0;
     while i < 3 {
@@ -930,7 +930,7 @@ fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
 
 /// The two 16-bit words of an address as stored.
 #[inline(always)]
-fn words(a: [u8; 4]) -> [u16; 2] {
+pub(crate) fn words(a: [u8; 4]) -> [u16; 2] {
     [
         u16::from_ne_bytes([a[0], a[1]]),
         u16::from_ne_bytes([a[2], a[3]]),
