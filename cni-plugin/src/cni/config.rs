@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::{
     json::{self, array, boolean, object, string, uint},
     result::{CniResult, Dns},
-    runtime_config::{parse_ip_list, RuntimeConfig},
+    runtime_config::{parse_ip_list, Bandwidth, RuntimeConfig},
     version::{self, Version},
     AttachmentId,
 };
@@ -238,6 +238,10 @@ pub struct NetConf {
     pub arg_ips: Vec<IpAddr>,
     /// Node uplink by name; `None`: the interface of the default route.
     pub uplink: Option<String>,
+    /// Bandwidth limits: `runtimeConfig.bandwidth`, else the same keys
+    /// (`ingressRate`, `ingressBurst`, `egressRate`, `egressBurst`) in the plugin
+    /// config.
+    pub bandwidth: Option<Bandwidth>,
     /// `hostPortCgroup`: the cgroup v2 directory the hostPort socket hooks attach
     /// to (default: the root of the v2 hierarchy, so every node process is
     /// served; `None` when the node has no cgroup v2 mounted).
@@ -361,6 +365,7 @@ impl NetConf {
             Some(p) => Some(absolute_path("hostPortCgroup", &p)?),
             None => sluice_common::user::cgroup2_mount(),
         };
+        let static_bw = Bandwidth::parse(&v, "")?;
         let state_dir = match string(o, "stateDir", "")? {
             Some(p) => absolute_path("stateDir", &p)?,
             None => PathBuf::from(DEFAULT_STATE_DIR),
@@ -371,6 +376,10 @@ impl NetConf {
             Some(rc) => RuntimeConfig::parse(rc)?,
             None => RuntimeConfig::default(),
         };
+        let bandwidth = runtime
+            .bandwidth
+            .or((!static_bw.is_empty()).then_some(static_bw))
+            .filter(|b| !b.is_empty());
 
         let prev_result = match o.get("prevResult").filter(|v| !v.is_null()) {
             Some(p) => Some(CniResult::from_json(p, "prevResult")?),
@@ -440,6 +449,7 @@ impl NetConf {
             arg_ips,
             uplink,
             host_port_cgroup,
+            bandwidth,
             xdp,
             pod_attach,
             nodes,

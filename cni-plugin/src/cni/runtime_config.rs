@@ -99,12 +99,20 @@ impl Bandwidth {
         let o = v
             .as_object()
             .ok_or_else(|| Error::config(key, v, "must be an object"))?;
+        // Static plugin config keys sit at the top level (`key` empty).
+        let name = |k: &str| {
+            if key.is_empty() {
+                k.to_string()
+            } else {
+                format!("{key}.{k}")
+            }
+        };
         let field = |k: &str| -> Result<Option<u64>, Error> {
             match o.get(k) {
                 None | Some(Value::Null) => Ok(None),
                 Some(x) => x.as_u64().map(Some).ok_or_else(|| {
                     Error::config(
-                        format!("{key}.{k}"),
+                        name(k),
                         x,
                         "must be a non-negative integer that fits in 64 bits",
                     )
@@ -124,7 +132,7 @@ impl Bandwidth {
             if let Some(r) = rate {
                 if r == 0 || r > MAX_RATE_BPS {
                     return Err(Error::config(
-                        format!("{key}.{dir}Rate"),
+                        name(&format!("{dir}Rate")),
                         r,
                         format!("must be between 1 and {MAX_RATE_BPS} bits per second"),
                     ));
@@ -133,14 +141,14 @@ impl Bandwidth {
             if let Some(bu) = burst {
                 if rate.is_none() {
                     return Err(Error::config(
-                        format!("{key}.{dir}Burst"),
+                        name(&format!("{dir}Burst")),
                         bu,
                         format!("is set without {dir}Rate"),
                     ));
                 }
                 if bu == 0 || bu > MAX_BURST_BITS {
                     return Err(Error::config(
-                        format!("{key}.{dir}Burst"),
+                        name(&format!("{dir}Burst")),
                         bu,
                         format!("must be between 1 and {MAX_BURST_BITS} bits"),
                     ));

@@ -175,7 +175,7 @@ async fn add_steps(
         gateways: gws.clone(),
         ipam: ipam.name().to_string(),
         port_mappings: conf.runtime.port_mappings.clone(),
-        bandwidth: conf.runtime.bandwidth,
+        bandwidth: conf.bandwidth,
         created_unix: crate::datapath::now_unix(),
         complete: false,
     };
@@ -265,6 +265,7 @@ async fn add_steps(
             attach: conf.pod_attach,
         },
     )?;
+    dp.set_bandwidth(&guard, pair.host.index, conf.bandwidth.as_ref())?;
     // Last: a conflict fails the ADD, whose rollback removes everything above.
     dp.add_ports(&guard, &node_addrs, &ports)?;
 

@@ -131,6 +131,7 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         host_link.index,
     )?;
     dp.check_ports(&ports)?;
+    dp.check_bandwidth(host_link.index, conf.bandwidth.as_ref())?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)

@@ -27,9 +27,9 @@ use aya::{
 };
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
-    map_names, masq_flags, nat_flags, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo,
-    EndpointStats, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey,
-    NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig, LAYOUT_VERSION,
+    map_names, masq_flags, nat_flags, prog_names, reason, BwState, DatapathMeta, Endpoint,
+    EndpointInfo, EndpointStats, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig,
+    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig, LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -82,7 +82,7 @@ pub const UPLINK_LINK_PREFIX: &str = "uplink";
 
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 16] {
+fn expected_maps() -> [(&'static str, usize, usize); 17] {
     use std::mem::size_of;
     [
         (
@@ -137,6 +137,7 @@ fn expected_maps() -> [(&'static str, usize, usize); 16] {
             size_of::<u32>(),
             size_of::<HostPortConfig>(),
         ),
+        (map_names::BANDWIDTH, size_of::<u32>(), size_of::<BwState>()),
     ]
 }
 

@@ -1,6 +1,7 @@
 //! The eBPF datapath of one network, behind a narrow interface: load once per node,
 //! attach to each pod's host veth, keep the endpoint maps in step with the pods.
 //! All aya calls are in [`bpf`].
+pub mod bandwidth;
 mod bpf;
 pub mod bpffs;
 pub mod hostport;
@@ -20,6 +21,7 @@ pub use bpf::{now_unix, object_hash, XdpAttached};
 use crate::{
     cni::{
         config::{PodAttach, XdpMode},
+        runtime_config::Bandwidth,
         AttachmentId,
     },
     error::Error,
@@ -390,6 +392,9 @@ impl Datapath {
             first_err.get_or_insert(e);
         }
         for idx in ifindexes {
+            if let Err(e) = bandwidth::remove(&maps_dir, idx) {
+                first_err.get_or_insert(e);
+            }
             if let Err(e) = maps.remove_interface(idx) {
                 first_err.get_or_insert(e);
             }
@@ -411,6 +416,26 @@ impl Datapath {
         let maps = self.dir(pin_dirs::MAPS);
         hostport::set_node_addrs(&maps, node_addrs)?;
         hostport::add(&maps, entries)
+    }
+
+    /// Sets (or, with `None`, removes) the bandwidth limits of the pod on host
+    /// veth `ifindex`.
+    pub fn set_bandwidth(
+        &self,
+        _guard: &LoadedGuard,
+        ifindex: u32,
+        bw: Option<&Bandwidth>,
+    ) -> Result<(), Error> {
+        let maps = self.dir(pin_dirs::MAPS);
+        match bw {
+            Some(b) => bandwidth::write(&maps, ifindex, b),
+            None => bandwidth::remove(&maps, ifindex),
+        }
+    }
+
+    /// CHECK: the pod's bandwidth limits are the configured ones.
+    pub fn check_bandwidth(&self, ifindex: u32, bw: Option<&Bandwidth>) -> Result<(), Error> {
+        bandwidth::check(&self.dir(pin_dirs::MAPS), ifindex, bw)
     }
 
     /// CHECK: the pod's hostPort mappings are in place.

@@ -61,6 +61,9 @@ pub mod map_names {
     pub const HP_SOCK: &str = "sl_hp_sock";
     /// index 0 -> [`crate::HostPortConfig`].
     pub const HP_CONFIG: &str = "sl_hp_config";
+    /// host veth ifindex -> [`crate::BwState`]: a pod's bandwidth limits and their
+    /// token buckets.
+    pub const BANDWIDTH: &str = "sl_bw";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -179,11 +182,15 @@ pub mod reason {
     pub const HOSTPORT_SOCK: u32 = 35;
     /// hostPort: a hairpin flow found no free source port: dropped.
     pub const DROP_HOSTPORT_NO_PORT: u32 = 36;
+    /// bandwidth: a pod's packet over its egress limit: dropped.
+    pub const DROP_BW_EGRESS: u32 = 37;
+    /// bandwidth: a packet to a pod over its ingress limit: dropped.
+    pub const DROP_BW_INGRESS: u32 = 38;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 37] = [
+    pub const NAMES: [&str; 39] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -221,6 +228,8 @@ pub mod reason {
         "hostport_hairpin",
         "hostport_sock",
         "drop_hostport_no_port",
+        "drop_bw_egress",
+        "drop_bw_ingress",
     ];
 }
 
@@ -240,6 +249,8 @@ pub mod map_sizes {
     pub const HP_CT: u32 = 65_536;
     pub const NODE_ADDRS: u32 = 256;
     pub const HP_SOCK: u32 = 16_384;
+    /// Pods with bandwidth limits.
+    pub const BANDWIDTH: u32 = 8_192;
 }
 
 /// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
@@ -422,6 +433,38 @@ pub struct HostPortConfig {
     /// DELs could not keep a count exact.
     pub active: u32,
     pub _pad: u32,
+}
+
+/// One direction's limit and its token bucket (bytes; `rate` 0: no limit).
+/// A packet passes while the bucket holds any token and takes its whole length
+/// (the bucket may go below zero), so a 64 KiB GSO packet is never stuck behind
+/// a smaller burst.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Bucket {
+    /// Bytes per second.
+    pub rate: u64,
+    /// Bytes the bucket holds at most.
+    pub burst: u64,
+    /// Nanoseconds to fill the bucket from empty (`burst / rate`): refills are
+    /// capped at it, which also keeps `elapsed * rate` from overflowing.
+    pub fill_ns: u64,
+    /// Tokens now (bytes), changed by the programs.
+    pub tokens: i64,
+    /// When tokens were last added (CLOCK_MONOTONIC ns).
+    pub last_ns: u64,
+    /// Packets passed and dropped by this limit.
+    pub passed: u64,
+    pub dropped: u64,
+}
+
+/// A pod's limits, by direction as the CNI conventions name them: `egress` is
+/// what the pod sends, `ingress` what it receives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BwState {
+    pub egress: Bucket,
+    pub ingress: Bucket,
 }
 
 /// 30 s, as `net.ipv4.ipfrag_time` defaults to.
@@ -700,6 +743,7 @@ mod pod {
     unsafe impl aya::Pod for super::SockKey {}
     unsafe impl aya::Pod for super::SockOrig {}
     unsafe impl aya::Pod for super::HostPortConfig {}
+    unsafe impl aya::Pod for super::BwState {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -756,10 +800,9 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(
-            reason::NAMES.len() as u32,
-            reason::DROP_HOSTPORT_NO_PORT + 1
-        );
+        assert_eq!(reason::NAMES.len() as u32, reason::DROP_BW_INGRESS + 1);
+        assert_eq!(size_of::<Bucket>(), 56);
+        assert_eq!(size_of::<BwState>(), 112);
         assert_eq!(size_of::<PortKey>(), 8);
         assert_eq!(size_of::<PortTarget>(), 12);
         assert_eq!(size_of::<HpFlow>(), 16);

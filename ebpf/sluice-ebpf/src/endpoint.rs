@@ -1,9 +1,12 @@
 //! Per-endpoint packet and byte counters, keyed by the host veth's ifindex, and
 //! delivery straight into a pod.
-use aya_ebpf::helpers::{bpf_redirect, bpf_redirect_peer};
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_SHOT},
+    helpers::{bpf_redirect, bpf_redirect_peer},
+};
 use sluice_common::Endpoint;
 
-use crate::{counters::count, l3::Headers, maps::ENDPOINT_STATS};
+use crate::{bandwidth, counters::count, l3::Headers, maps::ENDPOINT_STATS};
 
 /// Counts a packet the pod on `ifindex` sent. Userspace creates the entry at ADD,
 /// so the hot path never inserts.
@@ -44,6 +47,10 @@ fn prepare(h: &Headers, ep: &Endpoint, len: u32) {
 /// valid from tc ingress). Returns the tc verdict.
 #[inline(always)]
 pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
+    // bpf_redirect_peer skips the host veth's egress, where to_pod would check.
+    if !bandwidth::admit(ep.ifindex, len, true) {
+        return TC_ACT_SHOT;
+    }
     prepare(h, ep, len);
     count(reason);
     // SAFETY: plain helper call; a bad ifindex makes the kernel drop the packet.
@@ -54,6 +61,9 @@ pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
 /// pod end's receive queue. Returns the XDP verdict.
 #[inline(always)]
 pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
+    if !bandwidth::admit(ep.ifindex, len, true) {
+        return xdp_action::XDP_DROP;
+    }
     prepare(h, ep, len);
     count(reason);
     // SAFETY: plain helper call.

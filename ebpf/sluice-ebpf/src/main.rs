@@ -14,7 +14,11 @@
 //! it too (a truncated header).
 #![no_std]
 #![no_main]
+// Atomic adds (bandwidth): the BPF target has no atomic read-modify-write types.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
+mod bandwidth;
 mod counters;
 mod endpoint;
 mod forward;
@@ -66,6 +70,10 @@ fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
 pub fn from_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
     endpoint::count_from_pod(ifindex, ctx.len());
+    // The pod's egress limit, before anything else is spent on the packet.
+    if !bandwidth::admit(ifindex, ctx.len(), false) {
+        return TC_ACT_SHOT;
+    }
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
     let translated = match hostport::from_pod(&ctx) {
         hostport::Translated::No => false,
@@ -97,7 +105,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
-    endpoint::count_to_pod(skb_field_ifindex(&ctx), ctx.len());
+    let ifindex = skb_field_ifindex(&ctx);
+    // The pod's ingress limit, for what the kernel routes to it (the datapath's
+    // own deliveries check it in endpoint::deliver_*).
+    if !bandwidth::admit(ifindex, ctx.len(), true) {
+        return TC_ACT_SHOT;
+    }
+    endpoint::count_to_pod(ifindex, ctx.len());
     count(reason::TO_POD_FROM_KERNEL);
     TCX_NEXT
 }

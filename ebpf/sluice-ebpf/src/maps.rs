@@ -8,7 +8,7 @@ use aya_ebpf::{
 use sluice_common::{
     map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry, FragKey,
     HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey,
-    PortTarget, SockKey, SockOrig,
+    PortTarget, SockKey, SockOrig, BwState,
 };
 
 #[map(name = "sl_endpoints")]
@@ -61,3 +61,6 @@ pub static HP_SOCK: LruHashMap<SockKey, SockOrig> = LruHashMap::pinned(map_sizes
 
 #[map(name = "sl_hp_config")]
 pub static HP_CONFIG: Array<HostPortConfig> = Array::pinned(1, 0);
+
+#[map(name = "sl_bw")]
+pub static BANDWIDTH: HashMap<u32, BwState> = HashMap::pinned(map_sizes::BANDWIDTH, 0);

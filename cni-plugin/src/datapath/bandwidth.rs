@@ -1,0 +1,137 @@
+//! A pod's bandwidth limits in `sl_bw` (the aya calls of the bandwidth feature)
+//! and how CNI's bits become the programs' token buckets.
+use std::path::Path;
+
+use aya::maps::{HashMap, MapData};
+use sluice_common::{map_names, Bucket, BwState};
+
+use super::bpf::{dp_err, open_map};
+use crate::{cni::runtime_config::Bandwidth, error::Error};
+
+/// A rate without a burst gets `rate x DEFAULT_BURST_NS`, at least
+/// [`MIN_DEFAULT_BURST`] bytes: enough for TCP to keep the link busy between
+/// refills at this kernel's timer granularity, small enough that the first
+/// second carries at most that much over the rate (the reference plugin's tbf
+/// with a large burst lets a whole burst through at line speed first).
+pub const DEFAULT_BURST_NS: u64 = 20_000_000;
+/// Two 64 KiB GSO packets.
+pub const MIN_DEFAULT_BURST: u64 = 128 * 1024;
+
+/// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes.
+pub fn bucket(rate_bits: Option<u64>, burst_bits: Option<u64>, now_ns: u64) -> Bucket {
+    let Some(rate_bits) = rate_bits else {
+        return Bucket::default();
+    };
+    let rate = (rate_bits / 8).max(1);
+    let burst = match burst_bits {
+        Some(b) => (b / 8).max(1),
+        None => ((u128::from(rate) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000) as u64)
+            .max(MIN_DEFAULT_BURST),
+    };
+    Bucket {
+        rate,
+        burst,
+        fill_ns: ((u128::from(burst) * 1_000_000_000) / u128::from(rate)).min(u128::from(u64::MAX))
+            as u64,
+        tokens: burst as i64,
+        last_ns: now_ns,
+        passed: 0,
+        dropped: 0,
+    }
+}
+
+/// The state for `bw`, both directions.
+pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
+    BwState {
+        egress: bucket(bw.egress_rate, bw.egress_burst, now_ns),
+        ingress: bucket(bw.ingress_rate, bw.ingress_burst, now_ns),
+    }
+}
+
+/// CLOCK_MONOTONIC in ns, the programs' clock (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn map(maps_dir: &Path) -> Result<HashMap<MapData, u32, BwState>, Error> {
+    HashMap::try_from(open_map(maps_dir, map_names::BANDWIDTH)?)
+        .map_err(|e| dp_err("open sl_bw", e))
+}
+
+/// Sets the limits of the pod on host veth `ifindex` (next packet on).
+pub fn write(maps_dir: &Path, ifindex: u32, bw: &Bandwidth) -> Result<(), Error> {
+    map(maps_dir)?
+        .insert(ifindex, state(bw, monotonic_ns()), 0)
+        .map_err(|e| dp_err(format!("write sl_bw for ifindex {ifindex}"), e))
+}
+
+/// Removes the pod's limits (none is fine).
+pub fn remove(maps_dir: &Path, ifindex: u32) -> Result<(), Error> {
+    if !maps_dir.join(map_names::BANDWIDTH).exists() {
+        return Ok(());
+    }
+    let _ = map(maps_dir)?.remove(&ifindex);
+    Ok(())
+}
+
+/// CHECK: the limits in place are the configured ones.
+pub fn check(maps_dir: &Path, ifindex: u32, bw: Option<&Bandwidth>) -> Result<(), Error> {
+    let found = map(maps_dir).ok().and_then(|m| m.get(&ifindex, 0).ok());
+    match (bw, found) {
+        (None, None) => Ok(()),
+        (None, Some(_)) => Err(Error::check(format!(
+            "ifindex {ifindex} has bandwidth limits the config does not ask for"
+        ))),
+        (Some(_), None) => Err(Error::check(format!(
+            "bandwidth limits of ifindex {ifindex} are missing from sl_bw"
+        ))),
+        (Some(want), Some(have)) => {
+            let w = state(want, 0);
+            for (dir, w, h) in [
+                ("egress", w.egress, have.egress),
+                ("ingress", w.ingress, have.ingress),
+            ] {
+                if (w.rate, w.burst) != (h.rate, h.burst) {
+                    return Err(Error::check(format!(
+                        "{dir} limit of ifindex {ifindex} is {} B/s burst {} B, the config asks for {} B/s burst {} B",
+                        h.rate, h.burst, w.rate, w.burst
+                    )));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_become_bytes_and_a_missing_burst_gets_the_default() {
+        let b = bucket(Some(1_000_000_000), Some(8_000_000), 5);
+        assert_eq!((b.rate, b.burst), (125_000_000, 1_000_000));
+        assert_eq!(b.fill_ns, 8_000_000);
+        assert_eq!((b.tokens, b.last_ns), (1_000_000, 5));
+        // 1 Gbit/s: 20 ms is 2.5 MB.
+        assert_eq!(bucket(Some(1_000_000_000), None, 0).burst, 2_500_000);
+        // 10 Mbit/s: 20 ms is 25 KB, under two GSO packets: the minimum.
+        assert_eq!(bucket(Some(10_000_000), None, 0).burst, MIN_DEFAULT_BURST);
+        assert_eq!(bucket(None, None, 0), Bucket::default());
+    }
+
+    #[test]
+    fn extreme_values_do_not_overflow() {
+        let b = bucket(Some(1), Some(u64::from(u32::MAX) * 8), 0);
+        assert_eq!(b.rate, 1);
+        assert_eq!(b.fill_ns, u64::from(u32::MAX) * 1_000_000_000);
+        let b = bucket(Some(1_000_000_000_000), None, 0);
+        assert_eq!(b.burst, 2_500_000_000);
+    }
+}

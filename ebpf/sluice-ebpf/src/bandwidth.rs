@@ -1,0 +1,70 @@
+//! Per-pod bandwidth limits (CNI `bandwidth`) as token buckets in `sl_bw`, with
+//! no qdisc and no ifb device. This kernel has no `sch_fq`, so EDT pacing
+//! (`skb->tstamp`) is not available: packets over the limit are dropped, which
+//! TCP reads as congestion.
+//!
+//! Egress (what the pod sends) is checked in `from_pod`; ingress (what it
+//! receives) wherever a packet is handed to the pod: `bpf_redirect_peer` and the
+//! XDP redirect skip the host veth's egress hook, so `endpoint::deliver_*` check
+//! it, and `to_pod` for what the kernel routes.
+//!
+//! CPUs share a bucket without a lock: tokens and counters change by atomic adds
+//! whose result is not used (BPF_ATOMIC add, which every BPF CPU version has;
+//! fetching needs v3), and a refill raced by another CPU at worst credits one
+//! interval twice (capped at `burst`).
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use sluice_common::{reason, Bucket};
+
+use crate::{counters::count, maps::BANDWIDTH};
+
+/// Whether a packet of `len` bytes may pass the limit of the pod on `ifindex`
+/// in one direction (`ingress`: to the pod). Counts what it drops.
+#[inline(always)]
+pub fn admit(ifindex: u32, len: u32, ingress: bool) -> bool {
+    let Some(s) = BANDWIDTH.get_ptr_mut(ifindex) else {
+        return true;
+    };
+    // SAFETY: a live map value; fields are only touched through atomics or
+    // plain racy stores whose loss is harmless (see the module doc).
+    let b: *mut Bucket = unsafe {
+        if ingress {
+            &raw mut (*s).ingress
+        } else {
+            &raw mut (*s).egress
+        }
+    };
+    // SAFETY: as above.
+    unsafe {
+        if (*b).rate == 0 {
+            return true;
+        }
+        // SAFETY: plain helper call.
+        let now = bpf_ktime_get_ns();
+        let last = (*b).last_ns;
+        let tokens = &raw mut (*b).tokens;
+        if now > last {
+            (*b).last_ns = now;
+            let elapsed = (now - last).min((*b).fill_ns);
+            let add = (elapsed * (*b).rate / 1_000_000_000) as i64;
+            atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(tokens, add);
+            let burst = (*b).burst as i64;
+            if core::ptr::read_volatile(tokens) > burst {
+                core::ptr::write_volatile(tokens, burst);
+            }
+        }
+        if core::ptr::read_volatile(tokens) <= 0 {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).dropped, 1);
+            count(if ingress {
+                reason::DROP_BW_INGRESS
+            } else {
+                reason::DROP_BW_EGRESS
+            });
+            return false;
+        }
+        atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(tokens, -i64::from(len));
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).passed, 1);
+    }
+    true
+}
