@@ -90,22 +90,30 @@ fn iperf(
 /// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
 /// from sockperf ping-pong with --full-rtt.
 pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
-    tcp_rtt_us_via(
-        client,
-        server,
-        (addr, SOCKPERF_PORT),
-        (addr, SOCKPERF_PORT),
-        secs,
-    )
+    let to = (addr, SOCKPERF_PORT);
+    sockperf_pp(client, server, to, to, &[], secs)
 }
 
 /// The same through a port mapping: the client connects to `to`, the server
-/// listens on `listen` (address, port).
+/// listens on `listen` (address, port), with SO_REUSEADDR (`--uc-reuseaddr`):
+/// the port is the one iperf3's server used just before, whose closed
+/// connections wait in TIME_WAIT.
 pub fn tcp_rtt_us_via(
+    client: &Netns,
+    server: &Netns,
+    to: (&str, u16),
+    listen: (&str, u16),
+    secs: u32,
+) -> Result<(f64, f64)> {
+    sockperf_pp(client, server, to, listen, &["--uc-reuseaddr"], secs)
+}
+
+fn sockperf_pp(
     client: &Netns,
     server: &Netns,
     (addr, port): (&str, u16),
     (listen_addr, listen_port): (&str, u16),
+    server_args: &[&str],
     secs: u32,
 ) -> Result<(f64, f64)> {
     let mut s = pinned(server, "sockperf");
@@ -116,7 +124,8 @@ pub fn tcp_rtt_us_via(
         listen_addr,
         "-p",
         &listen_port.to_string(),
-    ]);
+    ])
+    .args(server_args);
     let _server = Background::spawn(s)?;
     wait_listening(server, listen_port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
