@@ -546,8 +546,11 @@ fn hostport_method() -> String {
          rules (checked line by line against what it wrote), because its one-iptables-run-per-rule \
          ADD takes ~55 s for 1,000 mappings and about an hour for 10,000; the external host \
          connects to node address:{hp}, with no route to the pods; \
-         ADD latency: {pods} pods per node, each with one mapping of its own, the nodes taken in \
-         turn for each pod (interleaved), all DELeted afterwards, p50 of the {pods}. Targets: \
+         ADD latency: {pods} pods per node, each with one mapping of its own, Sluice's nodes \
+         first, then the reference's, each plugin's nodes taken in turn for each pod (interleaved, \
+         the order rotated from pod to pod; a reference ADD on 10,000 mappings leaves the kernel \
+         nf_tables work that slows whatever runs next), all DELeted afterwards, p50 of the {pods}. \
+         Targets: \
          \"flat\" is judged on the growth from the fewest to the most mappings (a fall passes); \
          RTT median within +5% (a median over some 10^5 round trips, stable to a few percent \
          between rounds); ADD within +10%, because an ADD is a process start, netlink work and \

@@ -180,7 +180,8 @@ pub const HP_SIZES: [usize; 3] = [1, 1_000, 10_000];
 pub const HP_HOST_PORT: u16 = 30080;
 pub const HP_CONTAINER_PORT: u16 = 80;
 /// Pods whose ADD is timed on each port-mapping node.
-pub const HP_TIMED_PODS: usize = 5;
+/// (A multiple of the number of sizes: each size is timed first as often.)
+pub const HP_TIMED_PODS: usize = 6;
 
 /// A node with `mappings` port mappings: an uplink to an external host, the
 /// measured pod with one mapping, and a filler container holding the other
@@ -194,6 +195,8 @@ pub struct HpSetup {
     pub node_ip: String,
     pub pod_ip: String,
     pub list: Conflist,
+    /// bridge + portmap (else Sluice).
+    pub reference: bool,
 }
 
 /// A `portMappings` runtimeConfig entry list.
@@ -285,6 +288,7 @@ fn hostport_node(
         node_ip,
         pod_ip: ip.split('/').next().unwrap_or(ip).to_string(),
         list,
+        reference,
     })
 }
 
