@@ -24,7 +24,10 @@ use crate::{
 };
 
 use report::{Figure, Report, REFERENCE_HP, REFERENCE_MASQ, SLUICE_HP, SLUICE_MASQ};
-use topology::{HpSetup, Setup, HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS};
+use topology::{
+    HpSetup, Setup, HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE,
+    HP_TIMED_PODS_SLUICE,
+};
 
 pub fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
     connloop::run(args)
@@ -224,15 +227,20 @@ fn hostport_round(tb: &Testbed, hp: &[(usize, HpSetup)], secs: u32, r: &mut Repo
 /// (interleaved, the order rotated from pod to pod); then all of them DELeted.
 /// Not plugin by plugin for every pod: a reference ADD on 10,000 mappings
 /// leaves the kernel ~1 s of nf_tables work that lands on the next ADD (on 2
-/// vCPUs it added ~15% to the Sluice ADD timed right after it).
+/// vCPUs it added ~15% to the Sluice ADD timed right after it). More pods for
+/// Sluice (its ADD takes a few ms): on a VM shared with other work, the p50 of
+/// six moves by ~10% between runs.
 fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Result<()> {
     let mut times = vec![Vec::new(); hp.len()];
     let mut attached = Vec::new();
-    for reference in [false, true] {
+    for (reference, pods) in [
+        (false, HP_TIMED_PODS_SLUICE),
+        (true, HP_TIMED_PODS_REFERENCE),
+    ] {
         let nodes: Vec<usize> = (0..hp.len())
             .filter(|k| hp[*k].1.reference == reference)
             .collect();
-        for i in 0..HP_TIMED_PODS {
+        for i in 0..pods {
             for j in 0..nodes.len() {
                 let k = nodes[(i + j) % nodes.len()];
                 let s = &hp[k].1;

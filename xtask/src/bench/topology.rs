@@ -179,9 +179,10 @@ pub const HP_SIZES: [usize; 3] = [1, 1_000, 10_000];
 /// The measured pod's mapping (the servers listen on the container port).
 pub const HP_HOST_PORT: u16 = 30080;
 pub const HP_CONTAINER_PORT: u16 = 80;
-/// Pods whose ADD is timed on each port-mapping node.
-/// (A multiple of the number of sizes: each size is timed first as often.)
-pub const HP_TIMED_PODS: usize = 6;
+/// Pods whose ADD is timed on each port-mapping node of the reference and of
+/// Sluice (multiples of the number of sizes: each size is timed first as often).
+pub const HP_TIMED_PODS_REFERENCE: usize = 6;
+pub const HP_TIMED_PODS_SLUICE: usize = 24;
 
 /// A node with `mappings` port mappings: an uplink to an external host, the
 /// measured pod with one mapping, and a filler container holding the other
