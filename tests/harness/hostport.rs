@@ -198,6 +198,8 @@ pub struct ClientReport {
     pub local: Option<SocketAddr>,
     pub errno: Option<i32>,
     pub error: String,
+    /// Its cgroup v2 path (relative to the mount, `/sluice-test-...`).
+    pub cgroup: String,
     /// The whole run, for messages.
     pub output: String,
 }
@@ -235,6 +237,20 @@ pub fn node_client(
     }
     let v: Value = serde_json::from_str(out.stdout.trim())
         .map_err(|e| err!("the client printed no JSON ({e}): {out}"))?;
+    // It must have run where it was asked to: in the cgroup, or not in it.
+    let in_cg = v["cgroup"].as_str().unwrap_or_default();
+    let want = cgroup
+        .and_then(|c| c.path().file_name())
+        .map(|n| format!("/{}", n.to_string_lossy()));
+    match want {
+        Some(w) if in_cg != w => {
+            return Err(err!("the client ran in cgroup {in_cg:?}, not {w:?}: {out}"))
+        }
+        None if in_cg.contains("sluice-test-") => {
+            return Err(err!("the client ran in a test cgroup {in_cg:?}: {out}"))
+        }
+        _ => {}
+    }
     Ok(ClientReport {
         ok: v["ok"].as_bool().unwrap_or(false),
         peer: parse_addr(&v["peer"]),
@@ -242,6 +258,7 @@ pub fn node_client(
         local: parse_addr(&v["local"]),
         errno: v["errno"].as_i64().and_then(|n| i32::try_from(n).ok()),
         error: v["error"].as_str().unwrap_or_default().to_string(),
+        cgroup: v["cgroup"].as_str().unwrap_or_default().to_string(),
         output: out.to_string(),
     })
 }

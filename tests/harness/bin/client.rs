@@ -15,7 +15,8 @@
 //! `DIR/cgroup.procs`. It prints one JSON object and exits 0 once the exchange
 //! was tried, whatever came of it: `{"ok": bool, "peer": "ip:port" (TCP and
 //! connected UDP: getpeername), "from": "ip:port" (UDP: the source of the
-//! datagram received), "local": "ip:port", "error": "...", "errno": N}`. It exits
+//! datagram received), "local": "ip:port", "cgroup": "/path" (its cgroup v2
+//! path), "error": "...", "errno": N}`. It exits
 //! 2 when it could not even start (bad arguments, cgroup not joinable). Every
 //! wait is bounded.
 use std::{
@@ -191,6 +192,13 @@ fn main() -> ExitCode {
         return usage("ADDR must be ip:port");
     };
     let mut out = Map::new();
+    // The cgroup v2 path it runs in (`0::/path` of /proc/self/cgroup).
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .unwrap_or_default();
+    out.insert("cgroup".into(), json!(cgroup));
     out.insert("op".into(), json!(op));
     out.insert("to".into(), json!(to.to_string()));
     match op.as_str() {
