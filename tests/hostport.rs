@@ -21,14 +21,16 @@ use std::{
 
 use serde_json::{json, Value};
 use sluice_tests::{
+    exec,
     fixtures::{EXT_IF, NODE_IP},
     host::tx_checksum_off,
     hostport::{
         assert_only, capture_from, ext_ip, mapping, node_client, node_ip, ports, second_node_ip,
         with_raw_mappings, ClientReport, HpPod, HpWorld, SECOND_NODE_IP,
     },
+    look,
     masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
-    Counters, NETWORK,
+    sluice_next_bin, Counters, NETWORK,
 };
 
 /// The client process of the node-local tests (`harness/bin/client.rs`).
@@ -277,6 +279,13 @@ fn the_node_reaches_host_ports_on_localhost_and_its_address_from_the_cgroup() {
     let w = HpWorld::new("10.97.5.0/24", "auto", &json!({})).unwrap();
     let a = w.add("a", "hp-local-a", &tcp_udp(HP, CPORT, ""));
     let server = server_in(&a);
+    let hooks = cgroup_programs(&w);
+    for h in HOOKS {
+        assert!(
+            hooks.contains(h),
+            "{h} is not attached to the cgroup: {hooks:?}"
+        );
+    }
     let c0 = w.counters();
     let mut failures = Vec::new();
     for to in [localhost(HP), sa(node_ip(), HP)] {
@@ -1029,6 +1038,101 @@ fn bad_port_mappings_are_refused_naming_the_key() {
     assert_eq!(list[0]["hostPort"], 5000);
     assert_eq!(list[0]["containerPort"], 5000);
     w.del(&b);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+// --- 10. Upgrades --------------------------------------------------------------------------
+
+/// The cgroup hooks attached to `hostPortCgroup` (`bpftool cgroup show`): their
+/// program names.
+fn cgroup_programs(w: &HpWorld) -> BTreeSet<String> {
+    let out = exec::tool(
+        None,
+        "bpftool",
+        &["cgroup", "show", &w.cgroup.display(), "-j"],
+    )
+    .unwrap();
+    if out.trim().is_empty() {
+        return BTreeSet::new();
+    }
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+const HOOKS: [&str; 4] = [
+    "hp_connect4",
+    "hp_sendmsg4",
+    "hp_recvmsg4",
+    "hp_getpeername4",
+];
+
+/// A datapath reload by a binary embedding another object keeps the mappings,
+/// an established translated connection, external access and node-local
+/// access (the cgroup links now run the new programs).
+#[test]
+fn host_ports_keep_working_across_a_datapath_reload() {
+    let w = HpWorld::new("10.97.15.0/24", "auto", &json!({})).unwrap();
+    let a = w.add("a", "hp-upg-a", &tcp_udp(HP, CPORT, ""));
+    let server = server_in(&a);
+    let to = sa(node_ip(), HP);
+    let open = tcp_connect(&w.ext.netns_path(), None, to).unwrap();
+    tcp_echo_on(&open, 64 << 10, 1).unwrap();
+    let t = client(&w, true, &strs(&tcp_args(localhost(HP))));
+    assert!(t.ok, "node-local TCP before the reload: {t:#?}");
+    let before = w.ports(&[]);
+    let hooks = cgroup_programs(&w);
+    for h in HOOKS {
+        assert!(
+            hooks.contains(h),
+            "{h} is not attached to the cgroup: {hooks:?}"
+        );
+    }
+
+    let root = w.node.pin_root().display().to_string();
+    let out = w
+        .node
+        .run(
+            &sluice_next_bin().unwrap(),
+            &["datapath", "reload", "--pin-root", &root],
+        )
+        .unwrap();
+    assert!(out.success(), "reload failed: {out}");
+
+    assert_eq!(w.ports(&[]), before, "mappings after the reload");
+    tcp_echo_on(&open, 64 << 10, 2).expect("the connection opened before the reload");
+    w.ext_tcp(to, 3)
+        .expect("a new external connection after the reload");
+    w.ext_udp(to).expect("external UDP after the reload");
+    let t = client(&w, true, &strs(&tcp_args(localhost(HP))));
+    assert!(
+        t.ok && t.peer == Some(localhost(HP)),
+        "node-local TCP after the reload: {t:#?}"
+    );
+    let u = client(&w, true, &strs(&udp_args("udp", localhost(HP), 3, 2000)));
+    assert!(u.ok, "node-local UDP after the reload: {u:#?}");
+    // Each hook runs the pinned (new) program, once.
+    for h in HOOKS {
+        let pin = w.node.pin_root().join("links").join(format!("cgroup-{h}"));
+        let link = look::bpf_link_pinned(&pin).unwrap();
+        let prog = look::pinned_prog_id(&w.node.pin_root().join("progs").join(h)).unwrap();
+        assert_eq!(link["prog_id"], prog, "{h}: link {link}");
+    }
+    let after = cgroup_programs(&w);
+    assert_eq!(
+        after.len(),
+        HOOKS.len(),
+        "programs on the cgroup: {after:?}"
+    );
+    assert!(server.peers().tcp.len() >= 3, "{:?}", server.peers());
+    drop(open);
+    w.check(&a).unwrap().ok_silent();
     w.del(&a);
     w.node.assert_clean(NETWORK);
 }
