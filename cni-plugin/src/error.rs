@@ -94,6 +94,14 @@ pub enum Error {
     /// Code 105: CHECK found the attachment not as ADD left it.
     #[error("check failed: {what}")]
     CheckFailed { what: String },
+
+    /// Code 106: a hostPort is already mapped, by `owner`.
+    #[error("port mapping conflict: {port} is already mapped to {target} by {owner}")]
+    PortConflict {
+        port: String,
+        target: String,
+        owner: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -117,6 +125,7 @@ impl Error {
             Self::IpamUnavailable { .. } => 103,
             Self::Delegate { code, .. } => *code,
             Self::CheckFailed { .. } => 105,
+            Self::PortConflict { .. } => 106,
             Self::Usage(_) => 4,
         }
     }
@@ -139,6 +148,7 @@ impl Error {
             Self::IpamUnavailable { .. } => "requested IP address not available",
             Self::Delegate { .. } => "delegated plugin failed",
             Self::CheckFailed { .. } => "attachment is not as expected",
+            Self::PortConflict { .. } => "port mapping conflict",
             Self::Usage(_) => "invalid arguments",
         }
     }

@@ -41,6 +41,64 @@ pub enum Command {
     /// Masqueraded flows: list, flush.
     #[command(subcommand)]
     Nat(NatCommand),
+    /// hostPort mappings: list, add, del.
+    #[command(subcommand)]
+    Ports(PortsCommand),
+}
+
+#[derive(Subcommand)]
+pub enum PortsCommand {
+    /// List hostPort mappings (host address:port -> pod address:port, owner).
+    List(PortsListArgs),
+    /// Map a host port to a pod's port (refused when the port is taken).
+    Add(PortsAddArgs),
+    /// Remove a hostPort mapping (whoever added it).
+    Del(PortsDelArgs),
+}
+
+#[derive(Args)]
+pub struct PortsListArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only mappings to this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only this host port.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Only this protocol.
+    #[arg(long, value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: Option<String>,
+}
+
+#[derive(Args)]
+pub struct PortsAddArgs {
+    /// The port on the node.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub host_port: u16,
+    /// The pod: its IPv4 address, or a container id prefix.
+    #[arg(long)]
+    pub pod: String,
+    /// The port in the pod.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub container_port: u16,
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: String,
+    /// Only this node address (default: every node address).
+    #[arg(long)]
+    pub host_ip: Option<std::net::Ipv4Addr>,
+}
+
+#[derive(Args)]
+pub struct PortsDelArgs {
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub host_port: u16,
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: String,
+    /// The mapping's node address (default: the every-address mapping).
+    #[arg(long)]
+    pub host_ip: Option<std::net::Ipv4Addr>,
 }
 
 #[derive(Subcommand)]

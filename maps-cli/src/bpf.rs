@@ -11,7 +11,8 @@ use aya::{
 };
 use sluice_common::{
     map_names, nat_flags, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats,
-    IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    HostPortConfig, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget,
+    DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -91,6 +92,52 @@ impl Datapath {
     pub fn masq(&self) -> Result<MasqConfig> {
         let arr: Array<MapData, MasqConfig> = Array::try_from(self.map(map_names::MASQ)?)?;
         Ok(arr.get(&0, 0)?)
+    }
+
+    /// Every hostPort mapping, sorted by port, protocol, address.
+    pub fn ports(&self) -> Result<Vec<(PortKey, PortTarget)>> {
+        let m: HashMap<MapData, PortKey, PortTarget> =
+            HashMap::try_from(self.map(map_names::PORTS)?)?;
+        let mut v: Vec<(PortKey, PortTarget)> = m.iter().filter_map(Result::ok).collect();
+        v.sort_by_key(|(k, _)| (u16::from_be(k.host_port), k.proto, k.host_ip));
+        Ok(v)
+    }
+
+    /// The node addresses wildcard mappings match.
+    pub fn node_addrs(&self) -> Result<Vec<[u8; 4]>> {
+        let m: HashMap<MapData, [u8; 4], u8> = HashMap::try_from(self.map(map_names::NODE_ADDRS)?)?;
+        Ok(m.keys().filter_map(Result::ok).collect())
+    }
+
+    /// Adds a mapping unless its key exists (BPF_NOEXIST: `Ok(false)` then), and
+    /// turns the programs' hostPort path on for this node namespace.
+    pub fn insert_port(&self, k: &PortKey, t: &PortTarget) -> Result<bool> {
+        let mut m: HashMap<MapData, PortKey, PortTarget> =
+            HashMap::try_from(self.map(map_names::PORTS)?)?;
+        match m.insert(k, t, 1) {
+            Ok(()) => {}
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let mut cfg: Array<MapData, HostPortConfig> =
+            Array::try_from(self.map(map_names::HP_CONFIG)?)?;
+        let c = HostPortConfig {
+            netns_cookie: sluice_common::user::netns_cookie()
+                .context("reading this network namespace's cookie")?,
+            active: 1,
+            _pad: 0,
+        };
+        cfg.set(0, c, 0)?;
+        Ok(true)
+    }
+
+    /// Removes a mapping; `false` when there was none.
+    pub fn remove_port(&self, k: &PortKey) -> Result<bool> {
+        let mut m: HashMap<MapData, PortKey, PortTarget> =
+            HashMap::try_from(self.map(map_names::PORTS)?)?;
+        Ok(m.remove(k).is_ok())
     }
 
     /// Every masqueraded flow: (pod-side key, entry).

@@ -7,6 +7,7 @@ mod counters;
 mod datapath;
 mod endpoints;
 mod nat;
+mod ports;
 mod status;
 mod table;
 
@@ -22,6 +23,7 @@ fn main() -> ExitCode {
         args::Command::Counters(a) => counters::execute(&cli.target, a),
         args::Command::Datapath(c) => datapath::execute(&cli.target, c),
         args::Command::Nat(c) => nat::execute(&cli.target, c),
+        args::Command::Ports(c) => ports::execute(&cli.target, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,13 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     };
     let counters: Vec<(&str, u64)> = dp.counters()?.into_iter().filter(|(_, v)| *v > 0).collect();
     let masq = dp.masq()?;
+    let mappings = dp.ports()?.len();
+    let node_addrs: Vec<String> = dp
+        .node_addrs()?
+        .into_iter()
+        .map(|a| std::net::Ipv4Addr::from(a).to_string())
+        .collect();
+    let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
     let flows = dp.nat_flows()?.len();
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
@@ -53,6 +60,11 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "podInterfaces": pods,
         "endpoints": endpoints,
         "masquerade": masq_json(&masq, flows),
+        "hostPort": {
+            "mappings": mappings,
+            "nodeAddresses": node_addrs,
+            "socketHooks": hooks,
+        },
         "counters": counters.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
     if a.json {
@@ -78,6 +90,19 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         pods.len()
     );
     println!("masquerade: {}", masq_line(&masq, flows));
+    println!(
+        "hostPort:   {mappings} mappings; node addresses {}; socket hooks {}",
+        if node_addrs.is_empty() {
+            "-".to_string()
+        } else {
+            node_addrs.join(", ")
+        },
+        if hooks.is_empty() {
+            "not attached (the first ADD with portMappings attaches them)".to_string()
+        } else {
+            format!("attached ({})", hooks.len())
+        }
+    );
     for p in &programs {
         println!(
             "program:    {} (id {})",

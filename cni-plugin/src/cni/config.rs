@@ -238,6 +238,10 @@ pub struct NetConf {
     pub arg_ips: Vec<IpAddr>,
     /// Node uplink by name; `None`: the interface of the default route.
     pub uplink: Option<String>,
+    /// `hostPortCgroup`: the cgroup v2 directory the hostPort socket hooks attach
+    /// to (default: the root of the v2 hierarchy, so every node process is
+    /// served; `None` when the node has no cgroup v2 mounted).
+    pub host_port_cgroup: Option<PathBuf>,
     pub xdp: XdpMode,
     pub pod_attach: PodAttach,
     /// Static routes to other nodes' pod ranges.
@@ -353,6 +357,10 @@ impl NetConf {
             }
             None => sluice_common::user::default_pin_root(&name),
         };
+        let host_port_cgroup = match string(o, "hostPortCgroup", "")? {
+            Some(p) => Some(absolute_path("hostPortCgroup", &p)?),
+            None => sluice_common::user::cgroup2_mount(),
+        };
         let state_dir = match string(o, "stateDir", "")? {
             Some(p) => absolute_path("stateDir", &p)?,
             None => PathBuf::from(DEFAULT_STATE_DIR),
@@ -431,6 +439,7 @@ impl NetConf {
             prev_result,
             arg_ips,
             uplink,
+            host_port_cgroup,
             xdp,
             pod_attach,
             nodes,

@@ -263,6 +263,8 @@ pub fn parse_port_mappings(v: &Value, key: &str) -> Result<Vec<PortMapping>, Err
         .as_array()
         .ok_or_else(|| Error::config(key, v, "must be a list"))?;
     let mut out: Vec<PortMapping> = Vec::with_capacity(arr.len());
+    // (port, protocol, hostIP) seen: a set, lists can hold thousands.
+    let mut seen = std::collections::HashSet::with_capacity(arr.len());
     for (i, e) in arr.iter().enumerate() {
         let k = format!("{key}[{i}]");
         let o = e
@@ -308,9 +310,7 @@ pub fn parse_port_mappings(v: &Value, key: &str) -> Result<Vec<PortMapping>, Err
             protocol,
             host_ip,
         };
-        if out.iter().any(|p| {
-            p.host_port == pm.host_port && p.protocol == pm.protocol && p.host_ip == pm.host_ip
-        }) {
+        if !seen.insert((pm.host_port, pm.protocol, pm.host_ip)) {
             return Err(Error::config(
                 format!("{k}.hostPort"),
                 host_port,

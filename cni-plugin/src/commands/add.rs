@@ -2,6 +2,8 @@
 //! datapath, record what was made, print the result. Any failure after the
 //! preconditions undoes everything this ADD made (and, per spec section 4, runs
 //! DEL on a delegated IPAM plugin).
+use std::net::IpAddr;
+
 use serde_json::Value;
 
 use super::del::teardown;
@@ -13,7 +15,7 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{Datapath, EndpointSpec, NodeSettings},
+    datapath::{hostport, Datapath, EndpointSpec, NodeSettings},
     error::Error,
     interface,
     ipam::Ipam,
@@ -23,6 +25,9 @@ use crate::{
     node,
     state::{host_veth_name, AttachmentRecord, StateStore},
 };
+
+/// Where the runtime passes port mappings (CNI conventions, `portMappings`).
+pub const PORT_MAPPINGS: &str = "runtimeConfig.portMappings";
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let id = env.attachment()?;
@@ -48,6 +53,13 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         ));
     }
     let pod_mac = pod_mac(conf, env)?;
+    // Mappings the datapath cannot serve are refused before anything is made.
+    hostport::entries(
+        &conf.runtime.port_mappings,
+        PORT_MAPPINGS,
+        Some(std::net::Ipv4Addr::UNSPECIFIED),
+        0,
+    )?;
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_ifname = host_veth_name(&conf.name, id);
@@ -206,11 +218,37 @@ async fn add_steps(
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
     let masq = masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, &ipam_result.ips).await?;
+    let pod_v4 = ips.iter().find_map(|ip| match ip {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    });
+    let ports = hostport::entries(
+        &conf.runtime.port_mappings,
+        PORT_MAPPINGS,
+        pod_v4,
+        pair.host.index,
+    )?;
+    let node_addrs = if ports.is_empty() {
+        Vec::new()
+    } else {
+        host_nl.local_ipv4().await?
+    };
     let guard = dp.ensure_loaded(&NodeSettings {
         uplink,
         xdp: conf.xdp,
         pod_mtu: mtu,
         nat_flows: conf.masq.max_flows,
+        host_port_cgroup: if ports.is_empty() {
+            None
+        } else {
+            Some(conf.host_port_cgroup.clone().ok_or_else(|| {
+                Error::config(
+                    "hostPortCgroup",
+                    "null",
+                    "no cgroup v2 hierarchy is mounted on this node; mount one or name a cgroup v2 directory",
+                )
+            })?)
+        },
     })?;
     dp.apply_masq(&guard, masq.as_ref())?;
     dp.add_endpoint(
@@ -227,6 +265,8 @@ async fn add_steps(
             attach: conf.pod_attach,
         },
     )?;
+    // Last: a conflict fails the ADD, whose rollback removes everything above.
+    dp.add_ports(&guard, &node_addrs, &ports)?;
 
     record.complete = true;
     store.save(&record)?;

@@ -11,7 +11,7 @@ use crate::{
         result::Interface,
         runtime_config::Mac,
     },
-    datapath::{Datapath, EndpointSpec},
+    datapath::{hostport, Datapath, EndpointSpec},
     error::Error,
     ipam::Ipam,
     netlink::{LinkInfo, Netlink},
@@ -120,6 +120,17 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         xdp_ready: false,
         attach: conf.pod_attach,
     })?;
+    let pod_v4 = ips.iter().find_map(|ip| match ip {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    });
+    let ports = hostport::entries(
+        &conf.runtime.port_mappings,
+        crate::commands::add::PORT_MAPPINGS,
+        pod_v4,
+        host_link.index,
+    )?;
+    dp.check_ports(&ports)?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)

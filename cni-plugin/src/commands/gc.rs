@@ -49,6 +49,18 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
             }
         }
     }
+    // hostPort mappings whose pod is gone (operator mappings included).
+    match dp.endpoint_owners() {
+        Ok(owners) => {
+            let live: Vec<u32> = owners.iter().map(|(i, _, _)| *i).collect();
+            if let Err(e) = dp.remove_orphan_ports(&live) {
+                first_err.get_or_insert(e);
+            }
+        }
+        Err(e) => {
+            first_err.get_or_insert(e);
+        }
+    }
     if let Err(e) = ipam.gc(conf, valid) {
         first_err.get_or_insert(e);
     }

@@ -1,6 +1,6 @@
 //! One module per CNI command. Each takes the validated environment and config and
 //! returns what goes on stdout (`None` when the command prints nothing).
-mod add;
+pub mod add;
 mod check;
 mod del;
 mod gc;

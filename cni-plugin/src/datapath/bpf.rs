@@ -6,6 +6,7 @@
 //! dots are reserved), so no pin name has one.
 use std::{
     fs,
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
@@ -20,15 +21,15 @@ use aya::{
         tc::SchedClassifierLink,
         tc::{qdisc_add_clsact, NlOptions, TcAttachOptions, TcError, TcHandle},
         xdp::XdpLink,
-        Link, PerfEvent, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        CgroupSockAddr, Link, PerfEvent, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     EbpfLoader,
 };
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
     map_names, masq_flags, nat_flags, prog_names, reason, DatapathMeta, Endpoint, EndpointInfo,
-    EndpointStats, FragEntry, FragKey, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
-    LAYOUT_VERSION,
+    EndpointStats, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey,
+    NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig, LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -49,13 +50,17 @@ const TC_PROGRAMS: [(&str, TcAttachType); 2] = [
 ];
 
 /// Every program of the object: its name and whether it is XDP (else tc).
-const ALL_PROGRAMS: [(&str, Kind); 6] = [
+const ALL_PROGRAMS: [(&str, Kind); 10] = [
     (prog_names::FROM_POD, Kind::Tc),
     (prog_names::TO_POD, Kind::Tc),
     (prog_names::UPLINK_IN, Kind::Tc),
     (prog_names::UPLINK_OUT, Kind::Tc),
     (prog_names::UPLINK_XDP, Kind::Xdp),
     (prog_names::NAT_SWEEP, Kind::PerfEvent),
+    (prog_names::HP_CONNECT4, Kind::SockAddr),
+    (prog_names::HP_SENDMSG4, Kind::SockAddr),
+    (prog_names::HP_RECVMSG4, Kind::SockAddr),
+    (prog_names::HP_GETPEERNAME4, Kind::SockAddr),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -63,6 +68,7 @@ enum Kind {
     Tc,
     Xdp,
     PerfEvent,
+    SockAddr,
 }
 
 /// Pin of the NAT sweeper's perf-event link.
@@ -76,7 +82,7 @@ pub const UPLINK_LINK_PREFIX: &str = "uplink";
 
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 11] {
+fn expected_maps() -> [(&'static str, usize, usize); 16] {
     use std::mem::size_of;
     [
         (
@@ -114,14 +120,31 @@ fn expected_maps() -> [(&'static str, usize, usize); 11] {
             size_of::<FragKey>(),
             size_of::<FragEntry>(),
         ),
+        (
+            map_names::PORTS,
+            size_of::<PortKey>(),
+            size_of::<PortTarget>(),
+        ),
+        (map_names::HP_CT, size_of::<NatKey>(), size_of::<HpFlow>()),
+        (map_names::NODE_ADDRS, 4, 1),
+        (
+            map_names::HP_SOCK,
+            size_of::<SockKey>(),
+            size_of::<SockOrig>(),
+        ),
+        (
+            map_names::HP_CONFIG,
+            size_of::<u32>(),
+            size_of::<HostPortConfig>(),
+        ),
     ]
 }
 
-fn dp_err(op: impl Into<String>, e: impl std::fmt::Display) -> Error {
+pub(super) fn dp_err(op: impl Into<String>, e: impl std::fmt::Display) -> Error {
     Error::datapath(op, e)
 }
 
-fn open_map(maps_dir: &Path, name: &str) -> Result<Map, Error> {
+pub(super) fn open_map(maps_dir: &Path, name: &str) -> Result<Map, Error> {
     let path = maps_dir.join(name);
     let data = MapData::from_pin(&path)
         .map_err(|e| dp_err(format!("open pinned map {}", path.display()), e))?;
@@ -248,7 +271,23 @@ pub fn load_and_pin(
         let prog = ebpf
             .program_mut(name)
             .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?;
-        if kind == Kind::PerfEvent {
+        if kind == Kind::SockAddr {
+            let prog: &mut CgroupSockAddr = prog
+                .try_into()
+                .map_err(|e| dp_err(format!("load {name}"), e))?;
+            prog.load()
+                .map_err(|e| dp_err(format!("verify and load {name}"), e))?;
+            prog.pin(&staged)
+                .map_err(|e| dp_err(format!("pin {}", staged.display()), e))?;
+            let fd = prog
+                .fd()
+                .map_err(|e| dp_err(format!("fd of {name}"), e))?
+                .as_fd()
+                .as_raw_fd();
+            for link_path in link_pins(links_dir, name)? {
+                update_link(&link_path, fd)?;
+            }
+        } else if kind == Kind::PerfEvent {
             let prog: &mut PerfEvent = prog
                 .try_into()
                 .map_err(|e| dp_err(format!("load {name}"), e))?;
@@ -305,6 +344,55 @@ pub fn load_and_pin(
             loaded_unix: now_unix(),
         },
     )
+}
+
+/// Points the pinned link at program `prog_fd` in place (BPF_LINK_UPDATE; aya
+/// has no update for cgroup links).
+fn update_link(link_path: &Path, prog_fd: std::os::fd::RawFd) -> Result<(), Error> {
+    use std::os::unix::ffi::OsStrExt;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_UPDATE: libc::c_long = 29;
+    let c = std::ffi::CString::new(link_path.as_os_str().as_bytes())
+        .map_err(|e| dp_err(format!("update {}", link_path.display()), e))?;
+    let mut get = [0u64; 16];
+    get[0] = c.as_ptr() as u64;
+    // SAFETY: a valid, zeroed bpf_attr and a NUL-terminated path that outlives it.
+    let link_fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            get.as_mut_ptr(),
+            std::mem::size_of_val(&get),
+        )
+    };
+    if link_fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(dp_err(
+            format!("open pinned link {}", link_path.display()),
+            e,
+        ));
+    }
+    // SAFETY: BPF_OBJ_GET returned a new fd that only this owns.
+    let link_fd =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(link_fd as i32) };
+    // union bpf_attr, link_update: link_fd, new_prog_fd, flags, old_prog_fd (u32 each).
+    let mut attr = [0u32; 16];
+    attr[0] = link_fd.as_raw_fd() as u32;
+    attr[1] = prog_fd as u32;
+    // SAFETY: a valid, zeroed bpf_attr of the right size; both fds are live.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_UPDATE,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return drop_dead_link(link_path, &e);
+    }
+    Ok(())
 }
 
 /// Pinned links of program `prog` (`links/*-<prog>`).

@@ -3,6 +3,7 @@
 //! All aya calls are in [`bpf`].
 mod bpf;
 pub mod bpffs;
+pub mod hostport;
 
 use std::{
     net::IpAddr,
@@ -11,7 +12,7 @@ use std::{
 
 use sluice_common::{
     config_flags, endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey,
-    MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
+    MasqConfig, NodeConfig, PortKey, PortTarget, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
 };
 
 pub use bpf::{now_unix, object_hash, XdpAttached};
@@ -44,6 +45,9 @@ pub struct NodeSettings {
     pub pod_mtu: u32,
     /// Entries of each NAT map when they are created.
     pub nat_flows: u32,
+    /// The cgroup to attach the hostPort socket hooks to, when this ADD maps
+    /// ports (they are attached once, by the first ADD that needs them).
+    pub host_port_cgroup: Option<PathBuf>,
 }
 
 /// Masquerade as the programs see it: the config entry and the prefixes never
@@ -168,7 +172,10 @@ impl Datapath {
     /// The node-wide attachments are in place: the NAT sweeper and the uplink's
     /// programs as the settings ask.
     fn uplink_ok(&self, s: &NodeSettings) -> bool {
-        bpf::sweeper_attached(&self.dir(pin_dirs::LINKS)) && self.uplink_current(s)
+        let links = self.dir(pin_dirs::LINKS);
+        bpf::sweeper_attached(&links)
+            && self.uplink_current(s)
+            && (s.host_port_cgroup.is_none() || hostport::hooks_attached(&links))
     }
 
     /// The uplink's programs are attached as the settings ask: to that interface,
@@ -256,6 +263,9 @@ impl Datapath {
         }
         if !bpf::sweeper_attached(&self.dir(pin_dirs::LINKS)) {
             bpf::ensure_sweeper(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS))?;
+        }
+        if let Some(cg) = &s.host_port_cgroup {
+            hostport::attach_hooks(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS), cg)?;
         }
         if let Some(u) = &s.uplink {
             if !self.uplink_current(s) {
@@ -369,8 +379,11 @@ impl Datapath {
                 }
             }
         }
-        // The pod's masqueraded flows go with it.
+        // The pod's masqueraded flows and hostPort mappings go with it.
         if let Err(e) = bpf::flush_nat(&maps_dir, &v4) {
+            first_err.get_or_insert(e);
+        }
+        if let Err(e) = hostport::remove_of_pods(&maps_dir, &ifindexes) {
             first_err.get_or_insert(e);
         }
         for idx in ifindexes {
@@ -379,6 +392,32 @@ impl Datapath {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Publishes a pod's hostPort mappings (all or none; a conflict names the
+    /// owner), after refreshing the node addresses wildcard mappings match.
+    pub fn add_ports(
+        &self,
+        _guard: &LoadedGuard,
+        node_addrs: &[[u8; 4]],
+        entries: &[(PortKey, PortTarget)],
+    ) -> Result<(), Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let maps = self.dir(pin_dirs::MAPS);
+        hostport::set_node_addrs(&maps, node_addrs)?;
+        hostport::add(&maps, entries)
+    }
+
+    /// CHECK: the pod's hostPort mappings are in place.
+    pub fn check_ports(&self, entries: &[(PortKey, PortTarget)]) -> Result<(), Error> {
+        hostport::check(&self.dir(pin_dirs::MAPS), entries)
+    }
+
+    /// GC: mappings whose pod is not one of `live` (host veth ifindexes) go.
+    pub fn remove_orphan_ports(&self, live: &[u32]) -> Result<usize, Error> {
+        hostport::remove_orphans(&self.dir(pin_dirs::MAPS), live)
     }
 
     /// CHECK: programs attached to the host veth, endpoint entries in place.

@@ -68,4 +68,25 @@ impl Netlink {
         }
         Ok(out)
     }
+
+    /// Every IPv4 address of this namespace except loopback ones (what iptables
+    /// calls `--dst-type LOCAL`, which the reference portmap matches), deduplicated.
+    pub async fn local_ipv4(&self) -> Result<Vec<[u8; 4]>, Error> {
+        let mut s = self.handle.address().get().execute();
+        let mut out: Vec<[u8; 4]> = Vec::new();
+        while let Some(m) = s
+            .try_next()
+            .await
+            .map_err(|e| nl_err("list the node's addresses", e))?
+        {
+            for a in &m.attributes {
+                if let AddressAttribute::Address(std::net::IpAddr::V4(v4)) = a {
+                    if !v4.is_loopback() && !out.contains(&v4.octets()) {
+                        out.push(v4.octets());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }

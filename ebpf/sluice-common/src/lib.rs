@@ -48,6 +48,19 @@ pub mod map_names {
     /// [`crate::FragKey`] -> [`crate::FragEntry`]: fragmented datagrams of
     /// masqueraded flows being translated (LRU).
     pub const NAT_FRAG: &str = "sl_nat_frag";
+    /// [`crate::PortKey`] -> [`crate::PortTarget`]: hostPort mappings.
+    pub const PORTS: &str = "sl_ports";
+    /// (LRU) [`crate::NatKey`] as a packet from a pod carries it ->
+    /// [`crate::HpFlow`]: how translated hostPort flows (replies, hairpin) are
+    /// rewritten.
+    pub const HP_CT: &str = "sl_hp_ct";
+    /// IPv4 address -> 1: the node's own addresses (wildcard hostPorts match them).
+    pub const NODE_ADDRS: &str = "sl_node_addrs";
+    /// (LRU) [`crate::SockKey`] -> [`crate::SockOrig`]: what node sockets asked
+    /// for before the socket hooks rewrote it.
+    pub const HP_SOCK: &str = "sl_hp_sock";
+    /// index 0 -> [`crate::HostPortConfig`].
+    pub const HP_CONFIG: &str = "sl_hp_config";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -64,6 +77,14 @@ pub mod prog_names {
     pub const NAT_SWEEP: &str = "nat_sweep";
     /// XDP on the node's uplink.
     pub const UPLINK_XDP: &str = "uplink_xdp";
+    /// cgroup/connect4: node sockets connecting to a hostPort go to the pod.
+    pub const HP_CONNECT4: &str = "hp_connect4";
+    /// cgroup/sendmsg4: the same for unconnected UDP.
+    pub const HP_SENDMSG4: &str = "hp_sendmsg4";
+    /// cgroup/recvmsg4: UDP answers appear to come from the hostPort.
+    pub const HP_RECVMSG4: &str = "hp_recvmsg4";
+    /// cgroup/getpeername4: the peer is the address the socket connected to.
+    pub const HP_GETPEERNAME4: &str = "hp_getpeername4";
 }
 
 /// Why a program let a packet go, redirected it or dropped it: indexes of the
@@ -145,11 +166,24 @@ pub mod reason {
     /// masquerade: a later fragment of a translated datagram was translated
     /// like its first fragment.
     pub const MASQ_FRAGMENT: u32 = 31;
+    /// hostPort: a packet to a mapped port arriving on the uplink was translated
+    /// to the pod and delivered.
+    pub const HOSTPORT_DNAT: u32 = 32;
+    /// hostPort: a pod's reply on a translated flow was translated back.
+    pub const HOSTPORT_REPLY: u32 = 33;
+    /// hostPort: a pod's packet to a node address and mapped port (hairpin) was
+    /// translated to the target pod, from the node address.
+    pub const HOSTPORT_HAIRPIN: u32 = 34;
+    /// hostPort: a node socket's destination (connect, sendmsg) was rewritten to
+    /// the pod.
+    pub const HOSTPORT_SOCK: u32 = 35;
+    /// hostPort: a hairpin flow found no free source port: dropped.
+    pub const DROP_HOSTPORT_NO_PORT: u32 = 36;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 32] = [
+    pub const NAMES: [&str; 37] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -182,6 +216,11 @@ pub mod reason {
         "masq_inbound_flow",
         "drop_masq_no_flow",
         "masq_fragment",
+        "hostport_dnat",
+        "hostport_reply",
+        "hostport_hairpin",
+        "hostport_sock",
+        "drop_hostport_no_port",
     ];
 }
 
@@ -195,6 +234,12 @@ pub mod map_sizes {
     pub const NON_MASQ: u32 = 256;
     /// Fragmented datagrams in flight (LRU: the oldest make room).
     pub const NAT_FRAGS: u32 = 8_192;
+    /// hostPort mappings of the node (the issue asks for 10,000 at least).
+    pub const PORTS: u32 = 65_536;
+    /// Translated hostPort flows (LRU, like Cilium's conntrack maps).
+    pub const HP_CT: u32 = 65_536;
+    pub const NODE_ADDRS: u32 = 256;
+    pub const HP_SOCK: u32 = 16_384;
 }
 
 /// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
@@ -304,6 +349,79 @@ pub struct FragEntry {
     /// [`FRAG_TIMEOUT_NS`] (the kernel's default `ipfrag_time`) are ignored and
     /// swept.
     pub created_ns: u64,
+}
+
+/// A hostPort mapping's key. `host_ip` 0.0.0.0: every node address (and
+/// 127.0.0.1 for the node's own sockets). Port in network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PortKey {
+    pub host_ip: [u8; 4],
+    pub host_port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// Where a hostPort goes. Port in network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PortTarget {
+    pub pod_ip: [u8; 4],
+    pub pod_port: u16,
+    /// [`port_flags`].
+    pub flags: u16,
+    /// Host veth of the pod: its owner is in `sl_ep_info`.
+    pub pod_ifindex: u32,
+}
+
+pub mod port_flags {
+    /// Added by an operator (`sluicectl ports add`), not by a CNI ADD.
+    pub const OPERATOR: u16 = 1 << 0;
+}
+
+/// How a packet of a translated hostPort flow is rewritten (all of it: both
+/// addresses and ports; ports in network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct HpFlow {
+    pub src_ip: [u8; 4],
+    pub dst_ip: [u8; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub _pad: u32,
+}
+
+/// A node socket and the pod address it was sent to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockKey {
+    pub cookie: u64,
+    pub pod_ip: [u8; 4],
+    pub pod_port: u16,
+    pub _pad: u16,
+}
+
+/// What the socket asked for (network byte order port).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockOrig {
+    pub ip: [u8; 4],
+    pub port: u16,
+    pub _pad: u16,
+}
+
+/// hostPort settings, at index 0 of `sl_hp_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct HostPortConfig {
+    /// The node namespace's cookie (SO_NETNS_COOKIE): the socket hooks act only
+    /// on sockets there, whatever cgroup they run in.
+    pub netns_cookie: u64,
+    /// Non-zero once a mapping was added (until then the pod programs skip the
+    /// flow lookup). Never reset while the datapath lives: concurrent ADDs and
+    /// DELs could not keep a count exact.
+    pub active: u32,
+    pub _pad: u32,
 }
 
 /// 30 s, as `net.ipv4.ipfrag_time` defaults to.
@@ -521,6 +639,43 @@ pub mod user {
     pub fn default_pin_root(network: &str) -> PathBuf {
         PathBuf::from(crate::DEFAULT_PIN_BASE).join(pin_dir_name(network))
     }
+
+    /// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE,
+    /// Linux 5.14): the hostPort socket hooks act only on sockets whose namespace
+    /// has the cookie written in `sl_hp_config`.
+    pub fn netns_cookie() -> std::io::Result<u64> {
+        const SO_NETNS_COOKIE: libc::c_int = 71;
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")
+            .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
+        let mut cookie: u64 = 0;
+        let mut len = core::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &raw mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(cookie)
+    }
+
+    /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on a unified
+    /// system, `/sys/fs/cgroup/unified` on a hybrid (v1 + v2) one. Socket hooks
+    /// attach to v2 cgroups only.
+    pub fn cgroup2_mount() -> Option<PathBuf> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+        mounts.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "cgroup2").then(|| PathBuf::from(dir))
+        })
+    }
 }
 
 #[cfg(feature = "user")]
@@ -539,6 +694,12 @@ mod pod {
     unsafe impl aya::Pod for super::MasqConfig {}
     unsafe impl aya::Pod for super::FragKey {}
     unsafe impl aya::Pod for super::FragEntry {}
+    unsafe impl aya::Pod for super::PortKey {}
+    unsafe impl aya::Pod for super::PortTarget {}
+    unsafe impl aya::Pod for super::HpFlow {}
+    unsafe impl aya::Pod for super::SockKey {}
+    unsafe impl aya::Pod for super::SockOrig {}
+    unsafe impl aya::Pod for super::HostPortConfig {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -595,7 +756,16 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::MASQ_FRAGMENT + 1);
+        assert_eq!(
+            reason::NAMES.len() as u32,
+            reason::DROP_HOSTPORT_NO_PORT + 1
+        );
+        assert_eq!(size_of::<PortKey>(), 8);
+        assert_eq!(size_of::<PortTarget>(), 12);
+        assert_eq!(size_of::<HpFlow>(), 16);
+        assert_eq!(size_of::<SockKey>(), 16);
+        assert_eq!(size_of::<SockOrig>(), 8);
+        assert_eq!(size_of::<HostPortConfig>(), 16);
         assert_eq!(size_of::<FragKey>(), 12);
         assert_eq!(size_of::<FragEntry>(), 16);
         assert_eq!(size_of::<NatKey>(), 16);

@@ -18,6 +18,7 @@
 mod counters;
 mod endpoint;
 mod forward;
+mod hostport;
 mod l3;
 mod maps;
 mod nat;
@@ -25,8 +26,8 @@ mod packet;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
-    macros::{classifier, perf_event, xdp},
-    programs::{PerfEventContext, TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, perf_event, xdp},
+    programs::{PerfEventContext, SockAddrContext, TcContext, XdpContext},
 };
 use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
 
@@ -65,6 +66,12 @@ fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
 pub fn from_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
     endpoint::count_from_pod(ifindex, ctx.len());
+    // hostPort replies and hairpin: rewritten first, then routed like the rest.
+    let translated = match hostport::from_pod(&ctx) {
+        hostport::Translated::No => false,
+        hostport::Translated::Yes => true,
+        hostport::Translated::Drop(verdict) => return verdict,
+    };
     let h = match parse_tc(&ctx) {
         Ok(h) => h,
         Err(verdict) => return verdict,
@@ -74,7 +81,8 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     }
     // SAFETY: the map value is only read.
     if let Some(ep) = unsafe { ENDPOINTS.get(h.dst_key()) } {
-        if ep.ifindex == ifindex {
+        // A pod reaching its own hostPort (hairpin) is delivered back into it.
+        if ep.ifindex == ifindex && !translated {
             count(reason::FROM_POD_TO_SELF);
             return TCX_NEXT;
         }
@@ -101,7 +109,11 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
         return TCX_NEXT;
     }
     pull(&ctx, HEADERS_LEN);
+    // Replies to masqueraded flows first: an exact 5-tuple beats a port mapping.
     if let Some(verdict) = nat::dnat(&ctx) {
+        return verdict;
+    }
+    if let Some(verdict) = hostport::from_uplink(&ctx) {
         return verdict;
     }
     let h = match parse_tc(&ctx) {
@@ -141,6 +153,31 @@ pub fn nat_sweep(_ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// The node's own sockets to a hostPort (see `hostport`). Always allow (1).
+#[cgroup_sock_addr(connect4)]
+pub fn hp_connect4(ctx: SockAddrContext) -> i32 {
+    hostport::sock_connect(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn hp_sendmsg4(ctx: SockAddrContext) -> i32 {
+    hostport::sock_connect(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn hp_recvmsg4(ctx: SockAddrContext) -> i32 {
+    hostport::sock_restore(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn hp_getpeername4(ctx: SockAddrContext) -> i32 {
+    hostport::sock_restore(&ctx);
+    1
+}
+
 #[xdp]
 pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     let h = match l3::parse(&ctx) {
@@ -161,7 +198,12 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u32;
     // Replies to masqueraded flows, in native mode (see nat::dnat_xdp).
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
-        if let Some(pod) = nat::dnat_xdp(&ctx, &h) {
+        // Masquerade replies, then hostPorts (hostport counts its own).
+        let pod = match nat::dnat_xdp(&ctx, &h) {
+            Some(pod) => Some((pod, true)),
+            None => hostport::from_uplink_xdp(&ctx, &h).map(|p| (p, false)),
+        };
+        if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
             return match unsafe { ENDPOINTS.get(IpKey::v4(pod)) } {
                 Some(ep)
@@ -169,7 +211,9 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
                         && h.ttl() > 1
                         && len <= u32::from(cfg.pod_mtu) + 14 =>
                 {
-                    count(reason::XDP_MASQ_DNAT);
+                    if masq {
+                        count(reason::XDP_MASQ_DNAT);
+                    }
                     endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
                 }
                 // Translated already; the kernel routes it to the pod.

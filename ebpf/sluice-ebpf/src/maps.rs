@@ -7,7 +7,8 @@ use aya_ebpf::{
 };
 use sluice_common::{
     map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry, FragKey,
-    IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
+    HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey,
+    PortTarget, SockKey, SockOrig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -45,3 +46,18 @@ pub static NAT_REV: HashMap<NatKey, NatRev> = HashMap::pinned(map_sizes::NAT_FLO
 
 #[map(name = "sl_nat_frag")]
 pub static NAT_FRAG: LruHashMap<FragKey, FragEntry> = LruHashMap::pinned(map_sizes::NAT_FRAGS, 0);
+
+#[map(name = "sl_ports")]
+pub static PORTS: HashMap<PortKey, PortTarget> = HashMap::pinned(map_sizes::PORTS, 0);
+
+#[map(name = "sl_hp_ct")]
+pub static HP_CT: LruHashMap<NatKey, HpFlow> = LruHashMap::pinned(map_sizes::HP_CT, 0);
+
+#[map(name = "sl_node_addrs")]
+pub static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(map_sizes::NODE_ADDRS, 0);
+
+#[map(name = "sl_hp_sock")]
+pub static HP_SOCK: LruHashMap<SockKey, SockOrig> = LruHashMap::pinned(map_sizes::HP_SOCK, 0);
+
+#[map(name = "sl_hp_config")]
+pub static HP_CONFIG: Array<HostPortConfig> = Array::pinned(1, 0);

@@ -42,11 +42,14 @@ use crate::{
     TCX_NEXT,
 };
 
-const ETH_LEN: usize = 14;
+pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
 const PROTO_ICMP: u8 = 1;
-const PROTO_TCP: u8 = 6;
-const PROTO_UDP: u8 = 17;
+pub(crate) const PROTO_TCP: u8 = 6;
+pub(crate) const PROTO_UDP: u8 = 17;
+/// SCTP: its CRC32c covers the ports but no pseudo header (RFC 4960 6.8), so
+/// addresses change without a checksum update; ports must not change.
+pub(crate) const PROTO_SCTP: u8 = 132;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_ECHO: u8 = 8;
@@ -64,7 +67,7 @@ const REFRESH_NS: u64 = 1_000_000_000;
 const IP_CSUM: usize = ETH_LEN + 10;
 
 #[inline(always)]
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     // SAFETY: plain helper call.
     unsafe { bpf_ktime_get_coarse_ns() }
 }
@@ -75,13 +78,13 @@ fn config() -> Option<&'static MasqConfig> {
 }
 
 /// Where the ports and the L4 checksum of a packet are.
-struct L4 {
+pub(crate) struct L4 {
     /// Source port (ICMP echo: identifier).
-    sport_off: usize,
-    sport: u16,
+    pub sport_off: usize,
+    pub sport: u16,
     /// Destination port (ICMP echo: none, 0).
-    dport_off: Option<usize>,
-    dport: u16,
+    pub dport_off: Option<usize>,
+    pub dport: u16,
     csum_off: usize,
     /// The checksum covers a pseudo header (TCP, UDP).
     pseudo: bool,
@@ -93,18 +96,18 @@ struct L4 {
 }
 
 /// One address and one port to replace in a packet.
-struct Rewrite {
-    addr_off: usize,
-    old_addr: [u8; 4],
-    new_addr: [u8; 4],
-    port_off: usize,
-    old_port: u16,
-    new_port: u16,
+pub(crate) struct Rewrite {
+    pub addr_off: usize,
+    pub old_addr: [u8; 4],
+    pub new_addr: [u8; 4],
+    pub port_off: usize,
+    pub old_port: u16,
+    pub new_port: u16,
 }
 
 /// The IPv4 header of a frame, if it is IPv4.
 #[inline(always)]
-fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
+pub(crate) fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
     if ctx.load::<u16>(12).ok()? != ETH_P_IP_BE {
         return None;
     }
@@ -112,7 +115,7 @@ fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
 }
 
 #[inline(always)]
-fn is_fragment(ip: &Ipv4Hdr) -> bool {
+pub(crate) fn is_fragment(ip: &Ipv4Hdr) -> bool {
     u16::from_be_bytes(ip.frags) & 0x3fff != 0
 }
 
@@ -170,7 +173,7 @@ fn rewrite_addr(ctx: &TcContext, off: usize, old: [u8; 4], new: [u8; 4]) -> Resu
 
 /// TCP/UDP ports, or an ICMP echo request/reply identifier, at `l4`.
 #[inline(always)]
-fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
+pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
     let bad = |_| reason::DROP_MASQ_MALFORMED;
     match proto {
         PROTO_TCP | PROTO_UDP => {
@@ -207,6 +210,16 @@ fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
                 mangled: 0,
             })
         }
+        PROTO_SCTP => Ok(L4 {
+            sport_off: l4,
+            sport: ctx.load(l4).map_err(bad)?,
+            dport_off: Some(l4 + 2),
+            dport: ctx.load(l4 + 2).map_err(bad)?,
+            csum_off: l4 + 8,
+            pseudo: false,
+            no_csum: true,
+            mangled: 0,
+        }),
         _ => Err(reason::DROP_MASQ_PROTO),
     }
 }
@@ -337,7 +350,7 @@ fn touch(e: *mut NatEntry, proto: u8, flags: u8, reply: bool) {
 
 /// Rewrites an address and a port with their checksums.
 #[inline(always)]
-fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
+pub(crate) fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
     let (oa, na) = (
         u64::from(u32::from_ne_bytes(r.old_addr)),
         u64::from(u32::from_ne_bytes(r.new_addr)),
@@ -412,6 +425,11 @@ pub fn snat(ctx: &TcContext) -> i32 {
                 return TC_ACT_SHOT;
             }
         }
+    }
+    // SCTP would need a new NAT port, which its CRC32c covers: not masqueraded.
+    if ip.proto == PROTO_SCTP {
+        count(reason::DROP_MASQ_PROTO);
+        return TC_ACT_SHOT;
     }
     let l4 = match l4(ctx, ip.proto, l4_off, ICMP_ECHO) {
         Ok(l) => l,
@@ -801,7 +819,7 @@ fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
 /// Delivers a translated packet into the pod (or to the kernel, which routes it
 /// there, when the pod is not in the endpoint map).
 #[inline(always)]
-fn deliver(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
+pub(crate) fn deliver(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
     // The helpers above may have moved the packet: parse it again.
     let Ok(h) = crate::l3::parse(ctx) else {
         return TCX_NEXT;
@@ -898,7 +916,7 @@ extern "C" fn sweep_one(
 /// RFC 1624 incremental update of a checksum `check` (as stored) when 16-bit words
 /// `old` become `new` (as stored). Only valid for complete checksums.
 #[inline(always)]
-fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
+pub(crate) fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
     let mut sum = u32::from(!check);
     let mut i = 0;
     while i < 3 {
@@ -912,7 +930,7 @@ fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
 
 /// The two 16-bit words of an address as stored.
 #[inline(always)]
-fn words(a: [u8; 4]) -> [u16; 2] {
+pub(crate) fn words(a: [u8; 4]) -> [u16; 2] {
     [
         u16::from_ne_bytes([a[0], a[1]]),
         u16::from_ne_bytes([a[2], a[3]]),

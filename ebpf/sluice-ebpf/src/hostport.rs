@@ -1,0 +1,414 @@
+//! hostPort mappings (CNI `portMappings`) without iptables: one hash lookup per
+//! packet whatever the number of mappings.
+//!
+//! - [`from_uplink`] (tc ingress of the uplink): TCP/UDP/SCTP to a mapped port of
+//!   a node address (or of a mapping's own `hostIP`) is translated to
+//!   pod:containerPort and delivered into the pod; how its replies are translated
+//!   back is recorded in `sl_hp_ct`.
+//! - [`from_pod`] (tc ingress of a host veth): a pod packet whose tuple is in
+//!   `sl_hp_ct` is rewritten (replies; both directions of hairpin flows). A pod
+//!   packet to a node address and mapped port starts a hairpin flow: to the target
+//!   pod, from the node address (so the reply comes back through the node, even
+//!   when the target is the sender itself).
+//! - [`sock_connect`] and friends (cgroup sock_addr hooks): the node's own sockets
+//!   connecting or sending to `127.0.0.1:hostPort` or a node address are pointed
+//!   at the pod before any packet exists; `recvmsg`/`getpeername` show the
+//!   address the socket asked for. They act only in the node's network namespace
+//!   (netns cookie), whatever cgroup they are attached to.
+//!
+//! IPv4 only. Fragments are not translated (left to the kernel).
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    programs::{SockAddrContext, TcContext, XdpContext},
+};
+use network_types::ip::Ipv4Hdr;
+use sluice_common::{reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig};
+
+use crate::{
+    counters::count,
+    l3::{Headers, L3},
+    packet::ptr_at,
+    maps::{HP_CONFIG, HP_CT, HP_SOCK, NODE_ADDRS, PORTS},
+    nat::{self, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
+};
+
+const AF_INET: u32 = 2;
+/// Source ports tried for a hairpin flow whose own port is taken.
+const PORT_TRIES: u32 = 16;
+
+#[inline(always)]
+fn config() -> Option<&'static HostPortConfig> {
+    HP_CONFIG.get(0).filter(|c| c.active != 0)
+}
+
+/// The mapping for `dst`:`port`: one of that exact address, else a wildcard one
+/// when `dst` is the node's.
+#[inline(always)]
+fn lookup(dst: [u8; 4], port: u16, proto: u8) -> Option<PortTarget> {
+    let mut k = PortKey {
+        host_ip: dst,
+        host_port: port,
+        proto,
+        _pad: 0,
+    };
+    // SAFETY: map values are only read.
+    if let Some(t) = unsafe { PORTS.get(k) } {
+        return Some(*t);
+    }
+    // SAFETY: as above.
+    unsafe { NODE_ADDRS.get(dst) }?;
+    k.host_ip = [0; 4];
+    // SAFETY: as above.
+    unsafe { PORTS.get(k) }.copied()
+}
+
+/// A translatable packet: IPv4 TCP/UDP/SCTP, not a fragment.
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<(Ipv4Hdr, L4)> {
+    let ip = nat::ipv4(ctx)?;
+    if !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || nat::is_fragment(&ip) {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    let l4 = nat::l4(ctx, ip.proto, l4_off, 0).ok()?;
+    Some((ip, l4))
+}
+
+/// Rewrites the packet to `f` (source and destination, address and port, each
+/// only where it changes).
+#[inline(always)]
+fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
+    let dport_off = l4.dport_off.ok_or(())?;
+    if ip.src_addr != f.src_ip || l4.sport != f.src_port {
+        let r = Rewrite {
+            addr_off: ETH_LEN + 12,
+            old_addr: ip.src_addr,
+            new_addr: f.src_ip,
+            port_off: l4.sport_off,
+            old_port: l4.sport,
+            new_port: f.src_port,
+        };
+        nat::rewrite(ctx, l4, &r)?;
+    }
+    if ip.dst_addr != f.dst_ip || l4.dport != f.dst_port {
+        let r = Rewrite {
+            addr_off: ETH_LEN + 16,
+            old_addr: ip.dst_addr,
+            new_addr: f.dst_ip,
+            port_off: dport_off,
+            old_port: l4.dport,
+            new_port: f.dst_port,
+        };
+        nat::rewrite(ctx, l4, &r)?;
+    }
+    Ok(())
+}
+
+/// Records how the pod's answers to the client `src`:`sport` are translated
+/// back (to `dst`:`dport`, what the client sent to).
+#[inline(always)]
+fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) {
+    let key = NatKey {
+        src_ip: t.pod_ip,
+        dst_ip: src,
+        src_port: t.pod_port,
+        dst_port: sport,
+        proto,
+        _pad: [0; 3],
+    };
+    let f = HpFlow {
+        src_ip: dst,
+        dst_ip: src,
+        src_port: dport,
+        dst_port: sport,
+        _pad: 0,
+    };
+    // SAFETY: map values are only read. Written only when new or changed: the
+    // LRU refreshes its recency on lookups.
+    if unsafe { HP_CT.get(key) } != Some(&f) {
+        let _ = HP_CT.insert(key, f, 0);
+    }
+}
+
+/// Uplink ingress: a packet to a mapped port goes to its pod. `None`: not ours.
+#[inline(always)]
+pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
+    config()?;
+    let (ip, l4) = parse(ctx)?;
+    let t = lookup(ip.dst_addr, l4.dport, ip.proto)?;
+    remember_reply(&t, ip.proto, ip.src_addr, ip.dst_addr, l4.sport, l4.dport);
+    let f = HpFlow {
+        src_ip: ip.src_addr,
+        dst_ip: t.pod_ip,
+        src_port: l4.sport,
+        dst_port: t.pod_port,
+        _pad: 0,
+    };
+    if apply(ctx, &ip, &l4, &f).is_err() {
+        count(reason::DROP_MALFORMED);
+        return Some(TC_ACT_SHOT);
+    }
+    count(reason::HOSTPORT_DNAT);
+    Some(nat::deliver(ctx, t.pod_ip))
+}
+
+/// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]
+/// with incremental checksum updates; returns the pod to deliver to.
+#[inline(always)]
+pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
+    config()?;
+    let L3::V4(ip) = h.l3 else {
+        return None;
+    };
+    // SAFETY: `ip` was bounds checked by l3::parse.
+    let (src, dst, proto, vihl, frags) = unsafe {
+        (
+            (*ip).src_addr,
+            (*ip).dst_addr,
+            (*ip).proto,
+            (*ip).vihl,
+            (*ip).frags,
+        )
+    };
+    if u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    let csum_off = match proto {
+        PROTO_TCP => l4_off + 16,
+        PROTO_UDP => l4_off + 6,
+        PROTO_SCTP => 0,
+        _ => return None,
+    };
+    let ports: *mut [u16; 2] = ptr_at(ctx, l4_off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let [sport, dport] = unsafe { *ports };
+    let t = lookup(dst, dport, proto)?;
+    remember_reply(&t, proto, src, dst, sport, dport);
+    let (od, nd) = (nat::words(dst), nat::words(t.pod_ip));
+    if proto != PROTO_SCTP {
+        let c: *mut u16 = ptr_at(ctx, csum_off)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            // UDP checksum 0: none to update.
+            if !(proto == PROTO_UDP && *c == 0) {
+                let nc = nat::csum_update(*c, [od[0], od[1], dport], [nd[0], nd[1], t.pod_port]);
+                *c = if proto == PROTO_UDP && nc == 0 { 0xffff } else { nc };
+            }
+        }
+    }
+    // SAFETY: bounds checked by ptr_at / l3::parse.
+    unsafe {
+        (*ports)[1] = t.pod_port;
+        (*ip).check = nat::csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [od[0], od[1], 0],
+            [nd[0], nd[1], 0],
+        )
+        .to_ne_bytes();
+        (*ip).dst_addr = t.pod_ip;
+    }
+    count(reason::HOSTPORT_DNAT);
+    Some(t.pod_ip)
+}
+
+/// What [`from_pod`] did.
+pub enum Translated {
+    /// Nothing: not a hostPort flow.
+    No,
+    /// Rewritten: parse again and route by the new destination.
+    Yes,
+    /// Dropped (the verdict).
+    Drop(i32),
+}
+
+/// Host veth ingress: replies of translated flows, and hairpin.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext) -> Translated {
+    if config().is_none() {
+        return Translated::No;
+    }
+    let Some((ip, l4)) = parse(ctx) else {
+        return Translated::No;
+    };
+    let key = NatKey {
+        src_ip: ip.src_addr,
+        dst_ip: ip.dst_addr,
+        src_port: l4.sport,
+        dst_port: l4.dport,
+        proto: ip.proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: map values are only read.
+    if let Some(f) = unsafe { HP_CT.get(key) }.copied() {
+        if apply(ctx, &ip, &l4, &f).is_err() {
+            count(reason::DROP_MALFORMED);
+            return Translated::Drop(TC_ACT_SHOT);
+        }
+        count(reason::HOSTPORT_REPLY);
+        return Translated::Yes;
+    }
+    let Some(t) = lookup(ip.dst_addr, l4.dport, ip.proto) else {
+        return Translated::No;
+    };
+    match hairpin(&key, &t) {
+        Some(f) => {
+            if apply(ctx, &ip, &l4, &f).is_err() {
+                count(reason::DROP_MALFORMED);
+                return Translated::Drop(TC_ACT_SHOT);
+            }
+            count(reason::HOSTPORT_HAIRPIN);
+            Translated::Yes
+        }
+        None => {
+            count(reason::DROP_HOSTPORT_NO_PORT);
+            Translated::Drop(TC_ACT_SHOT)
+        }
+    }
+}
+
+/// A new hairpin flow from `k` (pod -> node address:hostPort) to `t`: the source
+/// becomes the node address the pod used, with the pod's own port unless another
+/// hairpin flow to the same target holds it (then a hashed other one; SCTP keeps
+/// its port, its CRC covers it). The reverse entry is inserted first with
+/// BPF_NOEXIST, which makes the port this flow's.
+#[inline(always)]
+fn hairpin(k: &NatKey, t: &PortTarget) -> Option<HpFlow> {
+    let tries = if k.proto == PROTO_SCTP { 1 } else { PORT_TRIES };
+    let mut i = 0;
+    while i < tries {
+        let port = if i == 0 {
+            k.src_port
+        } else {
+            // 1024..=65535, host order, then stored in network order.
+            let h = u32::from(u16::from_be(k.src_port))
+                .wrapping_mul(0x9e37_79b1)
+                .wrapping_add(i.wrapping_mul(0x85eb_ca6b));
+            ((1024 + h % 64_512) as u16).to_be()
+        };
+        let rk = NatKey {
+            src_ip: t.pod_ip,
+            dst_ip: k.dst_ip,
+            src_port: t.pod_port,
+            dst_port: port,
+            proto: k.proto,
+            _pad: [0; 3],
+        };
+        let back = HpFlow {
+            src_ip: k.dst_ip,
+            dst_ip: k.src_ip,
+            src_port: k.dst_port,
+            dst_port: k.src_port,
+            _pad: 0,
+        };
+        if HP_CT.insert(rk, back, u64::from(BPF_NOEXIST)).is_ok() {
+            let fwd = HpFlow {
+                src_ip: k.dst_ip,
+                dst_ip: t.pod_ip,
+                src_port: port,
+                dst_port: t.pod_port,
+                _pad: 0,
+            };
+            let _ = HP_CT.insert(k, fwd, 0);
+            return Some(fwd);
+        }
+        i += 1;
+    }
+    None
+}
+
+// --- The node's own sockets -------------------------------------------------------
+
+/// The socket's family, protocol and destination, when the hooks may act on it.
+#[inline(always)]
+fn sock_target(ctx: &SockAddrContext) -> Option<(PortTarget, [u8; 4], u16)> {
+    let cfg = config()?;
+    // SAFETY: plain helper call on this program's context.
+    if unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) } != cfg.netns_cookie {
+        return None;
+    }
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (family, proto, ip, port) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.family, sa.protocol, sa.user_ip4, sa.user_port)
+    };
+    if family != AF_INET || (proto != u32::from(PROTO_TCP) && proto != u32::from(PROTO_UDP)) {
+        return None;
+    }
+    let dst = ip.to_ne_bytes();
+    // `user_port` holds the port in network byte order in its first two bytes.
+    let port = port as u16;
+    let t = if dst[0] == 127 {
+        let k = PortKey {
+            host_ip: [0; 4],
+            host_port: port,
+            proto: proto as u8,
+            _pad: 0,
+        };
+        // SAFETY: map values are only read.
+        *unsafe { PORTS.get(k) }?
+    } else {
+        lookup(dst, port, proto as u8)?
+    };
+    Some((t, dst, port))
+}
+
+/// cgroup connect4 / sendmsg4: a node socket to a hostPort goes to the pod.
+#[inline(always)]
+pub fn sock_connect(ctx: &SockAddrContext) {
+    let Some((t, dst, port)) = sock_target(ctx) else {
+        return;
+    };
+    // SAFETY: writable fields of this hook; plain helper call.
+    let cookie = unsafe {
+        (*ctx.sock_addr).user_ip4 = u32::from_ne_bytes(t.pod_ip);
+        (*ctx.sock_addr).user_port = u32::from(t.pod_port);
+        bpf_get_socket_cookie(ctx.sock_addr.cast())
+    };
+    let k = SockKey {
+        cookie,
+        pod_ip: t.pod_ip,
+        pod_port: t.pod_port,
+        _pad: 0,
+    };
+    let o = SockOrig {
+        ip: dst,
+        port,
+        _pad: 0,
+    };
+    let _ = HP_SOCK.insert(k, o, 0);
+    count(reason::HOSTPORT_SOCK);
+}
+
+/// cgroup recvmsg4 / getpeername4: the peer shows as what the socket asked for.
+#[inline(always)]
+pub fn sock_restore(ctx: &SockAddrContext) {
+    // SAFETY: the kernel passes a valid bpf_sock_addr; plain helper call.
+    let (family, ip, port, cookie) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (
+            sa.family,
+            sa.user_ip4,
+            sa.user_port,
+            bpf_get_socket_cookie(ctx.sock_addr.cast()),
+        )
+    };
+    if family != AF_INET {
+        return;
+    }
+    let k = SockKey {
+        cookie,
+        pod_ip: ip.to_ne_bytes(),
+        pod_port: port as u16,
+        _pad: 0,
+    };
+    // SAFETY: map values are only read.
+    if let Some(o) = unsafe { HP_SOCK.get(k) } {
+        // SAFETY: writable fields of these hooks.
+        unsafe {
+            (*ctx.sock_addr).user_ip4 = u32::from_ne_bytes(o.ip);
+            (*ctx.sock_addr).user_port = u32::from(o.port);
+        }
+    }
+}

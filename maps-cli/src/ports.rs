@@ -1,0 +1,252 @@
+//! `sluicectl ports list|add|del`: the hostPort mappings.
+use std::net::{IpAddr, Ipv4Addr};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use sluice_common::{port_flags, PortKey, PortTarget};
+
+use crate::{
+    args::{PortsAddArgs, PortsCommand, PortsDelArgs, PortsListArgs, Target},
+    bpf::{Datapath, EndpointRow},
+    table,
+};
+
+pub fn execute(t: &Target, c: &PortsCommand) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    match c {
+        PortsCommand::List(a) => list(&dp, a),
+        PortsCommand::Add(a) => add(&dp, a),
+        PortsCommand::Del(a) => del(&dp, a),
+    }
+}
+
+fn proto_number(p: &str) -> u8 {
+    match p {
+        "udp" => 17,
+        "sctp" => 132,
+        _ => 6,
+    }
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        132 => "sctp",
+        _ => "?",
+    }
+}
+
+/// `*:8080/tcp` or `192.168.1.5:8080/tcp`.
+fn host(k: &PortKey) -> String {
+    let ip = if k.host_ip == [0; 4] {
+        "*".to_string()
+    } else {
+        Ipv4Addr::from(k.host_ip).to_string()
+    };
+    format!("{ip}:{}/{}", u16::from_be(k.host_port), proto_name(k.proto))
+}
+
+fn target(t: &PortTarget) -> String {
+    format!("{}:{}", Ipv4Addr::from(t.pod_ip), u16::from_be(t.pod_port))
+}
+
+/// The endpoint a mapping goes to (by host veth), if the pod is still there.
+fn owner<'a>(eps: &'a [EndpointRow], t: &PortTarget) -> Option<&'a EndpointRow> {
+    eps.iter().find(|r| r.endpoint.ifindex == t.pod_ifindex)
+}
+
+fn owner_text(eps: &[EndpointRow], t: &PortTarget) -> String {
+    let who = owner(eps, t).and_then(|r| r.owner.as_ref()).map_or_else(
+        || format!("no pod (ifindex {})", t.pod_ifindex),
+        |o| {
+            format!(
+                "container {} ({})",
+                table::text(&o.container_id),
+                table::text(&o.ifname)
+            )
+        },
+    );
+    if t.flags & port_flags::OPERATOR != 0 {
+        format!("an operator, to {who}")
+    } else {
+        who
+    }
+}
+
+/// The pod endpoints `pod` names: an IPv4 address or a container id prefix.
+fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointRow> {
+    let ip: Option<IpAddr> = pod.parse().ok();
+    eps.iter()
+        .filter(|r| match ip {
+            Some(ip) => r.ip == ip,
+            None => r
+                .owner
+                .as_ref()
+                .is_some_and(|o| table::text(&o.container_id).starts_with(pod)),
+        })
+        .collect()
+}
+
+fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
+    let eps = dp.endpoints()?;
+    let pod_ifindexes: Option<Vec<u32>> = match &a.pod {
+        Some(p) => {
+            let v: Vec<u32> = pod_endpoints(&eps, p)
+                .iter()
+                .map(|r| r.endpoint.ifindex)
+                .collect();
+            if v.is_empty() {
+                bail!("no pod with address or container id {p:?} on this datapath");
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let rows: Vec<(PortKey, PortTarget)> = dp
+        .ports()?
+        .into_iter()
+        .filter(|(_, t)| {
+            pod_ifindexes
+                .as_ref()
+                .is_none_or(|v| v.contains(&t.pod_ifindex))
+        })
+        .filter(|(k, _)| a.port.is_none_or(|p| u16::from_be(k.host_port) == p))
+        .filter(|(k, _)| a.proto.as_deref().is_none_or(|p| p == proto_name(k.proto)))
+        .collect();
+    if a.json {
+        let v: Vec<Value> = rows
+            .iter()
+            .map(|(k, t)| {
+                let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
+                json!({
+                    "hostIp": Ipv4Addr::from(k.host_ip).to_string(),
+                    "hostPort": u16::from_be(k.host_port),
+                    "protocol": proto_name(k.proto),
+                    "podIp": Ipv4Addr::from(t.pod_ip).to_string(),
+                    "containerPort": u16::from_be(t.pod_port),
+                    "containerId": o.map(|o| table::text(&o.container_id)),
+                    "ifname": o.map(|o| table::text(&o.ifname)),
+                    "origin": if t.flags & port_flags::OPERATOR != 0 { "operator" } else { "cni" },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(k, t)| {
+            let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
+            vec![
+                proto_name(k.proto).to_string(),
+                host(k),
+                target(t),
+                o.map_or("-".into(), |o| {
+                    format!(
+                        "{}/{}",
+                        table::text(&o.container_id)
+                            .chars()
+                            .take(12)
+                            .collect::<String>(),
+                        table::text(&o.ifname)
+                    )
+                }),
+                if t.flags & port_flags::OPERATOR != 0 {
+                    "operator"
+                } else {
+                    "cni"
+                }
+                .to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["PROTO", "HOST", "POD", "CONTAINER", "ORIGIN"],
+            &table_rows
+        )
+    );
+    Ok(())
+}
+
+fn key(host_ip: Option<Ipv4Addr>, port: u16, proto: &str) -> PortKey {
+    PortKey {
+        host_ip: host_ip.map_or([0; 4], |a| a.octets()),
+        host_port: port.to_be(),
+        proto: proto_number(proto),
+        _pad: 0,
+    }
+}
+
+fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
+    if a.proto == "sctp" && a.host_port != a.container_port {
+        bail!(
+            "--container-port {}: an sctp mapping must keep the port ({}): SCTP's CRC32c covers the ports",
+            a.container_port,
+            a.host_port
+        );
+    }
+    let eps = dp.endpoints()?;
+    let pods: Vec<&EndpointRow> = pod_endpoints(&eps, &a.pod)
+        .into_iter()
+        .filter(|r| r.ip.is_ipv4())
+        .collect();
+    let pod = match pods.as_slice() {
+        [one] => *one,
+        [] => bail!(
+            "--pod {}: no pod with that IPv4 address or container id on this datapath",
+            a.pod
+        ),
+        many => bail!(
+            "--pod {}: {} pod addresses match; give the address",
+            a.pod,
+            many.len()
+        ),
+    };
+    let IpAddr::V4(pod_ip) = pod.ip else {
+        bail!("--pod {}: not an IPv4 pod", a.pod);
+    };
+    let k = key(a.host_ip, a.host_port, &a.proto);
+    let t = PortTarget {
+        pod_ip: pod_ip.octets(),
+        pod_port: a.container_port.to_be(),
+        flags: port_flags::OPERATOR,
+        pod_ifindex: pod.endpoint.ifindex,
+    };
+    // A wildcard mapping and one on a node address overlap.
+    let existing = dp.ports()?;
+    let overlap = existing.iter().find(|(o, _)| {
+        o.host_port == k.host_port
+            && o.proto == k.proto
+            && (o.host_ip == k.host_ip || o.host_ip == [0; 4] || k.host_ip == [0; 4])
+    });
+    if let Some((o, ot)) = overlap {
+        bail!(
+            "{} is taken: {} -> {} by {}",
+            host(&k),
+            host(o),
+            target(ot),
+            owner_text(&eps, ot)
+        );
+    }
+    if !dp.insert_port(&k, &t)? {
+        bail!("{} was taken meanwhile; list the mappings again", host(&k));
+    }
+    println!("added {} -> {}", host(&k), target(&t));
+    Ok(())
+}
+
+fn del(dp: &Datapath, a: &PortsDelArgs) -> Result<()> {
+    let k = key(a.host_ip, a.host_port, &a.proto);
+    let found = dp.ports()?.into_iter().find(|(o, _)| *o == k);
+    let Some((_, t)) = found else {
+        bail!("no mapping {}", host(&k));
+    };
+    if !dp.remove_port(&k)? {
+        bail!("no mapping {} (removed meanwhile)", host(&k));
+    }
+    println!("deleted {} -> {}", host(&k), target(&t));
+    Ok(())
+}
