@@ -225,13 +225,24 @@ pub fn node_client(
     cgroup: Option<&Cgroup>,
     args: &[&str],
 ) -> Result<ClientReport> {
+    client_in(bin, &node.netns_path(), cgroup, args)
+}
+
+/// As [`node_client`] in the network namespace at `netns` (a pod's, the
+/// external host's).
+pub fn client_in(
+    bin: &Path,
+    netns: &Path,
+    cgroup: Option<&Cgroup>,
+    args: &[&str],
+) -> Result<ClientReport> {
     let cg = cgroup.map(Cgroup::display);
     let mut all: Vec<&str> = Vec::new();
     if let Some(c) = &cg {
         all.extend(["--cgroup", c.as_str()]);
     }
     all.extend_from_slice(args);
-    let out = exec::run(Some(&node.netns_path()), bin, &all, &[], b"")?;
+    let out = exec::run(Some(netns), bin, &all, &[], b"")?;
     if !out.success() {
         return Err(err!("the client could not run: {out}"));
     }
