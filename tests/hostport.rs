@@ -262,6 +262,11 @@ fn a_host_port_never_captures_a_masqueraded_flows_replies() {
         "the replies of a's masqueraded flow went to c through hostPort {HP}: c saw {seen_by_c:?}, \
          a got {r:?}, counters {d}"
     );
+    assert_eq!(
+        d.get("hostport_dnat"),
+        0,
+        "packets of a's masqueraded flow were translated to c: a got {r:?}, counters {d}"
+    );
     assert!(
         r.is_ok() || d.get("drop_masq_no_port") > 0,
         "a's connection failed without a reason: {r:?}; counters {d}; outside saw {:?}",
@@ -638,6 +643,33 @@ fn a_conflicting_mapping_is_refused_and_leaves_nothing() {
     assert_only(&w.node, &[&a, &b, &c, &d]);
     assert_eq!(w.ports(&[]), before, "mappings after a refused ADD");
 
+    // A port an operator mapped is taken too.
+    let out = ports(
+        &w.node,
+        &[
+            "add",
+            "--host-port",
+            "7000",
+            "--pod",
+            &a.ip.to_string(),
+            "--container-port",
+            &CPORT.to_string(),
+        ],
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    let before = w.ports(&[]);
+    let out = w
+        .try_add(
+            &w.conf_with(&[mapping(7000, CPORT, "tcp", "")]),
+            "hp-conf-e",
+            &pod_e,
+        )
+        .unwrap();
+    out.error(106).assert_names(&["7000/tcp"]);
+    assert_only(&w.node, &[&a, &b, &c, &d]);
+    assert_eq!(w.ports(&[]), before, "mappings after a refused ADD");
+
     for p in [&a, &b, &c, &d] {
         w.del(p);
     }
@@ -647,9 +679,9 @@ fn a_conflicting_mapping_is_refused_and_leaves_nothing() {
 
 // --- 6. DEL, CHECK, GC -------------------------------------------------------------------
 
-/// DEL removes exactly that container's mappings (the other pod's stay and
-/// keep working); CHECK fails with 105 once a mapping was deleted behind its
-/// back.
+/// DEL removes exactly that container's mappings, and those an operator added
+/// for its pod (the other pod's stay and keep working); CHECK fails with 105
+/// once a mapping was deleted behind its back, or put back differently.
 #[test]
 fn del_removes_only_its_mappings_and_check_notices_a_missing_one() {
     let w = HpWorld::new("10.97.10.0/24", "auto", &json!({})).unwrap();
@@ -700,6 +732,25 @@ fn del_removes_only_its_mappings_and_check_notices_a_missing_one() {
 
     let hp = hpa.to_string();
     let out = ports(&w.node, &["del", "--host-port", &hp, "--proto", "udp"]).unwrap();
+    assert!(out.success(), "{out}");
+    let out = w.check(&a).unwrap();
+    out.error(105).assert_names(&[&hp]);
+    // Put back by an operator to another container port: still not as ADD left it.
+    let out = ports(
+        &w.node,
+        &[
+            "add",
+            "--host-port",
+            &hp,
+            "--proto",
+            "udp",
+            "--pod",
+            &a.ip.to_string(),
+            "--container-port",
+            "9999",
+        ],
+    )
+    .unwrap();
     assert!(out.success(), "{out}");
     let out = w.check(&a).unwrap();
     out.error(105).assert_names(&[&hp]);
