@@ -1143,7 +1143,6 @@ fn sluicectl_ports_refuses_unknown_pods_and_bad_mappings() {
 /// numbers, protocol names, addresses): refused naming the value, nothing
 /// changed, and exit 1 as the spec says.
 #[test]
-#[ignore = "plugin bug: sluicectl ports add/del exit with code 2 (clap usage error), not the specified 1, for --host-port 0/70000/x1, --container-port 0, --proto icmp, --host-ip 300.1.2.3"]
 fn sluicectl_ports_refuses_malformed_arguments_with_exit_1() {
     let w = HpWorld::new("10.97.18.0/24", "auto", &json!({})).unwrap();
     let a = w.add("a", "hp-ctlarg-a", &[mapping(HP, CPORT, "tcp", "")]);
