@@ -13,7 +13,8 @@ use aya::{
 };
 use aya_obj::programs::CgroupSockAddrAttachType;
 use sluice_common::{
-    map_names, port_flags, prog_names, EndpointInfo, HostPortConfig, PortKey, PortTarget,
+    map_names, port_flags, prog_names, EndpointInfo, HostPortConfig, HpFlow, NatKey, PortKey,
+    PortTarget, SockKey, SockOrig,
 };
 
 use super::bpf::{dp_err, open_map};
@@ -274,6 +275,38 @@ pub fn remove_of_pods(maps_dir: &Path, ifindexes: &[u32]) -> Result<usize, Error
         let _ = map.remove(k);
     }
     Ok(doomed.len())
+}
+
+/// Forgets the translated flows and socket rewrites of pod addresses `ips`, so
+/// a later pod with a reused address inherits none.
+pub fn flush_flows(maps_dir: &Path, ips: &[[u8; 4]]) -> Result<(), Error> {
+    if ips.is_empty() || !maps_dir.join(map_names::HP_CT).exists() {
+        return Ok(());
+    }
+    let mut ct: HashMap<MapData, NatKey, HpFlow> =
+        HashMap::try_from(open_map(maps_dir, map_names::HP_CT)?)
+            .map_err(|e| dp_err("open sl_hp_ct", e))?;
+    let doomed: Vec<NatKey> = ct
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, f)| ips.contains(&k.src_ip) || ips.contains(&f.dst_ip))
+        .map(|(k, _)| k)
+        .collect();
+    for k in &doomed {
+        let _ = ct.remove(k);
+    }
+    let mut socks: HashMap<MapData, SockKey, SockOrig> =
+        HashMap::try_from(open_map(maps_dir, map_names::HP_SOCK)?)
+            .map_err(|e| dp_err("open sl_hp_sock", e))?;
+    let doomed: Vec<SockKey> = socks
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| ips.contains(&k.pod_ip))
+        .collect();
+    for k in &doomed {
+        let _ = socks.remove(k);
+    }
+    Ok(())
 }
 
 /// Every mapping whose pod is not one of `live` (host veth ifindexes).

@@ -386,6 +386,9 @@ impl Datapath {
         if let Err(e) = hostport::remove_of_pods(&maps_dir, &ifindexes) {
             first_err.get_or_insert(e);
         }
+        if let Err(e) = hostport::flush_flows(&maps_dir, &v4) {
+            first_err.get_or_insert(e);
+        }
         for idx in ifindexes {
             if let Err(e) = maps.remove_interface(idx) {
                 first_err.get_or_insert(e);
