@@ -8,7 +8,7 @@
 //! `--only <table>` runs one table's setups and figures alone.
 mod conflist;
 mod connloop;
-mod hostport;
+pub mod hostport;
 mod measure;
 mod report;
 mod topology;
