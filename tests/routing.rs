@@ -290,9 +290,10 @@ fn destinations_without_any_route_are_left_to_the_kernel() {
     )
     .unwrap();
     let d = node.counters().unwrap().since(&c0);
-    assert_eq!(
-        d.get("from_pod_not_forwarded"),
-        1,
+    // The frame itself, plus maybe the new pod's own IPv6 router solicitations
+    // and MLD reports (also not forwarded) that happen to go out meanwhile.
+    assert!(
+        (1..=3).contains(&d.get("from_pod_not_forwarded")),
         "a packet to a destination without any route; counters that rose: {d}"
     );
     for r in [

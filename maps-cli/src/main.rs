@@ -16,7 +16,19 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
+    // Bad arguments exit 1 like every other refusal (clap's default is 2);
+    // --help and --version exit 0.
+    let cli = match args::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let result = match &cli.command {
         args::Command::Status(a) => status::execute(&cli.target, a),
         args::Command::Endpoints(a) => endpoints::execute(&cli.target, a),

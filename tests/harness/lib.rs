@@ -20,6 +20,7 @@ pub mod counters;
 pub mod exec;
 pub mod fixtures;
 pub mod host;
+pub mod hostport;
 pub mod look;
 pub mod masq;
 pub mod node;

@@ -99,6 +99,20 @@ pub struct BenchArgs {
     /// Pods for the ADD/DEL latency figures.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=200))]
     pub pods: u64,
+    /// Run one table alone (quicker; docs/benchmarks.md is then left as it is).
+    #[arg(long, value_enum, value_name = "TABLE")]
+    pub only: Option<BenchTable>,
+}
+
+/// The tables of `cargo xtask bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchTable {
+    /// pod <-> pod and pod <-> external host, ADD/DEL latency.
+    Routing,
+    /// pod -> external host through masquerade.
+    Masquerade,
+    /// external host -> node address:hostPort with 1, 1,000 and 10,000 mappings.
+    Hostport,
 }
 
 #[derive(Debug, Args)]

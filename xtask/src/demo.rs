@@ -1,7 +1,8 @@
 //! `cargo xtask demo`: Sluice's main job, live, on namespaces. A node with an
 //! uplink to an "external" host, two pods attached through the real CNI protocol,
-//! traffic between them and to the outside through the eBPF datapath, the pinned
-//! maps shown with `sluicectl`, then CHECK and DEL. Everything is removed at the
+//! traffic between them, to the outside (masqueraded) and in through a hostPort,
+//! all through the eBPF datapath, the pinned maps shown with `sluicectl`, then
+//! CHECK and DEL. Everything is removed at the
 //! end, also on error.
 use std::{process::Command, time::Duration};
 
@@ -54,12 +55,16 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         .ip(&["route", "add", POD_CIDR, "via", "192.168.77.1"])?;
 
     let pin_root = tb.pin_root("demo");
+    // The hostPort socket hooks go on a cgroup of this demo, not the node's root.
+    let cgroup = crate::bench::hostport::Cgroup::new("demo")?;
     let conf = json!({
         "cniVersion": "1.1.0",
         "name": "demo",
         "type": "sluice",
         "pinRoot": pin_root,
         "ipMasq": true,
+        "capabilities": {"portMappings": true},
+        "hostPortCgroup": cgroup.path,
         "stateDir": tb.dir.join("state"),
         "ipam": {
             "type": "sluice",
@@ -77,9 +82,20 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
 
     step("ADD: the runtime executes sluice for each pod");
     let mut results = Vec::new();
+    // db publishes its port 5201 on the node's port 8080 (runtimeConfig, as a
+    // runtime passes it for `capabilities.portMappings`).
+    let pod_conf = |id: &str| {
+        let mut c = conf.clone();
+        if id == "db" {
+            c["runtimeConfig"] = json!({"portMappings": [
+                {"hostPort": 8080, "containerPort": 5201, "protocol": "tcp"}
+            ]});
+        }
+        c
+    };
     for (pod, id) in [(web, "web"), (db, "db")] {
         let started = std::time::Instant::now();
-        let r = cni.run("ADD", &conf, id, "eth0", Some(tb.ns(pod)))?;
+        let r = cni.run("ADD", &pod_conf(id), id, "eth0", Some(tb.ns(pod)))?;
         println!(
             "{id}: {} in {:.1} ms",
             r["ips"][0]["address"].as_str().unwrap_or("?"),
@@ -123,6 +139,9 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     iperf(tb, web, ext, "192.168.77.2")?;
     step("traffic: external host -> db, TCP for 2 s (the external host routes the pod range to the node: an inbound flow, answered from db's own address)");
     iperf(tb, ext, db, &db_ip)?;
+    step("traffic: external host -> node 192.168.77.1:8080, db's hostPort (DNAT to db:5201 in eBPF, no iptables), TCP for 2 s");
+    iperf_port(tb, ext, db, "192.168.77.1", 8080)?;
+    ctl(&["ports", "list"])?;
     step("the NAT flows: web's two connections (iperf3 control and data) as masqueraded flows, db's as inbound");
     ctl(&["nat", "list"])?;
 
@@ -132,14 +151,14 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
 
     step("CHECK, then DEL (twice: DEL is idempotent)");
     for ((pod, id), r) in [(web, "web"), (db, "db")].into_iter().zip(&results) {
-        let mut with_prev = conf.clone();
+        let mut with_prev = pod_conf(id);
         with_prev["prevResult"] = r.clone();
         cni.run("CHECK", &with_prev, id, "eth0", Some(tb.ns(pod)))?;
         println!("CHECK {id}: ok");
     }
     for (pod, id) in [(web, "web"), (db, "db")] {
-        cni.run("DEL", &conf, id, "eth0", Some(tb.ns(pod)))?;
-        cni.run("DEL", &conf, id, "eth0", None)?;
+        cni.run("DEL", &pod_conf(id), id, "eth0", Some(tb.ns(pod)))?;
+        cni.run("DEL", &pod_conf(id), id, "eth0", None)?;
         println!("DEL {id}: ok");
     }
     ctl(&["endpoints"])?;
@@ -148,15 +167,27 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
 
 /// One iperf3 run from `client` to a one-shot server in `server` at `addr`.
 fn iperf(tb: &Testbed, client: usize, server: usize, addr: &str) -> Result<()> {
+    iperf_port(tb, client, server, addr, 5201)
+}
+
+/// The same to `addr`:`port` (the server listens on 5201; `port` may be a
+/// hostPort that leads there).
+fn iperf_port(tb: &Testbed, client: usize, server: usize, addr: &str, port: u16) -> Result<()> {
     let mut s = tb.ns(server).command("iperf3");
     s.args(["-s", "-1", "-p", "5201"]);
     let _server = Background::spawn(s)?;
     wait_listening(tb.ns(server), 5201, Duration::from_secs(5))?;
-    let out = cmd::stdout(
-        tb.ns(client)
-            .command("timeout")
-            .args(["20", "iperf3", "-c", addr, "-p", "5201", "-t", "2", "-J"]),
-    )?;
+    let out = cmd::stdout(tb.ns(client).command("timeout").args([
+        "20",
+        "iperf3",
+        "-c",
+        addr,
+        "-p",
+        &port.to_string(),
+        "-t",
+        "2",
+        "-J",
+    ]))?;
     let v: Value = serde_json::from_str(&out).context("parsing iperf3 -J output")?;
     let bps = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()

@@ -23,14 +23,16 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use network_types::ip::Ipv4Hdr;
-use sluice_common::{reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig};
+use sluice_common::{
+    reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig,
+};
 
 use crate::{
     counters::count,
     l3::{Headers, L3},
-    packet::ptr_at,
     maps::{HP_CONFIG, HP_CT, HP_SOCK, NODE_ADDRS, PORTS},
     nat::{self, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
+    packet::ptr_at,
 };
 
 const AF_INET: u32 = 2;
@@ -194,7 +196,11 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
             // UDP checksum 0: none to update.
             if !(proto == PROTO_UDP && *c == 0) {
                 let nc = nat::csum_update(*c, [od[0], od[1], dport], [nd[0], nd[1], t.pod_port]);
-                *c = if proto == PROTO_UDP && nc == 0 { 0xffff } else { nc };
+                *c = if proto == PROTO_UDP && nc == 0 {
+                    0xffff
+                } else {
+                    nc
+                };
             }
         }
     }

@@ -28,7 +28,19 @@ fn pinned(ns: &Netns, program: &str) -> Command {
 
 /// TCP throughput client -> server in Gbit/s (iperf3, one stream).
 pub fn tcp_gbps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
-    let v = iperf(client, server, addr, &["-t", &secs.to_string()])?;
+    tcp_gbps_via(client, server, (addr, IPERF_PORT), IPERF_PORT, secs)
+}
+
+/// The same through a port mapping: the client connects to `to` (address,
+/// port), the server listens on `listen_port`.
+pub fn tcp_gbps_via(
+    client: &Netns,
+    server: &Netns,
+    to: (&str, u16),
+    listen_port: u16,
+    secs: u32,
+) -> Result<f64> {
+    let v = iperf(client, server, to, listen_port, &["-t", &secs.to_string()])?;
     let bps = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .context("iperf3 reported no received rate")?;
@@ -41,7 +53,8 @@ pub fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> R
     let v = iperf(
         client,
         server,
-        addr,
+        (addr, IPERF_PORT),
+        IPERF_PORT,
         &["-u", "-l", "64", "-b", "0", "-t", &secs.to_string()],
     )?;
     let sum = &v["end"]["sum"];
@@ -53,12 +66,20 @@ pub fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> R
     Ok((sent - lost) / seconds)
 }
 
-fn iperf(client: &Netns, server: &Netns, addr: &str, args: &[&str]) -> Result<Value> {
-    let port = 5301;
+const IPERF_PORT: u16 = 5301;
+const SOCKPERF_PORT: u16 = 11311;
+
+fn iperf(
+    client: &Netns,
+    server: &Netns,
+    (addr, port): (&str, u16),
+    listen_port: u16,
+    args: &[&str],
+) -> Result<Value> {
     let mut s = pinned(server, "iperf3");
-    s.args(["-s", "-1", "-p", &port.to_string()]);
+    s.args(["-s", "-1", "-p", &listen_port.to_string()]);
     let _server = Background::spawn(s)?;
-    wait_listening(server, port, Duration::from_secs(5))?;
+    wait_listening(server, listen_port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
     c.args(["60", "iperf3", "-c", addr, "-p", &port.to_string(), "-J"])
         .args(args);
@@ -69,11 +90,44 @@ fn iperf(client: &Netns, server: &Netns, addr: &str, args: &[&str]) -> Result<Va
 /// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
 /// from sockperf ping-pong with --full-rtt.
 pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
-    let port = 11311;
+    let to = (addr, SOCKPERF_PORT);
+    sockperf_pp(client, server, to, to, &[], secs)
+}
+
+/// The same through a port mapping: the client connects to `to`, the server
+/// listens on `listen` (address, port), with SO_REUSEADDR (`--uc-reuseaddr`):
+/// the port is the one iperf3's server used just before, whose closed
+/// connections wait in TIME_WAIT.
+pub fn tcp_rtt_us_via(
+    client: &Netns,
+    server: &Netns,
+    to: (&str, u16),
+    listen: (&str, u16),
+    secs: u32,
+) -> Result<(f64, f64)> {
+    sockperf_pp(client, server, to, listen, &["--uc-reuseaddr"], secs)
+}
+
+fn sockperf_pp(
+    client: &Netns,
+    server: &Netns,
+    (addr, port): (&str, u16),
+    (listen_addr, listen_port): (&str, u16),
+    server_args: &[&str],
+    secs: u32,
+) -> Result<(f64, f64)> {
     let mut s = pinned(server, "sockperf");
-    s.args(["sr", "--tcp", "-i", addr, "-p", &port.to_string()]);
+    s.args([
+        "sr",
+        "--tcp",
+        "-i",
+        listen_addr,
+        "-p",
+        &listen_port.to_string(),
+    ])
+    .args(server_args);
     let _server = Background::spawn(s)?;
-    wait_listening(server, port, Duration::from_secs(5))?;
+    wait_listening(server, listen_port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
     c.args([
         "60",

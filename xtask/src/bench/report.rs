@@ -2,9 +2,12 @@
 //! table and as docs/benchmarks.md.
 use std::fmt::Write;
 
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, BenchTable};
 
-use super::{measure::CPU, topology::Setup};
+use super::{
+    measure::CPU,
+    topology::{HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Figure {
@@ -24,6 +27,10 @@ pub enum Figure {
     MasqRttP50,
     MasqRttP99,
     MasqConnsPerSec,
+    HpGbps,
+    HpRttP50,
+    HpRttP99,
+    HpAddP50,
 }
 
 /// Setup indexes (the order `bench::run` builds them in).
@@ -32,6 +39,30 @@ pub const REFERENCE: usize = 1;
 pub const SLUICE: usize = 2;
 pub const REFERENCE_MASQ: usize = 3;
 pub const SLUICE_MASQ: usize = 4;
+/// The port-mapping setups: reference and Sluice with `HP_SIZES[0]` mappings;
+/// those with `HP_SIZES[i]` are `2 * i` further on.
+pub const REFERENCE_HP: usize = 5;
+pub const SLUICE_HP: usize = 6;
+
+/// Setup names, by index.
+const NAMES: [&str; 11] = [
+    "bare veth",
+    "bridge+host-local",
+    "sluice",
+    "bridge ipMasq",
+    "sluice ipMasq",
+    "bridge+portmap",
+    "sluice",
+    "bridge+portmap",
+    "sluice",
+    "bridge+portmap",
+    "sluice",
+];
+
+/// The setup of `base` (`REFERENCE_HP` or `SLUICE_HP`) with `HP_SIZES[i]` mappings.
+pub const fn hp(base: usize, i: usize) -> usize {
+    base + 2 * i
+}
 
 /// One table: its figures, the setups it shows, and Sluice's ratios to the others.
 struct Table {
@@ -40,10 +71,16 @@ struct Table {
     columns: &'static [usize],
     /// (header, numerator setup, denominator setup)
     ratios: &'static [(&'static str, usize, usize)],
+    /// Rows per number of mappings (`HP_SIZES`), each column's setup moved on
+    /// with `hp`, and a row of the change from the first count to the last.
+    by_size: bool,
+    which: BenchTable,
 }
 
-const TABLES: [Table; 2] = [
+const TABLES: [Table; 3] = [
     Table {
+        which: BenchTable::Routing,
+        by_size: false,
         title: "Routing",
         figures: &[
             Figure::PodPodGbps,
@@ -75,6 +112,21 @@ const TABLES: [Table; 2] = [
         ],
         columns: &[REFERENCE_MASQ, SLUICE_MASQ],
         ratios: &[("sluice/reference", SLUICE_MASQ, REFERENCE_MASQ)],
+        which: BenchTable::Masquerade,
+        by_size: false,
+    },
+    Table {
+        title: "Port mapping (hostPort: external host -> node address:hostPort)",
+        figures: &[
+            Figure::HpGbps,
+            Figure::HpRttP50,
+            Figure::HpRttP99,
+            Figure::HpAddP50,
+        ],
+        columns: &[REFERENCE_HP, SLUICE_HP],
+        ratios: &[("sluice/reference", SLUICE_HP, REFERENCE_HP)],
+        which: BenchTable::Hostport,
+        by_size: true,
     },
 ];
 
@@ -97,6 +149,10 @@ impl Figure {
             Self::MasqRttP50 => "masqueraded TCP RTT median (us)",
             Self::MasqRttP99 => "masqueraded TCP RTT p99 (us)",
             Self::MasqConnsPerSec => "masqueraded new TCP connections per second",
+            Self::HpGbps => "TCP throughput (Gbit/s)",
+            Self::HpRttP50 => "TCP RTT median (us)",
+            Self::HpRttP99 => "TCP RTT p99 (us)",
+            Self::HpAddP50 => "ADD latency p50, pod with 1 mapping (ms)",
         }
     }
 
@@ -109,12 +165,13 @@ impl Figure {
                 | Self::ExtPodGbps
                 | Self::MasqGbps
                 | Self::MasqConnsPerSec
+                | Self::HpGbps
         )
     }
 }
 
 pub struct Report {
-    setups: Vec<&'static str>,
+    only: Option<BenchTable>,
     values: Vec<(Figure, usize, f64)>,
 }
 
@@ -127,11 +184,18 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 impl Report {
-    pub fn new(setups: &[Setup]) -> Self {
+    pub fn new(only: Option<BenchTable>) -> Self {
         Self {
-            setups: setups.iter().map(|s| s.name).collect(),
+            only,
             values: Vec::new(),
         }
+    }
+
+    /// The tables this run measures.
+    fn tables(&self) -> impl Iterator<Item = &'static Table> + '_ {
+        TABLES
+            .iter()
+            .filter(|t| self.only.is_none_or(|o| o == t.which))
     }
 
     pub fn add(&mut self, f: Figure, setup: usize, v: f64) {
@@ -166,6 +230,9 @@ impl Report {
 
     /// Rows of table `t`: label, one cell per setup, then Sluice's ratios.
     fn rows(&self, t: &Table) -> Vec<Vec<String>> {
+        if t.by_size {
+            return self.size_rows(t);
+        }
         t.figures
             .iter()
             .map(|f| {
@@ -193,69 +260,202 @@ impl Report {
             .collect()
     }
 
+    /// Rows of a `by_size` table: per figure, one row per number of mappings
+    /// (cells and ratios of the setups with that many), then the change from
+    /// the fewest to the most mappings for each column.
+    fn size_rows(&self, t: &Table) -> Vec<Vec<String>> {
+        let mut rows = Vec::new();
+        let last = HP_SIZES.len() - 1;
+        for f in t.figures {
+            let label = format!(
+                "{}{}",
+                f.label(),
+                if f.higher_is_better() {
+                    ""
+                } else {
+                    " [lower is better]"
+                }
+            );
+            for (i, n) in HP_SIZES.iter().enumerate() {
+                let mut row = vec![label.clone(), thousands(*n)];
+                row.extend(t.columns.iter().map(|s| self.cell(*f, hp(*s, i))));
+                row.extend(t.ratios.iter().map(|(_, a, b)| {
+                    match (self.value(*f, hp(*a, i)), self.value(*f, hp(*b, i))) {
+                        (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+                        _ => "-".into(),
+                    }
+                }));
+                rows.push(row);
+            }
+            let mut row = vec![
+                label,
+                format!(
+                    "change {} -> {}",
+                    thousands(HP_SIZES[0]),
+                    thousands(HP_SIZES[last])
+                ),
+            ];
+            row.extend(t.columns.iter().map(|s| {
+                self.change(*f, *s)
+                    .map_or_else(|| "-".into(), |c| format!("{c:+.1}%"))
+            }));
+            row.extend(t.ratios.iter().map(|_| String::new()));
+            rows.push(row);
+        }
+        rows
+    }
+
+    /// Change of `f` in percent from the fewest to the most mappings, for the
+    /// port-mapping setups starting at `base`.
+    fn change(&self, f: Figure, base: usize) -> Option<f64> {
+        let first = self.value(f, hp(base, 0))?;
+        let last = self.value(f, hp(base, HP_SIZES.len() - 1))?;
+        (first != 0.0).then(|| (last / first - 1.0) * 100.0)
+    }
+
     fn header(&self, t: &Table) -> Vec<String> {
         let mut h = vec!["figure".to_string()];
-        h.extend(t.columns.iter().map(|s| self.setups[*s].to_string()));
+        if t.by_size {
+            h.push("mappings".into());
+        }
+        h.extend(t.columns.iter().map(|s| NAMES[*s].to_string()));
         h.extend(t.ratios.iter().map(|(name, _, _)| (*name).to_string()));
         h
     }
 
-    /// The issue's targets, each with the same-run figures it is judged on.
+    /// The issues' targets of the tables this run measures, each with the
+    /// same-run figures it is judged on.
     fn targets(&self) -> Vec<String> {
         let v = |f, s| self.value(f, s).unwrap_or(f64::NAN);
         let check = |ok: bool| if ok { "met" } else { "NOT met" };
-        let tput_lim = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, LIMIT);
-        let tput_ref = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, REFERENCE);
-        let rtt_lim = v(Figure::PodPodRttP50, SLUICE) / v(Figure::PodPodRttP50, LIMIT);
-        let add_ref = v(Figure::AddP50, SLUICE) / v(Figure::AddP50, REFERENCE);
-        let masq = |f| v(f, SLUICE_MASQ) / v(f, REFERENCE_MASQ);
-        let (masq_tput, masq_conns) = (masq(Figure::MasqGbps), masq(Figure::MasqConnsPerSec));
+        let mut out = Vec::new();
+        for t in self.tables() {
+            match t.which {
+                BenchTable::Routing => {
+                    let tput_lim = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, LIMIT);
+                    let tput_ref = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, REFERENCE);
+                    let rtt_lim = v(Figure::PodPodRttP50, SLUICE) / v(Figure::PodPodRttP50, LIMIT);
+                    let add_ref = v(Figure::AddP50, SLUICE) / v(Figure::AddP50, REFERENCE);
+                    out.extend([
+                        format!(
+                            "pod->pod throughput >= 0.95x limit: {tput_lim:.3}x, {}",
+                            check(tput_lim >= 0.95)
+                        ),
+                        format!(
+                            "pod->pod throughput >= 1.1x reference: {tput_ref:.3}x, {}",
+                            check(tput_ref >= 1.1)
+                        ),
+                        format!(
+                            "pod->pod median RTT <= 1.1x limit: {rtt_lim:.3}x, {}",
+                            check(rtt_lim <= 1.1)
+                        ),
+                        format!(
+                            "ADD p50 <= 0.5x reference: {add_ref:.3}x, {}",
+                            check(add_ref <= 0.5)
+                        ),
+                    ]);
+                }
+                BenchTable::Masquerade => {
+                    let masq = |f| v(f, SLUICE_MASQ) / v(f, REFERENCE_MASQ);
+                    let (masq_tput, masq_conns) =
+                        (masq(Figure::MasqGbps), masq(Figure::MasqConnsPerSec));
+                    out.extend([
+                        format!(
+                            "masqueraded throughput >= 1.0x reference (bridge ipMasq): {masq_tput:.3}x, {}",
+                            check(masq_tput >= 1.0)
+                        ),
+                        format!(
+                            "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): {masq_conns:.3}x, {}",
+                            check(masq_conns >= 1.2)
+                        ),
+                    ]);
+                }
+                BenchTable::Hostport => out.extend(self.hostport_targets()),
+            }
+        }
+        out
+    }
+
+    /// Issue 5: Sluice's latency and ADD time do not grow with the number of
+    /// mappings; the reference's growth alongside.
+    fn hostport_targets(&self) -> Vec<String> {
+        let check = |c: Option<f64>, limit: f64| match c {
+            Some(c) if c <= limit => "met",
+            _ => "NOT met",
+        };
+        let pct = |c: Option<f64>| c.map_or_else(|| "-".into(), |c| format!("{c:+.1}%"));
+        let (first, last) = (
+            thousands(HP_SIZES[0]),
+            thousands(HP_SIZES[HP_SIZES.len() - 1]),
+        );
+        let rtt = self.change(Figure::HpRttP50, SLUICE_HP);
+        let add = self.change(Figure::HpAddP50, SLUICE_HP);
+        let ms = |base, i| {
+            self.value(Figure::HpAddP50, hp(base, i))
+                .map_or_else(|| "-".into(), |v| format!("{v:.1} ms"))
+        };
         vec![
             format!(
-                "pod->pod throughput >= 0.95x limit: {tput_lim:.3}x, {}",
-                check(tput_lim >= 0.95)
+                "hostPort RTT median flat, {first} -> {last} mappings (change <= +5%): {}, {}",
+                pct(rtt),
+                check(rtt, 5.0)
             ),
             format!(
-                "pod->pod throughput >= 1.1x reference: {tput_ref:.3}x, {}",
-                check(tput_ref >= 1.1)
+                "hostPort ADD p50 flat, {first} -> {last} mappings (change <= +10%, see method): {} \
+                 ({} -> {}), {}",
+                pct(add),
+                ms(SLUICE_HP, 0),
+                ms(SLUICE_HP, HP_SIZES.len() - 1),
+                check(add, 10.0)
             ),
             format!(
-                "pod->pod median RTT <= 1.1x limit: {rtt_lim:.3}x, {}",
-                check(rtt_lim <= 1.1)
-            ),
-            format!(
-                "ADD p50 <= 0.5x reference: {add_ref:.3}x, {}",
-                check(add_ref <= 0.5)
-            ),
-            format!(
-                "masqueraded throughput >= 1.0x reference (bridge ipMasq): {masq_tput:.3}x, {}",
-                check(masq_tput >= 1.0)
-            ),
-            format!(
-                "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): {masq_conns:.3}x, {}",
-                check(masq_conns >= 1.2)
+                "reference (bridge+portmap), {first} -> {last} mappings, for comparison: RTT median {}, \
+                 RTT p99 {}, throughput {}, ADD p50 {} ({} -> {})",
+                pct(self.change(Figure::HpRttP50, REFERENCE_HP)),
+                pct(self.change(Figure::HpRttP99, REFERENCE_HP)),
+                pct(self.change(Figure::HpGbps, REFERENCE_HP)),
+                pct(self.change(Figure::HpAddP50, REFERENCE_HP)),
+                ms(REFERENCE_HP, 0),
+                ms(REFERENCE_HP, HP_SIZES.len() - 1),
             ),
         ]
     }
 
-    fn method(args: &BenchArgs) -> String {
-        format!(
+    fn method(&self, args: &BenchArgs) -> String {
+        let mut m = format!(
             "{} rounds, each figure measured for every setup in turn (interleaved), median of the rounds \
              with the range over rounds in parentheses; \
              traffic figures run {} s each with both ends pinned to CPU {CPU} (taskset); \
-             TCP throughput: iperf3, one stream; RTT: sockperf ping-pong, 64-byte messages, full round trip; \
-             UDP: iperf3 -u -l 64 -b 0, packets received per second; \
-             ADD/DEL: {} pods, each plugin run spawned from a thread inside the node namespace (as a runtime \
-             in that namespace runs it), on a node whose network is already up; \
-             new connections: `cargo xtask conn-loop` (connect, one byte each way, the server closes first, \
-             one connection at a time, at most 20000 per measurement).",
-            args.rounds, args.seconds, args.pods
-        )
+             TCP throughput: iperf3, one stream; RTT: sockperf ping-pong, 64-byte messages, full round trip",
+            args.rounds, args.seconds
+        );
+        for t in self.tables() {
+            match t.which {
+                BenchTable::Routing => {
+                    let _ = write!(
+                        m,
+                        "; UDP: iperf3 -u -l 64 -b 0, packets received per second; \
+                         ADD/DEL: {} pods, each plugin run spawned from a thread inside the node namespace \
+                         (as a runtime in that namespace runs it), on a node whose network is already up",
+                        args.pods
+                    );
+                }
+                BenchTable::Masquerade => m.push_str(
+                    "; new connections: `cargo xtask conn-loop` (connect, one byte each way, the server \
+                     closes first, one connection at a time, at most 20000 per measurement)",
+                ),
+                BenchTable::Hostport => {
+                    let _ = write!(m, "; port mapping: {}", hostport_method());
+                }
+            }
+        }
+        m.push('.');
+        m
     }
 
     pub fn render(&self, args: &BenchArgs) -> String {
         let mut out = String::new();
-        for t in &TABLES {
+        for t in self.tables() {
             let rows = self.rows(t);
             let header = self.header(t);
             let mut widths: Vec<usize> = header.iter().map(String::len).collect();
@@ -271,6 +471,8 @@ impl Report {
                     .map(|(c, w)| format!("{c:<w$}"))
                     .collect::<Vec<_>>()
                     .join("  ")
+                    .trim_end()
+                    .to_string()
             };
             let _ = writeln!(out, "\n{}:\n{}", t.title, line(&header));
             for r in &rows {
@@ -281,7 +483,7 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(out, "  {t}");
         }
-        let _ = writeln!(out, "\nmethod: {}", Self::method(args));
+        let _ = writeln!(out, "\nmethod: {}", self.method(args));
         out
     }
 
@@ -298,7 +500,7 @@ impl Report {
              between runs on these VMs; compare the ratios.\n\n",
         );
         let _ = writeln!(md, "Machine: {}\n", machine());
-        for t in &TABLES {
+        for t in self.tables() {
             let header = self.header(t);
             let _ = writeln!(md, "## {}\n", t.title);
             let _ = writeln!(md, "| {} |", header.join(" | "));
@@ -308,17 +510,63 @@ impl Report {
             }
             md.push('\n');
         }
-        md.push_str("## Targets (issues: routing datapath, masquerade)\n\n");
+        md.push_str("## Targets (issues: routing datapath, masquerade, hostPort)\n\n");
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
         }
-        let _ = writeln!(md, "\n## Method\n\n{}", Self::method(args));
+        let _ = writeln!(md, "\n## Method\n\n{}", self.method(args));
         md.push_str(PATHS);
         md
     }
 }
 
-/// Which path each figure's packets take, and how to read the targets.
+/// 10000 -> "10,000".
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn hostport_method() -> String {
+    let sizes = HP_SIZES.map(thousands).join(", ");
+    format!(
+        "one node per plugin and number of mappings ({sizes}), each with the measured pod (one \
+         mapping, hostPort {hp} -> containerPort {cp}) and a filler container holding the other \
+         mappings, both added through the CNI protocol (a conflist run as a runtime runs it: \
+         each plugin spawned from a thread inside the node namespace, results chained as \
+         prevResult, runtimeConfig.portMappings for plugins with capabilities.portMappings); \
+         the reference's filler ADD writes its first {cni} mappings itself and the rest of its \
+         rules are appended with iptables-restore in the node namespace, made from its own \
+         rules (checked line by line against what it wrote), because its one-iptables-run-per-rule \
+         ADD takes ~55 s for 1,000 mappings and about an hour for 10,000; the external host \
+         connects to node address:{hp}, with no route to the pods; \
+         ADD latency: {pods_sl} pods per Sluice node and {pods_ref} per reference node (an ADD \
+         there takes up to 1.5 s), each with one mapping of its own, Sluice's nodes \
+         first, then the reference's, each plugin's nodes taken in turn for each pod (interleaved, \
+         the order rotated from pod to pod; a reference ADD on 10,000 mappings leaves the kernel \
+         nf_tables work that slows whatever runs next), all DELeted afterwards, p50 over each node's pods. \
+         Targets: \
+         \"flat\" is judged on the growth from the fewest to the most mappings (a fall passes); \
+         RTT median within +5% (a median over some 10^5 round trips, stable to a few percent \
+         between rounds); ADD within +10%, because an ADD is a process start, netlink work and \
+         map updates of a few ms whose p50 moves by up to ~10% between nodes in the same state on a \
+         2-vCPU VM shared with other work, so 5% would flag noise, while the growth this \
+         target is about (a lookup or copy per existing mapping) shows as tens of percent or more \
+         at 10,000",
+        hp = super::topology::HP_HOST_PORT,
+        cp = super::topology::HP_CONTAINER_PORT,
+        cni = super::hostport::CNI_MAPPINGS,
+        pods_sl = HP_TIMED_PODS_SLUICE,
+        pods_ref = HP_TIMED_PODS_REFERENCE,
+    )
+}
+
 const PATHS: &str = "
 ## What the packets go through
 
@@ -339,6 +587,17 @@ const PATHS: &str = "
   tracks the flow in Sluice's NAT maps and rewrites source address and port;
   `uplink_in` translates the replies back and redirects them into the pod. The
   node's netfilter never sees these packets.
+- **bridge+portmap** (port mapping table): the external host's packets to node
+  address:hostPort pass the node's nat PREROUTING, where the first packet of a
+  connection walks `CNI-HOSTPORT-DNAT` (one multiport rule per 15 mappings) and the
+  container's `CNI-DN-*` chain to its DNAT rule; nf_conntrack then translates the
+  rest of the connection without the rules, both ways. Then routing, the bridge and
+  the pod's veth.
+- **sluice** (port mapping table): `uplink_in` looks the destination up in
+  `sl_ports` (a hash map: one lookup whatever the number of mappings), records the
+  flow in `sl_hp_ct`, rewrites the destination and delivers into the pod; the pod's
+  replies are translated back by `from_pod` on its host veth and sent out of the
+  uplink. No netfilter on the way.
 
 ## Reading the targets
 

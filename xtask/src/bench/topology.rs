@@ -2,9 +2,14 @@
 //! reference plugins (bridge + host-local) and Sluice, each of the latter a node
 //! namespace with two pods and an "external" host behind its uplink; and both
 //! plugins again with `ipMasq: true`, where the external host has no route to the
-//! pods, so only masqueraded traffic gets answers.
+//! pods, so only masqueraded traffic gets answers. The port-mapping table has
+//! its own nodes, one per plugin and number of mappings.
 use serde_json::{json, Value};
 
+use super::{
+    conflist::Conflist,
+    hostport::{self, Mapping},
+};
 use crate::{
     build::Binaries,
     testbed::{Cni, Testbed},
@@ -14,7 +19,6 @@ use anyhow::{Context, Result};
 
 /// Where traffic of each figure goes, for one setup.
 pub struct Setup {
-    pub name: &'static str,
     /// Namespace indexes in the testbed.
     pub pod1: usize,
     pub pod2: usize,
@@ -38,7 +42,6 @@ pub fn limit(tb: &mut Testbed) -> Result<Setup> {
     let b = tb.netns("lim-b")?;
     tb.wire(a, "eth0", "10.99.0.1/24", b, "eth0", "10.99.0.2/24")?;
     Ok(Setup {
-        name: "bare veth",
         pod1: a,
         pod2: b,
         pod1_ip: "10.99.0.1".into(),
@@ -53,7 +56,6 @@ pub fn limit(tb: &mut Testbed) -> Result<Setup> {
 /// with `conf`. `n` numbers the subnets so the setups never overlap.
 fn node_with_pods(
     tb: &mut Testbed,
-    name: &'static str,
     tag: &str,
     n: u8,
     plugin: &std::path::Path,
@@ -93,7 +95,6 @@ fn node_with_pods(
         ips.push(a.split('/').next().unwrap_or(a).to_string());
     }
     Ok(Setup {
-        name,
         pod1,
         pod2,
         pod1_ip: ips[0].clone(),
@@ -110,22 +111,16 @@ fn node_with_pods(
 
 /// bridge + host-local, as the reference plugins' users run them.
 pub fn reference(tb: &mut Testbed) -> Result<Setup> {
-    reference_with(tb, "bridge+host-local", "ref", 81, false)
+    reference_with(tb, "ref", 81, false)
 }
 
 /// The same with `ipMasq: true`: the bridge plugin adds an iptables MASQUERADE
 /// chain in the node namespace, which nf_conntrack and nf_nat carry out.
 pub fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
-    reference_with(tb, "bridge ipMasq", "rmq", 83, true)
+    reference_with(tb, "rmq", 83, true)
 }
 
-fn reference_with(
-    tb: &mut Testbed,
-    name: &'static str,
-    tag: &str,
-    n: u8,
-    masq: bool,
-) -> Result<Setup> {
+fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setup> {
     let conf = json!({
         "cniVersion": "1.0.0",
         "name": format!("bench{tag}"),
@@ -142,7 +137,6 @@ fn reference_with(
     });
     node_with_pods(
         tb,
-        name,
         tag,
         n,
         std::path::Path::new("/usr/lib/cni/bridge"),
@@ -153,23 +147,16 @@ fn reference_with(
 
 /// Sluice with its defaults (cls_bpf pod attachment, XDP auto on the uplink).
 pub fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    sluice_with(tb, bins, "sluice", "sl", 82, false)
+    sluice_with(tb, bins, "sl", 82, false)
 }
 
 /// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
 /// through its tc ingress (Sluice's own NAT maps, no nf_conntrack).
 pub fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    sluice_with(tb, bins, "sluice ipMasq", "smq", 84, true)
+    sluice_with(tb, bins, "smq", 84, true)
 }
 
-fn sluice_with(
-    tb: &mut Testbed,
-    bins: &Binaries,
-    name: &'static str,
-    tag: &str,
-    n: u8,
-    masq: bool,
-) -> Result<Setup> {
+fn sluice_with(tb: &mut Testbed, bins: &Binaries, tag: &str, n: u8, masq: bool) -> Result<Setup> {
     let conf = json!({
         "cniVersion": "1.1.0",
         "name": format!("bench{tag}"),
@@ -184,5 +171,192 @@ fn sluice_with(
             "dataDir": tb.dir.join(format!("{tag}-ipam")),
         },
     });
-    node_with_pods(tb, name, tag, n, &bins.sluice, conf, masq)
+    node_with_pods(tb, tag, n, &bins.sluice, conf, masq)
+}
+
+/// Mappings on each port-mapping node, one node per count and plugin.
+pub const HP_SIZES: [usize; 3] = [1, 1_000, 10_000];
+/// The measured pod's mapping (the servers listen on the container port).
+pub const HP_HOST_PORT: u16 = 30080;
+pub const HP_CONTAINER_PORT: u16 = 80;
+/// Pods whose ADD is timed on each port-mapping node of the reference and of
+/// Sluice (multiples of the number of sizes: each size is timed first as often).
+pub const HP_TIMED_PODS_REFERENCE: usize = 6;
+pub const HP_TIMED_PODS_SLUICE: usize = 24;
+
+/// A node with `mappings` port mappings: an uplink to an external host, the
+/// measured pod with one mapping, and a filler container holding the other
+/// mappings. The external host has no route to the pods: it reaches the pod
+/// only through node address:hostPort.
+pub struct HpSetup {
+    pub tag: String,
+    pub node: usize,
+    pub ext: usize,
+    pub pod: usize,
+    pub node_ip: String,
+    pub pod_ip: String,
+    pub list: Conflist,
+    /// bridge + portmap (else Sluice).
+    pub reference: bool,
+}
+
+/// A `portMappings` runtimeConfig entry list.
+pub fn port_mappings(m: &[Mapping]) -> Value {
+    json!({
+        "portMappings": m
+            .iter()
+            .map(|(h, c)| json!({"hostPort": h, "containerPort": c, "protocol": "tcp"}))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// The filler's mappings for a node with `n` in all: host ports 20000..,
+/// container ports 10000.. (neither the measured pod's nor the ADD-timed pods').
+fn filler_mappings(n: usize) -> Vec<Mapping> {
+    (0..n.saturating_sub(1))
+        .map(|j| {
+            let j = u16::try_from(j).unwrap_or(u16::MAX - 20_000);
+            (20_000 + j, 10_000 + j)
+        })
+        .collect()
+}
+
+fn hostport_node(
+    tb: &mut Testbed,
+    tag: String,
+    n: u8,
+    list: Conflist,
+    mappings: usize,
+    reference: bool,
+) -> Result<HpSetup> {
+    let node = tb.netns(&format!("{tag}-node"))?;
+    let ext = tb.netns(&format!("{tag}-ext"))?;
+    let pod = tb.netns(&format!("{tag}-pod"))?;
+    let fill = tb.netns(&format!("{tag}-fill"))?;
+    let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
+    tb.wire(
+        node,
+        "up0",
+        &format!("{node_ip}/24"),
+        ext,
+        "eth0",
+        &format!("{ext_ip}/24"),
+    )?;
+    tb.ns(node)
+        .ip(&["route", "add", "default", "via", &ext_ip])?;
+    let node_path = tb.ns(node).path();
+    let fillers = filler_mappings(mappings);
+    let fill_id = format!("{tag}-fill");
+    let through_cni = if reference && fillers.len() > hostport::CNI_MAPPINGS {
+        hostport::CNI_MAPPINGS
+    } else {
+        fillers.len()
+    };
+    let (_, ms) = list.add(
+        &node_path,
+        &fill_id,
+        &tb.ns(fill).path(),
+        port_mappings(&fillers[..through_cni]),
+    )?;
+    if through_cni < fillers.len() {
+        hostport::extend_portmap(tb.ns(node), &fill_id, &fillers, through_cni)?;
+    }
+    eprintln!(
+        "bench: {tag}: filler ADD with {through_cni} mappings through CNI: {ms:.0} ms{}",
+        if through_cni < fillers.len() {
+            format!(
+                ", {} more appended (iptables-restore)",
+                fillers.len() - through_cni
+            )
+        } else {
+            String::new()
+        }
+    );
+    let (a, _) = list.add(
+        &node_path,
+        &format!("{tag}-pod"),
+        &tb.ns(pod).path(),
+        port_mappings(&[(HP_HOST_PORT, HP_CONTAINER_PORT)]),
+    )?;
+    let ip = a.result["ips"][0]["address"]
+        .as_str()
+        .context("ADD result without an address")?;
+    Ok(HpSetup {
+        tag,
+        node,
+        ext,
+        pod,
+        node_ip,
+        pod_ip: ip.split('/').next().unwrap_or(ip).to_string(),
+        list,
+        reference,
+    })
+}
+
+/// bridge + host-local + portmap, chained as its users run them: the bridge
+/// without ipMasq, portmap with `capabilities: {portMappings: true}` (its
+/// defaults: SNAT for hairpin and localhost, iptables in the node namespace).
+/// `i` indexes `HP_SIZES`.
+pub fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> {
+    let tag = format!("rhp{i}");
+    let n = 85 + u8::try_from(i)?;
+    let list = Conflist {
+        name: format!("bench{tag}"),
+        cni_version: "1.0.0".into(),
+        plugins: vec![
+            (
+                "/usr/lib/cni/bridge".into(),
+                json!({
+                    "type": "bridge",
+                    "bridge": format!("br{tag}"),
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "subnet": format!("10.{n}.0.0/24"),
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": tb.dir.join(format!("{tag}-ipam")),
+                    },
+                }),
+            ),
+            (
+                "/usr/lib/cni/portmap".into(),
+                json!({"type": "portmap", "capabilities": {"portMappings": true}}),
+            ),
+        ],
+    };
+    hostport_node(tb, tag, n, list, HP_SIZES[i], true)
+}
+
+/// Sluice with `capabilities: {portMappings: true}` and its socket hooks on
+/// `cgroup` (one made for this node).
+pub fn hostport_sluice(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    cgroup: &std::path::Path,
+    i: usize,
+) -> Result<HpSetup> {
+    let tag = format!("shp{i}");
+    let n = 88 + u8::try_from(i)?;
+    let list = Conflist {
+        name: format!("bench{tag}"),
+        cni_version: "1.1.0".into(),
+        plugins: vec![(
+            bins.sluice.clone(),
+            json!({
+                "type": "sluice",
+                "capabilities": {"portMappings": true},
+                "pinRoot": tb.pin_root(&tag),
+                "stateDir": tb.dir.join(format!("{tag}-state")),
+                "hostPortCgroup": cgroup,
+                "ipam": {
+                    "type": "sluice",
+                    "subnet": format!("10.{n}.0.0/24"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": tb.dir.join(format!("{tag}-ipam")),
+                },
+            }),
+        )],
+    };
+    hostport_node(tb, tag, n, list, HP_SIZES[i], false)
 }
