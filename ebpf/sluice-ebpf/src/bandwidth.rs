@@ -14,7 +14,7 @@
 //! interval twice (capped at `burst`).
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use sluice_common::{reason, Bucket};
 
 use crate::{counters::count, maps::BANDWIDTH};
@@ -55,17 +55,9 @@ pub fn admit(ifindex: u32, len: u32, ingress: bool) -> bool {
             }
         }
         let t = core::ptr::read_volatile(tokens);
-        // Early, spread drops (RED-like) while the bucket runs low: TCP sees an
-        // isolated loss it repairs by fast retransmit, instead of losing the tail
-        // of a burst when the bucket is empty, which only a retransmission
-        // timeout (200 ms at least) repairs.
-        let low = ((*b).burst / 2) as i64;
-        let early = t > 0 && t < low && {
-            // Probability (1 - t/low)^2, in 1/1024ths.
-            let x = ((low - t) as u64 * 1024 / low as u64) as u32;
-            (bpf_get_prandom_u32() & 1023) < (x * x) >> 10
-        };
-        if t <= 0 || early {
+        // A packet needs its length in tokens (a GSO packet bigger than the
+        // burst passes on a full bucket).
+        if t < i64::from(len).min((*b).burst as i64) {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).dropped, 1);
             count(if ingress {
                 reason::DROP_BW_INGRESS

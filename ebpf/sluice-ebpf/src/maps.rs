@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use sluice_common::{
-    map_sizes, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry, FragKey,
-    HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey,
-    PortTarget, SockKey, SockOrig, BwState,
+    map_sizes, reason, BwState, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry,
+    FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
+    PortKey, PortTarget, SockKey, SockOrig,
 };
 
 #[map(name = "sl_endpoints")]
