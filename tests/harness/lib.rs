@@ -15,6 +15,7 @@
 //! [`Result`]; the `expect_*`/`assert_*` helpers panic with the whole context
 //! (command, exit code, stdout, stderr) when what they check does not hold.
 pub mod attached;
+pub mod bandwidth;
 pub mod cni;
 pub mod counters;
 pub mod exec;
