@@ -44,6 +44,52 @@ pub enum Command {
     /// hostPort mappings: list, add, del.
     #[command(subcommand)]
     Ports(PortsCommand),
+    /// Per-pod bandwidth limits: list, get, set (live).
+    #[command(subcommand)]
+    Bandwidth(BandwidthCommand),
+}
+
+#[derive(Subcommand)]
+pub enum BandwidthCommand {
+    /// Pods with bandwidth limits, with packets passed and dropped.
+    List(JsonArgs),
+    /// One pod's limits.
+    Get(BandwidthGetArgs),
+    /// Change a running pod's limits; the next packet sees them.
+    Set(BandwidthSetArgs),
+}
+
+#[derive(Args)]
+pub struct BandwidthGetArgs {
+    /// The pod: an address, or a container id prefix.
+    pub pod: String,
+    /// Print JSON (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BandwidthSetArgs {
+    /// The pod: an address, or a container id prefix.
+    pub pod: String,
+    /// Traffic into the pod, bits per second.
+    #[arg(long)]
+    pub ingress_rate: Option<u64>,
+    /// Bits (default: 300 ms of the rate).
+    #[arg(long, requires = "ingress_rate")]
+    pub ingress_burst: Option<u64>,
+    /// Traffic from the pod, bits per second.
+    #[arg(long)]
+    pub egress_rate: Option<u64>,
+    /// Bits (default: 300 ms of the rate).
+    #[arg(long, requires = "egress_rate")]
+    pub egress_burst: Option<u64>,
+    /// Remove the ingress limit.
+    #[arg(long, conflicts_with = "ingress_rate")]
+    pub clear_ingress: bool,
+    /// Remove the egress limit.
+    #[arg(long, conflicts_with = "egress_rate")]
+    pub clear_egress: bool,
 }
 
 #[derive(Subcommand)]

@@ -10,9 +10,9 @@ use aya::{
     programs::SchedClassifier,
 };
 use sluice_common::{
-    map_names, nat_flags, pin_dirs, reason, DatapathMeta, Endpoint, EndpointInfo, EndpointStats,
-    HostPortConfig, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget,
-    DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    map_names, nat_flags, pin_dirs, reason, BwState, DatapathMeta, Endpoint, EndpointInfo,
+    EndpointStats, HostPortConfig, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
+    PortKey, PortTarget, DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -138,6 +138,27 @@ impl Datapath {
         let mut m: HashMap<MapData, PortKey, PortTarget> =
             HashMap::try_from(self.map(map_names::PORTS)?)?;
         Ok(m.remove(k).is_ok())
+    }
+
+    /// Every pod's bandwidth state: (host veth ifindex, state).
+    pub fn bandwidth(&self) -> Result<Vec<(u32, BwState)>> {
+        let m: HashMap<MapData, u32, BwState> = HashMap::try_from(self.map(map_names::BANDWIDTH)?)?;
+        let mut v: Vec<(u32, BwState)> = m.iter().filter_map(Result::ok).collect();
+        v.sort_by_key(|(i, _)| *i);
+        Ok(v)
+    }
+
+    /// Writes (or with `None` removes) a pod's bandwidth state.
+    pub fn set_bandwidth(&self, ifindex: u32, s: Option<BwState>) -> Result<()> {
+        let mut m: HashMap<MapData, u32, BwState> =
+            HashMap::try_from(self.map(map_names::BANDWIDTH)?)?;
+        match s {
+            Some(s) => m.insert(ifindex, s, 0)?,
+            None => {
+                let _ = m.remove(&ifindex);
+            }
+        }
+        Ok(())
     }
 
     /// Every masqueraded flow: (pod-side key, entry).

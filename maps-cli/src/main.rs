@@ -2,6 +2,7 @@
 //! The clap tree is in `args.rs`, one module per verb, every aya call in `bpf.rs`,
 //! output formatting in `table.rs`. `main` is thin and prints errors once.
 mod args;
+mod bandwidth;
 mod bpf;
 mod counters;
 mod datapath;
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         args::Command::Datapath(c) => datapath::execute(&cli.target, c),
         args::Command::Nat(c) => nat::execute(&cli.target, c),
         args::Command::Ports(c) => ports::execute(&cli.target, c),
+        args::Command::Bandwidth(c) => bandwidth::execute(&cli.target, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

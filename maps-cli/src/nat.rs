@@ -170,7 +170,7 @@ fn flush(dp: &Datapath, a: &NatFlushArgs) -> Result<()> {
 }
 
 /// CLOCK_MONOTONIC in ns, the clock the programs stamp flows with.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

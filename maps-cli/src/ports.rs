@@ -75,7 +75,7 @@ fn owner_text(eps: &[EndpointRow], t: &PortTarget) -> String {
 }
 
 /// The pod endpoints `pod` names: an IPv4 address or a container id prefix.
-fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointRow> {
+pub fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointRow> {
     let ip: Option<IpAddr> = pod.parse().ok();
     eps.iter()
         .filter(|r| match ip {

@@ -145,6 +145,12 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     step("the NAT flows: web's two connections (iperf3 control and data) as masqueraded flows, db's as inbound");
     ctl(&["nat", "list"])?;
 
+    step("bandwidth: limit web's egress to 200 Mbit/s live (token bucket in eBPF, no qdisc, no ifb), measure, lift it");
+    ctl(&["bandwidth", "set", "web", "--egress-rate", "200000000"])?;
+    iperf(tb, web, ext, "192.168.77.2")?;
+    ctl(&["bandwidth", "list"])?;
+    ctl(&["bandwidth", "set", "web", "--clear-egress"])?;
+
     step("the counters moved: pod-to-pod went straight from one veth into the other (bpf_redirect_peer), pod-to-external out of the uplink by FIB lookup, external-to-pod in through the uplink's XDP/tc programs");
     ctl(&["endpoints"])?;
     ctl(&["counters"])?;

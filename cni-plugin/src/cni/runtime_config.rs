@@ -89,9 +89,9 @@ pub struct Bandwidth {
 }
 
 /// Largest burst: 4 GiB in bytes, as the reference bandwidth plugin (tbf) allows.
-pub const MAX_BURST_BITS: u64 = (u32::MAX as u64) * 8;
+pub const MAX_BURST_BITS: u64 = sluice_common::bw_limits::MAX_BURST_BITS;
 /// Largest rate: 1 Tbit/s; beyond that the token arithmetic would overflow.
-pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
+pub const MAX_RATE_BPS: u64 = sluice_common::bw_limits::MAX_RATE_BITS;
 
 impl Bandwidth {
     /// Parses and validates a `bandwidth` object found at `key`.

@@ -8,43 +8,10 @@ use sluice_common::{map_names, Bucket, BwState};
 use super::bpf::{dp_err, open_map};
 use crate::{cni::runtime_config::Bandwidth, error::Error};
 
-/// A rate without a burst gets `rate x DEFAULT_BURST_NS`, at least
-/// [`MIN_DEFAULT_BURST`] bytes. Without a queue (no `sch_fq` for EDT here) a
-/// limit can only drop, and a TCP sender that loses the tail of a window waits
-/// for its retransmission timer, 200 ms at least however short the RTT: a bucket
-/// smaller than that much traffic never makes the idle time up (measured at 100
-/// Mbit/s: a 20 ms burst gave 10 Mbit/s, 100 ms 50, 300 ms 104). 300 ms keeps a
-/// single stream within 10% of the rate while the first second carries at most
-/// 1.3x the rate (the reference plugin's tbf, with the burst Kubernetes passes,
-/// has let seconds of line-rate traffic through).
-pub const DEFAULT_BURST_NS: u64 = 300_000_000;
-/// Two 64 KiB GSO packets.
-pub const MIN_DEFAULT_BURST: u64 = 128 * 1024;
-
-/// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes.
+/// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes
+/// (the defaults and bounds are in `sluice_common::bw_limits`).
 pub fn bucket(rate_bits: Option<u64>, burst_bits: Option<u64>, now_ns: u64) -> Bucket {
-    let Some(rate_bits) = rate_bits else {
-        return Bucket::default();
-    };
-    let rate = (rate_bits / 8).max(1);
-    let burst = match burst_bits {
-        Some(b) => (b / 8).max(1),
-        None => ((u128::from(rate) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000) as u64)
-            .max(MIN_DEFAULT_BURST),
-    }
-    // As configured bursts are (MAX_BURST_BITS): the programs' `elapsed * rate`
-    // stays below 2^64 with it.
-    .min(u64::from(u32::MAX));
-    Bucket {
-        rate,
-        burst,
-        fill_ns: ((u128::from(burst) * 1_000_000_000) / u128::from(rate)).min(u128::from(u64::MAX))
-            as u64,
-        tokens: burst as i64,
-        last_ns: now_ns,
-        passed: 0,
-        dropped: 0,
-    }
+    Bucket::from_bits(rate_bits, burst_bits, now_ns)
 }
 
 /// The state for `bw`, both directions.
@@ -119,6 +86,7 @@ pub fn check(maps_dir: &Path, ifindex: u32, bw: Option<&Bandwidth>) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_common::bw_limits::MIN_DEFAULT_BURST;
 
     #[test]
     fn bits_become_bytes_and_a_missing_burst_gets_the_default() {

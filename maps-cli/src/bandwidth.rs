@@ -1,0 +1,198 @@
+//! `sluicectl bandwidth list|get|set`: per-pod limits, changed live.
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use sluice_common::{bw_limits, Bucket, BwState};
+
+use crate::{
+    args::{BandwidthCommand, BandwidthGetArgs, BandwidthSetArgs, JsonArgs, Target},
+    bpf::{Datapath, EndpointRow},
+    ports::pod_endpoints,
+    table,
+};
+
+pub fn execute(t: &Target, c: &BandwidthCommand) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    match c {
+        BandwidthCommand::List(a) => list(&dp, a),
+        BandwidthCommand::Get(a) => get(&dp, a),
+        BandwidthCommand::Set(a) => set(&dp, a),
+    }
+}
+
+fn bucket_json(b: &Bucket) -> Value {
+    match b.bits() {
+        None => Value::Null,
+        Some((rate, burst)) => json!({
+            "rate": rate,
+            "burst": burst,
+            "passed": b.passed,
+            "dropped": b.dropped,
+        }),
+    }
+}
+
+fn bucket_text(b: &Bucket) -> String {
+    match b.bits() {
+        None => "none".into(),
+        Some((rate, burst)) => format!("{rate} bit/s, burst {burst} bit"),
+    }
+}
+
+/// One pod's row: its endpoint rows (addresses) and state.
+fn pod_json(eps: &[EndpointRow], ifindex: u32, s: &BwState) -> Value {
+    let mine: Vec<&EndpointRow> = eps
+        .iter()
+        .filter(|r| r.endpoint.ifindex == ifindex)
+        .collect();
+    let owner = mine.iter().find_map(|r| r.owner.as_ref());
+    json!({
+        "containerId": owner.map(|o| table::text(&o.container_id)),
+        "ifname": owner.map(|o| table::text(&o.ifname)),
+        "podIps": mine.iter().map(|r| r.ip.to_string()).collect::<Vec<_>>(),
+        "hostIfindex": ifindex,
+        "egress": bucket_json(&s.egress),
+        "ingress": bucket_json(&s.ingress),
+    })
+}
+
+fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
+    let eps = dp.endpoints()?;
+    let rows: Vec<Value> = dp
+        .bandwidth()?
+        .iter()
+        .map(|(i, s)| pod_json(&eps, *i, s))
+        .collect();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let dir = |v: &Value| match v {
+        Value::Null => "-".to_string(),
+        v => format!(
+            "{} bit/s ({} dropped)",
+            v["rate"].as_u64().unwrap_or(0),
+            v["dropped"].as_u64().unwrap_or(0)
+        ),
+    };
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r["containerId"]
+                    .as_str()
+                    .unwrap_or("-")
+                    .chars()
+                    .take(12)
+                    .collect(),
+                r["podIps"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default(),
+                dir(&r["egress"]),
+                dir(&r["ingress"]),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["CONTAINER", "POD", "EGRESS", "INGRESS"], &table_rows)
+    );
+    Ok(())
+}
+
+/// The host veth ifindex of the pod `pod` names (one pod, however many addresses).
+fn pod_ifindex(eps: &[EndpointRow], pod: &str) -> Result<u32> {
+    let found = pod_endpoints(eps, pod);
+    let mut ifs: Vec<u32> = found.iter().map(|r| r.endpoint.ifindex).collect();
+    ifs.dedup();
+    match ifs.as_slice() {
+        [one] => Ok(*one),
+        [] => bail!("no pod with address or container id {pod:?} on this datapath"),
+        _ => bail!(
+            "{pod:?} matches {} pods; give more of the container id",
+            ifs.len()
+        ),
+    }
+}
+
+fn get(dp: &Datapath, a: &BandwidthGetArgs) -> Result<()> {
+    let eps = dp.endpoints()?;
+    let ifindex = pod_ifindex(&eps, &a.pod)?;
+    let s = dp
+        .bandwidth()?
+        .into_iter()
+        .find(|(i, _)| *i == ifindex)
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&pod_json(&eps, ifindex, &s))?
+        );
+    } else {
+        println!("egress:  {}", bucket_text(&s.egress));
+        println!("ingress: {}", bucket_text(&s.ingress));
+    }
+    Ok(())
+}
+
+fn check(flag: &str, v: Option<u64>, max: u64) -> Result<()> {
+    if let Some(v) = v {
+        if v == 0 || v > max {
+            bail!("--{flag} {v}: must be between 1 and {max}");
+        }
+    }
+    Ok(())
+}
+
+fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
+    check("ingress-rate", a.ingress_rate, bw_limits::MAX_RATE_BITS)?;
+    check("egress-rate", a.egress_rate, bw_limits::MAX_RATE_BITS)?;
+    check("ingress-burst", a.ingress_burst, bw_limits::MAX_BURST_BITS)?;
+    check("egress-burst", a.egress_burst, bw_limits::MAX_BURST_BITS)?;
+    let changes_ingress = a.ingress_rate.is_some() || a.clear_ingress;
+    let changes_egress = a.egress_rate.is_some() || a.clear_egress;
+    if !changes_ingress && !changes_egress {
+        bail!(
+            "nothing to set: give --ingress-rate, --egress-rate, --clear-ingress or --clear-egress"
+        );
+    }
+    let eps = dp.endpoints()?;
+    let ifindex = pod_ifindex(&eps, &a.pod)?;
+    let old = dp
+        .bandwidth()?
+        .into_iter()
+        .find(|(i, _)| *i == ifindex)
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    let now = crate::nat::monotonic_ns();
+    let mut new = old;
+    if changes_egress {
+        new.egress = Bucket::from_bits(a.egress_rate, a.egress_burst, now);
+    }
+    if changes_ingress {
+        new.ingress = Bucket::from_bits(a.ingress_rate, a.ingress_burst, now);
+    }
+    let none = new.egress.bits().is_none() && new.ingress.bits().is_none();
+    dp.set_bandwidth(ifindex, (!none).then_some(new))?;
+    if changes_egress {
+        println!(
+            "egress: {} (was {})",
+            bucket_text(&new.egress),
+            bucket_text(&old.egress)
+        );
+    }
+    if changes_ingress {
+        println!(
+            "ingress: {} (was {})",
+            bucket_text(&new.ingress),
+            bucket_text(&old.ingress)
+        );
+    }
+    Ok(())
+}
