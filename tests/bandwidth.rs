@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use sluice_tests::{
     bandwidth::{
         assert_direction, assert_pod_limits, bandwidth, bw_get, bw_list, bw_set,
-        default_burst_bits, ext_ip, limits, measure_egress, measure_ingress, qdiscs, sl_bw_dump,
-        udp_blast, BwWorld, Measured,
+        default_burst_bits, ext_ip, limits, measure_between, measure_egress, measure_ingress,
+        qdiscs, sl_bw_dump, udp_blast, BwWorld, Measured,
     },
+    hostport::{mapping, Cgroup},
     look, Node, NETWORK,
 };
 
@@ -667,6 +668,8 @@ fn sluicectl_bandwidth_list_get_and_set() {
         .find(|v| v["containerId"] == b.cid.as_str())
         .unwrap_or_else(|| panic!("b not listed: {list:#?}"));
     assert_pod_limits(lb, &b, ib, Some((5 * M, d)), None);
+    // b's config asks for no limits: CHECK reports the ones set live.
+    w.check(&b).unwrap().error(105);
     // Both directions at once, the default burst of a large rate.
     let out = bw_set(
         &w.node,
@@ -689,5 +692,90 @@ fn sluicectl_bandwidth_list_get_and_set() {
     w.del(&a);
     w.del(&b);
     assert_eq!(bw_list(&w.node).unwrap(), Vec::<Value>::new());
+    w.node.assert_clean(NETWORK);
+}
+
+// --- more paths and lifecycles ------------------------------------------------------
+
+/// Between two pods of the node the receiver's ingress and the sender's egress
+/// limits hold (delivery to a local pod is one of the places ingress is checked).
+#[test]
+fn limits_hold_between_two_pods_of_the_node() {
+    let w = BwWorld::new("10.96.13.0/24").unwrap();
+    let a = w.add("a", "bw-local-a", &w.conf);
+    let b = w.add(
+        "b",
+        "bw-local-b",
+        &w.conf_runtime(&limits(Some(100 * M), None, Some(50 * M), None)),
+    );
+    let to_b = measure_between(&a, &b, 3, &[]).unwrap();
+    assert_band("TCP pod a -> pod b, b's ingress 100 Mbit/s", &to_b, 100 * M);
+    let from_b = measure_between(&b, &a, 3, &[]).unwrap();
+    assert_band("TCP pod b -> pod a, b's egress 50 Mbit/s", &from_b, 50 * M);
+    w.del(&a);
+    w.del(&b);
+    w.node.assert_clean(NETWORK);
+}
+
+/// With native XDP on the uplink, traffic into the pod is redirected by XDP and
+/// must still meet the ingress limit; egress as well.
+#[test]
+fn limits_hold_with_native_xdp_on_the_uplink() {
+    let rate = 100 * M;
+    let w = BwWorld::with_xdp("10.96.14.0/24", "native").unwrap();
+    let p = w.add("a", "bw-xdp-a", &w.conf_runtime(&both(rate)));
+    let st = w.node.status().unwrap();
+    println!("status: {st}");
+    let ing = measure_ingress(&w, &p, 3, &[]).unwrap();
+    assert_band("TCP ingress at 100 Mbit/s, native XDP", &ing, rate);
+    let eg = measure_egress(&w, &p, 3, &[]).unwrap();
+    assert_band("TCP egress at 100 Mbit/s, native XDP", &eg, rate);
+    w.del(&p);
+    w.node.assert_clean(NETWORK);
+}
+
+/// DEL after the pod's namespace (and with it the veth pair) is gone still
+/// removes the limits: a later pod must not inherit them with a reused ifindex.
+#[test]
+fn del_after_the_pod_is_gone_removes_the_state() {
+    let w = BwWorld::new("10.96.15.0/24").unwrap();
+    let p = w.add(
+        "a",
+        "bw-gone-a",
+        &w.conf_runtime(&limits(Some(10 * M), None, Some(10 * M), None)),
+    );
+    assert_eq!(sl_bw_dump(&w.node).unwrap().len(), 1);
+    w.node.delete_pod(&p.pod).unwrap();
+    sluice_tests::fixtures::del(&w.node, &p.conf, &p.cid, &p.pod);
+    assert_eq!(sl_bw_dump(&w.node).unwrap(), Vec::<Value>::new());
+    assert_eq!(bw_list(&w.node).unwrap(), Vec::<Value>::new());
+    w.node.assert_clean(NETWORK);
+}
+
+/// An ADD that fails after its limits were written (a hostPort taken by another
+/// pod is the last step) rolls them back.
+#[test]
+fn a_failed_add_leaves_no_limits() {
+    let w = BwWorld::new("10.96.16.0/24").unwrap();
+    let cg = Cgroup::new().unwrap();
+    let mut base = w.conf.clone();
+    base["hostPortCgroup"] = json!(cg.display());
+    base["capabilities"] = json!({"portMappings": true, "bandwidth": true});
+    let mut first = base.clone();
+    first["runtimeConfig"] = json!({"portMappings": [mapping(18080, 80, "tcp", "")]});
+    let a = w.add("a", "bw-fail-a", &first);
+    let mut second = base.clone();
+    second["runtimeConfig"] = json!({
+        "portMappings": [mapping(18080, 80, "tcp", "")],
+        "bandwidth": limits(Some(10 * M), None, Some(10 * M), None),
+    });
+    let pod = w.node.pod("b").unwrap();
+    let out = w.try_add(&second, "bw-fail-b", &pod).unwrap();
+    let e = out.any_error();
+    e.assert_names(&["18080"]);
+    assert_eq!(sl_bw_dump(&w.node).unwrap(), Vec::<Value>::new());
+    assert_eq!(bw_list(&w.node).unwrap(), Vec::<Value>::new());
+    assert_eq!(w.node.host_veths().unwrap().len(), 1);
+    w.del(&a);
     w.node.assert_clean(NETWORK);
 }

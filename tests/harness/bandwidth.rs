@@ -91,10 +91,20 @@ impl BwPod {
 
 impl BwWorld {
     pub fn new(subnet: &str) -> Result<Self> {
+        Self::with_xdp(subnet, "auto")
+    }
+
+    /// `xdp` as configured; `native` also turns off the external side's TX
+    /// checksum offload (see [`crate::host::tx_checksum_off`]).
+    pub fn with_xdp(subnet: &str, xdp: &str) -> Result<Self> {
         let node = Node::new()?;
         let ext = fixtures::external_host(&node, subnet)?;
+        if xdp == "native" {
+            crate::host::tx_checksum_off(&ext.netns_path(), fixtures::EXT_IF)?;
+        }
         let mut conf = node.conf("1.0.0", subnet);
         conf["uplink"] = json!(UPLINK);
+        conf["xdp"] = json!(xdp);
         conf["capabilities"] = json!({"bandwidth": true});
         Ok(Self { node, ext, conf })
     }
@@ -473,6 +483,11 @@ pub fn measure_egress(w: &BwWorld, p: &BwPod, secs: u32, extra: &[&str]) -> Resu
 /// External host to pod: what the pod receives (its ingress).
 pub fn measure_ingress(w: &BwWorld, p: &BwPod, secs: u32, extra: &[&str]) -> Result<Measured> {
     iperf3(&w.ext.netns_path(), ext_ip(), &p.pod.path, secs, extra)
+}
+
+/// Pod `from` to pod `to` of the same node.
+pub fn measure_between(from: &BwPod, to: &BwPod, secs: u32, extra: &[&str]) -> Result<Measured> {
+    iperf3(&from.pod.path, from.ip, &to.pod.path, secs, extra)
 }
 
 // --- a UDP blast of our own ---------------------------------------------------
