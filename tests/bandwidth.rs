@@ -6,17 +6,23 @@
 //! static config keys, validation (code 7 naming the key), DEL, no qdisc and no
 //! ifb device, and `sluicectl bandwidth list|get|set`.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use serde_json::{json, Value};
 use sluice_tests::{
     bandwidth::{
         assert_direction, assert_pod_limits, bandwidth, bw_get, bw_list, bw_set,
-        default_burst_bits, ext_ip, limits, measure_between, measure_egress, measure_ingress,
-        qdiscs, sl_bw_dump, udp_blast, BwWorld, Measured,
+        default_burst_bits, ext_ip, iperf3, limits, measure_between, measure_egress,
+        measure_ingress, qdiscs, sl_bw_dump, udp_blast, BwWorld, Measured,
     },
+    fixtures::NODE_IP,
     hostport::{mapping, Cgroup},
-    look, Node, NETWORK,
+    look,
+    masq::udp_socket,
+    Node, NETWORK,
 };
 
 /// Lowest and highest accepted received rate, as a fraction of the limit.
@@ -475,11 +481,21 @@ fn bad_values_are_refused_naming_the_key_and_leave_nothing() {
         let links = look::link_names(&pod.name).unwrap();
         assert_eq!(links, ["lo"], "case {i} ({bw}) left links in the pod");
     }
-    // A good ADD into the same namespace works and is the only pod with limits.
-    let conf = w.conf_runtime(&limits(Some(M), None, None, None));
+    // A good ADD into the same namespace works and is the only pod with limits;
+    // the extreme values themselves are accepted.
+    let max_rate = 1_000_000_000_000u64;
+    let max_burst = u64::from(u32::MAX) * 8;
+    let conf = w.conf_runtime(&limits(Some(max_rate), Some(max_burst), Some(8), Some(8)));
     let added = sluice_tests::fixtures::add(&w.node, &conf, "bw-good", &pod);
     let list = bw_list(&w.node).unwrap();
     assert_eq!(list.len(), 1, "{list:#?}");
+    assert_direction(&list[0]["ingress"], Some((max_rate, max_burst)), "ingress");
+    assert_direction(&list[0]["egress"], Some((8, 8)), "egress");
+    let c = sluice_tests::with_prev_result(&conf, &added.result);
+    w.node
+        .cni("CHECK", &c, "bw-good", "eth0", Some(&pod), &[])
+        .unwrap()
+        .ok_silent();
     assert_eq!(sl_bw_dump(&w.node).unwrap().len(), 1);
     sluice_tests::fixtures::del(&w.node, &conf, "bw-good", &pod);
     drop(added);
@@ -698,9 +714,11 @@ fn sluicectl_bandwidth_list_get_and_set() {
 // --- more paths and lifecycles ------------------------------------------------------
 
 /// Between two pods of the node the receiver's ingress and the sender's egress
-/// limits hold (delivery to a local pod is one of the places ingress is checked).
+/// limits hold (delivery to a local pod is one of the places ingress is
+/// checked), and so does the ingress limit of what the node itself sends (the
+/// kernel routes it: `to_pod`).
 #[test]
-fn limits_hold_between_two_pods_of_the_node() {
+fn limits_hold_between_pods_and_from_the_node() {
     let w = BwWorld::new("10.96.13.0/24").unwrap();
     let a = w.add("a", "bw-local-a", &w.conf);
     let b = w.add(
@@ -712,6 +730,13 @@ fn limits_hold_between_two_pods_of_the_node() {
     assert_band("TCP pod a -> pod b, b's ingress 100 Mbit/s", &to_b, 100 * M);
     let from_b = measure_between(&b, &a, 3, &[]).unwrap();
     assert_band("TCP pod b -> pod a, b's egress 50 Mbit/s", &from_b, 50 * M);
+    let node_ip = NODE_IP.parse().unwrap();
+    let from_node = iperf3(&w.node.netns_path(), node_ip, &b.pod.path, 3, &[]).unwrap();
+    assert_band(
+        "TCP node -> pod b, b's ingress 100 Mbit/s",
+        &from_node,
+        100 * M,
+    );
     w.del(&a);
     w.del(&b);
     w.node.assert_clean(NETWORK);
@@ -782,5 +807,45 @@ fn a_failed_add_leaves_no_limits() {
     assert_eq!(bw_list(&w.node).unwrap(), Vec::<Value>::new());
     assert_eq!(w.node.host_veths().unwrap().len(), 1);
     w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+/// A packet bigger than the burst passes on a full bucket: with a 1000-byte
+/// burst, 1400-byte datagrams 50 ms apart (the bucket refills in under 1 ms at
+/// 10 Mbit/s) all arrive.
+#[test]
+#[ignore = "plugin bug: a packet bigger than the burst passes only every other time however \
+            long the bucket idles: admit() (ebpf/sluice-ebpf/src/bandwidth.rs) caps the refill \
+            at fill_ns, i.e. `burst` tokens, but the previous oversized packet left the bucket \
+            at burst - len < 0, so it never gets back to full (1000-byte burst, 1400-byte \
+            datagrams 50 ms apart: 5 of 10 dropped, drop_bw_egress=5)"]
+fn a_packet_bigger_than_the_burst_passes_on_a_full_bucket() {
+    let w = BwWorld::new("10.96.17.0/24").unwrap();
+    let p = w.add(
+        "a",
+        "bw-big-a",
+        &w.conf_runtime(&limits(None, None, Some(10 * M), Some(8000))),
+    );
+    let to = SocketAddr::new(IpAddr::V4(ext_ip()), 7003);
+    let rx = udp_socket(&w.ext.netns_path(), to).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+    let tx = udp_socket(&p.pod.path, any).unwrap();
+    let before = w.node.counters().unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 2048];
+    for i in 0..10u8 {
+        tx.send_to(&[i; 1400], to).unwrap();
+        if let Ok((n, _)) = rx.recv_from(&mut buf) {
+            assert_eq!(n, 1400);
+            got += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let d = w.node.counters().unwrap().since(&before);
+    assert_eq!(got, 10, "datagrams bigger than the burst were dropped: {d}");
+    assert_eq!(d.get("drop_bw_egress"), 0, "{d}");
+    w.del(&p);
     w.node.assert_clean(NETWORK);
 }
