@@ -93,6 +93,9 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
+    if let Some(before) = &ifbs_before {
+        check_ifbs(&tb, &bw, before)?;
+    }
     let mut report = Report::new(args.only);
     for round in 0..args.rounds {
         eprintln!("bench: round {} of {}", round + 1, args.rounds);
@@ -344,11 +347,42 @@ fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Res
     Ok(())
 }
 
-/// The host's ifb devices (`ip -o link show type ifb`), by name.
+/// Where the reference plugin's ifb devices are: one per pod (its egress
+/// limit) in the reference node's namespace, none added on the host.
+fn check_ifbs(tb: &Testbed, bw: &[(usize, BwSetup)], host_before: &[String]) -> Result<()> {
+    let added: Vec<String> = host_ifbs()?
+        .into_iter()
+        .filter(|l| !host_before.contains(l))
+        .collect();
+    if !added.is_empty() {
+        bail!("ifb devices added on the host: {}", added.join(", "));
+    }
+    for (k, s) in bw {
+        let n = ifbs(Some(tb.ns(s.node)))?.len();
+        let want = if *k == REFERENCE_BW { s.pods.len() } else { 0 };
+        if n != want {
+            bail!(
+                "{} ifb devices in {} ({want} expected)",
+                n,
+                tb.ns(s.node).name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The host's ifb devices, by name.
 fn host_ifbs() -> Result<Vec<String>> {
-    let out = crate::cmd::stdout(
-        std::process::Command::new("ip").args(["-o", "link", "show", "type", "ifb"]),
-    )?;
+    ifbs(None)
+}
+
+/// The ifb devices (`ip -o link show type ifb`) of a namespace, or the host's.
+fn ifbs(ns: Option<&crate::testbed::Netns>) -> Result<Vec<String>> {
+    let mut c = std::process::Command::new("ip");
+    if let Some(ns) = ns {
+        c.args(["-n", &ns.name]);
+    }
+    let out = crate::cmd::stdout(c.args(["-o", "link", "show", "type", "ifb"]))?;
     Ok(out
         .lines()
         .filter_map(|l| l.split(':').nth(1))

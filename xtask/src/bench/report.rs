@@ -203,6 +203,15 @@ impl Figure {
         }
     }
 
+    /// Decimals of a cell's median and of its range.
+    fn precision(self) -> (usize, usize) {
+        match self {
+            // Fractions of a CPU: the usual one decimal would hide the range.
+            Self::BwCpuPerGbit { .. } => (3, 3),
+            _ => (2, 1),
+        }
+    }
+
     fn higher_is_better(self) -> bool {
         matches!(
             self,
@@ -268,11 +277,12 @@ impl Report {
         let s = self.samples(f, setup);
         match self.value(f, setup) {
             None => "-".into(),
-            Some(m) if s.len() < 2 => format!("{m:.2}"),
+            Some(m) if s.len() < 2 => format!("{m:.p$}", p = f.precision().0),
             Some(m) => {
+                let (p, q) = f.precision();
                 let lo = s.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                format!("{m:.2} ({lo:.1}-{hi:.1})")
+                format!("{m:.p$} ({lo:.q$}-{hi:.q$})")
             }
         }
     }
@@ -838,4 +848,18 @@ fn machine() -> String {
         .unwrap_or("unknown CPU")
         .to_string();
     format!("Linux {}, {cpus} vCPUs ({model})", kernel.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_texts() {
+        assert_eq!(
+            BW_RATES.map(rate_text),
+            ["10 Mbit/s", "100 Mbit/s", "1 Gbit/s"]
+        );
+        assert_eq!(rate_text(2_500_000), "2.5 Mbit/s");
+    }
 }
