@@ -72,10 +72,22 @@ const SOCKPERF_PORT: u16 = 11311;
 fn iperf(
     client: &Netns,
     server: &Netns,
-    (addr, port): (&str, u16),
+    to: (&str, u16),
     listen_port: u16,
     args: &[&str],
 ) -> Result<Value> {
+    Ok(iperf_cpu(client, server, to, listen_port, args)?.0)
+}
+
+/// The same, with the CPU time the whole machine spent while the client ran
+/// (from its start to its exit), in seconds.
+fn iperf_cpu(
+    client: &Netns,
+    server: &Netns,
+    (addr, port): (&str, u16),
+    listen_port: u16,
+    args: &[&str],
+) -> Result<(Value, f64)> {
     let mut s = pinned(server, "iperf3");
     s.args(["-s", "-1", "-p", &listen_port.to_string()]);
     let _server = Background::spawn(s)?;
@@ -83,9 +95,101 @@ fn iperf(
     let mut c = pinned(client, "timeout");
     c.args(["60", "iperf3", "-c", addr, "-p", &port.to_string(), "-J"])
         .args(args);
+    let before = busy_cpu_secs()?;
     let out = cmd::stdout(&mut c)?;
-    serde_json::from_str(&out).context("parsing iperf3 -J output")
+    let cpu = busy_cpu_secs()? - before;
+    Ok((
+        serde_json::from_str(&out).context("parsing iperf3 -J output")?,
+        cpu,
+    ))
 }
+
+/// CPU time the whole machine has spent busy since boot, in seconds: the
+/// `cpu` line of /proc/stat, user + nice + system + irq + softirq (guest time
+/// is already in user; idle, iowait and steal left out), in USER_HZ ticks,
+/// which the kernel fixes at 100 per second for /proc/stat.
+fn busy_cpu_secs() -> Result<f64> {
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .context("parsing the cpu line of /proc/stat")?;
+    if f.len() < 7 {
+        bail!("a short cpu line in /proc/stat: {line}");
+    }
+    // user nice system idle iowait irq softirq ...
+    let busy = f[0] + f[1] + f[2] + f[5] + f[6];
+    Ok(busy as f64 / USER_HZ)
+}
+
+/// One rate-limited TCP stream client -> server (iperf3, one stream, `secs`
+/// seconds): the rate the server received in Mbit/s, the Gbit it received, and
+/// the machine's busy CPU seconds meanwhile.
+pub struct Limited {
+    pub mbps: f64,
+    pub gbit: f64,
+    pub cpu_secs: f64,
+}
+
+pub fn tcp_limited(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<Limited> {
+    let to = (addr, IPERF_PORT);
+    let (v, cpu_secs) = iperf_cpu(client, server, to, IPERF_PORT, &["-t", &secs.to_string()])?;
+    let r = &v["end"]["sum_received"];
+    let bps = r["bits_per_second"]
+        .as_f64()
+        .context("iperf3 reported no received rate")?;
+    let bytes = r["bytes"]
+        .as_f64()
+        .context("iperf3 reported no received bytes")?;
+    Ok(Limited {
+        mbps: bps / 1e6,
+        gbit: bytes * 8.0 / 1e9,
+        cpu_secs,
+    })
+}
+
+/// UDP client -> server sent at `rate` bits/s (iperf3 -u, 1400-byte datagrams):
+/// Mbit/s received (datagrams that arrived, over the client's duration).
+pub fn udp_received_mbps(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    rate: u64,
+    secs: u32,
+) -> Result<f64> {
+    let v = iperf(
+        client,
+        server,
+        (addr, IPERF_PORT),
+        IPERF_PORT,
+        &[
+            "-u",
+            "-l",
+            &UDP_LEN.to_string(),
+            "-b",
+            &rate.to_string(),
+            "-t",
+            &secs.to_string(),
+        ],
+    )?;
+    let sum = &v["end"]["sum"];
+    let sent = sum["packets"]
+        .as_f64()
+        .context("iperf3 -u reported no packets")?;
+    let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
+    let seconds = sum["seconds"].as_f64().unwrap_or(f64::from(secs));
+    Ok((sent - lost) * UDP_LEN as f64 * 8.0 / seconds / 1e6)
+}
+
+/// UDP payload of the bandwidth table's UDP figure (fits a 1500-byte MTU).
+pub const UDP_LEN: usize = 1400;
 
 /// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
 /// from sockperf ping-pong with --full-rtt.

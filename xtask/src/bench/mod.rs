@@ -4,7 +4,9 @@
 //! docs/benchmarks.md. Absolute numbers drift 30% between runs on these VMs;
 //! the ratios within one run are what to compare. Masquerade is measured on two
 //! more setups (both plugins with `ipMasq: true`) in the same run, port mapping
-//! on six more (both plugins with 1, 1,000 and 10,000 mappings on the node).
+//! on six more (both plugins with 1, 1,000 and 10,000 mappings on the node),
+//! bandwidth limits on two more (bridge + the reference `bandwidth` plugin, and
+//! Sluice, each a node with one pod per limit).
 //! `--only <table>` runs one table's setups and figures alone.
 mod conflist;
 mod connloop;
@@ -13,7 +15,7 @@ mod measure;
 mod report;
 mod topology;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::{
     build,
@@ -23,10 +25,13 @@ use crate::{
     ws::Workspace,
 };
 
-use report::{Figure, Report, REFERENCE_HP, REFERENCE_MASQ, SLUICE_HP, SLUICE_MASQ};
+use report::{
+    Figure, Report, BW_CPU_RATE, BW_UDP_RATE, REFERENCE_BW, REFERENCE_HP, REFERENCE_MASQ,
+    SLUICE_BW, SLUICE_HP, SLUICE_MASQ,
+};
 use topology::{
-    HpSetup, Setup, HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE,
-    HP_TIMED_PODS_SLUICE,
+    BwSetup, HpSetup, Setup, BW_RATES, HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES,
+    HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
 };
 
 pub fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
@@ -45,6 +50,13 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?
     } else {
         Vec::new()
+    };
+    // The reference bandwidth plugin makes an ifb device (in the node
+    // namespace): the host's own are listed to check that none was added.
+    let ifbs_before = if want(BenchTable::Bandwidth) {
+        Some(host_ifbs()?)
+    } else {
+        None
     };
     let mut tb = Testbed::new("slbench")?;
     let routing = if want(BenchTable::Routing) {
@@ -73,6 +85,17 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         let s = topology::hostport_sluice(&mut tb, &bins, &cg.path, i)?;
         hp.push((report::hp(SLUICE_HP, i), s));
     }
+    let mut bw = if want(BenchTable::Bandwidth) {
+        vec![
+            (REFERENCE_BW, topology::bandwidth_reference(&mut tb)?),
+            (SLUICE_BW, topology::bandwidth_sluice(&mut tb, &bins)?),
+        ]
+    } else {
+        Vec::new()
+    };
+    if let Some(before) = &ifbs_before {
+        check_ifbs(&tb, &bw, before)?;
+    }
     let mut report = Report::new(args.only);
     for round in 0..args.rounds {
         eprintln!("bench: round {} of {}", round + 1, args.rounds);
@@ -85,6 +108,9 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         if !hp.is_empty() {
             hostport_round(&tb, &hp, args.seconds, &mut report)?;
         }
+        if !bw.is_empty() {
+            bandwidth_round(&tb, &bw, &mut report)?;
+        }
     }
     if !routing.is_empty() {
         lifecycle(&tb, &routing, usize::try_from(args.pods)?, &mut report)?;
@@ -92,8 +118,20 @@ pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     if !hp.is_empty() {
         hostport_add(&mut tb, &hp, &mut report)?;
     }
+    for (_, s) in &mut bw {
+        topology::bandwidth_del(&tb, s)?;
+    }
     drop(tb);
     drop(cgroups);
+    if let Some(before) = ifbs_before {
+        let added: Vec<String> = host_ifbs()?
+            .into_iter()
+            .filter(|l| !before.contains(l))
+            .collect();
+        if !added.is_empty() {
+            bail!("ifb devices left on the host: {}", added.join(", "));
+        }
+    }
     let text = report.render(args);
     print!("{text}");
     if args.only.is_some() {
@@ -265,4 +303,89 @@ fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Re
         r.add(Figure::HpAddP50, *index, measure::p50_p99(t).0);
     }
     Ok(())
+}
+
+/// Seconds of every bandwidth figure (whatever `--seconds` says: the limits'
+/// first burst is 300 ms, so shorter runs would overstate the rates).
+pub const BW_SECS: u32 = 4;
+
+/// The bandwidth figures, reference then Sluice for each limit and direction:
+/// one TCP stream each (the CPU figure from the `BW_CPU_RATE` ones), then UDP at
+/// twice the `BW_UDP_RATE` limit.
+fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Result<()> {
+    let ns = |i| tb.ns(i);
+    for rate in 0..BW_RATES.len() {
+        for ingress in [false, true] {
+            for (k, s) in bw {
+                let (pod, pod_ip) = &s.pods[rate];
+                let t = if ingress {
+                    measure::tcp_limited(ns(s.ext), ns(*pod), pod_ip, BW_SECS)
+                } else {
+                    measure::tcp_limited(ns(*pod), ns(s.ext), &s.ext_ip, BW_SECS)
+                }
+                .map_err(|e| e.context(format!("{} TCP, limit {rate}", s.tag)))?;
+                r.add(Figure::BwTcpMbps { rate, ingress }, *k, t.mbps);
+                if rate == BW_CPU_RATE && t.gbit > 0.0 {
+                    r.add(Figure::BwCpuPerGbit { ingress }, *k, t.cpu_secs / t.gbit);
+                }
+            }
+        }
+    }
+    let udp_rate = 2 * BW_RATES[BW_UDP_RATE];
+    for ingress in [false, true] {
+        for (k, s) in bw {
+            let (pod, pod_ip) = &s.pods[BW_UDP_RATE];
+            let v = if ingress {
+                measure::udp_received_mbps(ns(s.ext), ns(*pod), pod_ip, udp_rate, BW_SECS)
+            } else {
+                measure::udp_received_mbps(ns(*pod), ns(s.ext), &s.ext_ip, udp_rate, BW_SECS)
+            }
+            .map_err(|e| e.context(format!("{} UDP", s.tag)))?;
+            r.add(Figure::BwUdpMbps { ingress }, *k, v);
+        }
+    }
+    Ok(())
+}
+
+/// Where the reference plugin's ifb devices are: one per pod (its egress
+/// limit) in the reference node's namespace, none added on the host.
+fn check_ifbs(tb: &Testbed, bw: &[(usize, BwSetup)], host_before: &[String]) -> Result<()> {
+    let added: Vec<String> = host_ifbs()?
+        .into_iter()
+        .filter(|l| !host_before.contains(l))
+        .collect();
+    if !added.is_empty() {
+        bail!("ifb devices added on the host: {}", added.join(", "));
+    }
+    for (k, s) in bw {
+        let n = ifbs(Some(tb.ns(s.node)))?.len();
+        let want = if *k == REFERENCE_BW { s.pods.len() } else { 0 };
+        if n != want {
+            bail!(
+                "{} ifb devices in {} ({want} expected)",
+                n,
+                tb.ns(s.node).name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The host's ifb devices, by name.
+fn host_ifbs() -> Result<Vec<String>> {
+    ifbs(None)
+}
+
+/// The ifb devices (`ip -o link show type ifb`) of a namespace, or the host's.
+fn ifbs(ns: Option<&crate::testbed::Netns>) -> Result<Vec<String>> {
+    let mut c = std::process::Command::new("ip");
+    if let Some(ns) = ns {
+        c.args(["-n", &ns.name]);
+    }
+    let out = crate::cmd::stdout(c.args(["-o", "link", "show", "type", "ifb"]))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .map(|n| n.trim().split('@').next().unwrap_or("").to_string())
+        .collect())
 }

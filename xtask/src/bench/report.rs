@@ -6,7 +6,8 @@ use crate::cli::{BenchArgs, BenchTable};
 
 use super::{
     measure::CPU,
-    topology::{HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE},
+    measure::UDP_LEN,
+    topology::{BW_BURST_MS, BW_RATES, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +32,26 @@ pub enum Figure {
     HpRttP50,
     HpRttP99,
     HpAddP50,
+    /// Received Mbit/s of one TCP stream to or from the pod limited to
+    /// `BW_RATES[rate]` (ingress: external host -> pod).
+    BwTcpMbps {
+        rate: usize,
+        ingress: bool,
+    },
+    /// Received Mbit/s of UDP sent at twice the `BW_UDP_RATE` limit.
+    BwUdpMbps {
+        ingress: bool,
+    },
+    /// Busy CPU seconds of the machine per Gbit received, TCP at the
+    /// `BW_CPU_RATE` limit.
+    BwCpuPerGbit {
+        ingress: bool,
+    },
 }
+
+/// The limit (index into `BW_RATES`) of the UDP figure and of the CPU figure.
+pub const BW_UDP_RATE: usize = 1;
+pub const BW_CPU_RATE: usize = 2;
 
 /// Setup indexes (the order `bench::run` builds them in).
 pub const LIMIT: usize = 0;
@@ -43,9 +63,12 @@ pub const SLUICE_MASQ: usize = 4;
 /// those with `HP_SIZES[i]` are `2 * i` further on.
 pub const REFERENCE_HP: usize = 5;
 pub const SLUICE_HP: usize = 6;
+/// The bandwidth setups (after the three port-mapping pairs).
+pub const REFERENCE_BW: usize = 11;
+pub const SLUICE_BW: usize = 12;
 
 /// Setup names, by index.
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 13] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -56,6 +79,8 @@ const NAMES: [&str; 11] = [
     "bridge+portmap",
     "sluice",
     "bridge+portmap",
+    "sluice",
+    "bridge+bandwidth",
     "sluice",
 ];
 
@@ -77,7 +102,17 @@ struct Table {
     which: BenchTable,
 }
 
-const TABLES: [Table; 3] = [
+/// The bandwidth table's figures (rows per limit and direction instead).
+const BW_FIGURES: &[Figure] = &[
+    Figure::BwTcpMbps {
+        rate: 0,
+        ingress: false,
+    },
+    Figure::BwUdpMbps { ingress: false },
+    Figure::BwCpuPerGbit { ingress: false },
+];
+
+const TABLES: [Table; 4] = [
     Table {
         which: BenchTable::Routing,
         by_size: false,
@@ -128,6 +163,15 @@ const TABLES: [Table; 3] = [
         which: BenchTable::Hostport,
         by_size: true,
     },
+    Table {
+        title: "Bandwidth limits (pod limited both ways; egress: pod -> external host, \
+                ingress: external host -> pod)",
+        figures: BW_FIGURES,
+        columns: &[REFERENCE_BW, SLUICE_BW],
+        ratios: &[("sluice/reference", SLUICE_BW, REFERENCE_BW)],
+        which: BenchTable::Bandwidth,
+        by_size: false,
+    },
 ];
 
 impl Figure {
@@ -153,6 +197,18 @@ impl Figure {
             Self::HpRttP50 => "TCP RTT median (us)",
             Self::HpRttP99 => "TCP RTT p99 (us)",
             Self::HpAddP50 => "ADD latency p50, pod with 1 mapping (ms)",
+            Self::BwTcpMbps { .. } => "TCP, one stream, received (Mbit/s)",
+            Self::BwUdpMbps { .. } => "UDP sent at 2x the limit, received (Mbit/s)",
+            Self::BwCpuPerGbit { .. } => "CPU per Gbit/s, TCP (CPU-seconds per Gbit)",
+        }
+    }
+
+    /// Decimals of a cell's median and of its range.
+    fn precision(self) -> (usize, usize) {
+        match self {
+            // Fractions of a CPU: the usual one decimal would hide the range.
+            Self::BwCpuPerGbit { .. } => (3, 3),
+            _ => (2, 1),
         }
     }
 
@@ -166,6 +222,8 @@ impl Figure {
                 | Self::MasqGbps
                 | Self::MasqConnsPerSec
                 | Self::HpGbps
+                | Self::BwTcpMbps { .. }
+                | Self::BwUdpMbps { .. }
         )
     }
 }
@@ -219,11 +277,12 @@ impl Report {
         let s = self.samples(f, setup);
         match self.value(f, setup) {
             None => "-".into(),
-            Some(m) if s.len() < 2 => format!("{m:.2}"),
+            Some(m) if s.len() < 2 => format!("{m:.p$}", p = f.precision().0),
             Some(m) => {
+                let (p, q) = f.precision();
                 let lo = s.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                format!("{m:.2} ({lo:.1}-{hi:.1})")
+                format!("{m:.p$} ({lo:.q$}-{hi:.q$})")
             }
         }
     }
@@ -232,6 +291,9 @@ impl Report {
     fn rows(&self, t: &Table) -> Vec<Vec<String>> {
         if t.by_size {
             return self.size_rows(t);
+        }
+        if t.which == BenchTable::Bandwidth {
+            return self.bw_rows(t);
         }
         t.figures
             .iter()
@@ -305,6 +367,50 @@ impl Report {
         rows
     }
 
+    /// Rows of the bandwidth table: per figure, one row per limit and direction
+    /// (TCP: every limit; UDP and CPU: `BW_UDP_RATE`, `BW_CPU_RATE`), the
+    /// cells, each column's ratio to the limit (rates only), then Sluice's
+    /// ratio to the reference.
+    fn bw_rows(&self, t: &Table) -> Vec<Vec<String>> {
+        let mut rows = Vec::new();
+        let mut push = |f: Figure, rate: usize, ingress: bool| {
+            let limit_mbps = BW_RATES[rate] as f64 / 1e6;
+            let mut row = vec![
+                with_direction(f),
+                format!(
+                    "{} {}",
+                    rate_text(BW_RATES[rate]),
+                    if ingress { "ingress" } else { "egress" }
+                ),
+            ];
+            row.extend(t.columns.iter().map(|s| self.cell(f, *s)));
+            let is_rate = !matches!(f, Figure::BwCpuPerGbit { .. });
+            row.extend(t.columns.iter().map(|s| match self.value(f, *s) {
+                Some(v) if is_rate => format!("{:.3}", v / limit_mbps),
+                _ => String::new(),
+            }));
+            row.extend(t.ratios.iter().map(|(_, a, b)| {
+                match (self.value(f, *a), self.value(f, *b)) {
+                    (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+                    _ => "-".into(),
+                }
+            }));
+            rows.push(row);
+        };
+        for rate in 0..BW_RATES.len() {
+            for ingress in [false, true] {
+                push(Figure::BwTcpMbps { rate, ingress }, rate, ingress);
+            }
+        }
+        for ingress in [false, true] {
+            push(Figure::BwUdpMbps { ingress }, BW_UDP_RATE, ingress);
+        }
+        for ingress in [false, true] {
+            push(Figure::BwCpuPerGbit { ingress }, BW_CPU_RATE, ingress);
+        }
+        rows
+    }
+
     /// Change of `f` in percent from the fewest to the most mappings, for the
     /// port-mapping setups starting at `base`.
     fn change(&self, f: Figure, base: usize) -> Option<f64> {
@@ -318,7 +424,14 @@ impl Report {
         if t.by_size {
             h.push("mappings".into());
         }
+        let bw = t.which == BenchTable::Bandwidth;
+        if bw {
+            h.push("limit".into());
+        }
         h.extend(t.columns.iter().map(|s| NAMES[*s].to_string()));
+        if bw {
+            h.extend(t.columns.iter().map(|s| format!("{}/limit", NAMES[*s])));
+        }
         h.extend(t.ratios.iter().map(|(name, _, _)| (*name).to_string()));
         h
     }
@@ -371,6 +484,7 @@ impl Report {
                     ]);
                 }
                 BenchTable::Hostport => out.extend(self.hostport_targets()),
+                BenchTable::Bandwidth => out.extend(self.bandwidth_targets()),
             }
         }
         out
@@ -421,6 +535,46 @@ impl Report {
         ]
     }
 
+    /// Issue 6: one TCP stream through a Sluice limit receives the limit within
+    /// ±10%, at every limit and in both directions; the reference alongside.
+    fn bandwidth_targets(&self) -> Vec<String> {
+        let ratios = |setup: usize| -> (Vec<String>, usize, usize) {
+            let (mut parts, mut ok, mut all) = (Vec::new(), 0, 0);
+            for (rate, limit) in BW_RATES.iter().enumerate() {
+                for ingress in [false, true] {
+                    all += 1;
+                    let dir = if ingress { "ingress" } else { "egress" };
+                    let f = Figure::BwTcpMbps { rate, ingress };
+                    match self.value(f, setup) {
+                        Some(v) => {
+                            let r = v * 1e6 / *limit as f64;
+                            if (0.9..=1.1).contains(&r) {
+                                ok += 1;
+                            }
+                            parts.push(format!("{} {dir} {r:.3}", rate_text(*limit)));
+                        }
+                        None => parts.push(format!("{} {dir} -", rate_text(*limit))),
+                    }
+                }
+            }
+            (parts, ok, all)
+        };
+        let (sl, sl_ok, all) = ratios(SLUICE_BW);
+        let (rf, rf_ok, _) = ratios(REFERENCE_BW);
+        vec![
+            format!(
+                "bandwidth: Sluice one TCP stream within ±10% of the limit (received/limit 0.9-1.1) at \
+                 every limit and direction: {}; {sl_ok} of {all} within, {}",
+                sl.join(", "),
+                if sl_ok == all { "met" } else { "NOT met" }
+            ),
+            format!(
+                "reference (bridge+bandwidth, tbf) for comparison: {}; {rf_ok} of {all} within ±10%",
+                rf.join(", ")
+            ),
+        ]
+    }
+
     fn method(&self, args: &BenchArgs) -> String {
         let mut m = format!(
             "{} rounds, each figure measured for every setup in turn (interleaved), median of the rounds \
@@ -446,6 +600,9 @@ impl Report {
                 ),
                 BenchTable::Hostport => {
                     let _ = write!(m, "; port mapping: {}", hostport_method());
+                }
+                BenchTable::Bandwidth => {
+                    let _ = write!(m, "; bandwidth: {}", bandwidth_method());
                 }
             }
         }
@@ -510,7 +667,7 @@ impl Report {
             }
             md.push('\n');
         }
-        md.push_str("## Targets (issues: routing datapath, masquerade, hostPort)\n\n");
+        md.push_str("## Targets (issues: routing datapath, masquerade, hostPort, bandwidth)\n\n");
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
         }
@@ -531,6 +688,58 @@ fn thousands(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+/// 10_000_000 -> "10 Mbit/s", 1_000_000_000 -> "1 Gbit/s".
+fn rate_text(bps: u64) -> String {
+    if bps >= 1_000_000_000 && bps.is_multiple_of(1_000_000_000) {
+        format!("{} Gbit/s", bps / 1_000_000_000)
+    } else {
+        format!("{} Mbit/s", bps as f64 / 1e6)
+    }
+}
+
+/// A bandwidth figure's label (the direction is in the row's limit column).
+fn with_direction(f: Figure) -> String {
+    format!(
+        "{}{}",
+        f.label(),
+        if f.higher_is_better() {
+            ""
+        } else {
+            " [lower is better]"
+        }
+    )
+}
+
+fn bandwidth_method() -> String {
+    let rates = BW_RATES.map(rate_text).join(", ");
+    format!(
+        "one node per plugin with an uplink to an external host (which routes the pod subnet to \
+         the node) and one pod per limit ({rates}), each limited to it both ways through the CNI \
+         protocol (a conflist run as a runtime runs it, runtimeConfig.bandwidth for plugins with \
+         capabilities.bandwidth): the reference is bridge + host-local + the reference `bandwidth` \
+         plugin (tbf qdiscs: on the host veth for ingress, on an ifb device fed from the host \
+         veth's ingress for egress, all in the node namespace), given ingressRate/egressRate and \
+         ingressBurst/egressBurst = rate x {BW_BURST_MS} ms, because it requires bursts and that \
+         is the burst Sluice uses by default; Sluice gets the same rates without bursts (its \
+         default, rate x {BW_BURST_MS} ms: a token-bucket policer in its tc programs, no qdisc); \
+         every figure {secs} s whatever --seconds says, reference then Sluice for each limit and \
+         direction; egress is pod -> external host, ingress external host -> pod; \
+         received rates are iperf3's (payload bytes the receiver got over the run, so the \
+         first burst's worth counts, and headers do not: the limits count whole frames, \
+         ~4.5% more than the payload of a full-size TCP segment); UDP: iperf3 -u -l {UDP_LEN} \
+         -b 2x the {udp} limit, datagrams received x {UDP_LEN} B over the run, so ~1.0 \
+         means the limit held (the excess dropped), below means it cut into the limited \
+         rate; CPU: busy time of the whole machine (all CPUs: user + nice + system + irq + \
+         softirq from /proc/stat, idle, iowait and steal left out) from the iperf3 client's \
+         start to its exit during the {cpu} TCP runs, divided by the Gbit received, i.e. CPUs \
+         kept busy per Gbit/s; it includes both iperf3 ends and anything else running on the \
+         machine meanwhile",
+        secs = super::BW_SECS,
+        udp = rate_text(BW_RATES[BW_UDP_RATE]),
+        cpu = rate_text(BW_RATES[BW_CPU_RATE]),
+    )
 }
 
 fn hostport_method() -> String {
@@ -598,6 +807,14 @@ const PATHS: &str = "
   flow in `sl_hp_ct`, rewrites the destination and delivers into the pod; the pod's
   replies are translated back by `from_pod` on its host veth and sent out of the
   uplink. No netfilter on the way.
+- **bridge+bandwidth** (bandwidth table): as bridge+host-local, plus the reference
+  `bandwidth` plugin's qdiscs: traffic into the pod waits in a tbf qdisc on its host
+  veth; traffic from the pod is redirected from the host veth's ingress qdisc to an
+  ifb device and waits in a tbf qdisc there (a shaper: packets queue up to
+  25 ms of rate beyond the burst, then drop).
+- **sluice** (bandwidth table): as sluice, plus a token bucket per pod and direction
+  in `sl_bw`, checked by `from_pod` (egress) and at every delivery into the pod
+  (ingress): a packet without enough tokens is dropped (a policer, no queue).
 
 ## Reading the targets
 
@@ -608,6 +825,15 @@ on this figure, and the ratio to the reference sits at the reference's own dista
 from the limit. The per-packet cost that Sluice removes shows in the round trips and
 the 64-byte UDP rate. Both ends of every figure run on one CPU, so a throughput
 figure also includes the sender's and receiver's own work.
+
+In the bandwidth table a ratio to the limit a little above 1.0 is what a correct
+limit gives: the bucket starts full, so the first 300 ms of burst come on top of
+4 s of rate (+7.5%), and iperf3 counts payload while the limits count frames
+(-4.4% for a full-size TCP segment, -2.9% for a 1400-byte datagram). The tbf of the
+reference counts a GSO packet as the frames it becomes on the wire; Sluice's
+policer counts its `skb->len`, the headers once, so where GSO packets are big
+(1 Gbit/s) it passes a few percent more wire bytes than the reference for the same
+limit.
 ";
 
 fn machine() -> String {
@@ -622,4 +848,18 @@ fn machine() -> String {
         .unwrap_or("unknown CPU")
         .to_string();
     format!("Linux {}, {cpus} vCPUs ({model})", kernel.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_texts() {
+        assert_eq!(
+            BW_RATES.map(rate_text),
+            ["10 Mbit/s", "100 Mbit/s", "1 Gbit/s"]
+        );
+        assert_eq!(rate_text(2_500_000), "2.5 Mbit/s");
+    }
 }

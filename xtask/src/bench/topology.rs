@@ -360,3 +360,158 @@ pub fn hostport_sluice(
     };
     hostport_node(tb, tag, n, list, HP_SIZES[i], false)
 }
+
+/// The limits of the bandwidth table, bits per second: one pod per limit on
+/// each bandwidth node, limited to it both ways.
+pub const BW_RATES: [u64; 3] = [10_000_000, 100_000_000, 1_000_000_000];
+/// Sluice's default burst for a rate without one (rate x 300 ms), given to the
+/// reference plugin explicitly (it requires bursts).
+pub const BW_BURST_MS: u64 = 300;
+
+/// A node with an uplink to an external host (which routes the pod subnet to
+/// the node) and one pod per `BW_RATES` limit, each with that limit on ingress
+/// and egress.
+pub struct BwSetup {
+    pub tag: String,
+    pub node: usize,
+    pub ext: usize,
+    pub ext_ip: String,
+    /// (namespace, address) of the pod of each `BW_RATES` limit.
+    pub pods: Vec<(usize, String)>,
+    pub list: Conflist,
+    pub attached: Vec<super::conflist::Attachment>,
+}
+
+/// The `runtimeConfig` of a pod limited to `rate` both ways, with bursts (the
+/// reference) or without (Sluice's default).
+fn bandwidth_runtime(rate: u64, bursts: bool) -> Value {
+    let mut b = json!({"ingressRate": rate, "egressRate": rate});
+    if bursts {
+        let burst = rate * BW_BURST_MS / 1000;
+        b["ingressBurst"] = json!(burst);
+        b["egressBurst"] = json!(burst);
+    }
+    json!({ "bandwidth": b })
+}
+
+fn bandwidth_node(
+    tb: &mut Testbed,
+    tag: &str,
+    n: u8,
+    list: Conflist,
+    bursts: bool,
+) -> Result<BwSetup> {
+    let node = tb.netns(&format!("{tag}-node"))?;
+    let ext = tb.netns(&format!("{tag}-ext"))?;
+    let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
+    tb.wire(
+        node,
+        "up0",
+        &format!("{node_ip}/24"),
+        ext,
+        "eth0",
+        &format!("{ext_ip}/24"),
+    )?;
+    tb.ns(node)
+        .ip(&["route", "add", "default", "via", &ext_ip])?;
+    tb.ns(ext)
+        .ip(&["route", "add", &format!("10.{n}.0.0/24"), "via", &node_ip])?;
+    let mut s = BwSetup {
+        tag: tag.to_string(),
+        node,
+        ext,
+        ext_ip,
+        pods: Vec::new(),
+        list,
+        attached: Vec::new(),
+    };
+    for (i, rate) in BW_RATES.iter().enumerate() {
+        let pod = tb.netns(&format!("{tag}-p{i}"))?;
+        let (a, _) = s.list.add(
+            &tb.ns(node).path(),
+            &format!("{tag}-p{i}"),
+            &tb.ns(pod).path(),
+            bandwidth_runtime(*rate, bursts),
+        )?;
+        let ip = a.result["ips"][0]["address"]
+            .as_str()
+            .context("ADD result without an address")?;
+        s.pods
+            .push((pod, ip.split('/').next().unwrap_or(ip).to_string()));
+        s.attached.push(a);
+    }
+    Ok(s)
+}
+
+/// bridge + host-local + the reference `bandwidth` plugin, chained as its users
+/// run them (`capabilities: {bandwidth: true}`). It puts a tbf qdisc on the
+/// host veth (ingress, i.e. into the pod) and redirects the host veth's
+/// ingress to an ifb device with a tbf qdisc (egress); all of it in the node
+/// namespace (the conflist runs every plugin from inside it), so the ifb goes
+/// with that namespace at the latest.
+pub fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
+    let (tag, n) = ("rbw", 91);
+    let list = Conflist {
+        name: format!("bench{tag}"),
+        cni_version: "1.0.0".into(),
+        plugins: vec![
+            (
+                "/usr/lib/cni/bridge".into(),
+                json!({
+                    "type": "bridge",
+                    "bridge": format!("br{tag}"),
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "subnet": format!("10.{n}.0.0/24"),
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": tb.dir.join(format!("{tag}-ipam")),
+                    },
+                }),
+            ),
+            (
+                "/usr/lib/cni/bandwidth".into(),
+                json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
+            ),
+        ],
+    };
+    bandwidth_node(tb, tag, n, list, true)
+}
+
+/// Sluice with `capabilities: {bandwidth: true}`, rates without bursts (its
+/// default burst, rate x 300 ms).
+pub fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSetup> {
+    let (tag, n) = ("sbw", 92);
+    let list = Conflist {
+        name: format!("bench{tag}"),
+        cni_version: "1.1.0".into(),
+        plugins: vec![(
+            bins.sluice.clone(),
+            json!({
+                "type": "sluice",
+                "capabilities": {"bandwidth": true},
+                "pinRoot": tb.pin_root(tag),
+                "stateDir": tb.dir.join(format!("{tag}-state")),
+                "ipam": {
+                    "type": "sluice",
+                    "subnet": format!("10.{n}.0.0/24"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": tb.dir.join(format!("{tag}-ipam")),
+                },
+            }),
+        )],
+    };
+    bandwidth_node(tb, tag, n, list, false)
+}
+
+/// DEL of every pod of a bandwidth node (the reference plugin removes its ifb
+/// and qdiscs); the namespaces go with the testbed.
+pub fn bandwidth_del(tb: &Testbed, s: &mut BwSetup) -> Result<()> {
+    for a in s.attached.drain(..).rev() {
+        s.list
+            .del(&tb.ns(s.node).path(), &a)
+            .with_context(|| format!("{}: DEL {}", s.tag, a.container_id))?;
+    }
+    Ok(())
+}
