@@ -814,11 +814,6 @@ fn a_failed_add_leaves_no_limits() {
 /// burst, 1400-byte datagrams 50 ms apart (the bucket refills in under 1 ms at
 /// 10 Mbit/s) all arrive.
 #[test]
-#[ignore = "plugin bug: a packet bigger than the burst passes only every other time however \
-            long the bucket idles: admit() (ebpf/sluice-ebpf/src/bandwidth.rs) caps the refill \
-            at fill_ns, i.e. `burst` tokens, but the previous oversized packet left the bucket \
-            at burst - len < 0, so it never gets back to full (1000-byte burst, 1400-byte \
-            datagrams 50 ms apart: 5 of 10 dropped, drop_bw_egress=5)"]
 fn a_packet_bigger_than_the_burst_passes_on_a_full_bucket() {
     let w = BwWorld::new("10.96.17.0/24").unwrap();
     let p = w.add(

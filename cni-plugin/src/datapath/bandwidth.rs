@@ -92,7 +92,8 @@ mod tests {
     fn bits_become_bytes_and_a_missing_burst_gets_the_default() {
         let b = bucket(Some(1_000_000_000), Some(8_000_000), 5);
         assert_eq!((b.rate, b.burst), (125_000_000, 1_000_000));
-        assert_eq!(b.fill_ns, 8_000_000);
+        // From MAX_DEFICIT below zero to full: (1e6 + 262144) B at 125e6 B/s.
+        assert_eq!(b.fill_ns, 10_097_152);
         assert_eq!((b.tokens, b.last_ns), (1_000_000, 5));
         // 1 Gbit/s: 300 ms is 37.5 MB.
         assert_eq!(bucket(Some(1_000_000_000), None, 0).burst, 37_500_000);
@@ -106,7 +107,12 @@ mod tests {
     fn extreme_values_do_not_overflow() {
         let b = bucket(Some(1), Some(u64::from(u32::MAX) * 8), 0);
         assert_eq!(b.rate, 1);
-        assert_eq!(b.fill_ns, u64::from(u32::MAX) * 1_000_000_000);
+        assert_eq!(
+            b.fill_ns,
+            (u64::from(u32::MAX) + sluice_common::bw_limits::MAX_DEFICIT) * 1_000_000_000
+        );
+        // The programs' `min(elapsed, fill_ns) * rate` fits in 64 bits.
+        assert!(u128::from(b.fill_ns) * u128::from(b.rate) < u128::from(u64::MAX));
         let b = bucket(Some(1_000_000_000_000), None, 0);
         assert_eq!(b.burst, u64::from(u32::MAX));
         assert!(u128::from(b.fill_ns) * u128::from(b.rate) < u128::from(u64::MAX));

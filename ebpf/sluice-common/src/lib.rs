@@ -436,9 +436,9 @@ pub struct HostPortConfig {
 }
 
 /// One direction's limit and its token bucket (bytes; `rate` 0: no limit).
-/// A packet passes while the bucket holds any token and takes its whole length
-/// (the bucket may go below zero), so a 64 KiB GSO packet is never stuck behind
-/// a smaller burst.
+/// A packet passes when the bucket holds its length in tokens; one bigger than
+/// the burst passes on a full bucket (which then goes below zero), so a 64 KiB
+/// GSO packet is never stuck behind a smaller burst.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Bucket {
@@ -446,8 +446,10 @@ pub struct Bucket {
     pub rate: u64,
     /// Bytes the bucket holds at most.
     pub burst: u64,
-    /// Nanoseconds to fill the bucket from empty (`burst / rate`): refills are
-    /// capped at it, which also keeps `elapsed * rate` from overflowing.
+    /// Nanoseconds to fill the bucket from its lowest (a packet bigger than the
+    /// burst leaves it at `burst - len`, at worst [`bw_limits::MAX_DEFICIT`]
+    /// below zero) to full: refills are capped at it, which also keeps
+    /// `elapsed * rate` from overflowing.
     pub fill_ns: u64,
     /// Tokens now (bytes), changed by the programs.
     pub tokens: i64,
@@ -475,6 +477,9 @@ pub mod bw_limits {
     pub const DEFAULT_BURST_NS: u64 = 300_000_000;
     /// Two 64 KiB GSO packets.
     pub const MIN_DEFAULT_BURST: u64 = 128 * 1024;
+    /// How far below zero a packet can take a bucket (a GSO packet up to 256 KiB,
+    /// BIG TCP included, passing a full bucket with a smaller burst).
+    pub const MAX_DEFICIT: u64 = 256 * 1024;
 }
 
 impl Bucket {
@@ -510,7 +515,8 @@ impl Bucket {
         Self {
             rate,
             burst,
-            fill_ns: (burst as u128 * 1_000_000_000 / rate as u128) as u64,
+            fill_ns: ((burst + bw_limits::MAX_DEFICIT) as u128 * 1_000_000_000 / rate as u128)
+                as u64,
             tokens: burst as i64,
             last_ns: now_ns,
             passed: 0,

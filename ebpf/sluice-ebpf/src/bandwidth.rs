@@ -14,10 +14,24 @@
 //! interval twice (capped at `burst`).
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{reason, Bucket};
 
 use crate::{counters::count, maps::BANDWIDTH};
+
+/// Headers each segment of a GSO packet carries on the wire: Ethernet, IPv4 and
+/// TCP with timestamps (14 + 20 + 32).
+const SEGMENT_HEADERS: u32 = 66;
+
+/// What a packet weighs on the wire: a GSO packet (`skb->len` counts one set of
+/// headers) is charged the headers of each segment it becomes, as a qdisc
+/// charges them (measured: 3.5% over the limit at 1 Gbit/s without this).
+#[inline(always)]
+pub fn wire_len(ctx: &TcContext) -> u32 {
+    // SAFETY: `skb` points at the context the kernel passed in.
+    let segs = unsafe { (*ctx.skb.skb).gso_segs };
+    ctx.len() + segs.saturating_sub(1) * SEGMENT_HEADERS
+}
 
 /// Whether a packet of `len` bytes may pass the limit of the pod on `ifindex`
 /// in one direction (`ingress`: to the pod). Counts what it drops.

@@ -71,7 +71,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
     endpoint::count_from_pod(ifindex, ctx.len());
     // The pod's egress limit, before anything else is spent on the packet.
-    if !bandwidth::admit(ifindex, ctx.len(), false) {
+    if !bandwidth::admit(ifindex, bandwidth::wire_len(&ctx), false) {
         return TC_ACT_SHOT;
     }
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
@@ -98,7 +98,12 @@ pub fn from_pod(ctx: TcContext) -> i32 {
             count(reason::PASS_TTL);
             return TCX_NEXT;
         }
-        return endpoint::deliver_tc(&h, ep, ctx.len(), reason::FROM_POD_TO_LOCAL_POD);
+        return endpoint::deliver_tc(
+            &h,
+            ep,
+            bandwidth::wire_len(&ctx),
+            reason::FROM_POD_TO_LOCAL_POD,
+        );
     }
     forward::forward(&ctx, &h, ifindex)
 }
@@ -108,7 +113,7 @@ pub fn to_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
-    if !bandwidth::admit(ifindex, ctx.len(), true) {
+    if !bandwidth::admit(ifindex, bandwidth::wire_len(&ctx), true) {
         return TC_ACT_SHOT;
     }
     endpoint::count_to_pod(ifindex, ctx.len());
@@ -141,7 +146,7 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep) if h.ttl() > 1 => {
             nat::note_inbound(&ctx, &h, ep.ifindex);
-            endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD)
+            endpoint::deliver_tc(&h, ep, bandwidth::wire_len(&ctx), reason::UPLINK_TO_POD)
         }
         Some(_) => {
             count(reason::PASS_TTL);

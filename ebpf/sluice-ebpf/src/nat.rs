@@ -826,7 +826,12 @@ pub(crate) fn deliver(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
     };
     // SAFETY: map values are only read.
     match unsafe { ENDPOINTS.get(IpKey::v4(pod_ip)) } {
-        Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(&h, ep, ctx.len(), reason::UPLINK_TO_POD),
+        Some(ep) if h.ttl() > 1 => endpoint::deliver_tc(
+            &h,
+            ep,
+            crate::bandwidth::wire_len(ctx),
+            reason::UPLINK_TO_POD,
+        ),
         _ => TCX_NEXT,
     }
 }
