@@ -47,6 +47,14 @@ pub enum Command {
     /// Per-pod bandwidth limits: list, get, set (live).
     #[command(subcommand)]
     Bandwidth(BandwidthCommand),
+    /// Print a shell completion script (e.g. `sluicectl completions bash >
+    /// /etc/bash_completion.d/sluicectl`).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args)]
+pub struct CompletionsArgs {
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Subcommand)]
@@ -219,4 +227,44 @@ pub struct EndpointsArgs {
     /// Only this pod address.
     #[arg(long)]
     pub ip: Option<std::net::IpAddr>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completions_cover_every_subcommand() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "sluicectl",
+            &mut out,
+        );
+        let script = String::from_utf8(out).unwrap();
+        for sub in [
+            "status",
+            "endpoints",
+            "counters",
+            "datapath",
+            "nat",
+            "ports",
+            "bandwidth",
+            "completions",
+        ] {
+            assert!(
+                script.contains(sub),
+                "{sub} missing from the bash completions"
+            );
+        }
+        assert!(script.contains("--egress-rate") && script.contains("--host-port"));
+    }
 }

@@ -38,6 +38,16 @@ fn main() -> ExitCode {
         args::Command::Nat(c) => nat::execute(&cli.target, c),
         args::Command::Ports(c) => ports::execute(&cli.target, c),
         args::Command::Bandwidth(c) => bandwidth::execute(&cli.target, c),
+        args::Command::Completions(a) => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                a.shell,
+                &mut args::Cli::command(),
+                "sluicectl",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
