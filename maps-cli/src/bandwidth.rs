@@ -170,7 +170,7 @@ fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
         .find(|(i, _)| *i == ifindex)
         .map(|(_, s)| s)
         .unwrap_or_default();
-    let now = crate::nat::monotonic_ns();
+    let now = sluice_common::user::monotonic_ns();
     let mut new = old;
     if changes_egress {
         new.egress = Bucket::from_bits(a.egress_rate, a.egress_burst, now);

@@ -19,15 +19,6 @@ pub fn execute(t: &Target, c: &NatCommand) -> Result<()> {
     }
 }
 
-fn proto_name(p: u8) -> &'static str {
-    match p {
-        6 => "tcp",
-        17 => "udp",
-        1 => "icmp",
-        _ => "?",
-    }
-}
-
 fn state_name(s: u8) -> &'static str {
     match s {
         nat_state::TCP_SYN => "syn-sent",
@@ -44,14 +35,9 @@ fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
     if let Ok(ip) = pod.parse::<Ipv4Addr>() {
         return Ok(vec![ip.octets()]);
     }
-    let ips: Vec<[u8; 4]> = dp
-        .endpoints()?
+    let eps = dp.endpoints()?;
+    let ips: Vec<[u8; 4]> = crate::ports::pod_endpoints(&eps, pod)
         .into_iter()
-        .filter(|r| {
-            r.owner
-                .as_ref()
-                .is_some_and(|o| table::text(&o.container_id).starts_with(pod))
-        })
         .filter_map(|r| match r.ip {
             std::net::IpAddr::V4(v4) => Some(v4.octets()),
             std::net::IpAddr::V6(_) => None,
@@ -90,10 +76,14 @@ fn origin(e: &NatEntry) -> &'static str {
 }
 
 fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
-    let now = monotonic_ns();
+    let now = sluice_common::user::monotonic_ns();
     let flows: Vec<(NatKey, NatEntry)> = selected(dp, a.pod.as_deref())?
         .into_iter()
-        .filter(|(k, _)| a.proto.as_deref().is_none_or(|p| p == proto_name(k.proto)))
+        .filter(|(k, _)| {
+            a.proto
+                .as_deref()
+                .is_none_or(|p| p == table::proto_name(k.proto))
+        })
         .filter(|(k, _)| a.dst.is_none_or(|d| d.octets() == k.dst_ip))
         .collect();
     let idle = |e: &NatEntry| now.saturating_sub(e.last_seen_ns) / 1_000_000_000;
@@ -102,7 +92,7 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
             .iter()
             .map(|(k, e)| {
                 json!({
-                    "proto": proto_name(k.proto),
+                    "proto": table::proto_name(k.proto),
                     "podIp": Ipv4Addr::from(k.src_ip).to_string(),
                     "podPort": u16::from_be(k.src_port),
                     "natIp": Ipv4Addr::from(e.nat_addr).to_string(),
@@ -123,7 +113,7 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
         .iter()
         .map(|(k, e)| {
             vec![
-                proto_name(k.proto).to_string(),
+                table::proto_name(k.proto).to_string(),
                 format!("{}:{}", Ipv4Addr::from(k.src_ip), u16::from_be(k.src_port)),
                 if e.flags & nat_flags::INBOUND != 0 {
                     "-".to_string()
@@ -167,15 +157,4 @@ fn flush(dp: &Datapath, a: &NatFlushArgs) -> Result<()> {
         None => println!("deleted {n} masqueraded flows"),
     }
     Ok(())
-}
-
-/// CLOCK_MONOTONIC in ns, the clock the programs stamp flows with.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }

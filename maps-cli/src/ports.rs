@@ -28,15 +28,6 @@ fn proto_number(p: &str) -> u8 {
     }
 }
 
-fn proto_name(p: u8) -> &'static str {
-    match p {
-        6 => "tcp",
-        17 => "udp",
-        132 => "sctp",
-        _ => "?",
-    }
-}
-
 /// `*:8080/tcp` or `192.168.1.5:8080/tcp`.
 fn host(k: &PortKey) -> String {
     let ip = if k.host_ip == [0; 4] {
@@ -44,7 +35,11 @@ fn host(k: &PortKey) -> String {
     } else {
         Ipv4Addr::from(k.host_ip).to_string()
     };
-    format!("{ip}:{}/{}", u16::from_be(k.host_port), proto_name(k.proto))
+    format!(
+        "{ip}:{}/{}",
+        u16::from_be(k.host_port),
+        table::proto_name(k.proto)
+    )
 }
 
 fn target(t: &PortTarget) -> String {
@@ -112,7 +107,11 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
                 .is_none_or(|v| v.contains(&t.pod_ifindex))
         })
         .filter(|(k, _)| a.port.is_none_or(|p| u16::from_be(k.host_port) == p))
-        .filter(|(k, _)| a.proto.as_deref().is_none_or(|p| p == proto_name(k.proto)))
+        .filter(|(k, _)| {
+            a.proto
+                .as_deref()
+                .is_none_or(|p| p == table::proto_name(k.proto))
+        })
         .collect();
     if a.json {
         let v: Vec<Value> = rows
@@ -122,7 +121,7 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
                 json!({
                     "hostIp": Ipv4Addr::from(k.host_ip).to_string(),
                     "hostPort": u16::from_be(k.host_port),
-                    "protocol": proto_name(k.proto),
+                    "protocol": table::proto_name(k.proto),
                     "podIp": Ipv4Addr::from(t.pod_ip).to_string(),
                     "containerPort": u16::from_be(t.pod_port),
                     "containerId": o.map(|o| table::text(&o.container_id)),
@@ -139,7 +138,7 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
         .map(|(k, t)| {
             let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
             vec![
-                proto_name(k.proto).to_string(),
+                table::proto_name(k.proto).to_string(),
                 host(k),
                 target(t),
                 o.map_or("-".into(), |o| {

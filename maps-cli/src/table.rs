@@ -41,6 +41,17 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(sluice_common::from_cbuf(b)).into_owned()
 }
 
+/// An IP protocol number as the CLI names it (`--proto` values, JSON).
+pub fn proto_name(p: u8) -> &'static str {
+    match p {
+        1 => "icmp",
+        6 => "tcp",
+        17 => "udp",
+        132 => "sctp",
+        _ => "?",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -174,33 +174,62 @@ fn run_cni(
     ifname: &str,
     pod: Option<&Netns>,
 ) -> Result<Value> {
+    let netns = pod.map(Netns::path);
+    run_plugin(
+        &mut cni.node.command(cni.plugin),
+        &PluginRun {
+            plugin: cni.plugin,
+            command,
+            conf,
+            container_id,
+            ifname,
+            cni_path: cni.cni_path,
+            netns: netns.as_deref(),
+        },
+    )
+}
+
+/// What a plugin run gets: the CNI environment and its config.
+pub struct PluginRun<'a> {
+    /// The plugin binary (named in errors).
+    pub plugin: &'a Path,
+    pub command: &'a str,
+    pub conf: &'a Value,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    pub cni_path: &'a str,
+    pub netns: Option<&'a Path>,
+}
+
+/// Runs the plugin `c` executes (directly, or through nsenter) with the CNI
+/// environment of `r` and its config on stdin. Returns the parsed stdout (Null
+/// when empty); a non-zero exit is an error carrying the plugin's CNI error.
+pub fn run_plugin(c: &mut Command, r: &PluginRun<'_>) -> Result<Value> {
     use std::io::Write;
-    let (plugin, cni_path) = (cni.plugin, cni.cni_path);
-    let mut c = cni.node.command(plugin);
     c.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container_id)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", cni_path)
+        .env("CNI_COMMAND", r.command)
+        .env("CNI_CONTAINERID", r.container_id)
+        .env("CNI_IFNAME", r.ifname)
+        .env("CNI_PATH", r.cni_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(p) = pod {
-        c.env("CNI_NETNS", p.path());
+    if let Some(p) = r.netns {
+        c.env("CNI_NETNS", p);
     }
-    let mut child = c
-        .spawn()
-        .with_context(|| format!("starting {}", plugin.display()))?;
+    let what = r.plugin.display();
+    let mut child = c.spawn().with_context(|| format!("starting {what}"))?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(conf.to_string().as_bytes())?;
+        stdin.write_all(r.conf.to_string().as_bytes())?;
     }
     let out = child.wait_with_output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
-            "{} {command} for {container_id} failed: {} {}",
-            plugin.display(),
+            "{what} {} for {} failed: {} {}",
+            r.command,
+            r.container_id,
             text.trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -208,7 +237,7 @@ fn run_cni(
     if text.trim().is_empty() {
         return Ok(Value::Null);
     }
-    serde_json::from_str(&text).with_context(|| format!("parsing {command} result {text}"))
+    serde_json::from_str(&text).with_context(|| format!("parsing {} result {text}", r.command))
 }
 
 /// A background process (a server), killed on drop.

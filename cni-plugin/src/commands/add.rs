@@ -2,7 +2,6 @@
 //! datapath, record what was made, print the result. Any failure after the
 //! preconditions undoes everything this ADD made (and, per spec section 4, runs
 //! DEL on a delegated IPAM plugin).
-use std::net::IpAddr;
 
 use serde_json::Value;
 
@@ -218,14 +217,10 @@ async fn add_steps(
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
     let masq = masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, &ipam_result.ips).await?;
-    let pod_v4 = ips.iter().find_map(|ip| match ip {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    });
     let ports = hostport::entries(
         &conf.runtime.port_mappings,
         PORT_MAPPINGS,
-        pod_v4,
+        hostport::first_v4(&ips),
         pair.host.index,
     )?;
     let node_addrs = if ports.is_empty() {

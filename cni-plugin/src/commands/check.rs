@@ -120,14 +120,10 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         xdp_ready: false,
         attach: conf.pod_attach,
     })?;
-    let pod_v4 = ips.iter().find_map(|ip| match ip {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    });
     let ports = hostport::entries(
         &conf.runtime.port_mappings,
         crate::commands::add::PORT_MAPPINGS,
-        pod_v4,
+        hostport::first_v4(&ips),
         host_link.index,
     )?;
     dp.check_ports(&ports)?;

@@ -22,17 +22,6 @@ pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
     }
 }
 
-/// CLOCK_MONOTONIC in ns, the programs' clock (`bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn map(maps_dir: &Path) -> Result<HashMap<MapData, u32, BwState>, Error> {
     HashMap::try_from(open_map(maps_dir, map_names::BANDWIDTH)?)
         .map_err(|e| dp_err("open sl_bw", e))
@@ -41,7 +30,7 @@ fn map(maps_dir: &Path) -> Result<HashMap<MapData, u32, BwState>, Error> {
 /// Sets the limits of the pod on host veth `ifindex` (next packet on).
 pub fn write(maps_dir: &Path, ifindex: u32, bw: &Bandwidth) -> Result<(), Error> {
     map(maps_dir)?
-        .insert(ifindex, state(bw, monotonic_ns()), 0)
+        .insert(ifindex, state(bw, sluice_common::user::monotonic_ns()), 0)
         .map_err(|e| dp_err(format!("write sl_bw for ifindex {ifindex}"), e))
 }
 

@@ -347,50 +347,57 @@ pub fn load_and_pin(
     )
 }
 
-/// Points the pinned link at program `prog_fd` in place (BPF_LINK_UPDATE; aya
-/// has no update for cgroup links).
-fn update_link(link_path: &Path, prog_fd: std::os::fd::RawFd) -> Result<(), Error> {
-    use std::os::unix::ffi::OsStrExt;
-    const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_LINK_UPDATE: libc::c_long = 29;
-    let c = std::ffi::CString::new(link_path.as_os_str().as_bytes())
-        .map_err(|e| dp_err(format!("update {}", link_path.display()), e))?;
-    let mut get = [0u64; 16];
-    get[0] = c.as_ptr() as u64;
-    // SAFETY: a valid, zeroed bpf_attr and a NUL-terminated path that outlives it.
-    let link_fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            get.as_mut_ptr(),
-            std::mem::size_of_val(&get),
-        )
-    };
-    if link_fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(dp_err(
-            format!("open pinned link {}", link_path.display()),
-            e,
-        ));
-    }
-    // SAFETY: BPF_OBJ_GET returned a new fd that only this owns.
-    let link_fd =
-        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(link_fd as i32) };
-    // union bpf_attr, link_update: link_fd, new_prog_fd, flags, old_prog_fd (u32 each).
-    let mut attr = [0u32; 16];
-    attr[0] = link_fd.as_raw_fd() as u32;
-    attr[1] = prog_fd as u32;
-    // SAFETY: a valid, zeroed bpf_attr of the right size; both fds are live.
+/// bpf(2) with a zeroed `union bpf_attr` whose leading words are `words`
+/// (aya does not expose the link commands Sluice needs).
+fn bpf_cmd(cmd: libc::c_long, words: &[u64]) -> std::io::Result<i64> {
+    let mut attr = [0u64; 16];
+    attr[..words.len()].copy_from_slice(words);
+    // SAFETY: a valid bpf_attr of the size passed; any pointer in `words` is the
+    // caller's and outlives the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
-            BPF_LINK_UPDATE,
+            cmd,
             attr.as_mut_ptr(),
             std::mem::size_of_val(&attr),
         )
     };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// One attr word holding two `__u32` fields in memory order.
+fn u32_pair(first: u32, second: u32) -> u64 {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&first.to_ne_bytes());
+    b[4..].copy_from_slice(&second.to_ne_bytes());
+    u64::from_ne_bytes(b)
+}
+
+/// A new fd of the BPF object pinned at `path` (BPF_OBJ_GET).
+fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| dp_err(format!("open pin {}", path.display()), e))?;
+    // `pathname` is the first word of the attr.
+    let fd = bpf_cmd(BPF_OBJ_GET, &[c.as_ptr() as u64])
+        .map_err(|e| dp_err(format!("open pin {}", path.display()), e))?;
+    // SAFETY: BPF_OBJ_GET returned a new fd that only this owns.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Points the pinned link at program `prog_fd` in place (BPF_LINK_UPDATE; aya
+/// has no update for cgroup links).
+fn update_link(link_path: &Path, prog_fd: std::os::fd::RawFd) -> Result<(), Error> {
+    const BPF_LINK_UPDATE: libc::c_long = 29;
+    let link_fd = obj_get(link_path)?;
+    // link_update: link_fd, new_prog_fd (u32 each, in the first word).
+    let word = u32_pair(link_fd.as_raw_fd() as u32, prog_fd as u32);
+    if let Err(e) = bpf_cmd(BPF_LINK_UPDATE, &[word]) {
         return drop_dead_link(link_path, &e);
     }
     Ok(())
@@ -619,35 +626,18 @@ pub enum XdpAttached {
 /// old one still there (tcx: EEXIST, XDP: EBUSY). aya does not expose the link fd
 /// or BPF_LINK_DETACH, hence the two raw bpf(2) calls.
 fn detach_pinned_link(path: &Path) -> Result<(), Error> {
-    use std::os::unix::ffi::OsStrExt;
-    const BPF_OBJ_GET: libc::c_long = 7;
     const BPF_LINK_DETACH: libc::c_long = 34;
     if !path.exists() {
         return Ok(());
     }
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| dp_err(format!("detach {}", path.display()), e))?;
-    // union bpf_attr, zeroed: `pathname` first for BPF_OBJ_GET, `link_fd` first
-    // for BPF_LINK_DETACH.
-    let mut attr = [0u64; 16];
-    attr[0] = c.as_ptr() as u64;
-    let size = std::mem::size_of_val(&attr) as libc::c_long;
-    // SAFETY: a valid, zeroed bpf_attr and a NUL-terminated path that outlives it.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_mut_ptr(), size) };
-    if fd >= 0 {
-        let mut attr = [0u64; 16];
-        attr[0] = fd as u64;
-        // SAFETY: as above; the fd is ours and closed right after.
-        let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, attr.as_mut_ptr(), size) };
-        if rc != 0 {
+    if let Ok(fd) = obj_get(path) {
+        // `link_fd` is the first word of the attr.
+        if let Err(e) = bpf_cmd(BPF_LINK_DETACH, &[u32_pair(fd.as_raw_fd() as u32, 0)]) {
             eprintln!(
-                "sluice: BPF_LINK_DETACH of {} failed ({}); the pin's removal releases it",
-                path.display(),
-                std::io::Error::last_os_error()
+                "sluice: BPF_LINK_DETACH of {} failed ({e}); the pin's removal releases it",
+                path.display()
             );
         }
-        // SAFETY: closing the fd BPF_OBJ_GET returned.
-        unsafe { libc::close(fd as libc::c_int) };
     }
     unpin(path)
 }

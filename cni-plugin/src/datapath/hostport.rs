@@ -82,6 +82,14 @@ fn describe_target(t: &PortTarget) -> String {
     format!("{}:{}", Ipv4Addr::from(t.pod_ip), u16::from_be(t.pod_port))
 }
 
+/// A pod's first IPv4 address: where its hostPorts lead.
+pub fn first_v4(ips: &[IpAddr]) -> Option<Ipv4Addr> {
+    ips.iter().find_map(|ip| match ip {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
+}
+
 /// The map entries for a pod's `portMappings` (`key` names the list in errors).
 /// IPv4 only; SCTP keeps its port (its CRC32c covers the ports, RFC 4960 6.8,
 /// and cannot be updated incrementally).

@@ -780,6 +780,19 @@ pub mod user {
         Ok(cookie)
     }
 
+    /// CLOCK_MONOTONIC in ns: the programs' clock (`bpf_ktime_get_ns`), with
+    /// which flows and token buckets are stamped.
+    pub fn monotonic_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    }
+
     /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on a unified
     /// system, `/sys/fs/cgroup/unified` on a hybrid (v1 + v2) one. Socket hooks
     /// attach to v2 cgroups only.

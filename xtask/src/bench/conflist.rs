@@ -7,13 +7,12 @@
 //! that namespace runs it), so whatever a plugin changes (links, iptables,
 //! sysctls) is the node namespace's, and the timed path has no nsenter in it.
 use std::{
-    io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Instant,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{Map, Value};
 
 pub struct Conflist {
@@ -114,36 +113,18 @@ fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> Result<T> + Send) -> Result<
     })
 }
 
-/// One plugin run: the CNI environment, `conf` on stdin, the parsed stdout.
+/// One plugin run, from the calling thread (already in the node namespace).
 fn exec(plugin: &Path, command: &str, conf: &Value, cid: &str, netns: &Path) -> Result<Value> {
-    let mut child = Command::new(plugin)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", plugin.display()))?;
-    if let Some(mut s) = child.stdin.take() {
-        s.write_all(conf.to_string().as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "{} {command} {cid} failed: {} {}",
-            plugin.display(),
-            text.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    if text.trim().is_empty() {
-        return Ok(Value::Null);
-    }
-    serde_json::from_str(&text).with_context(|| format!("parsing {command} result {text}"))
+    crate::testbed::run_plugin(
+        &mut Command::new(plugin),
+        &crate::testbed::PluginRun {
+            plugin,
+            command,
+            conf,
+            container_id: cid,
+            ifname: "eth0",
+            cni_path: "/usr/lib/cni",
+            netns: Some(netns),
+        },
+    )
 }
