@@ -5,15 +5,16 @@
 //! - `sluice datapath version [--pin-root P]`: the embedded object's hash, and the
 //!   pinned one's if a pin root is given;
 //! - `sluice datapath reload --pin-root P`: load this binary's programs and move
-//!   every pinned link to them atomically, keeping the maps.
+//!   every pinned link to them atomically, keeping the maps;
+//! - `sluice datapath detach-all --pin-root P`: take every program off its hook
+//!   (pods, uplink, socket hooks, sweeper), keeping maps and programs pinned.
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
 use crate::{datapath::Datapath, error::Error};
 
-const USAGE: &str =
-    "usage: sluice datapath version [--pin-root DIR] | sluice datapath reload --pin-root DIR";
+const USAGE: &str = "usage: sluice datapath version [--pin-root DIR] | sluice datapath reload --pin-root DIR | sluice datapath detach-all --pin-root DIR";
 
 /// Runs a maintenance command; `args` excludes the program name.
 pub fn run(args: &[String]) -> Result<Value, Error> {
@@ -50,7 +51,14 @@ pub fn run(args: &[String]) -> Result<Value, Error> {
             dp.reload()?;
             Ok(json!({ "before": before, "after": pinned(&dp)? }))
         }
-        ("reload", None) => Err(bad("reload needs --pin-root")),
+        ("detach-all", Some(root)) => {
+            let dp = Datapath::new(&root);
+            if dp.meta()?.is_none() {
+                return Err(bad("no datapath is loaded at that pin root"));
+            }
+            Ok(json!({ "detached": dp.detach_all()? }))
+        }
+        ("reload" | "detach-all", None) => Err(bad("this command needs --pin-root")),
         _ => Err(bad("unknown datapath command")),
     }
 }

@@ -33,9 +33,14 @@ pub enum Command {
     Status(JsonArgs),
     /// List pod endpoints with their packet and byte counters.
     Endpoints(EndpointsArgs),
-    /// Per-reason packet counters of the node (summed over CPUs).
-    Counters(JsonArgs),
-    /// The loaded programs: version, reload.
+    /// Per-reason packet counters of the node, and per endpoint: packets and
+    /// bytes each way plus drops by reason (summed over CPUs); `--watch` refreshes.
+    Counters(CountersArgs),
+    /// Stream datapath events: drops with their reason, new masquerade and
+    /// hostPort flows, and the programs' debug lines when the network config has
+    /// `"debug": true`. Runs until Ctrl-C, `--count` or `--duration`.
+    Monitor(MonitorArgs),
+    /// The loaded programs: version, reload, detach-all.
     #[command(subcommand)]
     Datapath(DatapathCommand),
     /// Masqueraded flows: list, flush.
@@ -50,6 +55,61 @@ pub enum Command {
     /// Print a shell completion script (e.g. `sluicectl completions bash >
     /// /etc/bash_completion.d/sluicectl`).
     Completions(CompletionsArgs),
+}
+
+#[derive(Args)]
+pub struct CountersArgs {
+    /// Print JSON (stable field names) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Only this pod's endpoint rows (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only the node-wide counters.
+    #[arg(long, conflicts_with = "pod")]
+    pub node: bool,
+    /// Show every reason, also those still at zero.
+    #[arg(long)]
+    pub all: bool,
+    /// Refresh every SECONDS (default 1), showing what changed since the last
+    /// refresh; stops on Ctrl-C or after --count refreshes.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1",
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub watch: Option<u64>,
+    /// With --watch: stop after this many refreshes.
+    #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct MonitorArgs {
+    /// Print one JSON object per line (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Only events of these types (repeatable).
+    #[arg(long = "type", value_name = "TYPE", value_parser = ["drop", "nat", "hostport", "debug"])]
+    pub types: Vec<String>,
+    /// Only events of this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only events with this address as source, destination or NAT address.
+    #[arg(long)]
+    pub ip: Option<std::net::IpAddr>,
+    /// Only events with this port on either side (or as the NAT port).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Only this protocol.
+    #[arg(long, value_parser = ["tcp", "udp", "icmp", "sctp"])]
+    pub proto: Option<String>,
+    /// Only drops with this reason (a name from `sluicectl counters --all`).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Stop after this many events.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub duration: Option<u64>,
 }
 
 #[derive(Args)]
@@ -206,6 +266,21 @@ pub enum DatapathCommand {
     /// Load the programs a `sluice` binary embeds and move every attachment to them
     /// atomically, keeping the maps (what the next ADD does after an upgrade).
     Reload(SluiceBin),
+    /// Take every program off its hook: the pods' tc programs, the uplink's tc
+    /// and XDP programs, the hostPort socket hooks and the NAT sweeper. Maps and
+    /// programs stay pinned, and pods keep plain kernel routing (without
+    /// masquerade, hostPorts or bandwidth limits). The next ADD attaches the
+    /// uplink again; `sluicectl datapath reload` does not re-attach pods.
+    DetachAll(DetachAllArgs),
+}
+
+#[derive(Args)]
+pub struct DetachAllArgs {
+    #[command(flatten)]
+    pub sluice: SluiceBin,
+    /// Confirm: without it, only say what would be detached.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Args)]

@@ -6,13 +6,13 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::SchedClassifier,
 };
 use sluice_common::{
     map_names, nat_flags, pin_dirs, reason, BwState, DatapathMeta, Endpoint, EndpointInfo,
-    EndpointStats, HostPortConfig, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
-    PortKey, PortTarget, DEFAULT_PIN_BASE, LAYOUT_VERSION,
+    EndpointStats, EpDropKey, HostPortConfig, IpKey, MasqConfig, NatEntry, NatKey, NatRev,
+    NodeConfig, PortKey, PortTarget, DEFAULT_PIN_BASE, LAYOUT_VERSION,
 };
 
 use crate::args::Target;
@@ -206,6 +206,49 @@ impl Datapath {
                 Ok((*name, v.iter().sum()))
             })
             .collect()
+    }
+
+    /// Drops per (endpoint, reason), summed over CPUs; empty for a datapath
+    /// loaded before the map existed.
+    pub fn endpoint_drops(&self) -> Result<Vec<(EpDropKey, u64)>> {
+        if !self.has_map(map_names::EP_DROPS) {
+            return Ok(Vec::new());
+        }
+        let m: PerCpuHashMap<MapData, EpDropKey, u64> =
+            PerCpuHashMap::try_from(self.map(map_names::EP_DROPS)?)?;
+        let mut v: Vec<(EpDropKey, u64)> = m
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| (k, per_cpu.iter().sum()))
+            .collect();
+        v.sort_by_key(|(k, _)| (k.ifindex, k.reason));
+        Ok(v)
+    }
+
+    fn has_map(&self, name: &str) -> bool {
+        self.pin_root.join(pin_dirs::MAPS).join(name).exists()
+    }
+
+    /// The event ring buffer (one reader at a time gets each event).
+    pub fn events(&self) -> Result<RingBuf<MapData>> {
+        if !self.has_map(map_names::EVENTS) {
+            bail!(
+                "the datapath at {} has no event ring buffer (loaded by an older sluice); `sluicectl datapath reload` with the installed sluice adds it",
+                self.pin_root.display()
+            );
+        }
+        Ok(RingBuf::try_from(self.map(map_names::EVENTS)?)?)
+    }
+
+    pub fn monitor_slot(&self, slot: u32) -> Result<u64> {
+        let arr: Array<MapData, u64> = Array::try_from(self.map(map_names::MONITOR)?)?;
+        Ok(arr.get(&slot, 0)?)
+    }
+
+    pub fn set_monitor_slot(&self, slot: u32, v: u64) -> Result<()> {
+        let mut arr: Array<MapData, u64> = Array::try_from(self.map(map_names::MONITOR)?)?;
+        arr.set(slot, v, 0)?;
+        Ok(())
     }
 
     /// Names of the pins in `sub` (`progs` or `links`).

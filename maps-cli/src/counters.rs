@@ -1,27 +1,237 @@
-//! `sluicectl counters`: why packets were redirected, passed or dropped.
-use anyhow::Result;
-use serde_json::{Map, Value};
+//! `sluicectl counters`: why packets were redirected, passed or dropped — for
+//! the node (every reason) and per endpoint (packets and bytes each way, drops
+//! by reason). `--watch` refreshes and shows what changed.
+use std::{collections::BTreeMap, io::IsTerminal, time::Duration};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
+use sluice_common::reason;
 
 use crate::{
-    args::{JsonArgs, Target},
+    args::{CountersArgs, Target},
     bpf::Datapath,
-    table,
+    ports::pod_endpoints,
+    signals, table,
 };
 
-pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
-    let counters = Datapath::open(t)?.counters()?;
-    if a.json {
-        let m: Map<String, Value> = counters
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), Value::from(*v)))
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&m)?);
-    } else {
-        let rows: Vec<Vec<String>> = counters
-            .iter()
-            .map(|(k, v)| vec![(*k).to_string(), v.to_string()])
-            .collect();
-        print!("{}", table::render(&["REASON", "PACKETS"], &rows));
+/// One pod interface: its addresses, owner, traffic and drops.
+#[derive(Clone, Default)]
+struct EndpointCounters {
+    ifindex: u32,
+    host_ifname: String,
+    container_id: String,
+    ifname: String,
+    ips: Vec<String>,
+    sent: (u64, u64),
+    received: (u64, u64),
+    drops: BTreeMap<&'static str, u64>,
+}
+
+struct Reading {
+    node: Vec<(&'static str, u64)>,
+    endpoints: Vec<EndpointCounters>,
+}
+
+pub fn execute(t: &Target, a: &CountersArgs) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    let Some(every) = a.watch else {
+        let r = read(&dp, a)?;
+        return print(&r, None, a);
+    };
+    signals::install();
+    let mut last: Option<Reading> = None;
+    let mut n = 0;
+    loop {
+        let r = read(&dp, a)?;
+        if !a.json && std::io::stdout().is_terminal() {
+            // Clear the screen and go home, like watch(1).
+            print!("\x1b[2J\x1b[H");
+        }
+        print(&r, last.as_ref(), a)?;
+        last = Some(r);
+        n += 1;
+        if a.count.is_some_and(|c| n >= c) || signals::sleep(Duration::from_secs(every)) {
+            return Ok(());
+        }
+        if !a.json {
+            println!();
+        }
     }
+}
+
+fn read(dp: &Datapath, a: &CountersArgs) -> Result<Reading> {
+    let node = dp.counters()?;
+    if a.node {
+        return Ok(Reading {
+            node,
+            endpoints: Vec::new(),
+        });
+    }
+    let rows = dp.endpoints()?;
+    let selected = match &a.pod {
+        Some(p) => {
+            let v = pod_endpoints(&rows, p);
+            if v.is_empty() {
+                bail!("no pod with address or container id {p:?} on this datapath");
+            }
+            v
+        }
+        None => rows.iter().collect(),
+    };
+    let mut by_if: BTreeMap<u32, EndpointCounters> = BTreeMap::new();
+    for r in selected {
+        let e = by_if
+            .entry(r.endpoint.ifindex)
+            .or_insert_with(|| EndpointCounters {
+                ifindex: r.endpoint.ifindex,
+                host_ifname: r
+                    .owner
+                    .as_ref()
+                    .map(|o| table::text(&o.host_ifname))
+                    .unwrap_or_default(),
+                container_id: r
+                    .owner
+                    .as_ref()
+                    .map(|o| table::text(&o.container_id))
+                    .unwrap_or_default(),
+                ifname: r
+                    .owner
+                    .as_ref()
+                    .map(|o| table::text(&o.ifname))
+                    .unwrap_or_default(),
+                sent: (r.stats.from_pod_packets, r.stats.from_pod_bytes),
+                received: (r.stats.to_pod_packets, r.stats.to_pod_bytes),
+                ..Default::default()
+            });
+        e.ips.push(r.ip.to_string());
+    }
+    for (k, n) in dp.endpoint_drops()? {
+        if let (Some(e), Some(name)) = (by_if.get_mut(&k.ifindex), reason_name(k.reason)) {
+            *e.drops.entry(name).or_default() += n;
+        }
+    }
+    Ok(Reading {
+        node,
+        endpoints: by_if.into_values().collect(),
+    })
+}
+
+fn reason_name(r: u32) -> Option<&'static str> {
+    reason::NAMES.get(r as usize).copied()
+}
+
+fn to_json(r: &Reading, a: &CountersArgs) -> Value {
+    let node: Map<String, Value> = r
+        .node
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect();
+    if a.node {
+        return json!({ "node": node });
+    }
+    let eps: Vec<Value> = r
+        .endpoints
+        .iter()
+        .map(|e| {
+            json!({
+                "ifindex": e.ifindex,
+                "hostIfname": e.host_ifname,
+                "containerId": e.container_id,
+                "ifname": e.ifname,
+                "ips": e.ips,
+                "sent": { "packets": e.sent.0, "bytes": e.sent.1 },
+                "received": { "packets": e.received.0, "bytes": e.received.1 },
+                "drops": e.drops,
+            })
+        })
+        .collect();
+    json!({ "node": node, "endpoints": eps })
+}
+
+fn print(r: &Reading, last: Option<&Reading>, a: &CountersArgs) -> Result<()> {
+    if a.json {
+        let v = to_json(r, a);
+        // --watch: one object per line, so a script can read refreshes as a stream.
+        if a.watch.is_some() {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        return Ok(());
+    }
+    let delta = |now: u64, before: Option<u64>| match before {
+        Some(b) if now >= b => format!("+{}", now - b),
+        _ => String::new(),
+    };
+    let rows: Vec<Vec<String>> = r
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, v))| a.all || *v > 0)
+        .map(|(i, (k, v))| {
+            let before = last.and_then(|l| l.node.get(i)).map(|(_, b)| *b);
+            vec![(*k).to_string(), v.to_string(), delta(*v, before)]
+        })
+        .collect();
+    let header: &[&str] = if last.is_some() {
+        &["NODE REASON", "PACKETS", "CHANGE"]
+    } else {
+        &["NODE REASON", "PACKETS"]
+    };
+    print!("{}", table::render(header, &rows));
+    if a.node {
+        return Ok(());
+    }
+    println!();
+    let rows: Vec<Vec<String>> = r
+        .endpoints
+        .iter()
+        .map(|e| {
+            let before = last.and_then(|l| l.endpoints.iter().find(|b| b.ifindex == e.ifindex));
+            let drops: Vec<String> = e
+                .drops
+                .iter()
+                .map(|(k, v)| {
+                    let d = before.and_then(|b| b.drops.get(k).copied()).unwrap_or(0);
+                    match before {
+                        Some(_) if *v > d => format!("{k}={v}(+{})", v - d),
+                        _ => format!("{k}={v}"),
+                    }
+                })
+                .collect();
+            let pair = |now: (u64, u64), b: Option<(u64, u64)>| match b {
+                Some(b) if now.0 > b.0 => format!("{}/{} (+{})", now.0, now.1, now.0 - b.0),
+                _ => format!("{}/{}", now.0, now.1),
+            };
+            vec![
+                table::short_id(&e.container_id),
+                e.ifname.clone(),
+                e.host_ifname.clone(),
+                e.ips.join(","),
+                pair(e.sent, before.map(|b| b.sent)),
+                pair(e.received, before.map(|b| b.received)),
+                if drops.is_empty() {
+                    "-".into()
+                } else {
+                    drops.join(" ")
+                },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "CONTAINER",
+                "IFNAME",
+                "HOST-IF",
+                "IPS",
+                "SENT PKTS/BYTES",
+                "RECEIVED PKTS/BYTES",
+                "DROPS"
+            ],
+            &rows
+        )
+    );
     Ok(())
 }

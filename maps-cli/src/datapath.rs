@@ -34,6 +34,39 @@ pub fn execute(t: &Target, c: &DatapathCommand) -> Result<()> {
                 );
             }
         }
+        DatapathCommand::DetachAll(d) => {
+            if !d.yes {
+                let links = dp.pins(sluice_common::pin_dirs::LINKS)?;
+                let pods = dp
+                    .endpoints()?
+                    .iter()
+                    .filter_map(|r| r.owner.as_ref().map(|o| crate::table::text(&o.host_ifname)))
+                    .collect::<std::collections::BTreeSet<_>>();
+                println!(
+                    "would detach the programs of {} pod interfaces ({}) and {} pinned links ({}); pods would keep kernel routing without masquerade, hostPorts or bandwidth limits",
+                    pods.len(),
+                    pods.into_iter().collect::<Vec<_>>().join(", "),
+                    links.len(),
+                    links.join(", ")
+                );
+                println!("run again with --yes to detach");
+                return Ok(());
+            }
+            let v = run_sluice(&d.sluice, "detach-all", &dp.pin_root)?;
+            let gone: Vec<&str> = v["detached"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            println!(
+                "detached from {}: {} attachments",
+                dp.pin_root.display(),
+                gone.len()
+            );
+            for g in gone {
+                println!("  {g}");
+            }
+            println!("maps and programs stay pinned; the next ADD attaches the uplink again");
+        }
         DatapathCommand::Reload(b) => {
             let v = run_sluice(b, "reload", &dp.pin_root)?;
             println!(

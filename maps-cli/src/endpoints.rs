@@ -34,7 +34,7 @@ pub fn execute(t: &Target, a: &EndpointsArgs) -> Result<()> {
                     r.ip.to_string(),
                     host,
                     r.endpoint.ifindex.to_string(),
-                    short(&cid),
+                    table::short_id(&cid),
                     ifname,
                     format!("{}/{}", r.stats.from_pod_packets, r.stats.from_pod_bytes),
                     format!("{}/{}", r.stats.to_pod_packets, r.stats.to_pod_bytes),
@@ -71,10 +71,6 @@ fn owner_fields(r: &EndpointRow) -> (String, String, String) {
             )
         },
     )
-}
-
-fn short(cid: &str) -> String {
-    cid.chars().take(12).collect()
 }
 
 /// The stable JSON shape of one endpoint (documented in the README).

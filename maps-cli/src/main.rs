@@ -7,8 +7,10 @@ mod bpf;
 mod counters;
 mod datapath;
 mod endpoints;
+mod monitor;
 mod nat;
 mod ports;
+mod signals;
 mod status;
 mod table;
 
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         args::Command::Status(a) => status::execute(&cli.target, a),
         args::Command::Endpoints(a) => endpoints::execute(&cli.target, a),
         args::Command::Counters(a) => counters::execute(&cli.target, a),
+        args::Command::Monitor(a) => monitor::execute(&cli.target, a),
         args::Command::Datapath(c) => datapath::execute(&cli.target, c),
         args::Command::Nat(c) => nat::execute(&cli.target, c),
         args::Command::Ports(c) => ports::execute(&cli.target, c),

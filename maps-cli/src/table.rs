@@ -47,9 +47,15 @@ pub fn proto_name(p: u8) -> &'static str {
         1 => "icmp",
         6 => "tcp",
         17 => "udp",
+        58 => "icmpv6",
         132 => "sctp",
         _ => "?",
     }
+}
+
+/// A container id as tables show it (12 characters, like `docker ps`).
+pub fn short_id(id: &str) -> String {
+    id.chars().take(12).collect()
 }
 
 #[cfg(test)]

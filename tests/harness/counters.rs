@@ -11,10 +11,12 @@ use crate::{err, Result};
 pub struct Counters(pub BTreeMap<String, u64>);
 
 impl Counters {
-    /// From `sluicectl counters --json` (`{"<reason>": count, ...}`).
+    /// From `sluicectl counters --json` (`{"node": {"<reason>": count, ...},
+    /// "endpoints": [...]}`).
     pub fn parse(v: &Value) -> Result<Self> {
         let o = v
-            .as_object()
+            .get("node")
+            .and_then(Value::as_object)
             .ok_or_else(|| err!("counters are not a JSON object: {v}"))?;
         let mut m = BTreeMap::new();
         for (k, v) in o {

@@ -226,6 +226,9 @@ pub struct NetConf {
     pub mtu: Option<u32>,
     /// `ipMasq` (acted on by the masquerade datapath).
     pub ip_masq: bool,
+    /// `debug`: the programs write aya-log debug lines (drops, new flows) that
+    /// `sluicectl monitor` prints. Node-wide; every ADD writes it.
+    pub debug: bool,
     /// Masquerade settings (used when `ip_masq`).
     pub masq: MasqSettings,
     /// bpffs directory of this network's datapath.
@@ -345,6 +348,7 @@ impl NetConf {
             }
         }
         let ip_masq = boolean(o, "ipMasq", "")?.unwrap_or(false);
+        let debug = boolean(o, "debug", "")?.unwrap_or(false);
         let masq = MasqSettings::parse(o)?;
 
         let pin_root = match string(o, "pinRoot", "")? {
@@ -441,6 +445,7 @@ impl NetConf {
             dns,
             mtu,
             ip_masq,
+            debug,
             masq,
             pin_root,
             state_dir,

@@ -246,6 +246,7 @@ async fn add_steps(
         },
     })?;
     dp.apply_masq(&guard, masq.as_ref())?;
+    dp.set_debug(&guard, conf.debug)?;
     dp.add_endpoint(
         &guard,
         &EndpointSpec {

@@ -28,8 +28,9 @@ use aya::{
 use aya_obj::programs::XdpAttachType;
 use sluice_common::{
     map_names, masq_flags, nat_flags, prog_names, reason, BwState, DatapathMeta, Endpoint,
-    EndpointInfo, EndpointStats, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig,
-    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig, LAYOUT_VERSION,
+    EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey,
+    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
+    LAYOUT_VERSION,
 };
 
 use super::bpffs::unpin;
@@ -82,7 +83,7 @@ pub const UPLINK_LINK_PREFIX: &str = "uplink";
 
 /// Key and value sizes each pinned map must have for this layout. aya reuses a
 /// pinned map by name without comparing its shape, so the plugin does.
-fn expected_maps() -> [(&'static str, usize, usize); 17] {
+fn expected_maps() -> [(&'static str, usize, usize); 20] {
     use std::mem::size_of;
     [
         (
@@ -138,6 +139,14 @@ fn expected_maps() -> [(&'static str, usize, usize); 17] {
             size_of::<HostPortConfig>(),
         ),
         (map_names::BANDWIDTH, size_of::<u32>(), size_of::<BwState>()),
+        // A ring buffer has no keys or values.
+        (map_names::EVENTS, 0, 0),
+        (map_names::MONITOR, size_of::<u32>(), size_of::<u64>()),
+        (
+            map_names::EP_DROPS,
+            size_of::<EpDropKey>(),
+            size_of::<u64>(),
+        ),
     ]
 }
 
@@ -612,6 +621,56 @@ fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, attach_type: Tc
     }
 }
 
+/// Takes every program of the datapath off the kernel's hooks: the pods' tc
+/// programs (`pod_ifnames`) and every pinned link (uplink tc and XDP, hostPort
+/// socket hooks, NAT sweeper). Maps and programs stay pinned. Returns what was
+/// detached.
+pub fn detach_all(links_dir: &Path, pod_ifnames: &[String]) -> Result<Vec<String>, Error> {
+    let mut gone = Vec::new();
+    let present: Vec<&String> = pod_ifnames
+        .iter()
+        .filter(|n| {
+            // (Not /sys/class/net: sysfs shows the namespace of whoever mounted it.)
+            std::ffi::CString::new(n.as_str())
+                // SAFETY: a valid NUL-terminated name.
+                .is_ok_and(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0)
+        })
+        .collect();
+    // Host veths live in the node's namespace: from anywhere else nothing
+    // would be found, and nothing must be claimed.
+    if present.is_empty() && !pod_ifnames.is_empty() {
+        return Err(dp_err(
+            "detach the pod programs",
+            format!(
+                "none of the pod interfaces ({}) is in this network namespace; run it in the node's",
+                pod_ifnames.join(", ")
+            ),
+        ));
+    }
+    for ifname in pod_ifnames {
+        if present.contains(&ifname) {
+            detach(links_dir, ifname)?;
+            gone.push(format!("pod interface {ifname}"));
+        } else {
+            gone.push(format!("pod interface {ifname}: not found (skipped)"));
+        }
+    }
+    let mut pins: Vec<PathBuf> = std::fs::read_dir(links_dir)
+        .map_err(|e| Error::io(format!("list {}", links_dir.display()), e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    pins.sort();
+    for p in pins {
+        detach_pinned_link(&p)?;
+        gone.push(format!(
+            "link {}",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        ));
+    }
+    Ok(gone)
+}
+
 /// How the uplink's XDP program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpAttached {
@@ -744,6 +803,21 @@ fn pin_link(link: SchedClassifierLink, path: &Path) -> Result<(), Error> {
     fd.pin(path)
         .map(drop)
         .map_err(|e| dp_err(format!("pin {}", path.display()), e))
+}
+
+/// Writes one slot of `sl_monitor` (see `sluice_common::monitor_slot`). A
+/// datapath loaded before the map existed has none: nothing to switch.
+pub fn write_monitor_slot(maps_dir: &Path, slot: u32, value: u64) -> Result<(), Error> {
+    if !maps_dir.join(map_names::MONITOR).exists() {
+        return Ok(());
+    }
+    let mut arr: Array<MapData, u64> = Array::try_from(open_map(maps_dir, map_names::MONITOR)?)
+        .map_err(|e| dp_err("open sl_monitor", e))?;
+    if arr.get(&slot, 0).ok() == Some(value) {
+        return Ok(());
+    }
+    arr.set(slot, value, 0)
+        .map_err(|e| dp_err("write sl_monitor", e))
 }
 
 /// The node settings the programs read.
@@ -900,6 +974,8 @@ pub struct Maps {
     endpoints: HashMap<MapData, IpKey, Endpoint>,
     stats: PerCpuHashMap<MapData, u32, EndpointStats>,
     info: HashMap<MapData, u32, EndpointInfo>,
+    /// Absent in a datapath loaded before per-endpoint drop counters existed.
+    drops: Option<PerCpuHashMap<MapData, EpDropKey, u64>>,
 }
 
 impl Maps {
@@ -910,10 +986,19 @@ impl Maps {
             .map_err(|e| dp_err("open sl_ep_stats", e))?;
         let info = HashMap::try_from(open_map(maps_dir, map_names::ENDPOINT_INFO)?)
             .map_err(|e| dp_err("open sl_ep_info", e))?;
+        let drops = if maps_dir.join(map_names::EP_DROPS).exists() {
+            Some(
+                PerCpuHashMap::try_from(open_map(maps_dir, map_names::EP_DROPS)?)
+                    .map_err(|e| dp_err("open sl_ep_drops", e))?,
+            )
+        } else {
+            None
+        };
         Ok(Self {
             endpoints,
             stats,
             info,
+            drops,
         })
     }
 
@@ -971,6 +1056,12 @@ impl Maps {
             Err(e) if !is_not_found(&e) => Err(dp_err("remove owner", e)),
             _ => Ok(()),
         };
+        // Its drop counters: one key per reason (the programs insert them).
+        if let Some(drops) = &mut self.drops {
+            for r in 0..reason::MAX {
+                let _ = drops.remove(&EpDropKey { ifindex, reason: r });
+            }
+        }
         a.and(b)
     }
 }

@@ -207,6 +207,15 @@ impl Datapath {
         }
     }
 
+    /// Switches the programs' aya-log debug lines on or off (config `debug`).
+    pub fn set_debug(&self, _guard: &LoadedGuard, on: bool) -> Result<(), Error> {
+        bpf::write_monitor_slot(
+            &self.dir(pin_dirs::MAPS),
+            sluice_common::monitor_slot::DEBUG,
+            u64::from(on),
+        )
+    }
+
     /// Makes sure this binary's programs are loaded and pinned, and attached to the
     /// uplink. The first ADD on a node loads them (verifier work once); later ADDs
     /// only open the pins. When the pinned programs come from another object, they
@@ -245,6 +254,15 @@ impl Datapath {
             &self.pod_ifnames(),
             crate::cni::config::NAT_MAX_FLOWS_DEFAULT,
         )
+    }
+
+    /// Detaches every program (pods, uplink, socket hooks, sweeper) under the
+    /// exclusive lock; traffic falls back to the kernel's routes (the pods'
+    /// routes and neighbours do not depend on the programs). The next ADD attaches
+    /// the uplink again. Returns what was detached.
+    pub fn detach_all(&self) -> Result<Vec<String>, Error> {
+        let _exclusive = FileLock::dir_exclusive(&self.pin_root)?;
+        bpf::detach_all(&self.dir(pin_dirs::LINKS), &self.pod_ifnames())
     }
 
     /// Under the exclusive lock: load if needed, attach the uplink if needed.

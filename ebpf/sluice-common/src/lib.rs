@@ -64,6 +64,15 @@ pub mod map_names {
     /// host veth ifindex -> [`crate::BwState`]: a pod's bandwidth limits and their
     /// token buckets.
     pub const BANDWIDTH: &str = "sl_bw";
+    /// Ring buffer of [`crate::Event`]s (drops, new flows) for `sluicectl monitor`.
+    pub const EVENTS: &str = "sl_events";
+    /// [`crate::monitor_slot`] -> u64: whether events and debug lines are on.
+    pub const MONITOR: &str = "sl_monitor";
+    /// [`crate::EpDropKey`] -> packets (per CPU): drops per endpoint and reason.
+    pub const EP_DROPS: &str = "sl_ep_drops";
+    /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
+    /// handed from the drop site to the program's exit (see `events`).
+    pub const SCRATCH: &str = "sl_scratch";
 }
 
 /// Names of the programs in the object (and of their pins under `progs/`).
@@ -186,11 +195,14 @@ pub mod reason {
     pub const DROP_BW_EGRESS: u32 = 37;
     /// bandwidth: a packet to a pod over its ingress limit: dropped.
     pub const DROP_BW_INGRESS: u32 = 38;
+    /// monitor: an event did not fit in the ring buffer (`sluicectl monitor`
+    /// reads too slowly); the packet itself was handled as usual.
+    pub const EVENTS_LOST: u32 = 39;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 39] = [
+    pub const NAMES: [&str; 40] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -230,7 +242,26 @@ pub mod reason {
         "drop_hostport_no_port",
         "drop_bw_egress",
         "drop_bw_ingress",
+        "events_lost",
     ];
+
+    /// Whether the reason is a drop (the packet is discarded): those are also
+    /// counted per endpoint and reported to `sluicectl monitor`.
+    pub const fn is_drop(r: u32) -> bool {
+        matches!(
+            r,
+            DROP_MALFORMED
+                | DROP_MASQ_FRAGMENT
+                | DROP_MASQ_PROTO
+                | DROP_MASQ_NO_PORT
+                | DROP_MASQ_MAP_FULL
+                | DROP_MASQ_MALFORMED
+                | DROP_MASQ_NO_FLOW
+                | DROP_HOSTPORT_NO_PORT
+                | DROP_BW_EGRESS
+                | DROP_BW_INGRESS
+        )
+    }
 }
 
 /// Default sizes of the maps (entries).
@@ -251,6 +282,10 @@ pub mod map_sizes {
     pub const HP_SOCK: u32 = 16_384;
     /// Pods with bandwidth limits.
     pub const BANDWIDTH: u32 = 8_192;
+    /// (endpoint, drop reason) pairs with a count.
+    pub const EP_DROPS: u32 = 16_384;
+    /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
+    pub const EVENTS_BYTES: u32 = 256 * 1024;
 }
 
 /// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
@@ -646,8 +681,6 @@ pub struct NodeConfig {
 }
 
 pub mod config_flags {
-    /// Programs emit debug log lines (aya-log).
-    pub const DEBUG_LOG: u32 = 1 << 0;
     /// `uplink_xdp` runs in the driver.
     pub const XDP_NATIVE: u32 = 1 << 1;
     /// `uplink_xdp` runs in generic (skb) mode.
@@ -729,6 +762,79 @@ pub struct DatapathMeta {
     pub object_hash: u64,
     /// Seconds since the epoch of that load.
     pub loaded_unix: u64,
+}
+
+/// Slots of the `sl_monitor` array (each written by one party, so writers never
+/// race on a shared struct).
+pub mod monitor_slot {
+    /// `bpf_ktime_get_ns` until which events go to the ring buffer; a running
+    /// `sluicectl monitor` pushes it forward every second, so a killed monitor
+    /// stops the events within [`EVENTS_LEASE_NS`].
+    pub const EVENTS_UNTIL_NS: u32 = 0;
+    /// Non-zero: the programs write aya-log debug lines (config `"debug": true`,
+    /// written by every ADD).
+    pub const DEBUG: u32 = 1;
+    /// Slots in the array.
+    pub const MAX: u32 = 2;
+    /// How far ahead a monitor sets [`EVENTS_UNTIL_NS`].
+    pub const EVENTS_LEASE_NS: u64 = 3_000_000_000;
+}
+
+/// Kinds of [`Event`].
+pub mod event_kind {
+    /// A packet was dropped; `reason` says why.
+    pub const DROP: u8 = 1;
+    /// A pod's flow to the outside got a NAT address and port.
+    pub const NAT_NEW: u8 = 2;
+    /// A connection from outside to a pod was tracked (replies leave untranslated).
+    pub const NAT_INBOUND: u8 = 3;
+    /// A new hostPort flow was translated to a pod.
+    pub const HOSTPORT_NEW: u8 = 4;
+}
+
+/// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the
+/// first four bytes when `family` is 4; ports in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    pub ts_ns: u64,
+    /// [`event_kind`].
+    pub kind: u8,
+    /// 4, 6, or 0 when the packet could not be parsed.
+    pub family: u8,
+    pub proto: u8,
+    pub _pad: u8,
+    /// [`reason`] (drops) or the counter the event also bumped.
+    pub reason: u32,
+    /// The pod's host veth, 0 when not attributable to a pod.
+    pub ifindex: u32,
+    /// Frame length (drops).
+    pub len: u32,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    /// Translated address and port (NAT and hostPort events).
+    pub nat_addr: [u8; 4],
+    pub nat_port: u16,
+    pub _pad2: u16,
+    pub _pad3: u32,
+}
+
+/// Key of `sl_ep_drops`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct EpDropKey {
+    pub ifindex: u32,
+    pub reason: u32,
+}
+
+/// Value of `sl_scratch`: what the drop site leaves for the program's exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DropNote {
+    pub reason: u32,
+    pub ifindex: u32,
 }
 
 /// Userspace helpers shared by the plugin and `sluicectl`.
@@ -829,6 +935,9 @@ mod pod {
     unsafe impl aya::Pod for super::SockOrig {}
     unsafe impl aya::Pod for super::HostPortConfig {}
     unsafe impl aya::Pod for super::BwState {}
+    unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::EpDropKey {}
+    unsafe impl aya::Pod for super::DropNote {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -885,7 +994,13 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::DROP_BW_INGRESS + 1);
+        assert_eq!(reason::NAMES.len() as u32, reason::EVENTS_LOST + 1);
+        assert_eq!(
+            size_of::<Event>(),
+            8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 4 + 4 + 4
+        );
+        assert_eq!(size_of::<EpDropKey>(), 8);
+        assert_eq!(size_of::<DropNote>(), 8);
         assert_eq!(size_of::<Bucket>(), 56);
         assert_eq!(size_of::<BwState>(), 112);
         assert_eq!(size_of::<PortKey>(), 8);
@@ -900,6 +1015,17 @@ mod tests {
         assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<NatRev>(), 8);
         assert_eq!(size_of::<MasqConfig>(), 40);
+    }
+
+    #[test]
+    fn drop_reasons_are_named_drop() {
+        for (i, name) in reason::NAMES.iter().enumerate() {
+            assert_eq!(
+                reason::is_drop(i as u32),
+                name.starts_with("drop_"),
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{reason, Bucket};
 
-use crate::{counters::count, maps::BANDWIDTH};
+use crate::{events::note_drop, maps::BANDWIDTH};
 
 /// Headers each segment of a GSO packet carries on the wire: Ethernet, IPv4 and
 /// TCP with timestamps (14 + 20 + 32).
@@ -73,11 +73,14 @@ pub fn admit(ifindex: u32, len: u32, ingress: bool) -> bool {
         // burst passes on a full bucket).
         if t < i64::from(len).min((*b).burst as i64) {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).dropped, 1);
-            count(if ingress {
-                reason::DROP_BW_INGRESS
-            } else {
-                reason::DROP_BW_EGRESS
-            });
+            note_drop(
+                if ingress {
+                    reason::DROP_BW_INGRESS
+                } else {
+                    reason::DROP_BW_EGRESS
+                },
+                ifindex,
+            );
             return false;
         }
         atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(tokens, -i64::from(len));

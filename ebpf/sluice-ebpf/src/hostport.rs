@@ -24,11 +24,12 @@ use aya_ebpf::{
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{
-    reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig,
+    event_kind, reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig,
 };
 
 use crate::{
     counters::count,
+    events::{self, note_drop},
     l3::{Headers, L3},
     maps::{HP_CONFIG, HP_CT, HP_SOCK, NODE_ADDRS, PORTS},
     nat::{self, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
@@ -130,6 +131,16 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
     // LRU refreshes its recency on lookups.
     if unsafe { HP_CT.get(key) } != Some(&f) {
         let _ = HP_CT.insert(key, f, 0);
+        // client -> node:hostPort, translated to pod:containerPort.
+        let outside = NatKey {
+            src_ip: src,
+            dst_ip: dst,
+            src_port: sport,
+            dst_port: dport,
+            proto,
+            _pad: [0; 3],
+        };
+        events::flow(event_kind::HOSTPORT_NEW, &outside, t.pod_ip, t.pod_port, 0);
     }
 }
 
@@ -148,7 +159,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         _pad: 0,
     };
     if apply(ctx, &ip, &l4, &f).is_err() {
-        count(reason::DROP_MALFORMED);
+        note_drop(reason::DROP_MALFORMED, 0);
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
@@ -249,7 +260,7 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     // SAFETY: map values are only read.
     if let Some(f) = unsafe { HP_CT.get(key) }.copied() {
         if apply(ctx, &ip, &l4, &f).is_err() {
-            count(reason::DROP_MALFORMED);
+            note_drop(reason::DROP_MALFORMED, 0);
             return Translated::Drop(TC_ACT_SHOT);
         }
         count(reason::HOSTPORT_REPLY);
@@ -261,14 +272,14 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     match hairpin(&key, &t) {
         Some(f) => {
             if apply(ctx, &ip, &l4, &f).is_err() {
-                count(reason::DROP_MALFORMED);
+                note_drop(reason::DROP_MALFORMED, 0);
                 return Translated::Drop(TC_ACT_SHOT);
             }
             count(reason::HOSTPORT_HAIRPIN);
             Translated::Yes
         }
         None => {
-            count(reason::DROP_HOSTPORT_NO_PORT);
+            note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
             Translated::Drop(TC_ACT_SHOT)
         }
     }

@@ -21,6 +21,7 @@
 mod bandwidth;
 mod counters;
 mod endpoint;
+mod events;
 mod forward;
 mod hostport;
 mod l3;
@@ -35,7 +36,7 @@ use aya_ebpf::{
 };
 use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
 
-use crate::{counters::count, l3::Headers, maps::ENDPOINTS, packet::pull};
+use crate::{counters::count, events::note_drop, l3::Headers, maps::ENDPOINTS, packet::pull};
 
 /// tcx verdict that hands the packet to the next program, or to the kernel when
 /// there is none (`TCX_NEXT`, the same value as `TC_ACT_UNSPEC` for cls_bpf).
@@ -57,30 +58,46 @@ fn skb_field_ifindex(ctx: &TcContext) -> u32 {
 fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
     pull(ctx, HEADERS_LEN);
     l3::parse(ctx).map_err(|v| {
-        count(v.reason);
         if v.drop {
+            note_drop(v.reason, 0);
             TC_ACT_SHOT
         } else {
+            count(v.reason);
             TCX_NEXT
         }
     })
 }
 
+/// A tc program's verdict, with its drops reported (see `events`).
+#[inline(always)]
+fn tc_exit(ctx: &TcContext, verdict: i32, pod_ifindex: u32) -> i32 {
+    if verdict == TC_ACT_SHOT {
+        events::dropped(ctx, pod_ifindex);
+    }
+    verdict
+}
+
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
+    let v = from_pod_verdict(&ctx, ifindex);
+    tc_exit(&ctx, v, ifindex)
+}
+
+#[inline(always)]
+fn from_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
     endpoint::count_from_pod(ifindex, ctx.len());
     // The pod's egress limit, before anything else is spent on the packet.
-    if !bandwidth::admit(ifindex, bandwidth::wire_len(&ctx), false) {
+    if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
         return TC_ACT_SHOT;
     }
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
-    let translated = match hostport::from_pod(&ctx) {
+    let translated = match hostport::from_pod(ctx) {
         hostport::Translated::No => false,
         hostport::Translated::Yes => true,
         hostport::Translated::Drop(verdict) => return verdict,
     };
-    let h = match parse_tc(&ctx) {
+    let h = match parse_tc(ctx) {
         Ok(h) => h,
         Err(verdict) => return verdict,
     };
@@ -101,19 +118,25 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         return endpoint::deliver_tc(
             &h,
             ep,
-            bandwidth::wire_len(&ctx),
+            bandwidth::wire_len(ctx),
             reason::FROM_POD_TO_LOCAL_POD,
         );
     }
-    forward::forward(&ctx, &h, ifindex)
+    forward::forward(ctx, &h, ifindex)
 }
 
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
+    let v = to_pod_verdict(&ctx, ifindex);
+    tc_exit(&ctx, v, ifindex)
+}
+
+#[inline(always)]
+fn to_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
-    if !bandwidth::admit(ifindex, bandwidth::wire_len(&ctx), true) {
+    if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), true) {
         return TC_ACT_SHOT;
     }
     endpoint::count_to_pod(ifindex, ctx.len());
@@ -123,19 +146,25 @@ pub fn to_pod(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn uplink_in(ctx: TcContext) -> i32 {
+    let v = uplink_in_verdict(&ctx);
+    tc_exit(&ctx, v, 0)
+}
+
+#[inline(always)]
+fn uplink_in_verdict(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` points at the context the kernel passed in.
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
         return TCX_NEXT;
     }
-    pull(&ctx, HEADERS_LEN);
+    pull(ctx, HEADERS_LEN);
     // Replies to masqueraded flows first: an exact 5-tuple beats a port mapping.
-    if let Some(verdict) = nat::dnat(&ctx) {
+    if let Some(verdict) = nat::dnat(ctx) {
         return verdict;
     }
-    if let Some(verdict) = hostport::from_uplink(&ctx) {
+    if let Some(verdict) = hostport::from_uplink(ctx) {
         return verdict;
     }
-    let h = match parse_tc(&ctx) {
+    let h = match parse_tc(ctx) {
         Ok(h) => h,
         Err(verdict) => return verdict,
     };
@@ -145,8 +174,8 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
         Some(ep) if h.ttl() > 1 => {
-            nat::note_inbound(&ctx, &h, ep.ifindex);
-            endpoint::deliver_tc(&h, ep, bandwidth::wire_len(&ctx), reason::UPLINK_TO_POD)
+            nat::note_inbound(ctx, &h, ep.ifindex);
+            endpoint::deliver_tc(&h, ep, bandwidth::wire_len(ctx), reason::UPLINK_TO_POD)
         }
         Some(_) => {
             count(reason::PASS_TTL);
@@ -162,7 +191,8 @@ pub fn uplink_in(ctx: TcContext) -> i32 {
 /// tc egress of the uplink: masquerade.
 #[classifier]
 pub fn uplink_out(ctx: TcContext) -> i32 {
-    nat::snat(&ctx)
+    let v = nat::snat(&ctx);
+    tc_exit(&ctx, v, 0)
 }
 
 /// Fired once a second by a pinned perf event: expires idle NAT flows.
@@ -199,7 +229,16 @@ pub fn hp_getpeername4(ctx: SockAddrContext) -> i32 {
 
 #[xdp]
 pub fn uplink_xdp(ctx: XdpContext) -> u32 {
-    let h = match l3::parse(&ctx) {
+    let v = uplink_xdp_verdict(&ctx);
+    if v == xdp_action::XDP_DROP {
+        events::dropped(&ctx, 0);
+    }
+    v
+}
+
+#[inline(always)]
+fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
+    let h = match l3::parse(ctx) {
         Ok(h) => h,
         // Malformed frames are left to tc and the kernel, which count and drop.
         Err(_) => {
@@ -218,9 +257,9 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     // Replies to masqueraded flows, in native mode (see nat::dnat_xdp).
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
         // Masquerade replies, then hostPorts (hostport counts its own).
-        let pod = match nat::dnat_xdp(&ctx, &h) {
+        let pod = match nat::dnat_xdp(ctx, &h) {
             Some(pod) => Some((pod, true)),
-            None => hostport::from_uplink_xdp(&ctx, &h).map(|p| (p, false)),
+            None => hostport::from_uplink_xdp(ctx, &h).map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
@@ -251,7 +290,7 @@ pub fn uplink_xdp(ctx: XdpContext) -> u32 {
             if h.v4_options_or_fragment() {
                 count(reason::IPV4_OPTIONS_OR_FRAGMENT);
             }
-            nat::note_inbound(&ctx, &h, ep.ifindex);
+            nat::note_inbound(ctx, &h, ep.ifindex);
             endpoint::deliver_xdp(&h, ep, len, reason::XDP_TO_POD)
         }
         _ => {

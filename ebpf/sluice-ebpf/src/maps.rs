@@ -3,12 +3,12 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    map_sizes, reason, BwState, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, FragEntry,
-    FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
-    PortKey, PortTarget, SockKey, SockOrig,
+    map_sizes, monitor_slot, reason, BwState, DatapathMeta, DropNote, Endpoint, EndpointInfo,
+    EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig,
+    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -64,3 +64,19 @@ pub static HP_CONFIG: Array<HostPortConfig> = Array::pinned(1, 0);
 
 #[map(name = "sl_bw")]
 pub static BANDWIDTH: HashMap<u32, BwState> = HashMap::pinned(map_sizes::BANDWIDTH, 0);
+
+/// Drops and new flows for `sluicectl monitor` (see `events`).
+#[map(name = "sl_events")]
+pub static EVENTS: RingBuf = RingBuf::pinned(map_sizes::EVENTS_BYTES, 0);
+
+#[map(name = "sl_monitor")]
+pub static MONITOR: Array<u64> = Array::pinned(monitor_slot::MAX, 0);
+
+/// Inserted on an endpoint's first drop of a reason, hence no preallocation.
+#[map(name = "sl_ep_drops")]
+pub static EP_DROPS: PerCpuHashMap<EpDropKey, u64> =
+    PerCpuHashMap::pinned(map_sizes::EP_DROPS, BPF_F_NO_PREALLOC);
+
+/// Not pinned: only lives from a drop site to its program's exit.
+#[map(name = "sl_scratch")]
+pub static SCRATCH: PerCpuArray<DropNote> = PerCpuArray::with_max_entries(1, 0);

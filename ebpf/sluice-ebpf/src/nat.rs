@@ -29,13 +29,14 @@ use aya_ebpf::{
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{
-    masq_flags, nat_flags, nat_state, reason, FragEntry, FragKey, IpKey, MasqConfig, NatEntry,
-    NatKey, NatRev, FRAG_TIMEOUT_NS,
+    event_kind, masq_flags, nat_flags, nat_state, reason, FragEntry, FragKey, IpKey, MasqConfig,
+    NatEntry, NatKey, NatRev, FRAG_TIMEOUT_NS,
 };
 
 use crate::{
     counters::count,
     endpoint,
+    events::{self, note_drop},
     l3::{Headers, L3},
     maps::{ENDPOINTS, MASQ, NAT_FRAG, NAT_FWD, NAT_REV, NON_MASQ},
     packet::{ptr_at, Packet},
@@ -286,6 +287,7 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
                 return match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
                     Ok(()) => {
                         count(reason::MASQ_NEW_FLOW);
+                        events::flow(event_kind::NAT_NEW, k, cfg.addr, nat_port, pod_ifindex);
                         Ok(())
                     }
                     // Another CPU created the same flow meanwhile: use its port.
@@ -403,7 +405,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
             }
             // Never with the pod's address.
             _ => {
-                count(reason::DROP_MASQ_FRAGMENT);
+                note_drop(reason::DROP_MASQ_FRAGMENT, ep.ifindex);
                 TC_ACT_SHOT
             }
         };
@@ -421,20 +423,20 @@ pub fn snat(ctx: &TcContext) -> i32 {
                 return TCX_NEXT;
             }
             _ => {
-                count(reason::DROP_MASQ_PROTO);
+                note_drop(reason::DROP_MASQ_PROTO, ep.ifindex);
                 return TC_ACT_SHOT;
             }
         }
     }
     // SCTP would need a new NAT port, which its CRC32c covers: not masqueraded.
     if ip.proto == PROTO_SCTP {
-        count(reason::DROP_MASQ_PROTO);
+        note_drop(reason::DROP_MASQ_PROTO, ep.ifindex);
         return TC_ACT_SHOT;
     }
     let l4 = match l4(ctx, ip.proto, l4_off, ICMP_ECHO) {
         Ok(l) => l,
         Err(r) => {
-            count(r);
+            note_drop(r, ep.ifindex);
             return TC_ACT_SHOT;
         }
     };
@@ -456,17 +458,17 @@ pub fn snat(ctx: &TcContext) -> i32 {
         // flushed, and with the pod's address it would only leak.
         let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
         if ip.proto == PROTO_TCP && !syn {
-            count(reason::DROP_MASQ_NO_FLOW);
+            note_drop(reason::DROP_MASQ_NO_FLOW, ep.ifindex);
             return TC_ACT_SHOT;
         }
         let state = next_state(0, ip.proto, flags, false);
         if let Err(r) = allocate(&key, cfg, ep.ifindex, state) {
-            count(r);
+            note_drop(r, ep.ifindex);
             return TC_ACT_SHOT;
         }
     }
     let Some(e) = NAT_FWD.get_ptr_mut(key) else {
-        count(reason::DROP_MASQ_MAP_FULL);
+        note_drop(reason::DROP_MASQ_MAP_FULL, ep.ifindex);
         return TC_ACT_SHOT;
     };
     // SAFETY: a live map value.
@@ -487,7 +489,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
         new_port: nat_port,
     };
     if rewrite(ctx, &l4, &r).is_err() {
-        count(reason::DROP_MASQ_MALFORMED);
+        note_drop(reason::DROP_MASQ_MALFORMED, ep.ifindex);
         return TC_ACT_SHOT;
     }
     remember_fragments(&ip, nat_addr);
@@ -565,6 +567,7 @@ fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
     match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             count(reason::MASQ_NEW_FLOW);
+            events::flow(event_kind::NAT_NEW, k, cfg.addr, k.src_port, 0);
             Ok(())
         }
         // Map full (the echo leaves untracked), or another CPU made the flow.
@@ -648,6 +651,16 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
     };
     if NAT_FWD.insert(key, e, u64::from(BPF_NOEXIST)).is_ok() {
         count(reason::MASQ_INBOUND_FLOW);
+        // Described as the outside sees it: client -> pod.
+        let outside = NatKey {
+            src_ip: src,
+            dst_ip: dst,
+            src_port: sport,
+            dst_port: dport,
+            proto,
+            _pad: [0; 3],
+        };
+        events::flow(event_kind::NAT_INBOUND, &outside, [0; 4], 0, pod_ifindex);
     }
 }
 
@@ -664,7 +677,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
         // Not seen the first: maybe the node's own datagram; the kernel's.
         let pod = fragment_target(&ip)?;
         if rewrite_addr(ctx, 16, ip.dst_addr, pod).is_err() {
-            count(reason::DROP_MASQ_MALFORMED);
+            note_drop(reason::DROP_MASQ_MALFORMED, 0);
             return Some(TC_ACT_SHOT);
         }
         count(reason::MASQ_FRAGMENT);
@@ -729,7 +742,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
         new_port: rev.pod_port,
     };
     if rewrite(ctx, &l4, &r).is_err() {
-        count(reason::DROP_MASQ_MALFORMED);
+        note_drop(reason::DROP_MASQ_MALFORMED, 0);
         return Some(TC_ACT_SHOT);
     }
     remember_fragments(&ip, rev.pod_ip);
@@ -809,7 +822,7 @@ fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
         && ctx.l3_csum_replace(IP_CSUM, old_a, new_a, 4).is_ok()
         && ctx.store(ETH_LEN + 16, &rev.pod_ip, 0).is_ok();
     if !ok {
-        count(reason::DROP_MASQ_MALFORMED);
+        note_drop(reason::DROP_MASQ_MALFORMED, 0);
         return Some(TC_ACT_SHOT);
     }
     count(reason::MASQ_ICMP_ERROR);

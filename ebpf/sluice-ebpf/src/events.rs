@@ -1,0 +1,230 @@
+//! What `sluicectl monitor` and `sluicectl counters` see of drops and new flows.
+//!
+//! A drop site calls [`note_drop`] (node counter + a per-CPU note of reason and
+//! endpoint); the program's exit sees its own drop verdict and calls
+//! [`dropped`], which counts the drop per endpoint (`sl_ep_drops`) and, only
+//! while a monitor runs or debug logging is on, describes the packet in the
+//! `sl_events` ring buffer and as an aya-log debug line. The forwarding fast
+//! path pays nothing for this: one compare of its verdict.
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
+use aya_log_ebpf::debug;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
+use sluice_common::{event_kind, monitor_slot, reason, DropNote, EpDropKey, Event, NatKey};
+
+use crate::{
+    counters::count,
+    l3::{ETH_P_IP, ETH_P_IPV6},
+    maps::{EP_DROPS, EVENTS, MONITOR, SCRATCH},
+    packet::{ptr_at, Packet},
+};
+
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+
+/// Counts a drop and leaves its reason and pod (0: the program's own
+/// interface, when that is a pod's) for [`dropped`] at the program's exit.
+#[inline(always)]
+pub fn note_drop(r: u32, ifindex: u32) {
+    count(r);
+    if let Some(n) = SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, only this CPU's running program writes it.
+        unsafe { *n = DropNote { reason: r, ifindex } };
+    }
+}
+
+/// Events go to the ring buffer while a monitor holds its lease.
+#[inline(always)]
+fn monitor_on(now: u64) -> bool {
+    MONITOR
+        .get(monitor_slot::EVENTS_UNTIL_NS)
+        .is_some_and(|until| now < *until)
+}
+
+#[inline(always)]
+fn debug_on() -> bool {
+    MONITOR.get(monitor_slot::DEBUG).is_some_and(|d| *d != 0)
+}
+
+/// At the exit of a program that returned a drop verdict: per-endpoint count,
+/// event, debug line. `own_ifindex` is the program's interface when it is a
+/// pod's host veth, else 0.
+#[inline(never)]
+pub fn dropped<P: Packet>(p: &P, own_ifindex: u32) {
+    let Some(n) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot (see note_drop); taken, so a stale note never
+    // labels a later drop.
+    let note = unsafe { core::ptr::replace(n, DropNote::default()) };
+    if !reason::is_drop(note.reason) {
+        return;
+    }
+    let ifindex = if note.ifindex != 0 {
+        note.ifindex
+    } else {
+        own_ifindex
+    };
+    if ifindex != 0 {
+        count_endpoint(ifindex, note.reason);
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let events = monitor_on(now);
+    let dbg = debug_on();
+    if !events && !dbg {
+        return;
+    }
+    let mut ev = Event {
+        ts_ns: now,
+        kind: event_kind::DROP,
+        reason: note.reason,
+        ifindex,
+        len: p.frame_len() as u32,
+        ..Event::default()
+    };
+    describe(p, &mut ev);
+    if events {
+        emit(&ev);
+    }
+    if dbg {
+        debug!(
+            &(),
+            "drop reason={} ifindex={} len={} proto={} {:i}:{} -> {:i}:{}",
+            ev.reason,
+            ev.ifindex,
+            ev.len,
+            ev.proto,
+            v4(&ev.src),
+            ev.sport,
+            v4(&ev.dst),
+            ev.dport
+        );
+    }
+}
+
+/// A new masquerade or hostPort flow. `key` is the pod-side (masquerade) or
+/// outside (hostPort) tuple, ports in network byte order.
+#[inline(never)]
+pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
+    // (At most five arguments: BPF calls pass no more in registers.)
+    let r = match kind {
+        event_kind::NAT_NEW => reason::MASQ_NEW_FLOW,
+        event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
+        _ => reason::HOSTPORT_DNAT,
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let events = monitor_on(now);
+    let dbg = debug_on();
+    if !events && !dbg {
+        return;
+    }
+    let mut ev = Event {
+        ts_ns: now,
+        kind,
+        family: 4,
+        proto: key.proto,
+        reason: r,
+        ifindex,
+        sport: u16::from_be(key.src_port),
+        dport: u16::from_be(key.dst_port),
+        nat_addr,
+        nat_port: u16::from_be(nat_port),
+        ..Event::default()
+    };
+    ev.src[..4].copy_from_slice(&key.src_ip);
+    ev.dst[..4].copy_from_slice(&key.dst_ip);
+    if events {
+        emit(&ev);
+    }
+    if dbg {
+        debug!(
+            &(),
+            "flow kind={} proto={} {:i}:{} -> {:i}:{} as {:i}:{} ifindex={}",
+            kind,
+            ev.proto,
+            key.src_ip,
+            ev.sport,
+            key.dst_ip,
+            ev.dport,
+            nat_addr,
+            ev.nat_port,
+            ifindex
+        );
+    }
+}
+
+#[inline(always)]
+fn v4(a: &[u8; 16]) -> [u8; 4] {
+    [a[0], a[1], a[2], a[3]]
+}
+
+#[inline(always)]
+fn emit(ev: &Event) {
+    // A full ring (the monitor reads too slowly) costs the event, never the packet.
+    if EVENTS.output::<Event>(ev, 0).is_err() {
+        count(reason::EVENTS_LOST);
+    }
+}
+
+/// `sl_ep_drops[(ifindex, reason)] += 1` on this CPU (inserted on first use).
+#[inline(always)]
+fn count_endpoint(ifindex: u32, r: u32) {
+    let k = EpDropKey { ifindex, reason: r };
+    match EP_DROPS.get_ptr_mut(k) {
+        // SAFETY: per-CPU value, only this CPU writes it.
+        Some(c) => unsafe { *c += 1 },
+        None => {
+            let _ = EP_DROPS.insert(k, 1, u64::from(BPF_NOEXIST));
+        }
+    }
+}
+
+/// Addresses and ports of the frame, as far as its linear part holds them.
+#[inline(always)]
+fn describe<P: Packet>(p: &P, ev: &mut Event) {
+    let Some(eth) = ptr_at::<[u8; 14]>(p, 0) else {
+        return;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    let l4_off = if et == ETH_P_IP {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(p, 14) else {
+            return;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            ev.family = 4;
+            ev.proto = (*ip).proto;
+            ev.src[..4].copy_from_slice(&(*ip).src_addr);
+            ev.dst[..4].copy_from_slice(&(*ip).dst_addr);
+            // Later fragments carry no L4 header.
+            if u16::from_be_bytes((*ip).frags) & 0x1fff != 0 {
+                return;
+            }
+            14 + usize::from((*ip).vihl & 0x0f) * 4
+        }
+    } else if et == ETH_P_IPV6 {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(p, 14) else {
+            return;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            ev.family = 6;
+            ev.proto = (*ip).next_hdr;
+            ev.src = (*ip).src_addr;
+            ev.dst = (*ip).dst_addr;
+        }
+        14 + Ipv6Hdr::LEN
+    } else {
+        return;
+    };
+    if ev.proto == PROTO_TCP || ev.proto == PROTO_UDP {
+        if let Some(ports) = ptr_at::<[u8; 4]>(p, l4_off) {
+            // SAFETY: bounds checked by ptr_at.
+            let b = unsafe { *ports };
+            ev.sport = u16::from_be_bytes([b[0], b[1]]);
+            ev.dport = u16::from_be_bytes([b[2], b[3]]);
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! `sluicectl monitor`: datapath events as they happen.
+//!
+//! The programs write events to the pinned `sl_events` ring buffer only while a
+//! monitor holds a lease in `sl_monitor` (refreshed every second, expiring
+//! [`monitor_slot::EVENTS_LEASE_NS`] after the last refresh), so an idle node
+//! pays nothing and a killed monitor stops the events by itself. Memory is
+//! bounded on both sides: the ring has a fixed size (a full ring loses events,
+//! counted as `events_lost`, never packets) and events are printed one by one.
+//! With `"debug": true` in the network config the programs also write aya-log
+//! lines, read here from the `AYA_LOGS` ring of the pinned programs.
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd, RawFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use aya_log::EbpfLogger;
+use serde_json::{json, Value};
+use sluice_common::{event_kind, monitor_slot, prog_names, reason, user::monotonic_ns, Event};
+
+use crate::{
+    args::{MonitorArgs, Target},
+    bpf::{Datapath, EndpointRow},
+    ports::pod_endpoints,
+    signals, table,
+};
+
+/// How often the lease is renewed and the pod table re-read.
+const RENEW: Duration = Duration::from_secs(1);
+
+pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    if let Some(r) = &a.reason {
+        if !reason::NAMES.contains(&r.as_str()) {
+            bail!("unknown reason {r:?}; `sluicectl counters --all` lists them");
+        }
+    }
+    let mut ring = dp.events()?;
+    let debug_on = dp.monitor_slot(monitor_slot::DEBUG)? != 0;
+    let want_debug = a.types.is_empty() || a.types.iter().any(|t| t == "debug");
+    let mut logger = if debug_on && want_debug {
+        let id = dp.program_id(prog_names::FROM_POD)?;
+        Some(
+            EbpfLogger::init_from_id_with_logger(id, DebugLines { json: a.json })
+                .with_context(|| format!("opening the debug log ring of program {id}"))?,
+        )
+    } else {
+        None
+    };
+    signals::install();
+    // What a previous monitor's lease left in the ring is not ours to show.
+    while ring.next().is_some() {}
+    let lost_before = lost(&dp);
+    let mut pods = Pods::read(&dp, a)?;
+    eprintln!(
+        "sluicectl: monitoring {} (Ctrl-C to stop){}",
+        dp.pin_root.display(),
+        if debug_on {
+            "; debug lines on"
+        } else {
+            "; debug lines off (\"debug\": true in the network config turns them on)"
+        }
+    );
+    let start = Instant::now();
+    let mut renewed: Option<Instant> = None;
+    let mut shown: u64 = 0;
+    let fds: Vec<RawFd> = std::iter::once(ring.as_raw_fd())
+        .chain(logger.as_ref().map(AsRawFd::as_raw_fd))
+        .collect();
+    'outer: loop {
+        if signals::stop_requested() || a.duration.is_some_and(|d| start.elapsed().as_secs() >= d) {
+            break;
+        }
+        if renewed.is_none_or(|r| r.elapsed() >= RENEW) {
+            dp.set_monitor_slot(
+                monitor_slot::EVENTS_UNTIL_NS,
+                monotonic_ns() + monitor_slot::EVENTS_LEASE_NS,
+            )?;
+            if renewed.is_some() {
+                pods = Pods::read(&dp, a)?;
+            }
+            renewed = Some(Instant::now());
+        }
+        wait_readable(&fds, 200);
+        while let Some(item) = ring.next() {
+            let Some(ev) = parse(&item) else { continue };
+            if !pods.matches(&ev, a) {
+                continue;
+            }
+            print_event(&ev, &pods, a.json)?;
+            shown += 1;
+            if a.count.is_some_and(|c| shown >= c) {
+                break 'outer;
+            }
+        }
+        if let Some(l) = &mut logger {
+            l.flush();
+        }
+    }
+    let lost = lost(&dp).saturating_sub(lost_before);
+    eprintln!(
+        "sluicectl: {shown} events shown{}",
+        if lost > 0 {
+            format!(", {lost} lost (the ring buffer was full)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+fn lost(dp: &Datapath) -> u64 {
+    dp.counters()
+        .ok()
+        .and_then(|c| c.get(reason::EVENTS_LOST as usize).map(|(_, n)| *n))
+        .unwrap_or(0)
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passed (EINTR from
+/// Ctrl-C returns early, which is what we want).
+fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `p` is a valid array of `p.len()` pollfds.
+    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+}
+
+fn parse(bytes: &[u8]) -> Option<Event> {
+    if bytes.len() < std::mem::size_of::<Event>() {
+        return None;
+    }
+    // SAFETY: `Event` is plain old data and the buffer holds at least one.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+}
+
+/// The pods of the datapath by host ifindex, and the `--pod` selection.
+struct Pods {
+    by_ifindex: HashMap<u32, (String, String)>,
+    selected_ifindexes: Option<Vec<u32>>,
+    selected_ips: Vec<IpAddr>,
+}
+
+impl Pods {
+    fn read(dp: &Datapath, a: &MonitorArgs) -> Result<Self> {
+        let rows: Vec<EndpointRow> = dp.endpoints()?;
+        let by_ifindex = rows
+            .iter()
+            .filter_map(|r| {
+                r.owner.as_ref().map(|o| {
+                    (
+                        r.endpoint.ifindex,
+                        (table::text(&o.container_id), table::text(&o.ifname)),
+                    )
+                })
+            })
+            .collect();
+        let (selected_ifindexes, selected_ips) = match &a.pod {
+            Some(p) => {
+                let sel = pod_endpoints(&rows, p);
+                if sel.is_empty() {
+                    bail!("no pod with address or container id {p:?} on this datapath");
+                }
+                (
+                    Some(sel.iter().map(|r| r.endpoint.ifindex).collect()),
+                    sel.iter().map(|r| r.ip).collect(),
+                )
+            }
+            None => (None, Vec::new()),
+        };
+        Ok(Self {
+            by_ifindex,
+            selected_ifindexes,
+            selected_ips,
+        })
+    }
+
+    fn matches(&self, ev: &Event, a: &MonitorArgs) -> bool {
+        let (src, dst) = (addr(ev.family, &ev.src), addr(ev.family, &ev.dst));
+        let nat = (ev.nat_addr != [0; 4]).then(|| IpAddr::V4(Ipv4Addr::from(ev.nat_addr)));
+        let ips = [src, dst, nat];
+        if !a.types.is_empty() && !a.types.iter().any(|t| t == type_filter_name(ev.kind)) {
+            return false;
+        }
+        if let Some(sel) = &self.selected_ifindexes {
+            let by_ip = ips
+                .iter()
+                .flatten()
+                .any(|ip| self.selected_ips.contains(ip));
+            if !sel.contains(&ev.ifindex) && !by_ip {
+                return false;
+            }
+        }
+        if a.ip
+            .is_some_and(|want| !ips.iter().flatten().any(|ip| *ip == want))
+        {
+            return false;
+        }
+        if a.port
+            .is_some_and(|p| ev.sport != p && ev.dport != p && ev.nat_port != p)
+        {
+            return false;
+        }
+        if a.proto
+            .as_deref()
+            .is_some_and(|p| table::proto_name(ev.proto) != p)
+        {
+            return false;
+        }
+        if let Some(r) = &a.reason {
+            if ev.kind != event_kind::DROP || reason_name(ev.reason) != r {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn type_filter_name(kind: u8) -> &'static str {
+    match kind {
+        event_kind::DROP => "drop",
+        event_kind::NAT_NEW | event_kind::NAT_INBOUND => "nat",
+        event_kind::HOSTPORT_NEW => "hostport",
+        _ => "?",
+    }
+}
+
+/// The `type` field of the JSON form.
+fn type_name(kind: u8) -> &'static str {
+    match kind {
+        event_kind::DROP => "drop",
+        event_kind::NAT_NEW => "nat-new",
+        event_kind::NAT_INBOUND => "nat-inbound",
+        event_kind::HOSTPORT_NEW => "hostport-new",
+        _ => "unknown",
+    }
+}
+
+fn reason_name(r: u32) -> &'static str {
+    reason::NAMES.get(r as usize).copied().unwrap_or("unknown")
+}
+
+fn addr(family: u8, a: &[u8; 16]) -> Option<IpAddr> {
+    match family {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
+        6 => Some(IpAddr::V6(Ipv6Addr::from(*a))),
+        _ => None,
+    }
+}
+
+/// Wall-clock time of a `bpf_ktime_get_ns` (CLOCK_MONOTONIC) timestamp.
+fn unix_time(ts_ns: u64) -> f64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let age = monotonic_ns().saturating_sub(ts_ns) as f64 / 1e9;
+    wall - age
+}
+
+/// HH:MM:SS.micro (UTC) of a unix time.
+fn clock(unix: f64) -> String {
+    let micros = (unix * 1e6) as u64;
+    let secs = micros / 1_000_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60,
+        micros % 1_000_000
+    )
+}
+
+fn endpoint(ip: Option<IpAddr>, port: u16, proto: u8) -> String {
+    let Some(ip) = ip else { return "?".into() };
+    let ported = matches!(proto, 6 | 17 | 132) && port != 0;
+    match (ip, ported) {
+        (IpAddr::V6(v6), true) => format!("[{v6}]:{port}"),
+        (ip, true) => format!("{ip}:{port}"),
+        (ip, false) => ip.to_string(),
+    }
+}
+
+fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
+    let unix = unix_time(ev.ts_ns);
+    let pod = pods.by_ifindex.get(&ev.ifindex);
+    let src = addr(ev.family, &ev.src);
+    let dst = addr(ev.family, &ev.dst);
+    let nat = (ev.nat_addr != [0; 4]).then(|| Ipv4Addr::from(ev.nat_addr));
+    if json_out {
+        let v: Value = json!({
+            "timeUnix": unix,
+            "monotonicNs": ev.ts_ns,
+            "type": type_name(ev.kind),
+            "reason": reason_name(ev.reason),
+            "ifindex": ev.ifindex,
+            "containerId": pod.map(|p| p.0.clone()),
+            "ifname": pod.map(|p| p.1.clone()),
+            "family": ev.family,
+            "proto": table::proto_name(ev.proto),
+            "src": src.map(|a| a.to_string()),
+            "sport": ev.sport,
+            "dst": dst.map(|a| a.to_string()),
+            "dport": ev.dport,
+            "natAddress": nat.map(|a| a.to_string()),
+            "natPort": ev.nat_port,
+            "len": ev.len,
+        });
+        println!("{}", serde_json::to_string(&v)?);
+        return Ok(());
+    }
+    let who = match pod {
+        Some((cid, ifname)) => format!("pod {}/{ifname}", table::short_id(cid)),
+        None if ev.ifindex != 0 => format!("ifindex {}", ev.ifindex),
+        None => "-".into(),
+    };
+    let flow = format!(
+        "{} {} -> {}",
+        table::proto_name(ev.proto),
+        endpoint(src, ev.sport, ev.proto),
+        endpoint(dst, ev.dport, ev.proto)
+    );
+    let line = match ev.kind {
+        event_kind::DROP => format!(
+            "drop      {:<22} {who}  {flow}  len {}",
+            reason_name(ev.reason),
+            ev.len
+        ),
+        event_kind::NAT_NEW => format!(
+            "nat       new flow               {who}  {flow}  as {}",
+            endpoint(nat.map(IpAddr::V4), ev.nat_port, ev.proto)
+        ),
+        event_kind::NAT_INBOUND => {
+            format!("nat       inbound connection     {who}  {flow}  (replies untranslated)")
+        }
+        event_kind::HOSTPORT_NEW => format!(
+            "hostport  new flow               {flow}  to {}",
+            endpoint(nat.map(IpAddr::V4), ev.nat_port, ev.proto)
+        ),
+        k => format!("event kind {k}"),
+    };
+    println!("{} {line}", clock(unix));
+    Ok(())
+}
+
+/// The programs' aya-log lines, printed as they arrive; `reason=N` gets its name.
+struct DebugLines {
+    json: bool,
+}
+
+impl log::Log for DebugLines {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let msg = name_reasons(&record.args().to_string());
+        if self.json {
+            println!("{}", json!({ "type": "debug", "message": msg }));
+        } else {
+            println!("debug     {msg}");
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Replaces `reason=<number>` with `reason=<name>`.
+fn name_reasons(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find("reason=") {
+        let (head, tail) = rest.split_at(i + "reason=".len());
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        match tail[..digits].parse::<u32>() {
+            Ok(n) => out.push_str(reason_name(n)),
+            Err(_) => out.push_str(&tail[..digits]),
+        }
+        rest = &tail[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_lines_get_reason_names() {
+        assert_eq!(
+            name_reasons("drop reason=37 ifindex=5 reason=x"),
+            "drop reason=drop_bw_egress ifindex=5 reason=x"
+        );
+        assert_eq!(name_reasons("no reason here"), "no reason here");
+    }
+
+    #[test]
+    fn clock_is_utc_time_of_day() {
+        assert_eq!(clock(3661.5), "01:01:01.500000");
+    }
+
+    #[test]
+    fn events_parse_from_ring_bytes() {
+        let ev = Event {
+            kind: event_kind::DROP,
+            reason: reason::DROP_BW_INGRESS,
+            family: 4,
+            src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..Event::default()
+        };
+        // SAFETY: reading the bytes of a plain old data value.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const ev).cast::<u8>(), std::mem::size_of::<Event>())
+        };
+        assert_eq!(parse(bytes), Some(ev));
+        assert_eq!(parse(&bytes[..10]), None);
+        assert_eq!(
+            addr(ev.family, &ev.src),
+            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)))
+        );
+        assert_eq!(endpoint(addr(4, &ev.src), 80, 6), "10.0.0.1:80");
+        assert_eq!(endpoint(addr(4, &ev.src), 0, 1), "10.0.0.1");
+    }
+}
