@@ -333,6 +333,8 @@ mod tests {
             "nat",
             "ports",
             "bandwidth",
+            "monitor",
+            "detach-all",
             "completions",
         ] {
             assert!(

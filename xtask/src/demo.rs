@@ -147,8 +147,25 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
 
     step("bandwidth: limit web's egress to 200 Mbit/s live (token bucket in eBPF, no qdisc, no ifb), measure, lift it");
     ctl(&["bandwidth", "set", "web", "--egress-rate", "200000000"])?;
+    // A monitor runs meanwhile: the new masqueraded flows, then the policer's drops.
+    let monitor = Command::new(&bins.sluicectl)
+        .arg("--pin-root")
+        .arg(&pin_root)
+        .args(["monitor", "--count", "8", "--duration", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting sluicectl monitor")?;
+    // Its first lease reaches the programs within a few ms; a second is plenty.
+    std::thread::sleep(Duration::from_secs(1));
     iperf(tb, web, ext, "192.168.77.2")?;
+    let out = monitor
+        .wait_with_output()
+        .context("waiting for sluicectl monitor")?;
+    println!("$ sluicectl monitor --count 8   (running during that iperf3)");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
     ctl(&["bandwidth", "list"])?;
+    ctl(&["counters", "--pod", &web_ip])?;
     ctl(&["bandwidth", "set", "web", "--clear-egress"])?;
 
     step("the counters moved: pod-to-pod went straight from one veth into the other (bpf_redirect_peer), pod-to-external out of the uplink by FIB lookup, external-to-pod in through the uplink's XDP/tc programs");

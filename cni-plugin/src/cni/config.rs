@@ -571,6 +571,7 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/cni/sluice/slnet"));
         assert_eq!(c.mtu, None);
         assert!(!c.ip_masq);
+        assert!(!c.debug);
         assert_eq!(c.xdp, XdpMode::Auto);
         assert_eq!(c.pod_attach, PodAttach::Tc);
         assert!(c.nodes.is_empty() && c.uplink.is_none());
@@ -600,11 +601,13 @@ mod tests {
             "natTimeouts": {"udp": 5, "tcpEstablished": 100},
             "xdp": "generic",
             "nodes": [{"podCIDR": "10.23.0.0/24", "nodeIP": "192.0.2.2"}],
+            "debug": true,
             "someUnknownKey": [1, 2, 3]
         }))
         .unwrap();
         assert_eq!(c.mtu, Some(1400));
         assert!(c.ip_masq);
+        assert!(c.debug);
         assert_eq!(c.pin_root, PathBuf::from("/sys/fs/bpf/test-x"));
         assert_eq!(c.state_dir, PathBuf::from("/tmp/state-x/net.a_b-c"));
         assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.10"]);
@@ -672,6 +675,7 @@ mod tests {
             (with("mtu", json!("1500")), "mtu", "1500"),
             (with("mtu", json!(70000)), "mtu", "70000"),
             (with("ipMasq", json!("yes")), "ipMasq", "yes"),
+            (with("debug", json!(1)), "debug", "1"),
             (with("pinRoot", json!("relative")), "pinRoot", "relative"),
             (
                 with("pinRoot", json!("/sys/fs/bpf/../x")),
