@@ -7,7 +7,20 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "sluicectl",
     version,
-    about = "Inspect and change Sluice's pinned eBPF datapath"
+    about = "Inspect and change Sluice's pinned eBPF datapath",
+    after_help = "\
+The pin root: --pin-root, else /sys/fs/bpf/sluice/<--network>, else the only network
+pinned under /sys/fs/bpf/sluice. Run as root in the node's network namespace.
+A pod (--pod, POD) is an address or a container id prefix. Every refusal exits 1.
+
+Examples:
+  sluicectl -n pods status
+  sluicectl -n pods counters --pod 10.22.0.5 --watch
+  sluicectl -n pods monitor --type drop --pod 10.22.0.5
+  sluicectl -n pods nat list --proto tcp --dst 1.1.1.1 --json
+  sluicectl -n pods ports add --host-port 8443 --pod 10.22.0.5 --container-port 443
+  sluicectl -n pods bandwidth set 10.22.0.5 --egress-rate 50000000
+  sluicectl -n pods datapath detach-all        # says what it would do; --yes does it"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -35,10 +48,25 @@ pub enum Command {
     Endpoints(EndpointsArgs),
     /// Per-reason packet counters of the node, and per endpoint: packets and
     /// bytes each way plus drops by reason (summed over CPUs); `--watch` refreshes.
+    #[command(after_help = "\
+Examples:
+  sluicectl -n pods counters                   # non-zero node reasons + every endpoint
+  sluicectl -n pods counters --all --node      # every reason of the node
+  sluicectl -n pods counters --pod 10.22.0.5 --watch 2
+  sluicectl -n pods counters --json            # {\"node\": {...}, \"endpoints\": [...]}")]
     Counters(CountersArgs),
     /// Stream datapath events: drops with their reason, new masquerade and
     /// hostPort flows, and the programs' debug lines when the network config has
     /// `"debug": true`. Runs until Ctrl-C, `--count` or `--duration`.
+    #[command(after_help = "\
+Events are written only while a monitor runs (a lease renewed every second, gone
+3 s after the last monitor stops). A full ring buffer loses events, never packets;
+the count of lost events is printed when the monitor stops.
+
+Examples:
+  sluicectl -n pods monitor
+  sluicectl -n pods monitor --type drop --reason drop_bw_egress
+  sluicectl -n pods monitor --pod 10.22.0.5 --proto tcp --port 443 --json")]
     Monitor(MonitorArgs),
     /// The loaded programs: version, reload, detach-all.
     #[command(subcommand)]
@@ -120,11 +148,21 @@ pub struct CompletionsArgs {
 #[derive(Subcommand)]
 pub enum BandwidthCommand {
     /// Pods with bandwidth limits, with packets passed and dropped.
-    List(JsonArgs),
+    List(BandwidthListArgs),
     /// One pod's limits.
     Get(BandwidthGetArgs),
     /// Change a running pod's limits; the next packet sees them.
     Set(BandwidthSetArgs),
+}
+
+#[derive(Args)]
+pub struct BandwidthListArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
 }
 
 #[derive(Args)]
@@ -240,6 +278,9 @@ pub struct NatListArgs {
     /// Only flows to this destination address.
     #[arg(long)]
     pub dst: Option<std::net::Ipv4Addr>,
+    /// Only flows with this port: the pod's, the NAT port or the destination's.
+    #[arg(long)]
+    pub port: Option<u16>,
 }
 
 #[derive(Args)]

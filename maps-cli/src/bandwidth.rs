@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 use sluice_common::{bw_limits, Bucket, BwState};
 
 use crate::{
-    args::{BandwidthCommand, BandwidthGetArgs, BandwidthSetArgs, JsonArgs, Target},
+    args::{BandwidthCommand, BandwidthGetArgs, BandwidthListArgs, BandwidthSetArgs, Target},
     bpf::{Datapath, EndpointRow},
     ports::pod_endpoints,
     table,
@@ -55,11 +55,25 @@ fn pod_json(eps: &[EndpointRow], ifindex: u32, s: &BwState) -> Value {
     })
 }
 
-fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
+fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
     let eps = dp.endpoints()?;
+    let only: Option<Vec<u32>> = match &a.pod {
+        Some(p) => {
+            let v: Vec<u32> = pod_endpoints(&eps, p)
+                .iter()
+                .map(|r| r.endpoint.ifindex)
+                .collect();
+            if v.is_empty() {
+                bail!("no pod with address or container id {p:?} on this datapath");
+            }
+            Some(v)
+        }
+        None => None,
+    };
     let rows: Vec<Value> = dp
         .bandwidth()?
         .iter()
+        .filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i)))
         .map(|(i, s)| pod_json(&eps, *i, s))
         .collect();
     if a.json {
@@ -78,12 +92,7 @@ fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
         .iter()
         .map(|r| {
             vec![
-                r["containerId"]
-                    .as_str()
-                    .unwrap_or("-")
-                    .chars()
-                    .take(12)
-                    .collect(),
+                table::short_id(r["containerId"].as_str().unwrap_or("-")),
                 r["podIps"]
                     .as_array()
                     .map(|a| {

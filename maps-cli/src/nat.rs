@@ -85,6 +85,13 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
                 .is_none_or(|p| p == table::proto_name(k.proto))
         })
         .filter(|(k, _)| a.dst.is_none_or(|d| d.octets() == k.dst_ip))
+        .filter(|(k, e)| {
+            a.port.is_none_or(|p| {
+                [k.src_port, k.dst_port, e.nat_port]
+                    .iter()
+                    .any(|x| u16::from_be(*x) == p)
+            })
+        })
         .collect();
     let idle = |e: &NatEntry| now.saturating_sub(e.last_seen_ns) / 1_000_000_000;
     if a.json {
