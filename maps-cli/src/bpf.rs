@@ -62,7 +62,15 @@ impl Datapath {
 
     fn map(&self, name: &str) -> Result<Map> {
         let path = self.pin_root.join(pin_dirs::MAPS).join(name);
-        if !path.exists() {
+        // The pin root is root-only (0700): a user without the right cannot
+        // even see whether the pin exists, and must not be told it is missing.
+        if let Err(e) = std::fs::metadata(&path) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                bail!(
+                    "reading {} needs root (CAP_BPF and CAP_SYS_ADMIN, and access to the root-only pin root): {e}",
+                    path.display()
+                );
+            }
             bail!(
                 "no datapath pinned at {} ({} is missing): no pod attached yet, or wrong --network/--pin-root",
                 self.pin_root.display(),
