@@ -235,3 +235,52 @@ fn print(r: &Reading, last: Option<&Reading>, a: &CountersArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(node: bool) -> CountersArgs {
+        CountersArgs {
+            json: true,
+            pod: None,
+            node,
+            all: false,
+            watch: None,
+            count: None,
+        }
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let r = Reading {
+            node: vec![("drop_bw_egress", 3), ("masq_snat", 0)],
+            endpoints: vec![EndpointCounters {
+                ifindex: 7,
+                host_ifname: "sl0".into(),
+                container_id: "c1".into(),
+                ifname: "eth0".into(),
+                ips: vec!["10.0.0.2".into()],
+                sent: (1, 100),
+                received: (2, 200),
+                drops: [("drop_bw_egress", 3)].into_iter().collect(),
+            }],
+        };
+        let v = to_json(&r, &args(false));
+        assert_eq!(v["node"]["drop_bw_egress"], 3);
+        assert_eq!(v["node"]["masq_snat"], 0, "zero reasons are listed too");
+        let e = &v["endpoints"][0];
+        assert_eq!(e["ifindex"], 7);
+        assert_eq!(e["hostIfname"], "sl0");
+        assert_eq!(e["containerId"], "c1");
+        assert_eq!(e["ifname"], "eth0");
+        assert_eq!(e["ips"][0], "10.0.0.2");
+        assert_eq!(e["sent"]["packets"], 1);
+        assert_eq!(e["sent"]["bytes"], 100);
+        assert_eq!(e["received"]["packets"], 2);
+        assert_eq!(e["drops"]["drop_bw_egress"], 3);
+        let node_only = to_json(&r, &args(true));
+        assert!(node_only.get("endpoints").is_none());
+        assert_eq!(node_only["node"]["drop_bw_egress"], 3);
+    }
+}
