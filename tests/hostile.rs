@@ -423,3 +423,71 @@ fn options_and_fragments_on_the_uplink_are_counted() {
     let d = node.counters().unwrap().since(&c0);
     assert_rose(&d, "ipv4_options_or_fragment", 3);
 }
+
+/// A pod sending with a source that is not its own — another pod's address, the
+/// node's gateway address, an outside address — is dropped (`drop_spoofed`,
+/// counted for the sending pod too) and nothing arrives; its own address still
+/// works. This also keeps a pod from reaching a hostPort or another pod with the
+/// node's address as its source.
+#[test]
+fn spoofed_sources_from_a_pod_are_dropped_and_counted() {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let conf = node.conf("1.0.0", "10.94.3.0/24");
+    let added_a = add(&node, &conf, "spoof-a", &a);
+    let added_b = add(&node, &conf, "spoof-b", &b);
+    let gateway = v4(added_a.gateways[0]);
+    let own = Ends {
+        dst_mac: parse_mac(&added_a.host_mac).unwrap(),
+        src_mac: parse_mac(&added_a.pod_mac).unwrap(),
+        src: v4(added_a.ip()),
+        dst: v4(added_b.ip()),
+    };
+    let forged = [
+        v4(added_b.ip()),               // pod b itself: a reflection
+        gateway,                        // the node
+        Ipv4Addr::new(10, 94, 3, 200),  // a free address of the pod range
+        Ipv4Addr::new(198, 51, 100, 7), // the outside
+    ];
+
+    let rx = UdpReceiver::start(&b.path, SocketAddr::new(added_b.ip(), 0), 1, RECEIVE).unwrap();
+    let port = rx.addr.port();
+    let mut frames: Vec<Vec<u8>> = forged
+        .iter()
+        .map(|src| Ends { src: *src, ..own }.ip(&Ends { src: *src, ..own }.udp(port, b"forged")))
+        .collect();
+    frames.push(own.ip(&own.udp(port, b"own")));
+    let c0 = node.counters().unwrap();
+    assert_eq!(
+        send_frames(&a.path, "eth0", frames).unwrap(),
+        forged.len() + 1
+    );
+    let got = rx.finish().unwrap();
+    let d = node.counters().unwrap().since(&c0);
+    assert_eq!(got, vec![b"own".to_vec()], "what pod b received: {got:?}");
+    assert_eq!(d.get("drop_spoofed"), forged.len() as u64, "{d}");
+
+    // Counted for the pod that sent them.
+    let v = node
+        .sluicectl_json(&["counters", "--json", "--pod", &added_a.ip().to_string()])
+        .unwrap();
+    let drops = &v["endpoints"][0]["drops"]["drop_spoofed"];
+    assert!(
+        drops.as_u64().is_some_and(|n| n >= forged.len() as u64),
+        "pod a's drop_spoofed: {v:#}"
+    );
+    // Pod b sent nothing forged.
+    let v = node
+        .sluicectl_json(&["counters", "--json", "--pod", &added_b.ip().to_string()])
+        .unwrap();
+    assert!(
+        v["endpoints"][0]["drops"].get("drop_spoofed").is_none(),
+        "{v:#}"
+    );
+
+    // Real traffic is untouched.
+    tcp_echo(&b, added_b.ip(), &a, 64 << 10).unwrap();
+    del(&node, &conf, "spoof-a", &a);
+    del(&node, &conf, "spoof-b", &b);
+}

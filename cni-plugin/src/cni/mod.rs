@@ -2,6 +2,8 @@
 pub mod args;
 pub mod config;
 pub mod env;
+#[cfg(test)]
+mod fuzz;
 pub mod json;
 pub mod result;
 pub mod runtime_config;

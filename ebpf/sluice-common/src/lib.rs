@@ -198,11 +198,16 @@ pub mod reason {
     /// monitor: an event did not fit in the ring buffer (`sluicectl monitor`
     /// reads too slowly); the packet itself was handled as usual.
     pub const EVENTS_LOST: u32 = 39;
+    /// from-pod: the source address is not one of the pod's (IPv6 link-local
+    /// and unspecified sources excepted, which neighbour discovery needs):
+    /// dropped, so a pod can neither impersonate another pod or the node nor
+    /// slip past masquerade and hostPort translation with a forged address.
+    pub const DROP_SPOOFED: u32 = 40;
     /// Slots in the array.
     pub const MAX: u32 = 64;
 
     /// Counter names, by index, for `sluicectl counters`.
-    pub const NAMES: [&str; 40] = [
+    pub const NAMES: [&str; 41] = [
         "from_pod_to_local_pod",
         "from_pod_fib_redirect",
         "from_pod_fib_neigh",
@@ -243,6 +248,7 @@ pub mod reason {
         "drop_bw_egress",
         "drop_bw_ingress",
         "events_lost",
+        "drop_spoofed",
     ];
 
     /// Whether the reason is a drop (the packet is discarded): those are also
@@ -260,6 +266,7 @@ pub mod reason {
                 | DROP_HOSTPORT_NO_PORT
                 | DROP_BW_EGRESS
                 | DROP_BW_INGRESS
+                | DROP_SPOOFED
         )
     }
 }
@@ -994,7 +1001,7 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::NAMES.len() as u32, reason::EVENTS_LOST + 1);
+        assert_eq!(reason::NAMES.len() as u32, reason::DROP_SPOOFED + 1);
         assert_eq!(
             size_of::<Event>(),
             8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 4 + 4 + 4

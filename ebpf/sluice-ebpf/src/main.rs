@@ -36,7 +36,13 @@ use aya_ebpf::{
 };
 use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
 
-use crate::{counters::count, events::note_drop, l3::Headers, maps::ENDPOINTS, packet::pull};
+use crate::{
+    counters::count,
+    events::note_drop,
+    l3::Headers,
+    maps::ENDPOINTS,
+    packet::{ptr_at, pull},
+};
 
 /// tcx verdict that hands the packet to the next program, or to the kernel when
 /// there is none (`TCX_NEXT`, the same value as `TC_ACT_UNSPEC` for cls_bpf).
@@ -68,6 +74,43 @@ fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
     })
 }
 
+/// Whether the packet's source is an address of the pod behind `ifindex` (the
+/// anti-spoofing check Cilium calls source IP verification). IPv6 link-local
+/// and unspecified sources pass: router and neighbour solicitations, DAD and
+/// MLD use them. Frames too short to hold a source pass here and are dropped as
+/// malformed by the parser.
+#[inline(always)]
+fn source_is_own(ctx: &TcContext, ifindex: u32) -> bool {
+    pull(ctx, HEADERS_LEN);
+    let Some(eth) = ptr_at::<[u8; 14]>(ctx, 0) else {
+        return true;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    let key = match et {
+        l3::ETH_P_IP => match ptr_at::<[u8; 4]>(ctx, 14 + 12) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(src) => IpKey::v4(unsafe { *src }),
+            None => return true,
+        },
+        l3::ETH_P_IPV6 => match ptr_at::<[u8; 16]>(ctx, 14 + 8) {
+            Some(src) => {
+                // SAFETY: bounds checked by ptr_at.
+                let a = unsafe { *src };
+                let link_local = a[0] == 0xfe && a[1] & 0xc0 == 0x80;
+                if link_local || a == [0; 16] {
+                    return true;
+                }
+                IpKey::v6(a)
+            }
+            None => return true,
+        },
+        _ => return true,
+    };
+    // SAFETY: the map value is only read.
+    unsafe { ENDPOINTS.get(key) }.is_some_and(|ep| ep.ifindex == ifindex)
+}
+
 /// A tc program's verdict, with its drops reported (see `events`).
 #[inline(always)]
 fn tc_exit(ctx: &TcContext, verdict: i32, pod_ifindex: u32) -> i32 {
@@ -87,6 +130,11 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn from_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
     endpoint::count_from_pod(ifindex, ctx.len());
+    // Before any translation or limit: a forged source never gets further.
+    if !source_is_own(ctx, ifindex) {
+        note_drop(reason::DROP_SPOOFED, 0);
+        return TC_ACT_SHOT;
+    }
     // The pod's egress limit, before anything else is spent on the packet.
     if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
         return TC_ACT_SHOT;
