@@ -43,6 +43,9 @@ const BURST: usize = 200;
 const SIZE: usize = 1000;
 /// A frame of one of those datagrams (Ethernet + IPv4 + UDP + payload).
 const FRAME: u64 = 14 + 20 + 8 + SIZE as u64;
+/// Bytes of each `udp_blast` of the bandwidth test: far more than 1 Mbit/s
+/// carries while it is sent, however slowly the machine sends.
+const BLAST: usize = 2 << 20;
 /// Bytes one event takes in the ring (8-byte record header + `Event`).
 const EVENT_RECORD: u64 = 8 + 72;
 /// Longest wait for a `--count` monitor to end once its events were made.
@@ -325,6 +328,9 @@ fn status_json_describes_the_live_datapath() {
         "{up:#}"
     );
     assert_eq!(up["xdp"], "off", "{up:#}");
+    // The pods' MTU: what their eth0 has.
+    let eth0 = look::link(&a.pod.name, "eth0").unwrap().unwrap();
+    assert_eq!(st["podMtu"], eth0["mtu"], "{st:#}");
 
     // Programs: every pinned one, with the id the kernel gives it.
     let pinned_progs = look::files(&root.join("progs")).unwrap();
@@ -357,8 +363,24 @@ fn status_json_describes_the_live_datapath() {
     let flows = w.ctl_json(&["nat", "list", "--json"]);
     assert_eq!(flows.as_array().map(Vec::len), Some(1), "{flows:#}");
     assert_eq!(m["flows"], 1, "{m:#}");
-    for k in ["previousAddress", "ports", "timeouts"] {
-        assert!(m.get(k).is_some(), "no masquerade.{k}: {m:#}");
+    assert!(m["previousAddress"].is_null(), "{m:#}");
+    // NAT ports: from 1024 up, outside the node's ip_local_port_range.
+    let range = look::sysctl(&w.node.netns_path(), "net/ipv4/ip_local_port_range").unwrap();
+    let (lo, hi) = range.split_once(char::is_whitespace).unwrap();
+    let (lo, hi): (u32, u32) = (lo.trim().parse().unwrap(), hi.trim().parse().unwrap());
+    assert_eq!(
+        m["ports"],
+        json!([format!("1024-{}", lo - 1), format!("{}-65535", hi + 1)]),
+        "{m:#}"
+    );
+    let t = &m["timeouts"];
+    assert_eq!(
+        keys(t),
+        sorted(&["tcpSyn", "tcpEstablished", "tcpClosing", "udp", "icmp"]),
+        "{m:#}"
+    );
+    for (k, v) in t.as_object().unwrap() {
+        assert!(v.as_u64().is_some_and(|n| n > 0), "timeouts.{k}: {m:#}");
     }
 
     // hostPort: a's two mappings, the node's address, the socket hooks.
@@ -904,6 +926,14 @@ fn monitor_filters_pass_only_matching_events() {
         &|| egress_drops(7001),
         &|e| e["type"] == "drop" && e["containerId"] == a.cid.as_str(),
     );
+    // A hostPort flow has no pod ifindex: --pod finds it by its NAT address.
+    filtered(
+        &w,
+        &["--pod", "ctl-filt-b"],
+        &|| egress_drops(7001),
+        &hostport,
+        &|e| e["type"] == "hostport-new" && e["natAddress"] == ib,
+    );
     // --port: either side.
     filtered(
         &w,
@@ -953,13 +983,20 @@ fn monitor_filters_pass_only_matching_events() {
     w.del(&c);
 }
 
-/// Waits for a debug line naming `drop_bw_egress` and `p`'s address.
+/// Whether a debug line names `drop_bw_egress` and `p`'s address.
 fn has_debug_drop(events: &[Value], p: &CtlPod) -> bool {
+    debug_drop_from(events, p, "")
+}
+
+/// Whether a debug line names `drop_bw_egress` and `p`'s address and
+/// `:port` (any with "").
+fn debug_drop_from(events: &[Value], p: &CtlPod, port: &str) -> bool {
+    let from = format!("{}:{port}", p.ip);
     events.iter().any(|e| {
         e["type"] == "debug"
             && e["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("reason=drop_bw_egress") && m.contains(&p.ip_string()))
+                .is_some_and(|m| m.contains("reason=drop_bw_egress") && m.contains(&from))
     })
 }
 
@@ -968,14 +1005,30 @@ fn monitor_prints_debug_lines_only_when_the_config_asks() {
     // "debug": true: debug lines next to the events.
     let w = CtlWorld::new("10.98.8.0/24", &json!({"debug": true})).unwrap();
     let a = w.add("a", "ctl-dbg-a", &egress_limited());
+    let b = w.add("b", "ctl-dbg-b", &json!({}));
+    let c = w.add("c", "ctl-dbg-c", &ingress_limited());
     let _sink = ext_sink(&w, 7001);
     let m = CtlChild::monitor(&w.node, &["--json"]).unwrap();
     assert!(m.stderr().contains("debug lines on"), "{}", m.stderr());
     wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
     burst_to_ext(&a, 40001, 7001);
-    let got = m.wait_for(Duration::from_secs(10), |evs| has_debug_drop(evs, &a));
+    // Drops of another program (to_pod: c's ingress limit) too.
+    let sent = udp_burst(&b.pod.path, b.sock(40003), c.sock(9000), BURST, SIZE).unwrap();
+    assert_eq!(sent, BURST);
+    let ingress_line = |evs: &[Value]| {
+        evs.iter().any(|e| {
+            e["type"] == "debug"
+                && e["message"].as_str().is_some_and(|m| {
+                    m.contains("reason=drop_bw_ingress")
+                        && m.contains(&format!("{}:40003 -> {}:9000", b.ip, c.ip))
+                })
+        })
+    };
+    let got = m.wait_for(Duration::from_secs(10), |evs| {
+        has_debug_drop(evs, &a) && ingress_line(evs)
+    });
     let end = m.stop(Duration::from_secs(3)).unwrap();
-    assert!(got, "no debug line of the drops: {end:#?}");
+    assert!(got, "no debug lines of both kinds of drops: {end:#?}");
     assert_eq!(end.status, Some(0), "{end:#?}");
     let events = end.json();
     for e in events.iter().filter(|e| e["type"] == "debug") {
@@ -997,6 +1050,8 @@ fn monitor_prints_debug_lines_only_when_the_config_asks() {
     assert_eq!(events.len(), 3, "{end:#?}");
     assert!(events.iter().all(|e| e["type"] == "drop"), "{end:#?}");
     w.del(&a);
+    w.del(&b);
+    w.del(&c);
     drop(w);
 
     // "debug": false: none, while drop events show.
@@ -1017,6 +1072,38 @@ fn monitor_prints_debug_lines_only_when_the_config_asks() {
     assert!(
         !events.iter().any(|e| e["type"] == "debug"),
         "debug lines without \"debug\": true: {end:#?}"
+    );
+    w.del(&a);
+}
+
+/// A monitor shows what happens while it runs: the events a previous lease
+/// left in the ring are drained, and so must be the debug lines written before
+/// it started (they carry no time to tell them apart).
+#[test]
+#[ignore = "BUG: with \"debug\": true a new `sluicectl monitor` prints the debug lines of drops and flows that happened before it started (all still in the programs' AYA_LOGS ring, e.g. minutes old), as if they were happening now: monitor.rs drains stale events from sl_events but not the debug log ring"]
+fn monitor_does_not_print_debug_lines_from_before_it_started() {
+    let w = CtlWorld::new("10.98.23.0/24", &json!({"debug": true})).unwrap();
+    let a = w.add("a", "ctl-dbgold-a", &egress_limited());
+    let _sink = ext_sink(&w, 7001);
+    // Drops while no monitor runs.
+    burst_to_ext(&a, 40001, 7001);
+    settle(&w);
+    let m = CtlChild::monitor(&w.node, &["--json"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
+    burst_to_ext(&a, 40002, 7001);
+    let got = m.wait_for(Duration::from_secs(10), |evs| {
+        debug_drop_from(evs, &a, "40002")
+    });
+    let end = m.stop(Duration::from_secs(3)).unwrap();
+    assert!(got, "no debug line of the new drops: {end:#?}");
+    let old = end
+        .json()
+        .iter()
+        .filter(|e| e["type"] == "debug" && e.to_string().contains(":40001"))
+        .count();
+    assert_eq!(
+        old, 0,
+        "{old} debug lines of drops made before the monitor started"
     );
     w.del(&a);
 }
@@ -1295,6 +1382,28 @@ fn datapath_detach_all_asks_first_then_leaves_pods_to_kernel_routing() {
             .get("from_pod_to_local_pod")
             > 0
     );
+
+    // Run where the host veths are not (the host's namespace): refused,
+    // nothing detached.
+    let out = exec::run(
+        None,
+        &sluicectl_bin().unwrap(),
+        &[
+            "--pin-root",
+            &root.display().to_string(),
+            "datapath",
+            "detach-all",
+            "--yes",
+            "--sluice",
+            &sluice,
+        ],
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_refused(&out, &["detach-all failed", "run it in the node's"]);
+    assert_eq!(look::files(&root.join("links")).unwrap(), links0);
+    assert_eq!(net_programs(&w), net0);
 
     // With --yes: every program off its hook.
     let out = w.ctl(&["datapath", "detach-all", "--yes", "--sluice", &sluice]);
@@ -1714,8 +1823,7 @@ fn bandwidth_set_changes_a_running_pods_rate_and_clear_removes_it() {
             "drop_bw_egress",
         )
     };
-    let blast =
-        |port: u16| udp_blast(&a.pod.path, &ext, sa(ext_ip(), port), BURST * SIZE, SIZE).unwrap();
+    let blast = |port: u16| udp_blast(&a.pod.path, &ext, sa(ext_ip(), port), BLAST, SIZE).unwrap();
     // Unlimited: no drops.
     let free = blast(7001);
     assert_eq!(drops(), 0);
@@ -1851,9 +1959,13 @@ fn a_network_name_finds_its_default_pin_root() {
     assert_eq!(st["pinRoot"], root, "{st:#}");
     // Neither: the one network under /sys/fs/bpf/sluice, or a refusal naming
     // them when there are several (other datapaths of this machine).
-    let others = look::files(Path::new(DEFAULT_PIN_BASE)).unwrap();
+    let networks: Vec<String> = look::files(Path::new(DEFAULT_PIN_BASE))
+        .unwrap()
+        .into_iter()
+        .filter(|f| Path::new(DEFAULT_PIN_BASE).join(f).join("maps").is_dir())
+        .collect();
     let out = exec::run(Some(&netns), &bin, &["status", "--json"], &[], b"").unwrap();
-    if others.len() == 1 {
+    if networks.len() == 1 {
         assert!(out.success(), "{out}");
         let st: Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(st["pinRoot"], root, "{st:#}");
