@@ -18,6 +18,7 @@ pub mod attached;
 pub mod bandwidth;
 pub mod cni;
 pub mod counters;
+pub mod ctl;
 pub mod exec;
 pub mod fixtures;
 pub mod host;

@@ -276,8 +276,9 @@ pub fn tcx_link(pin: &Path) -> Result<TcxLink> {
     })
 }
 
-/// Opens the link pinned at `pin` and reads what the kernel says about it.
-fn read_link_info(pin: &Path) -> Result<LinkInfo> {
+/// Opens the BPF object (map, program, link) pinned at `pin` (`BPF_OBJ_GET`,
+/// read-write).
+pub fn bpf_obj_get(pin: &Path) -> Result<std::os::fd::OwnedFd> {
     use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
     let c_path = std::ffi::CString::new(pin.as_os_str().as_bytes())
         .map_err(|e| err!("{}: {e}", pin.display()))?;
@@ -288,7 +289,12 @@ fn read_link_info(pin: &Path) -> Result<LinkInfo> {
     let fd = bpf(BPF_OBJ_GET, &mut get).map_err(|e| err!("BPF_OBJ_GET {}: {e}", pin.display()))?;
     let fd = i32::try_from(fd).map_err(|_| err!("BPF_OBJ_GET returned fd {fd}"))?;
     // SAFETY: the kernel just returned this descriptor to us; OwnedFd closes it.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens the link pinned at `pin` and reads what the kernel says about it.
+fn read_link_info(pin: &Path) -> Result<LinkInfo> {
+    let fd = bpf_obj_get(pin)?;
     let mut info = LinkInfo::default();
     let mut attr = InfoAttr {
         bpf_fd: u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap_or(u32::MAX),
