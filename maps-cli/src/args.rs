@@ -129,7 +129,7 @@ pub struct MonitorArgs {
     /// Only this protocol.
     #[arg(long, value_parser = ["tcp", "udp", "icmp", "sctp"])]
     pub proto: Option<String>,
-    /// Only drops with this reason (a name from `sluicectl counters --all`).
+    /// Only drops with this reason (a `drop_*` name from `sluicectl counters --all`).
     #[arg(long)]
     pub reason: Option<String>,
     /// Stop after this many events.
@@ -257,10 +257,11 @@ pub struct PortsDelArgs {
 pub enum NatCommand {
     /// List masqueraded flows (pod side -> NAT address:port -> destination).
     List(NatListArgs),
-    /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP start a
-    /// new flow (new NAT port) with their next packet; a TCP connection in the
-    /// middle has no flow any more and its segments are dropped
-    /// (drop_masq_no_flow) until the application reconnects.
+    /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP open a
+    /// new flow with their next packet (its NAT port is chosen again by a hash of
+    /// the flow, so it is usually the same port); a TCP connection in the middle
+    /// has no flow any more and its segments are dropped (drop_masq_no_flow)
+    /// until the application reconnects.
     Flush(NatFlushArgs),
 }
 

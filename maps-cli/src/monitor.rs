@@ -12,6 +12,10 @@ use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd, RawFd},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -33,25 +37,38 @@ const RENEW: Duration = Duration::from_secs(1);
 pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     if let Some(r) = &a.reason {
-        if !reason::NAMES.contains(&r.as_str()) {
-            bail!("unknown reason {r:?}; `sluicectl counters --all` lists them");
+        let known = reason::NAMES.iter().position(|n| n == r);
+        if !known.is_some_and(|i| reason::is_drop(i as u32)) {
+            bail!("{r:?} is not a drop reason; the drop_* names of `sluicectl counters --all` are");
         }
     }
     let mut ring = dp.events()?;
     let debug_on = dp.monitor_slot(monitor_slot::DEBUG)? != 0;
     let want_debug = a.types.is_empty() || a.types.iter().any(|t| t == "debug");
+    let muted = Arc::new(AtomicBool::new(true));
     let mut logger = if debug_on && want_debug {
         let id = dp.program_id(prog_names::FROM_POD)?;
         Some(
-            EbpfLogger::init_from_id_with_logger(id, DebugLines { json: a.json })
-                .with_context(|| format!("opening the debug log ring of program {id}"))?,
+            EbpfLogger::init_from_id_with_logger(
+                id,
+                DebugLines {
+                    json: a.json,
+                    muted: muted.clone(),
+                },
+            )
+            .with_context(|| format!("opening the debug log ring of program {id}"))?,
         )
     } else {
         None
     };
     signals::install();
-    // What a previous monitor's lease left in the ring is not ours to show.
+    // What is in the rings already happened before this monitor: not shown
+    // (debug lines carry no time to tell them apart).
     while ring.next().is_some() {}
+    if let Some(l) = &mut logger {
+        l.flush();
+    }
+    muted.store(false, Ordering::Relaxed);
     let lost_before = lost(&dp);
     let mut pods = Pods::read(&dp, a)?;
     eprintln!(
@@ -353,6 +370,8 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
 /// The programs' aya-log lines, printed as they arrive; `reason=N` gets its name.
 struct DebugLines {
     json: bool,
+    /// Set while the lines from before the monitor started are drained.
+    muted: Arc<AtomicBool>,
 }
 
 impl log::Log for DebugLines {
@@ -361,6 +380,9 @@ impl log::Log for DebugLines {
     }
 
     fn log(&self, record: &log::Record<'_>) {
+        if self.muted.load(Ordering::Relaxed) {
+            return;
+        }
         let msg = name_reasons(&record.args().to_string());
         if self.json {
             println!("{}", json!({ "type": "debug", "message": msg }));

@@ -32,9 +32,8 @@ fn state_name(s: u8) -> &'static str {
 
 /// The pod addresses `pod` names: an IPv4 address, or a container id prefix.
 fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
-    if let Ok(ip) = pod.parse::<Ipv4Addr>() {
-        return Ok(vec![ip.octets()]);
-    }
+    // An address must be a pod's too (DEL removes a pod's flows, so no other
+    // address has any), like --pod everywhere else.
     let eps = dp.endpoints()?;
     let ips: Vec<[u8; 4]> = crate::ports::pod_endpoints(&eps, pod)
         .into_iter()

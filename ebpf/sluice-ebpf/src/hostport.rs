@@ -140,7 +140,13 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
             proto,
             _pad: [0; 3],
         };
-        events::flow(event_kind::HOSTPORT_NEW, &outside, t.pod_ip, t.pod_port, 0);
+        events::flow(
+            event_kind::HOSTPORT_NEW,
+            &outside,
+            t.pod_ip,
+            t.pod_port,
+            t.pod_ifindex,
+        );
     }
 }
 
