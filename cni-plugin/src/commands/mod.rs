@@ -4,6 +4,7 @@ pub mod add;
 mod check;
 mod del;
 mod gc;
+mod repair;
 mod status;
 pub mod version;
 

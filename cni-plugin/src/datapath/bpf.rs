@@ -513,9 +513,27 @@ pub fn attach(
                     handle: FILTER_HANDLE,
                     classid: None,
                 });
-                let id = prog
-                    .attach_with_options(host_ifname, attach_type, opts)
-                    .map_err(|e| dp_err(format!("attach {name} to {host_ifname}"), e))?;
+                let id = match prog.attach_with_options(host_ifname, attach_type, opts) {
+                    Ok(id) => id,
+                    // A filter of ours is already there (the programs of a
+                    // datapath whose pins were lost): point it at this program
+                    // in place (aya creates filters with NLM_F_EXCL).
+                    Err(aya::programs::ProgramError::TcError(TcError::NetlinkError(e)))
+                        if e.raw_os_error() == Some(libc::EEXIST) =>
+                    {
+                        let existing = SchedClassifierLink::attached(
+                            host_ifname,
+                            attach_type,
+                            FILTER_PRIORITY,
+                            FILTER_HANDLE,
+                            None,
+                        )
+                        .map_err(|e| dp_err(format!("find {name} on {host_ifname}"), e))?;
+                        prog.attach_to_link(existing)
+                            .map_err(|e| dp_err(format!("replace {name} on {host_ifname}"), e))?
+                    }
+                    Err(e) => return Err(dp_err(format!("attach {name} to {host_ifname}"), e)),
+                };
                 let link = prog
                     .take_link(id)
                     .map_err(|e| dp_err(format!("take link of {name} on {host_ifname}"), e))?;

@@ -207,6 +207,15 @@ impl Datapath {
         }
     }
 
+    /// Attaches the hostPort socket hooks to `cgroup` unless they are attached.
+    pub fn ensure_host_port_hooks(&self, _guard: &LoadedGuard, cgroup: &Path) -> Result<(), Error> {
+        hostport::attach_hooks(
+            &self.dir(pin_dirs::PROGS),
+            &self.dir(pin_dirs::LINKS),
+            cgroup,
+        )
+    }
+
     /// Switches the programs' aya-log debug lines on or off (config `debug`).
     pub fn set_debug(&self, _guard: &LoadedGuard, on: bool) -> Result<(), Error> {
         bpf::write_monitor_slot(

@@ -1,0 +1,115 @@
+//! Re-attaching the pods of a lost datapath. After a reboot's empty bpffs, or
+//! pins deleted by hand, the next ADD loads a new datapath: the pods attached
+//! before keep their veths, addresses, routes and neighbours, but their programs
+//! (if still attached) use maps nobody pins any more, and the new maps know
+//! nothing of them. The attachment records in the state directory say who they
+//! are; each one whose host veth still exists gets its endpoint entries, its
+//! programs (cls_bpf filters replaced in place, or attached anew), its hostPort
+//! mappings and its bandwidth limits in the new datapath.
+use std::net::IpAddr;
+
+use crate::{
+    cni::{config::NetConf, AttachmentId},
+    datapath::{hostport, Datapath, EndpointSpec, LoadedGuard},
+    error::Error,
+    interface,
+    netlink::Netlink,
+    netns::Netns,
+    state::{AttachmentRecord, StateStore},
+};
+
+use super::add::PORT_MAPPINGS;
+
+/// Re-attaches every recorded attachment but `skip` (the ADD in progress).
+/// Returns how many were re-attached; one that fails is reported and skipped,
+/// so a broken pod cannot block the others (or the ADD).
+pub async fn reattach(
+    conf: &NetConf,
+    dp: &Datapath,
+    guard: &LoadedGuard,
+    store: &StateStore,
+    host_nl: &Netlink,
+    skip: &AttachmentId,
+) -> Result<usize, Error> {
+    let mut n = 0;
+    for rec in store.list()? {
+        if !rec.complete || rec.id() == *skip {
+            continue;
+        }
+        match reattach_one(conf, dp, guard, host_nl, &rec).await {
+            Ok(true) => n += 1,
+            Ok(false) => {}
+            Err(e) => eprintln!(
+                "sluice: re-attaching {}/{} to the new datapath failed: {e}",
+                rec.container_id, rec.ifname
+            ),
+        }
+    }
+    Ok(n)
+}
+
+/// `Ok(false)`: the pod's veth is gone (its DEL or GC will clean up).
+async fn reattach_one(
+    conf: &NetConf,
+    dp: &Datapath,
+    guard: &LoadedGuard,
+    host_nl: &Netlink,
+    rec: &AttachmentRecord,
+) -> Result<bool, Error> {
+    let Some(link) = host_nl.link_by_name(&rec.host_ifname).await? else {
+        return Ok(false);
+    };
+    if rec.host_ifindex.is_some_and(|i| i != link.index) {
+        // Same name, another interface: not the pod's veth.
+        return Ok(false);
+    }
+    let ips: Vec<IpAddr> = rec.ips.iter().map(|n| n.ip()).collect();
+    // The pod's MAC: the permanent neighbour ADD made for its address.
+    let neighbours = host_nl.permanent_neighbours(link.index).await?;
+    let pod_mac = ips
+        .iter()
+        .find_map(|ip| neighbours.iter().find(|(a, _)| a == ip).map(|(_, m)| *m))
+        .ok_or_else(|| {
+            Error::datapath(
+                "re-attach",
+                format!("no neighbour entry for {:?} on {}", ips, rec.host_ifname),
+            )
+        })?;
+    let pod_ns = rec
+        .netns
+        .as_deref()
+        .map(|p| Netns::open(p.as_ref()))
+        .transpose()?;
+    let xdp_ready = pod_ns
+        .as_ref()
+        .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
+    let id = rec.id();
+    dp.add_endpoint(
+        guard,
+        &EndpointSpec {
+            id: &id,
+            host_ifname: &rec.host_ifname,
+            host_ifindex: link.index,
+            host_mac: link.mac.unwrap_or_default(),
+            pod_mac,
+            ips: &ips,
+            netns_ino: pod_ns.as_ref().map_or(0, Netns::inode),
+            xdp_ready,
+            attach: conf.pod_attach,
+        },
+    )?;
+    dp.set_bandwidth(guard, link.index, rec.bandwidth.as_ref())?;
+    let ports = hostport::entries(
+        &rec.port_mappings,
+        PORT_MAPPINGS,
+        hostport::first_v4(&ips),
+        link.index,
+    )?;
+    if !ports.is_empty() {
+        dp.add_ports(guard, &host_nl.local_ipv4().await?, &ports)?;
+        if let Some(cg) = &conf.host_port_cgroup {
+            dp.ensure_host_port_hooks(guard, cg)?;
+        }
+    }
+    Ok(true)
+}
