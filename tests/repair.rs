@@ -80,3 +80,64 @@ fn the_next_add_re_attaches_pods_after_the_pins_are_deleted() {
         del(&node, &conf, id, p);
     }
 }
+
+/// Unmounts a bpffs mounted by the test when dropped (also on panic), before
+/// the node removes its pin root directory.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A reboot for real: the pins live in a bpffs instance of their own, which is
+/// unmounted (every pin in it goes with it); the next ADD loads into the bpffs
+/// beneath and re-attaches the pods.
+#[test]
+fn the_next_add_re_attaches_pods_after_bpffs_is_unmounted() {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let c = node.pod("c").unwrap();
+    std::fs::create_dir_all(node.pin_root()).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(node.pin_root())
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "mounting a bpffs on {}",
+        node.pin_root().display()
+    );
+    let mounted = Mounted(node.pin_root().to_path_buf());
+    let conf = node.conf("1.1.0", "10.94.8.0/24");
+    let added_a = add(&node, &conf, "unmount-a", &a);
+    let added_b = add(&node, &conf, "unmount-b", &b);
+    tcp_echo(&b, added_b.ip(), &a, 64 << 10).unwrap();
+
+    let st = Command::new("umount")
+        .arg(node.pin_root())
+        .status()
+        .unwrap();
+    assert!(st.success(), "unmounting {}", node.pin_root().display());
+    drop(mounted);
+    assert!(
+        !node.pin_root().join("maps").exists(),
+        "the pins went with the bpffs instance"
+    );
+
+    let added_c = add(&node, &conf, "unmount-c", &c);
+    let eps = node.endpoints().unwrap();
+    assert_eq!(eps.len(), 3, "a, b and c in the new datapath: {eps:#?}");
+    let before = node.counters().unwrap();
+    tcp_echo(&b, added_b.ip(), &a, 256 << 10).unwrap();
+    tcp_echo(&c, added_c.ip(), &a, 64 << 10).unwrap();
+    let d = node.counters().unwrap().since(&before);
+    assert!(d.get("from_pod_to_local_pod") > 0, "counters: {d}");
+    let _ = added_a;
+    for (id, p) in [("unmount-a", &a), ("unmount-b", &b), ("unmount-c", &c)] {
+        del(&node, &conf, id, p);
+    }
+}
