@@ -170,3 +170,32 @@ fn gc_keeps_valid_attachments_with_long_container_ids() {
     }
     node.assert_clean(NETWORK);
 }
+
+/// STATUS says when an ADD cannot succeed because the datapath cannot load: a
+/// datapath of another map layout pinned at the pin root (an old `sluice`'s, or
+/// a newer one's after a downgrade). The ADD it predicts fails too, leaving
+/// nothing behind, and the pinned datapath is left as it was.
+#[test]
+fn status_reports_a_datapath_that_cannot_load() {
+    let node = Node::new().unwrap();
+    let conf = node.conf(VERSION, "10.85.2.0/24");
+    sluice_tests::ctl::fake_meta(node.pin_root(), 99).unwrap();
+    let out = node.cni("STATUS", &conf, "", "", None, &[]).unwrap();
+    let e = out.error(50);
+    assert!(
+        e.details.contains("layout v99"),
+        "STATUS must say why: {:?}",
+        e.details
+    );
+    let pod = node.pod("a").unwrap();
+    let add = node
+        .cni("ADD", &conf, "status-layout", "eth0", Some(&pod), &[])
+        .unwrap();
+    let failed = add.any_error();
+    assert!(failed.code != 0, "the ADD must fail: {add}");
+    assert!(
+        node.pin_root().join("maps").join("sl_meta").exists(),
+        "the other layout's pins are left alone"
+    );
+    node.assert_clean(NETWORK);
+}
