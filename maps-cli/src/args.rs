@@ -85,6 +85,24 @@ Examples:
     Completions(CompletionsArgs),
 }
 
+impl Command {
+    /// The name of a command that changes the datapath (`None`: it only reads).
+    pub fn write_name(&self) -> Option<&'static str> {
+        match self {
+            Command::Ports(PortsCommand::Add(_)) => Some("ports add"),
+            Command::Ports(PortsCommand::Del(_)) => Some("ports del"),
+            Command::Bandwidth(BandwidthCommand::Set(_)) => Some("bandwidth set"),
+            Command::Nat(NatCommand::Flush(_)) => Some("nat flush"),
+            Command::Datapath(DatapathCommand::Reload(_)) => Some("datapath reload"),
+            Command::Datapath(DatapathCommand::DetachAll(d)) if d.yes => {
+                Some("datapath detach-all")
+            }
+            // The monitor writes its lease, which only switches events on.
+            _ => None,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct CountersArgs {
     /// Print JSON (stable field names) instead of tables.

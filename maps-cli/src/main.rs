@@ -4,6 +4,7 @@
 mod args;
 mod bandwidth;
 mod bpf;
+mod caps;
 mod counters;
 mod datapath;
 mod endpoints;
@@ -19,6 +20,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // `sluicectl ... | head` ends quietly, like other tools, instead of
+    // panicking on the closed pipe (Rust ignores SIGPIPE by default).
+    // SAFETY: resetting a signal disposition before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // Bad arguments exit 1 like every other refusal (clap's default is 2);
     // --help and --version exit 0.
     let cli = match args::Cli::try_parse() {
@@ -32,6 +37,12 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Some(what) = cli.command.write_name() {
+        if let Err(e) = caps::require_write(what) {
+            eprintln!("sluicectl: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match &cli.command {
         args::Command::Status(a) => status::execute(&cli.target, a),
         args::Command::Endpoints(a) => endpoints::execute(&cli.target, a),
