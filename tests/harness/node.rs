@@ -224,6 +224,28 @@ impl Node {
         self.exec_plugin(&crate::sluice_bin()?, &env, conf.to_string().as_bytes())
     }
 
+    /// Starts `sluice` as [`Self::cni`] runs it (same environment, `conf` on
+    /// stdin, in the node namespace) and returns at once: the crash tests kill
+    /// it while it works. Dropping the [`exec::Running`] kills it.
+    pub fn cni_spawn(
+        &self,
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+        extra_env: &[(&str, &str)],
+    ) -> Result<exec::Running> {
+        let env = cni_env(cmd, container_id, ifname, netns, extra_env);
+        exec::spawn(
+            Some(&self.netns_path()),
+            &crate::sluice_bin()?,
+            &[],
+            &env,
+            conf.to_string().as_bytes(),
+        )
+    }
+
     /// As [`Self::cni`] for a reference plugin (`portmap`, `host-local`, ...).
     pub fn reference(
         &self,
