@@ -45,11 +45,14 @@ pub fn map_entries(node: &Node, name: &str) -> Result<Vec<Value>> {
         .ok_or_else(|| err!("bpftool map dump {p} printed no JSON array: {out}"))
 }
 
-/// Entries of every map of [`POD_MAPS`].
+/// Entries of every map of [`POD_MAPS`] that is pinned (a datapath whose load
+/// was interrupted may have pinned only some).
 pub fn pod_map_counts(node: &Node) -> Result<BTreeMap<&'static str, usize>> {
     let mut m = BTreeMap::new();
     for name in POD_MAPS {
-        m.insert(name, map_entries(node, name)?.len());
+        if node.pin_root().join("maps").join(name).exists() {
+            m.insert(name, map_entries(node, name)?.len());
+        }
     }
     Ok(m)
 }
@@ -113,14 +116,10 @@ impl Inventory {
             .into_iter()
             .filter(|f| !is_ipam_bookkeeping(f))
             .collect();
-        let maps = if node.pin_root().join("maps").exists() {
-            pod_map_counts(node)?
-                .into_iter()
-                .filter(|(_, n)| *n > 0)
-                .collect()
-        } else {
-            BTreeMap::new()
-        };
+        let maps = pod_map_counts(node)?
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
         Ok(Self {
             links,
             state_files: files_under(&node.state_dir())?,
