@@ -333,7 +333,8 @@ fn report(samples: &[Sample], total: Duration, traffic_time: Duration) -> String
     );
     let _ = writeln!(
         r,
-        "latency of one plugin process (ms, nearest-rank percentiles), {} CPUs:",
+        "latency of one plugin process ({}; ms, nearest-rank percentiles), {} CPUs:",
+        sluice_tests::sluice_bin().map_or_else(|e| e.to_string(), |p| p.display().to_string()),
         thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     let _ = writeln!(
