@@ -52,17 +52,16 @@ impl fmt::Display for Output {
     }
 }
 
-/// Runs `program args` with only `PATH` and `env` in its environment, `stdin` on
-/// its standard input, and kills it after [`TIMEOUT`]. In `netns` (a path such as
-/// `/run/netns/x`) when given, through `nsenter --net=` so that the mount
-/// namespace, and with it bpffs, stays the test's.
-pub fn run(
+/// The command `run` and `spawn` start: `program args` with only `PATH` and
+/// `env` in its environment, in `netns` through `nsenter --net=` when given
+/// (`nsenter` without `--fork` execs, so the process is `program` itself once
+/// it runs); with its description for messages.
+fn command(
     netns: Option<&Path>,
     program: &Path,
     args: &[&str],
     env: &[(String, String)],
-    stdin: &[u8],
-) -> Result<Output> {
+) -> (Command, String) {
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("nsenter");
@@ -89,6 +88,21 @@ pub fn run(
         .trim()
         .to_string()
     };
+    (cmd, what)
+}
+
+/// Runs `program args` with only `PATH` and `env` in its environment, `stdin` on
+/// its standard input, and kills it after [`TIMEOUT`]. In `netns` (a path such as
+/// `/run/netns/x`) when given, through `nsenter --net=` so that the mount
+/// namespace, and with it bpffs, stays the test's.
+pub fn run(
+    netns: Option<&Path>,
+    program: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+    stdin: &[u8],
+) -> Result<Output> {
+    let (mut cmd, what) = command(netns, program, args, env);
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -169,5 +183,158 @@ pub fn tool(netns: Option<&Path>, program: &str, args: &[&str]) -> Result<String
         Ok(out.stdout)
     } else {
         Err(err!("{out}"))
+    }
+}
+
+/// A program started by [`spawn`] and not yet reaped: the crash tests kill it at
+/// a moment of their choosing. Killed (SIGKILL) and reaped when dropped, also
+/// while a failed test unwinds, and killed by the kernel when the test process
+/// dies (`PR_SET_PDEATHSIG`).
+pub struct Running {
+    child: Option<std::process::Child>,
+    what: String,
+    started: Instant,
+    readers: Vec<thread::JoinHandle<String>>,
+}
+
+/// Starts `program args` as [`run`] does (only `PATH` and `env`, in `netns`
+/// through `nsenter --net=`), writes `stdin` to it and closes it, and returns at
+/// once. Its output is collected on threads of its own, so it never blocks on a
+/// full pipe.
+pub fn spawn(
+    netns: Option<&Path>,
+    program: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+    stdin: &[u8],
+) -> Result<Running> {
+    use std::os::unix::process::CommandExt;
+    let (mut cmd, what) = command(netns, program, args, env);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: prctl is async-signal-safe; nothing else runs in the child before
+    // exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| err!("cannot start `{what}`: {e}"))?;
+    let read = |s: Option<Box<dyn Read + Send>>| {
+        thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(s) = s {
+                let _ = s.take(MAX_OUTPUT).read_to_end(&mut out);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+    };
+    let readers = vec![
+        read(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+        read(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+    ];
+    let running = Running {
+        child: Some(child),
+        what,
+        started,
+        readers,
+    };
+    Ok(running.with_stdin(stdin))
+}
+
+impl Running {
+    /// Writes `stdin` (a config: far less than a pipe holds, so this does not
+    /// block) and closes it. A program killed before it read gives EPIPE,
+    /// which is ignored (SIGPIPE is ignored by the Rust runtime).
+    fn with_stdin(mut self, stdin: &[u8]) -> Self {
+        if let Some(mut s) = self.child.as_mut().and_then(|c| c.stdin.take()) {
+            let _ = s.write_all(stdin);
+        }
+        self
+    }
+
+    /// The process id (`nsenter`'s until it execs the program, then the
+    /// program's: the same process).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
+    /// Time since the process was started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Sends SIGKILL (a process that has already exited but is not reaped is
+    /// a zombie: the signal does nothing).
+    pub fn kill(&mut self) -> Result<()> {
+        match self.child.as_mut() {
+            Some(c) => c.kill().map_err(|e| err!("killing `{}`: {e}", self.what)),
+            None => Err(err!("`{}` was reaped already", self.what)),
+        }
+    }
+
+    /// Waits at most `timeout` for it to end (then kills it and fails) and
+    /// returns what it did; `status` is `None` when a signal ended it.
+    pub fn wait(mut self, timeout: Duration) -> Result<Output> {
+        let Some(mut child) = self.child.take() else {
+            return Err(err!("`{}` was reaped already", self.what));
+        };
+        let start = Instant::now();
+        let (status, timed_out) = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break (st.code(), false),
+                Ok(None) if start.elapsed() > timeout => {
+                    let _ = child.kill();
+                    let st = child.wait().ok().and_then(|s| s.code());
+                    break (st, true);
+                }
+                Ok(None) => thread::sleep(Duration::from_millis(2)),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(err!("waiting for `{}`: {e}", self.what));
+                }
+            }
+        };
+        let mut texts = self.readers.drain(..).map(|r| r.join().unwrap_or_default());
+        let out = Output {
+            what: self.what.clone(),
+            status,
+            stdout: texts.next().unwrap_or_default(),
+            stderr: texts.next().unwrap_or_default(),
+        };
+        if timed_out {
+            return Err(err!("killed after {timeout:?} without finishing: {out}"));
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
     }
 }

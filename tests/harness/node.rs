@@ -224,6 +224,56 @@ impl Node {
         self.exec_plugin(&crate::sluice_bin()?, &env, conf.to_string().as_bytes())
     }
 
+    /// Starts `sluice` as [`Self::cni`] runs it (same environment, `conf` on
+    /// stdin, in the node namespace) and returns at once: the crash tests kill
+    /// it while it works. Dropping the [`exec::Running`] kills it.
+    pub fn cni_spawn(
+        &self,
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+        extra_env: &[(&str, &str)],
+    ) -> Result<exec::Running> {
+        self.cni_spawn_wrapped(&[], cmd, conf, container_id, ifname, netns, extra_env)
+    }
+
+    /// As [`Self::cni_spawn`] with `sluice` run by `wrapper` (a program and its
+    /// arguments, e.g. `strace -f ...`), itself run in the node namespace with
+    /// the plugin's environment: `nsenter --net=<node> -- wrapper... sluice`.
+    /// An empty `wrapper` runs `sluice` directly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cni_spawn_wrapped(
+        &self,
+        wrapper: &[&str],
+        cmd: &str,
+        conf: &Value,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Pod>,
+        extra_env: &[(&str, &str)],
+    ) -> Result<exec::Running> {
+        let env = cni_env(cmd, container_id, ifname, netns, extra_env);
+        let bin = crate::sluice_bin()?;
+        let bin_s = bin.display().to_string();
+        let (program, args): (&Path, Vec<&str>) = match wrapper.split_first() {
+            None => (&bin, Vec::new()),
+            Some((w, rest)) => {
+                let mut a = rest.to_vec();
+                a.push(&bin_s);
+                (Path::new(w), a)
+            }
+        };
+        exec::spawn(
+            Some(&self.netns_path()),
+            program,
+            &args,
+            &env,
+            conf.to_string().as_bytes(),
+        )
+    }
+
     /// As [`Self::cni`] for a reference plugin (`portmap`, `host-local`, ...).
     pub fn reference(
         &self,

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub const PACKAGES: [&str; 8] = [
+pub const PACKAGES: [&str; 9] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -29,6 +29,9 @@ pub const PACKAGES: [&str; 8] = [
     "containernetworking-plugins",
     "ethtool",
     "tcpdump",
+    // The crash tests kill the plugin before a chosen system call
+    // (`strace --inject=<call>:signal=KILL:when=<n>`).
+    "strace",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub const NIGHTLY: &str = "nightly";

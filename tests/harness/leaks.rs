@@ -1,0 +1,135 @@
+//! Everything a pod can leave on a node, counted from the kernel and the disk:
+//! interfaces of the node namespace, attachment records (every file, temporary
+//! ones included), IPAM files, pinned pod links, and the entries of every
+//! per-pod map (`bpftool map dump pinned ... -j`). The churn and crash tests
+//! take an [`Inventory`] when no pod is attached and require it to be empty.
+use std::{collections::BTreeMap, path::Path};
+
+use serde_json::Value;
+
+use crate::{err, exec, look, Node, Result};
+
+/// The maps holding per-pod entries: endpoints (by address), the per-interface
+/// owner, counters and drops, hostPort mappings and their connection tracking,
+/// bandwidth limits, and masqueraded flows both ways. With no pod attached and
+/// every pod's flows gone (DEL flushes them), all are empty.
+pub const POD_MAPS: [&str; 9] = [
+    "sl_endpoints",
+    "sl_ep_info",
+    "sl_ep_stats",
+    "sl_ep_drops",
+    "sl_ports",
+    "sl_hp_ct",
+    "sl_bw",
+    "sl_nat_fwd",
+    "sl_nat_rev",
+];
+
+/// Files of the IPAM directory of a network that are not reservations and
+/// stay when no pod is left: the lock and the last reserved address per range
+/// set (host-local's layout).
+pub fn is_ipam_bookkeeping(name: &str) -> bool {
+    name == "lock" || name.starts_with("last_reserved_ip.")
+}
+
+/// Entries of the map `name` pinned under `node`'s pin root
+/// (`bpftool map dump pinned <pin root>/maps/<name> -j`).
+pub fn map_entries(node: &Node, name: &str) -> Result<Vec<Value>> {
+    let pin = node.pin_root().join("maps").join(name);
+    let p = pin.display().to_string();
+    let out = exec::tool(None, "bpftool", &["map", "dump", "pinned", &p, "-j"])?;
+    let v: Value =
+        serde_json::from_str(&out).map_err(|e| err!("bpftool map dump {p}: {e}: {out}"))?;
+    v.as_array()
+        .cloned()
+        .ok_or_else(|| err!("bpftool map dump {p} printed no JSON array: {out}"))
+}
+
+/// Entries of every map of [`POD_MAPS`] that is pinned (a datapath whose load
+/// was interrupted may have pinned only some).
+pub fn pod_map_counts(node: &Node) -> Result<BTreeMap<&'static str, usize>> {
+    let mut m = BTreeMap::new();
+    for name in POD_MAPS {
+        if node.pin_root().join("maps").join(name).exists() {
+            m.insert(name, map_entries(node, name)?.len());
+        }
+    }
+    Ok(m)
+}
+
+/// Every file under `dir`, recursively, as paths relative to it (sorted); a
+/// missing directory has none.
+pub fn files_under(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    // Bounded: the directories of a test node hold a few levels at most.
+    let mut seen = 0;
+    while let Some(d) = todo.pop() {
+        seen += 1;
+        if seen > 10_000 {
+            return Err(err!("more than 10000 directories under {}", dir.display()));
+        }
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err!("listing {}: {e}", d.display())),
+        };
+        for entry in rd.filter_map(std::result::Result::ok) {
+            let p = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap_or(&p);
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What is on a node besides what it had before any pod: see [`Inventory::take`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Interfaces of the node namespace not in the baseline.
+    pub links: Vec<String>,
+    /// Files under the state directory (records, temporary records, anything).
+    pub state_files: Vec<String>,
+    /// Files of the network's IPAM directory other than its bookkeeping
+    /// ([`is_ipam_bookkeeping`]): reservations and temporary files.
+    pub ipam_files: Vec<String>,
+    /// Pinned pod links (`<pin root>/links/sl*`).
+    pub link_pins: Vec<String>,
+    /// Non-zero entry counts of [`POD_MAPS`].
+    pub maps: BTreeMap<&'static str, usize>,
+}
+
+impl Inventory {
+    /// Looks at `node` for network `network`; `baseline_links` are the node
+    /// namespace's interfaces before the first pod (`lo`, the uplink).
+    pub fn take(node: &Node, network: &str, baseline_links: &[String]) -> Result<Self> {
+        let links = look::link_names(node.name())?
+            .into_iter()
+            .filter(|l| !baseline_links.contains(l))
+            .collect();
+        let ipam_files = files_under(&node.ipam_dir().join(network))?
+            .into_iter()
+            .filter(|f| !is_ipam_bookkeeping(f))
+            .collect();
+        let maps = pod_map_counts(node)?
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        Ok(Self {
+            links,
+            state_files: files_under(&node.state_dir())?,
+            ipam_files,
+            link_pins: node.link_pins()?,
+            maps,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
