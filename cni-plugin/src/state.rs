@@ -140,9 +140,24 @@ impl StateStore {
         }
     }
 
-    /// Removes the record of `id`; a missing one is fine.
+    /// Removes the record of `id`, and any half-written copy of it an ADD killed
+    /// between write and rename left (`<name>.tmp<pid>`); a missing one is fine.
     pub fn remove(&self, id: &AttachmentId) -> Result<(), Error> {
         let path = self.path(id);
+        if let (Some(stem), Ok(rd)) = (
+            path.file_stem().and_then(|s| s.to_str()),
+            fs::read_dir(&self.dir),
+        ) {
+            let prefix = format!("{stem}.tmp");
+            for e in rd.filter_map(Result::ok) {
+                if e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&prefix))
+                {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -161,6 +176,17 @@ impl StateStore {
         for entry in rd.filter_map(Result::ok) {
             let p = entry.path();
             if p.extension().and_then(|e| e.to_str()) != Some("json") {
+                // A copy half-written by an ADD that died (its pid is gone).
+                if let Some(pid) = p
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .and_then(|e| e.strip_prefix("tmp"))
+                    .and_then(|n| n.parse::<u32>().ok())
+                {
+                    if !Path::new("/proc").join(pid.to_string()).exists() {
+                        let _ = fs::remove_file(&p);
+                    }
+                }
                 continue;
             }
             match fs::read(&p)

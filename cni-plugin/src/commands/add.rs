@@ -195,8 +195,10 @@ async fn add_steps(
         pod_mac.map(|m| m.0),
     )
     .await?;
-    // Saved with the final record: DEL finds the veth by its derived name anyway.
+    // Saved before any map holds the index: a DEL after a crash from here on
+    // finds the interface's map entries by it (the veth itself by its name).
     record.host_ifindex = Some(pair.host.index);
+    store.save(&record)?;
 
     interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
     interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;

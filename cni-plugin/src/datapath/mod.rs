@@ -386,7 +386,9 @@ impl Datapath {
             first_err.get_or_insert(e);
         }
         let maps_dir = self.dir(pin_dirs::MAPS);
-        if !maps_dir.join(sluice_common::map_names::ENDPOINTS).exists() {
+        // No finished load (nothing pinned, or a first ADD killed while it pinned
+        // the maps one by one): no pod was ever published in these maps.
+        if self.meta()?.is_none() {
             return first_err.map_or(Ok(()), Err);
         }
         let mut maps = bpf::Maps::open(&maps_dir)?;
@@ -522,10 +524,8 @@ impl Datapath {
     /// Owners of the endpoint entries: (host ifindex, container id, ifname, host ifname).
     pub fn endpoint_owners(&self) -> Result<Vec<(u32, AttachmentId, String)>, Error> {
         let maps_dir = self.dir(pin_dirs::MAPS);
-        if !maps_dir
-            .join(sluice_common::map_names::ENDPOINT_INFO)
-            .exists()
-        {
+        // As in remove_endpoint: without a finished load there are no owners.
+        if self.meta()?.is_none() {
             return Ok(Vec::new());
         }
         let maps = bpf::Maps::open(&maps_dir)?;
