@@ -259,6 +259,33 @@ mod tests {
         assert!(leftovers.is_empty(), "temp files left behind");
     }
 
+    /// What an ADD killed between write and rename leaves: DEL (remove) takes
+    /// its attachment's copies, GC (list) those of dead processes only.
+    #[test]
+    fn half_written_records_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::new(dir.path());
+        s.save(&record("c1")).unwrap();
+        let att = dir.path().join("attachments");
+        let dead = 0x7fff_fff0u32; // above pid_max: no such process
+        let me = std::process::id();
+        fs::write(att.join(format!("c1.eth0.tmp{dead}")), b"{").unwrap();
+        fs::write(att.join(format!("c2.eth0.tmp{dead}")), b"{").unwrap();
+        fs::write(att.join(format!("c3.eth0.tmp{me}")), b"{").unwrap();
+        s.remove(&id("c1", "eth0")).unwrap();
+        assert!(!att.join(format!("c1.eth0.tmp{dead}")).exists());
+        assert!(att.join(format!("c2.eth0.tmp{dead}")).exists());
+        assert!(s.list().unwrap().is_empty());
+        assert!(
+            !att.join(format!("c2.eth0.tmp{dead}")).exists(),
+            "dead writer"
+        );
+        assert!(
+            att.join(format!("c3.eth0.tmp{me}")).exists(),
+            "a live ADD's"
+        );
+    }
+
     #[test]
     fn long_ids_get_hashed_names_that_stay_in_the_dir() {
         let dir = tempfile::tempdir().unwrap();
