@@ -386,9 +386,7 @@ impl Datapath {
             first_err.get_or_insert(e);
         }
         let maps_dir = self.dir(pin_dirs::MAPS);
-        // No finished load (nothing pinned, or a first ADD killed while it pinned
-        // the maps one by one): no pod was ever published in these maps.
-        if self.meta()?.is_none() {
+        if !self.holds_endpoints()? {
             return first_err.map_or(Ok(()), Err);
         }
         let mut maps = bpf::Maps::open(&maps_dir)?;
@@ -521,11 +519,24 @@ impl Datapath {
             .unwrap_or_default()
     }
 
+    /// Whether the pinned maps can hold pods of ours: a load of this layout
+    /// finished there. Not when nothing is pinned, when a first ADD was killed
+    /// while it pinned the maps one by one (no pod was published yet), or when
+    /// another layout's datapath is pinned (never ours to read or change).
+    fn holds_endpoints(&self) -> Result<bool, Error> {
+        Ok(self
+            .meta()?
+            .is_some_and(|m| m.layout_version == LAYOUT_VERSION)
+            && self
+                .dir(pin_dirs::MAPS)
+                .join(sluice_common::map_names::ENDPOINTS)
+                .exists())
+    }
+
     /// Owners of the endpoint entries: (host ifindex, container id, ifname, host ifname).
     pub fn endpoint_owners(&self) -> Result<Vec<(u32, AttachmentId, String)>, Error> {
         let maps_dir = self.dir(pin_dirs::MAPS);
-        // As in remove_endpoint: without a finished load there are no owners.
-        if self.meta()?.is_none() {
+        if !self.holds_endpoints()? {
             return Ok(Vec::new());
         }
         let maps = bpf::Maps::open(&maps_dir)?;
