@@ -195,10 +195,9 @@ async fn add_steps(
         pod_mac.map(|m| m.0),
     )
     .await?;
-    // Saved before any map holds the index: a DEL after a crash from here on
-    // finds the interface's map entries by it (the veth itself by its name).
+    // Saved with the final record; a DEL after a crash before that finds the
+    // veth by its derived name, and its map entries by the veth's index.
     record.host_ifindex = Some(pair.host.index);
-    store.save(&record)?;
 
     interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
     interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;

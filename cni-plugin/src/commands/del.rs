@@ -75,13 +75,19 @@ async fn teardown_node(
 
     // The veth first: deleting it takes the filters (or tcx attachments) with it,
     // so remove_endpoint finds no filter left to delete one by one.
-    if let Err(e) = delete_host_veth(host_nl, &host_ifname).await {
-        first_err.get_or_insert(e);
-    }
+    let deleted = match delete_host_veth(host_nl, &host_ifname).await {
+        Ok(index) => index,
+        Err(e) => {
+            first_err.get_or_insert(e);
+            None
+        }
+    };
     let dp = Datapath::new(&conf.pin_root);
+    // The recorded index, or (an ADD killed before its record had it, after
+    // the counters entry was made) the index of the veth just deleted.
     if let Err(e) = dp.remove_endpoint(
         &host_ifname,
-        record.as_ref().and_then(|r| r.host_ifindex),
+        record.as_ref().and_then(|r| r.host_ifindex).or(deleted),
         id,
     ) {
         first_err.get_or_insert(e);
@@ -89,9 +95,9 @@ async fn teardown_node(
     first_err.map_or(Ok(()), Err)
 }
 
-/// Deletes our host veth (and with it the pod end and everything on both). Only
-/// a veth is ever deleted, whatever its name.
-pub async fn delete_host_veth(host_nl: &Netlink, host_ifname: &str) -> Result<(), Error> {
+/// Deletes our host veth (and with it the pod end and everything on both), and
+/// returns the index it had. Only a veth is ever deleted, whatever its name.
+pub async fn delete_host_veth(host_nl: &Netlink, host_ifname: &str) -> Result<Option<u32>, Error> {
     if let Some(link) = host_nl.link_by_name(host_ifname).await? {
         if link.kind.as_deref() != Some("veth") {
             return Err(Error::netlink(
@@ -103,6 +109,7 @@ pub async fn delete_host_veth(host_nl: &Netlink, host_ifname: &str) -> Result<()
             ));
         }
         host_nl.delete_link(link.index).await?;
+        return Ok(Some(link.index));
     }
-    Ok(())
+    Ok(None)
 }
