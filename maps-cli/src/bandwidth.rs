@@ -6,7 +6,7 @@ use sluice_common::{bw_limits, Bucket, BwState};
 use crate::{
     args::{BandwidthCommand, BandwidthGetArgs, BandwidthListArgs, BandwidthSetArgs, Target},
     bpf::{Datapath, EndpointRow},
-    ports::pod_endpoints,
+    ports::{select_pods, selected_ifindexes},
     table,
 };
 
@@ -57,19 +57,7 @@ fn pod_json(eps: &[EndpointRow], ifindex: u32, s: &BwState) -> Value {
 
 fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
     let eps = dp.endpoints()?;
-    let only: Option<Vec<u32>> = match &a.pod {
-        Some(p) => {
-            let v: Vec<u32> = pod_endpoints(&eps, p)
-                .iter()
-                .map(|r| r.endpoint.ifindex)
-                .collect();
-            if v.is_empty() {
-                bail!("no pod with address or container id {p:?} on this datapath");
-            }
-            Some(v)
-        }
-        None => None,
-    };
+    let only = selected_ifindexes(&eps, a.pod.as_deref())?;
     let rows: Vec<Value> = dp
         .bandwidth()?
         .iter()
@@ -116,12 +104,13 @@ fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
 
 /// The host veth ifindex of the pod `pod` names (one pod, however many addresses).
 fn pod_ifindex(eps: &[EndpointRow], pod: &str) -> Result<u32> {
-    let found = pod_endpoints(eps, pod);
-    let mut ifs: Vec<u32> = found.iter().map(|r| r.endpoint.ifindex).collect();
+    let mut ifs: Vec<u32> = select_pods(eps, pod)?
+        .iter()
+        .map(|r| r.endpoint.ifindex)
+        .collect();
     ifs.dedup();
     match ifs.as_slice() {
         [one] => Ok(*one),
-        [] => bail!("no pod with address or container id {pod:?} on this datapath"),
         _ => bail!(
             "{pod:?} matches {} pods; give more of the container id",
             ifs.len()

@@ -3,14 +3,14 @@
 //! by reason). `--watch` refreshes and shows what changed.
 use std::{collections::BTreeMap, io::IsTerminal, time::Duration};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde_json::{json, Map, Value};
 use sluice_common::reason;
 
 use crate::{
     args::{CountersArgs, Target},
     bpf::Datapath,
-    ports::pod_endpoints,
+    ports::select_pods,
     signals, table,
 };
 
@@ -69,13 +69,7 @@ fn read(dp: &Datapath, a: &CountersArgs) -> Result<Reading> {
     }
     let rows = dp.endpoints()?;
     let selected = match &a.pod {
-        Some(p) => {
-            let v = pod_endpoints(&rows, p);
-            if v.is_empty() {
-                bail!("no pod with address or container id {p:?} on this datapath");
-            }
-            v
-        }
+        Some(p) => select_pods(&rows, p)?,
         None => rows.iter().collect(),
     };
     let mut by_if: BTreeMap<u32, EndpointCounters> = BTreeMap::new();

@@ -27,7 +27,7 @@ use sluice_common::{event_kind, monitor_slot, prog_names, reason, user::monotoni
 use crate::{
     args::{MonitorArgs, Target},
     bpf::{Datapath, EndpointRow},
-    ports::pod_endpoints,
+    ports::select_pods,
     signals, table,
 };
 
@@ -181,10 +181,7 @@ impl Pods {
             .collect();
         let (selected_ifindexes, selected_ips) = match &a.pod {
             Some(p) => {
-                let sel = pod_endpoints(&rows, p);
-                if sel.is_empty() {
-                    bail!("no pod with address or container id {p:?} on this datapath");
-                }
+                let sel = select_pods(&rows, p)?;
                 (
                     Some(sel.iter().map(|r| r.endpoint.ifindex).collect()),
                     sel.iter().map(|r| r.ip).collect(),

@@ -35,7 +35,7 @@ fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
     // An address must be a pod's too (DEL removes a pod's flows, so no other
     // address has any), like --pod everywhere else.
     let eps = dp.endpoints()?;
-    let ips: Vec<[u8; 4]> = crate::ports::pod_endpoints(&eps, pod)
+    let ips: Vec<[u8; 4]> = crate::ports::select_pods(&eps, pod)?
         .into_iter()
         .filter_map(|r| match r.ip {
             std::net::IpAddr::V4(v4) => Some(v4.octets()),

@@ -83,21 +83,29 @@ pub fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointR
         .collect()
 }
 
+/// [`pod_endpoints`] for a `--pod` filter: a `pod` naming none is refused.
+pub fn select_pods<'a>(eps: &'a [EndpointRow], pod: &str) -> Result<Vec<&'a EndpointRow>> {
+    let v = pod_endpoints(eps, pod);
+    if v.is_empty() {
+        bail!("no pod with address or container id {pod:?} on this datapath");
+    }
+    Ok(v)
+}
+
+/// The host veths of the pods an optional `--pod` filter selects (`None`: all).
+pub fn selected_ifindexes(eps: &[EndpointRow], pod: Option<&str>) -> Result<Option<Vec<u32>>> {
+    pod.map(|p| {
+        Ok(select_pods(eps, p)?
+            .iter()
+            .map(|r| r.endpoint.ifindex)
+            .collect())
+    })
+    .transpose()
+}
+
 fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
     let eps = dp.endpoints()?;
-    let pod_ifindexes: Option<Vec<u32>> = match &a.pod {
-        Some(p) => {
-            let v: Vec<u32> = pod_endpoints(&eps, p)
-                .iter()
-                .map(|r| r.endpoint.ifindex)
-                .collect();
-            if v.is_empty() {
-                bail!("no pod with address or container id {p:?} on this datapath");
-            }
-            Some(v)
-        }
-        None => None,
-    };
+    let pod_ifindexes = selected_ifindexes(&eps, a.pod.as_deref())?;
     let rows: Vec<(PortKey, PortTarget)> = dp
         .ports()?
         .into_iter()
