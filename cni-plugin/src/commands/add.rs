@@ -229,9 +229,6 @@ async fn add_steps(
     } else {
         host_nl.local_ipv4().await?
     };
-    // Nothing pinned before this ADD: a new node, or a datapath lost with its
-    // pins (reboot, deleted by hand); pods attached before are re-attached below.
-    let fresh = dp.meta()?.is_none();
     let guard = dp.ensure_loaded(&NodeSettings {
         uplink,
         xdp: conf.xdp,
@@ -268,7 +265,9 @@ async fn add_steps(
     dp.set_bandwidth(&guard, pair.host.index, conf.bandwidth.as_ref())?;
     // Last: a conflict fails the ADD, whose rollback removes everything above.
     dp.add_ports(&guard, &node_addrs, &ports)?;
-    if fresh {
+    // Loaded where nothing was pinned (a new node, or a datapath lost with its
+    // pins): the pods attached before are re-attached.
+    if guard.fresh() {
         let n = super::repair::reattach(conf, &dp, &guard, store, host_nl, id).await?;
         if n > 0 {
             eprintln!("sluice: re-attached {n} pods to the new datapath");

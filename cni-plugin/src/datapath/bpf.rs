@@ -992,8 +992,8 @@ pub struct Maps {
     endpoints: HashMap<MapData, IpKey, Endpoint>,
     stats: PerCpuHashMap<MapData, u32, EndpointStats>,
     info: HashMap<MapData, u32, EndpointInfo>,
-    /// Absent in a datapath loaded before per-endpoint drop counters existed.
-    drops: Option<PerCpuHashMap<MapData, EpDropKey, u64>>,
+    /// Where `sl_ep_drops` is opened, by removals only (ADD never needs it).
+    maps_dir: PathBuf,
 }
 
 impl Maps {
@@ -1004,19 +1004,11 @@ impl Maps {
             .map_err(|e| dp_err("open sl_ep_stats", e))?;
         let info = HashMap::try_from(open_map(maps_dir, map_names::ENDPOINT_INFO)?)
             .map_err(|e| dp_err("open sl_ep_info", e))?;
-        let drops = if maps_dir.join(map_names::EP_DROPS).exists() {
-            Some(
-                PerCpuHashMap::try_from(open_map(maps_dir, map_names::EP_DROPS)?)
-                    .map_err(|e| dp_err("open sl_ep_drops", e))?,
-            )
-        } else {
-            None
-        };
         Ok(Self {
             endpoints,
             stats,
             info,
-            drops,
+            maps_dir: maps_dir.to_path_buf(),
         })
     }
 
@@ -1074,13 +1066,23 @@ impl Maps {
             Err(e) if !is_not_found(&e) => Err(dp_err("remove owner", e)),
             _ => Ok(()),
         };
-        // Its drop counters: one key per reason (the programs insert them).
-        if let Some(drops) = &mut self.drops {
-            for r in 0..reason::MAX {
-                let _ = drops.remove(&EpDropKey { ifindex, reason: r });
-            }
-        }
-        a.and(b)
+        // Its drop counters: one key per reason (the programs insert them). A
+        // datapath loaded before per-endpoint drop counters existed has none.
+        let c = if self.maps_dir.join(map_names::EP_DROPS).exists() {
+            PerCpuHashMap::<_, EpDropKey, u64>::try_from(open_map(
+                &self.maps_dir,
+                map_names::EP_DROPS,
+            )?)
+            .map_err(|e| dp_err("open sl_ep_drops", e))
+            .map(|mut drops| {
+                for r in 0..reason::MAX {
+                    let _ = drops.remove(&EpDropKey { ifindex, reason: r });
+                }
+            })
+        } else {
+            Ok(())
+        };
+        a.and(b).and(c)
     }
 }
 

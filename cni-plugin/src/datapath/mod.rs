@@ -83,6 +83,17 @@ pub struct Datapath {
 /// Held while attaching: an upgrade (exclusive) cannot swap programs meanwhile.
 pub struct LoadedGuard {
     _lock: FileLock,
+    fresh: bool,
+}
+
+impl LoadedGuard {
+    /// Whether this invocation loaded the datapath where nothing was pinned: a
+    /// new node, or one whose pins were lost (reboot, deleted by hand), whose
+    /// pods ADD then re-attaches. Decided under the load lock, so of two ADDs
+    /// racing to load, only the one that loads sees it.
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
 }
 
 /// Whether the owner recorded in `sl_ep_info` is `id`. The map keeps the container
@@ -235,14 +246,18 @@ impl Datapath {
         {
             let shared = FileLock::dir_shared(&self.pin_root)?;
             if self.is_current()? && self.uplink_ok(settings) {
-                return Ok(LoadedGuard { _lock: shared });
+                return Ok(LoadedGuard {
+                    _lock: shared,
+                    fresh: false,
+                });
             }
         }
         let exclusive = FileLock::dir_exclusive(&self.pin_root)?;
-        self.load_locked(settings)?;
+        let fresh = self.load_locked(settings)?;
         drop(exclusive);
         Ok(LoadedGuard {
             _lock: FileLock::dir_shared(&self.pin_root)?,
+            fresh,
         })
     }
 
@@ -275,9 +290,12 @@ impl Datapath {
     }
 
     /// Under the exclusive lock: load if needed, attach the uplink if needed.
-    fn load_locked(&self, s: &NodeSettings) -> Result<(), Error> {
+    /// Returns whether it loaded where no datapath was pinned.
+    fn load_locked(&self, s: &NodeSettings) -> Result<bool, Error> {
+        let mut fresh = false;
         // Another invocation may have loaded while this one waited.
         if !self.is_current()? {
+            fresh = self.meta()?.is_none();
             for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
                 bpffs::create_dirs(&self.dir(d))?;
             }
@@ -324,7 +342,7 @@ impl Datapath {
                 )?;
             }
         }
-        Ok(())
+        Ok(fresh)
     }
 
     /// The per-reason counters summed over CPUs (index = `sluice_common::reason`).
