@@ -20,7 +20,7 @@ use std::{
 use serde_json::{json, Value};
 use sluice_tests::{
     exec,
-    fixtures::{add, check, del, EXT_IF, EXT_IP, NODE_IP, UPLINK},
+    fixtures::{add, check, del, merge_keys, EXT_IF, EXT_IP, NODE_IP, UPLINK},
     host::{self, tx_checksum_off},
     look,
     masq::{
@@ -104,11 +104,7 @@ impl World {
         conf["ipMasq"] = json!(true);
         conf["uplink"] = json!(UPLINK);
         conf["xdp"] = json!(xdp);
-        if let Some(o) = extra.as_object() {
-            for (k, v) in o {
-                conf[k] = v.clone();
-            }
-        }
+        merge_keys(&mut conf, extra);
         Self { node, ext, conf }
     }
 
@@ -1460,9 +1456,7 @@ fn bad_masquerade_settings_are_refused() {
     ];
     for (extra, code, words) in cases {
         let mut conf = w.conf.clone();
-        for (k, v) in extra.as_object().unwrap() {
-            conf[k] = v.clone();
-        }
+        merge_keys(&mut conf, &extra);
         let out = w
             .node
             .cni("ADD", &conf, "masq-bad", "eth0", Some(&pod), &[])

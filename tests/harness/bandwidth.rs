@@ -119,11 +119,7 @@ impl BwWorld {
     /// The config with the static keys of `bw` at the top level.
     pub fn conf_static(&self, bw: &Value) -> Value {
         let mut c = self.conf.clone();
-        if let Some(o) = bw.as_object() {
-            for (k, v) in o {
-                c[k] = v.clone();
-            }
-        }
+        crate::fixtures::merge_keys(&mut c, bw);
         c
     }
 

@@ -122,11 +122,7 @@ impl CtlWorld {
         conf["xdp"] = json!("auto");
         conf["hostPortCgroup"] = json!(cgroup.display());
         conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
-        if let Some(o) = extra.as_object() {
-            for (k, v) in o {
-                conf[k] = v.clone();
-            }
-        }
+        crate::fixtures::merge_keys(&mut conf, extra);
         Ok(Self {
             node,
             ext,

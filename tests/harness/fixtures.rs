@@ -107,3 +107,13 @@ pub fn wait_links_gone(ids: &[u32], timeout: Duration) -> Result<()> {
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Sets every key of the object `extra` at the top level of `conf` (a test's
+/// additions to a world's base config); anything but an object adds nothing.
+pub fn merge_keys(conf: &mut Value, extra: &Value) {
+    if let Some(o) = extra.as_object() {
+        for (k, v) in o {
+            conf[k] = v.clone();
+        }
+    }
+}

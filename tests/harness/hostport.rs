@@ -312,11 +312,7 @@ impl HpWorld {
         conf["xdp"] = json!(xdp);
         conf["hostPortCgroup"] = json!(cgroup.display());
         conf["capabilities"] = json!({"portMappings": true});
-        if let Some(o) = extra.as_object() {
-            for (k, v) in o {
-                conf[k] = v.clone();
-            }
-        }
+        crate::fixtures::merge_keys(&mut conf, extra);
         Ok(Self {
             node,
             ext,
