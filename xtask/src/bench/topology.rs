@@ -120,12 +120,12 @@ pub fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
     reference_with(tb, "rmq", 83, true)
 }
 
-fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setup> {
-    let conf = json!({
-        "cniVersion": "1.0.0",
-        "name": format!("bench{tag}"),
+/// The reference bridge plugin's config: a gateway bridge `bridge`, host-local
+/// on 10.`n`.0.0/24 with a default route, its data under the testbed's dir.
+fn bridge_conf(tb: &Testbed, tag: &str, bridge: &str, n: u8, masq: bool) -> Value {
+    json!({
         "type": "bridge",
-        "bridge": format!("br{tag}0"),
+        "bridge": bridge,
         "isGateway": true,
         "ipMasq": masq,
         "ipam": {
@@ -134,7 +134,13 @@ fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setu
             "routes": [{"dst": "0.0.0.0/0"}],
             "dataDir": tb.dir.join(format!("{tag}-ipam")),
         },
-    });
+    })
+}
+
+fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setup> {
+    let mut conf = bridge_conf(tb, tag, &format!("br{tag}0"), n, masq);
+    conf["cniVersion"] = json!("1.0.0");
+    conf["name"] = json!(format!("bench{tag}"));
     node_with_pods(
         tb,
         tag,
@@ -306,18 +312,7 @@ pub fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> {
         plugins: vec![
             (
                 "/usr/lib/cni/bridge".into(),
-                json!({
-                    "type": "bridge",
-                    "bridge": format!("br{tag}"),
-                    "isGateway": true,
-                    "ipMasq": false,
-                    "ipam": {
-                        "type": "host-local",
-                        "subnet": format!("10.{n}.0.0/24"),
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": tb.dir.join(format!("{tag}-ipam")),
-                    },
-                }),
+                bridge_conf(tb, &tag, &format!("br{tag}"), n, false),
             ),
             (
                 "/usr/lib/cni/portmap".into(),
@@ -457,18 +452,7 @@ pub fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
         plugins: vec![
             (
                 "/usr/lib/cni/bridge".into(),
-                json!({
-                    "type": "bridge",
-                    "bridge": format!("br{tag}"),
-                    "isGateway": true,
-                    "ipMasq": false,
-                    "ipam": {
-                        "type": "host-local",
-                        "subnet": format!("10.{n}.0.0/24"),
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": tb.dir.join(format!("{tag}-ipam")),
-                    },
-                }),
+                bridge_conf(tb, tag, &format!("br{tag}"), n, false),
             ),
             (
                 "/usr/lib/cni/bandwidth".into(),
