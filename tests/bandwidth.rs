@@ -385,11 +385,13 @@ fn bad_values_are_refused_naming_the_key_and_leave_nothing() {
     let too_big_burst = u64::from(u32::MAX) * 8 + 1;
     // (runtime form?, limits, key named, value named)
     let cases: Vec<(bool, Value, &str, String)> = vec![
+        // A rate of 0 is no limit (as in the reference plugin), so a burst with
+        // it has nothing to apply to.
         (
             true,
-            json!({"ingressRate": 0}),
-            "runtimeConfig.bandwidth.ingressRate",
-            "0".into(),
+            json!({"ingressRate": 0, "ingressBurst": 8000}),
+            "runtimeConfig.bandwidth.ingressBurst",
+            "8000".into(),
         ),
         (
             true,
@@ -433,7 +435,12 @@ fn bad_values_are_refused_naming_the_key_and_leave_nothing() {
             "runtimeConfig.bandwidth.ingressRate",
             "-1".into(),
         ),
-        (false, json!({"ingressRate": 0}), "ingressRate", "0".into()),
+        (
+            false,
+            json!({"ingressRate": 0, "ingressBurst": 8000}),
+            "ingressBurst",
+            "8000".into(),
+        ),
         (
             false,
             json!({"egressRate": 2_000_000_000_000u64}),

@@ -18,7 +18,7 @@ use std::io::{IsTerminal, Read};
 use serde_json::Value;
 
 use cni::{
-    config::{peek_version, NetConf, MAX_STDIN_BYTES},
+    config::{peek_version, NetConf, Strictness, MAX_STDIN_BYTES},
     env::{Command, Env},
     version::Version,
 };
@@ -78,7 +78,7 @@ pub fn run() -> Output {
         if env.command == Command::Version {
             return Ok(Some(commands::version::version(&stdin)));
         }
-        let conf = NetConf::parse(&stdin)?;
+        let conf = NetConf::parse_for(&stdin, Strictness::for_command(env.command))?;
         commands::run(&env, &conf)
     })();
     match result {

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{
     json::{self, array, boolean, object, string, uint},
+    keys::{Fields, Match},
     result::{CniResult, Dns},
     runtime_config::{parse_ip_list, Bandwidth, RuntimeConfig},
     version::{self, Version},
@@ -87,6 +88,18 @@ impl Default for NatTimeouts {
 /// Default and bounds of `natMaxFlows` (entries of each NAT map).
 pub const NAT_MAX_FLOWS_DEFAULT: u32 = 65_536;
 const NAT_MAX_FLOWS_RANGE: std::ops::RangeInclusive<u32> = 1_024..=4_194_304;
+
+impl Default for MasqSettings {
+    fn default() -> Self {
+        Self {
+            non_masq: None,
+            address: None,
+            ports: None,
+            max_flows: NAT_MAX_FLOWS_DEFAULT,
+            timeouts: NatTimeouts::default(),
+        }
+    }
+}
 
 impl MasqSettings {
     fn parse(o: &json::Object) -> Result<Self, Error> {
@@ -255,6 +268,8 @@ pub struct NetConf {
     pub nodes: Vec<RemoteNode>,
     /// GC: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<AttachmentId>>,
+    /// How strictly this config was read (DEL and GC tolerate bad ADD-only keys).
+    pub strictness: Strictness,
     /// The bytes read from stdin, passed unchanged to delegated plugins.
     pub raw: Vec<u8>,
 }
@@ -273,10 +288,53 @@ pub fn valid_network_name(name: &str) -> bool {
         && name.len() <= 200
 }
 
+/// How much of the config a command must be able to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strictness {
+    /// ADD, CHECK, STATUS: every key is validated; a bad value is an error.
+    Full,
+    /// DEL and GC: only what teardown uses is required to be valid (`cniVersion`,
+    /// `name`, `type`, `pinRoot`, `stateDir`, `ipam`, GC's valid attachments). A key
+    /// only ADD acts on (`runtimeConfig`, `args`, `prevResult`, `mtu`, masquerade,
+    /// bandwidth, ...) that does not parse is reported on stderr and left at its
+    /// default: a pod whose ADD failed on such a key must still be removable, or
+    /// the runtime retries DEL forever and the pod never goes away.
+    Teardown,
+}
+
+impl Strictness {
+    /// What `command` needs.
+    pub fn for_command(command: super::env::Command) -> Self {
+        use super::env::Command;
+        match command {
+            Command::Del | Command::Gc => Self::Teardown,
+            Command::Add | Command::Check | Command::Status | Command::Version => Self::Full,
+        }
+    }
+
+    /// `parsed`, or in teardown the default `or` with a warning naming what was
+    /// ignored.
+    fn add_only<T>(self, parsed: Result<T, Error>, or: T) -> Result<T, Error> {
+        match (self, parsed) {
+            (_, Ok(v)) => Ok(v),
+            (Self::Full, Err(e)) => Err(e),
+            (Self::Teardown, Err(e)) => {
+                eprintln!("sluice: ignoring a setting only ADD uses: {}", e.details());
+                Ok(or)
+            }
+        }
+    }
+}
+
 impl NetConf {
-    /// Parses stdin. Undecodable JSON is code 6, an unsupported version code 1, a
-    /// bad value code 7 naming the key.
+    /// Parses stdin, every key strictly. Undecodable JSON is code 6, an
+    /// unsupported version code 1, a bad value code 7 naming the key.
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
+        Self::parse_for(bytes, Strictness::Full)
+    }
+
+    /// Parses stdin for a command that needs `strictness` (see [`Strictness`]).
+    pub fn parse_for(bytes: &[u8], strictness: Strictness) -> Result<Self, Error> {
         let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
             what: "network config from stdin".into(),
             reason: e.to_string(),
@@ -307,50 +365,7 @@ impl NetConf {
             ));
         }
         let plugin_type = string(o, "type", "")?.unwrap_or_default();
-
-        let ipam = match o.get("ipam").filter(|v| !v.is_null()) {
-            None => None,
-            Some(raw) => {
-                let io = object(raw, "ipam")?;
-                let t = string(io, "type", "ipam")?.unwrap_or_default();
-                if t.is_empty() {
-                    return Err(Error::config("ipam.type", "\"\"", "is required"));
-                }
-                if t.contains('/') || t == "." || t == ".." {
-                    return Err(Error::config(
-                        "ipam.type",
-                        &t,
-                        "must be a plugin file name, not a path",
-                    ));
-                }
-                let kind = if t == "sluice" {
-                    IpamKind::Builtin
-                } else {
-                    IpamKind::Delegate(t)
-                };
-                Some(IpamConf {
-                    kind,
-                    raw: raw.clone(),
-                })
-            }
-        };
-
-        let dns = match o.get("dns").filter(|v| !v.is_null()) {
-            Some(d) => Some(Dns::from_json(d, "dns")?).filter(|d| !d.is_empty()),
-            None => None,
-        };
-
-        let mtu = uint(o, "mtu", "")?;
-        if let Some(m) = mtu {
-            // 68 is the IPv4 minimum (RFC 791); veth accepts up to 65535.
-            if !(68..=65535).contains(&m) {
-                return Err(Error::config("mtu", m, "must be between 68 and 65535"));
-            }
-        }
-        let ip_masq = boolean(o, "ipMasq", "")?.unwrap_or(false);
-        let debug = boolean(o, "debug", "")?.unwrap_or(false);
-        let masq = MasqSettings::parse(o)?;
-
+        let ipam = parse_ipam(o)?;
         let pin_root = match string(o, "pinRoot", "")? {
             Some(p) => {
                 let path = absolute_path("pinRoot", &p)?;
@@ -365,69 +380,11 @@ impl NetConf {
             }
             None => sluice_common::user::default_pin_root(&name),
         };
-        let host_port_cgroup = match string(o, "hostPortCgroup", "")? {
-            Some(p) => Some(absolute_path("hostPortCgroup", &p)?),
-            None => sluice_common::user::cgroup2_mount(),
-        };
-        let static_bw = Bandwidth::parse(&v, "")?;
         let state_dir = match string(o, "stateDir", "")? {
             Some(p) => absolute_path("stateDir", &p)?,
             None => PathBuf::from(DEFAULT_STATE_DIR),
         }
         .join(&name);
-
-        let runtime = match o.get("runtimeConfig").filter(|v| !v.is_null()) {
-            Some(rc) => RuntimeConfig::parse(rc)?,
-            None => RuntimeConfig::default(),
-        };
-        let bandwidth = runtime
-            .bandwidth
-            .or((!static_bw.is_empty()).then_some(static_bw))
-            .filter(|b| !b.is_empty());
-
-        let prev_result = match o.get("prevResult").filter(|v| !v.is_null()) {
-            Some(p) => Some(CniResult::from_json(p, "prevResult")?),
-            None => None,
-        };
-
-        let mut arg_ips = Vec::new();
-        if let Some(args) = o.get("args").filter(|v| !v.is_null()) {
-            let ao = object(args, "args")?;
-            if let Some(cni) = ao.get("cni").filter(|v| !v.is_null()) {
-                let co = object(cni, "args.cni")?;
-                if let Some(ips) = co.get("ips").filter(|v| !v.is_null()) {
-                    arg_ips = parse_ip_list(ips, "args.cni.ips")?;
-                }
-            }
-        }
-
-        let uplink = match string(o, "uplink", "")? {
-            Some(u) => {
-                crate::cni::env::validate_ifname(&u).map_err(|r| Error::config("uplink", &u, r))?;
-                Some(u)
-            }
-            None => None,
-        };
-        let xdp = match string(o, "xdp", "")?.as_deref() {
-            None | Some("auto") => XdpMode::Auto,
-            Some("native") => XdpMode::Native,
-            Some("generic") => XdpMode::Generic,
-            Some("off") => XdpMode::Off,
-            Some(other) => {
-                return Err(Error::config(
-                    "xdp",
-                    other,
-                    "must be auto, native, generic or off",
-                ))
-            }
-        };
-        let pod_attach = match string(o, "podAttach", "")?.as_deref() {
-            None | Some("tc") => PodAttach::Tc,
-            Some("tcx") => PodAttach::Tcx,
-            Some(other) => return Err(Error::config("podAttach", other, "must be tc or tcx")),
-        };
-        let nodes = parse_nodes(o)?;
-
         // libcni sends both spellings (containernetworking/cni#1101).
         let valid_attachments = match ["cni.dev/valid-attachments", "cni.dev/attachments"]
             .iter()
@@ -436,6 +393,53 @@ impl NetConf {
             Some(k) => Some(parse_attachments(o, k)?),
             None => None,
         };
+
+        // From here on: keys only ADD (and CHECK) act on.
+        let st = strictness;
+        let dns = st.add_only(
+            match o.get("dns").filter(|v| !v.is_null()) {
+                Some(d) => Dns::from_json(d, "dns").map(|d| Some(d).filter(|d| !d.is_empty())),
+                None => Ok(None),
+            },
+            None,
+        )?;
+        let mtu = st.add_only(parse_mtu(o), None)?;
+        let ip_masq = st.add_only(boolean(o, "ipMasq", "").map(|b| b.unwrap_or(false)), false)?;
+        let debug = st.add_only(boolean(o, "debug", "").map(|b| b.unwrap_or(false)), false)?;
+        let masq = st.add_only(MasqSettings::parse(o), MasqSettings::default())?;
+        let host_port_cgroup = st.add_only(
+            match string(o, "hostPortCgroup", "") {
+                Ok(Some(p)) => absolute_path("hostPortCgroup", &p).map(Some),
+                Ok(None) => Ok(sluice_common::user::cgroup2_mount()),
+                Err(e) => Err(e),
+            },
+            None,
+        )?;
+        let static_bw =
+            st.add_only(Bandwidth::parse(&v, "", Match::Exact), Bandwidth::default())?;
+        let runtime = st.add_only(
+            match o.get("runtimeConfig").filter(|v| !v.is_null()) {
+                Some(rc) => RuntimeConfig::parse(rc),
+                None => Ok(RuntimeConfig::default()),
+            },
+            RuntimeConfig::default(),
+        )?;
+        let bandwidth = runtime
+            .bandwidth
+            .or((!static_bw.is_empty()).then_some(static_bw))
+            .filter(|b| !b.is_empty());
+        let prev_result = st.add_only(
+            match o.get("prevResult").filter(|v| !v.is_null()) {
+                Some(p) => CniResult::from_json(p, "prevResult").map(Some),
+                None => Ok(None),
+            },
+            None,
+        )?;
+        let arg_ips = st.add_only(parse_arg_ips(o), Vec::new())?;
+        let uplink = st.add_only(parse_uplink(o), None)?;
+        let xdp = st.add_only(parse_xdp(o), XdpMode::Auto)?;
+        let pod_attach = st.add_only(parse_pod_attach(o), PodAttach::Tc)?;
+        let nodes = st.add_only(parse_nodes(o), Vec::new())?;
 
         Ok(Self {
             cni_version,
@@ -459,6 +463,7 @@ impl NetConf {
             pod_attach,
             nodes,
             valid_attachments,
+            strictness,
             raw: bytes.to_vec(),
         })
     }
@@ -492,6 +497,91 @@ fn absolute_path(key: &str, p: &str) -> Result<PathBuf, Error> {
         ));
     }
     Ok(path)
+}
+
+fn parse_ipam(o: &json::Object) -> Result<Option<IpamConf>, Error> {
+    let Some(raw) = o.get("ipam").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let io = object(raw, "ipam")?;
+    let t = string(io, "type", "ipam")?.unwrap_or_default();
+    if t.is_empty() {
+        return Err(Error::config("ipam.type", "\"\"", "is required"));
+    }
+    if t.contains('/') || t == "." || t == ".." {
+        return Err(Error::config(
+            "ipam.type",
+            &t,
+            "must be a plugin file name, not a path",
+        ));
+    }
+    let kind = if t == "sluice" {
+        IpamKind::Builtin
+    } else {
+        IpamKind::Delegate(t)
+    };
+    Ok(Some(IpamConf {
+        kind,
+        raw: raw.clone(),
+    }))
+}
+
+fn parse_mtu(o: &json::Object) -> Result<Option<u32>, Error> {
+    let mtu = uint(o, "mtu", "")?;
+    if let Some(m) = mtu {
+        // 68 is the IPv4 minimum (RFC 791); veth accepts up to 65535.
+        if !(68..=65535).contains(&m) {
+            return Err(Error::config("mtu", m, "must be between 68 and 65535"));
+        }
+    }
+    Ok(mtu)
+}
+
+/// `args.cni.ips` (CNI conventions). `args` is filled by the runtime: keys
+/// match as Go does ([`super::keys`]).
+fn parse_arg_ips(o: &json::Object) -> Result<Vec<IpAddr>, Error> {
+    let Some(args) = o.get("args").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(cni) = Fields::of(args, "args", Match::Go)?.get("cni")? else {
+        return Ok(Vec::new());
+    };
+    match Fields::of(cni.value, &cni.path, Match::Go)?.get("ips")? {
+        Some(ips) => parse_ip_list(ips.value, &ips.path),
+        None => Ok(Vec::new()),
+    }
+}
+
+fn parse_uplink(o: &json::Object) -> Result<Option<String>, Error> {
+    let Some(u) = string(o, "uplink", "")? else {
+        return Ok(None);
+    };
+    crate::cni::env::validate_ifname(&u).map_err(|r| Error::config("uplink", &u, r))?;
+    Ok(Some(u))
+}
+
+fn parse_xdp(o: &json::Object) -> Result<XdpMode, Error> {
+    Ok(match string(o, "xdp", "")?.as_deref() {
+        None | Some("auto") => XdpMode::Auto,
+        Some("native") => XdpMode::Native,
+        Some("generic") => XdpMode::Generic,
+        Some("off") => XdpMode::Off,
+        Some(other) => {
+            return Err(Error::config(
+                "xdp",
+                other,
+                "must be auto, native, generic or off",
+            ))
+        }
+    })
+}
+
+fn parse_pod_attach(o: &json::Object) -> Result<PodAttach, Error> {
+    match string(o, "podAttach", "")?.as_deref() {
+        None | Some("tc") => Ok(PodAttach::Tc),
+        Some("tcx") => Ok(PodAttach::Tcx),
+        Some(other) => Err(Error::config("podAttach", other, "must be tc or tcx")),
+    }
 }
 
 fn parse_nodes(o: &json::Object) -> Result<Vec<RemoteNode>, Error> {
@@ -633,6 +723,83 @@ mod tests {
         let args_ip: IpAddr = "10.22.0.11".parse().unwrap();
         let req = NetConf::parse(&c.raw).unwrap().requested_ips(&[args_ip]);
         assert_eq!(req.len(), 3);
+    }
+
+    #[test]
+    fn teardown_ignores_bad_add_only_keys_and_full_does_not() {
+        let bad: [(&str, Value); 16] = [
+            (
+                "runtimeConfig",
+                json!({"portMappings": [{"HostPort": "x"}]}),
+            ),
+            ("runtimeConfig", json!({"bandwidth": {"egressRate": -1}})),
+            ("runtimeConfig", json!("not an object")),
+            ("args", json!({"cni": {"ips": ["x"]}})),
+            ("prevResult", json!({"ips": [{"address": "x"}]})),
+            ("dns", json!({"nameservers": ["x"]})),
+            ("mtu", json!(1)),
+            ("ipMasq", json!("yes")),
+            ("debug", json!(3)),
+            ("natMaxFlows", json!(1)),
+            ("hostPortCgroup", json!("relative")),
+            ("ingressRate", json!("fast")),
+            ("uplink", json!("way-too-long-ifname")),
+            ("xdp", json!("offload")),
+            ("podAttach", json!("netkit")),
+            ("nodes", json!([{"podCIDR": "x"}])),
+        ];
+        for (k, v) in bad {
+            let conf = with(k, v.clone());
+            let full = parse(conf.clone()).unwrap_err();
+            assert_eq!(full.code(), 7, "{k}={v}: {full}");
+            let c = NetConf::parse_for(conf.to_string().as_bytes(), Strictness::Teardown)
+                .unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+            assert_eq!(c.strictness, Strictness::Teardown);
+            assert_eq!(c.runtime, RuntimeConfig::default(), "{k}");
+            assert_eq!(c.name, "slnet");
+        }
+    }
+
+    #[test]
+    fn teardown_still_needs_what_it_uses() {
+        for (k, v) in [
+            ("pinRoot", json!("relative")),
+            ("stateDir", json!(3)),
+            ("name", json!("-bad")),
+            ("ipam", json!({"type": "../x"})),
+            ("cni.dev/valid-attachments", json!([{"ifname": "eth0"}])),
+        ] {
+            let e = NetConf::parse_for(with(k, v).to_string().as_bytes(), Strictness::Teardown)
+                .unwrap_err();
+            assert_eq!(e.code(), 7, "{k}: {e}");
+        }
+        let mut b = base();
+        b["cniVersion"] = json!("9.9.9");
+        let e = NetConf::parse_for(b.to_string().as_bytes(), Strictness::Teardown).unwrap_err();
+        assert_eq!(e.code(), 1);
+    }
+
+    #[test]
+    fn teardown_is_for_del_and_gc_only() {
+        use crate::cni::env::Command;
+        assert_eq!(Strictness::for_command(Command::Del), Strictness::Teardown);
+        assert_eq!(Strictness::for_command(Command::Gc), Strictness::Teardown);
+        for c in [
+            Command::Add,
+            Command::Check,
+            Command::Status,
+            Command::Version,
+        ] {
+            assert_eq!(Strictness::for_command(c), Strictness::Full, "{c}");
+        }
+    }
+
+    #[test]
+    fn args_keys_match_like_go() {
+        let c = parse(with("args", json!({"CNI": {"IPs": ["10.22.0.5"]}}))).unwrap();
+        assert_eq!(c.arg_ips, vec!["10.22.0.5".parse::<IpAddr>().unwrap()]);
+        let e = parse(with("args", json!({"Cni": {"Ips": ["x"]}}))).unwrap_err();
+        assert!(e.to_string().contains("args.Cni.Ips"), "{e}");
     }
 
     #[test]

@@ -135,6 +135,15 @@ impl Env {
         };
 
         let args = match get("CNI_ARGS") {
+            // What Sluice reads from CNI_ARGS (IP=, MAC=) only matters to ADD: a
+            // DEL must not fail on it (see `config::Strictness`).
+            Some(raw) if command == Command::Del => CniArgs::parse(&raw).unwrap_or_else(|e| {
+                eprintln!(
+                    "sluice: ignoring CNI_ARGS, only ADD uses it: {}",
+                    e.details()
+                );
+                CniArgs::default()
+            }),
             Some(raw) if needs_attachment => CniArgs::parse(&raw)?,
             _ => CniArgs::default(),
         };
@@ -227,6 +236,20 @@ mod tests {
         assert_eq!(e.command, Command::Add);
         assert_eq!(e.attachment.unwrap().ifname, "eth0");
         assert_eq!(e.path.len(), 2);
+    }
+
+    #[test]
+    fn cni_args_are_strict_for_add_and_ignored_when_bad_for_del() {
+        let with_args = |cmd: &'static str| {
+            let mut v: Vec<(&str, &str)> = ADD.to_vec();
+            v[0].1 = cmd;
+            v.push(("CNI_ARGS", "NOBODY_KNOWS=1;IP=10.0.0.5"));
+            v
+        };
+        assert_eq!(env(&with_args("ADD")).unwrap_err().code(), 4);
+        assert_eq!(env(&with_args("CHECK")).unwrap_err().code(), 4);
+        let del = env(&with_args("DEL")).unwrap();
+        assert_eq!(del.args, CniArgs::default());
     }
 
     #[test]

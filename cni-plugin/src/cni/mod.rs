@@ -5,6 +5,7 @@ pub mod env;
 #[cfg(test)]
 mod fuzz;
 pub mod json;
+pub mod keys;
 pub mod result;
 pub mod runtime_config;
 pub mod version;

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     json::{array, bad, string, uint},
+    keys::{Fields, Match},
     version::Version,
 };
 use crate::error::Error;
@@ -367,35 +368,58 @@ impl Dns {
         Value::Object(o)
     }
 
+    /// Reads DNS in the result's shape (`nameservers`, `domain`, `search`,
+    /// `options`), as a network config's `dns` and a result carry it.
     pub fn from_json(v: &Value, what: &str) -> Result<Self, Error> {
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad(what, v, "must be an object"))?;
-        let list = |k: &str| -> Result<Vec<String>, Error> {
-            array(o, k, what)?
+        let f = Fields::of(v, what, Match::Exact)?;
+        Self::read(&f, &["nameservers"], &["search"])
+    }
+
+    /// Reads `runtimeConfig.dns` (the `dns` capability). The CNI conventions
+    /// name its keys `servers`, `searches`, `domain` and `options`; the result's
+    /// `nameservers` and `search` are accepted too. Keys match as Go does
+    /// ([`super::keys`]): containerd sends `Servers`, `Searches`, `Options`.
+    pub fn from_runtime(v: &Value, what: &str) -> Result<Self, Error> {
+        let f = Fields::of(v, what, Match::Go)?;
+        Self::read(&f, &["servers", "nameservers"], &["searches", "search"])
+    }
+
+    fn read(f: &Fields<'_>, servers: &[&str], searches: &[&str]) -> Result<Self, Error> {
+        let list = |names: &[&str]| -> Result<(String, Vec<String>), Error> {
+            let Some(x) = f.get_any(names)? else {
+                return Ok((f.join(names[0]), Vec::new()));
+            };
+            let items = x
+                .value
+                .as_array()
+                .ok_or_else(|| bad(&x.path, x.value, "must be a list"))?
                 .iter()
-                .map(|x| {
-                    x.as_str()
+                .map(|s| {
+                    s.as_str()
                         .map(str::to_string)
-                        .ok_or_else(|| bad(&format!("{what}.{k}"), x, "must be a list of strings"))
+                        .ok_or_else(|| bad(&x.path, s, "must be a list of strings"))
                 })
-                .collect()
+                .collect::<Result<_, _>>()?;
+            Ok((x.path, items))
         };
-        let nameservers = list("nameservers")?;
-        for ns in &nameservers {
-            if ns.parse::<IpAddr>().is_err() {
-                return Err(bad(
-                    &format!("{what}.nameservers"),
-                    &json!(ns),
-                    "not an IP address",
-                ));
-            }
+        let (servers_key, nameservers) = list(servers)?;
+        if let Some(ns) = nameservers.iter().find(|ns| ns.parse::<IpAddr>().is_err()) {
+            return Err(bad(&servers_key, &json!(ns), "not an IP address"));
         }
+        let domain = match f.get("domain")? {
+            None => None,
+            Some(d) => Some(
+                d.value
+                    .as_str()
+                    .ok_or_else(|| bad(&d.path, d.value, "must be a string"))?
+                    .to_string(),
+            ),
+        };
         Ok(Self {
             nameservers,
-            domain: string(o, "domain", what)?,
-            search: list("search")?,
-            options: list("options")?,
+            domain,
+            search: list(searches)?.1,
+            options: list(&["options"])?.1,
         })
     }
 }

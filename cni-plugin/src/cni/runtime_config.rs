@@ -6,15 +6,17 @@ use std::{fmt, net::IpAddr, str::FromStr};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::result::Dns;
+use super::{
+    keys::{Field, Fields, Match},
+    result::Dns,
+};
 use crate::error::Error;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeConfig {
     pub port_mappings: Vec<PortMapping>,
     pub bandwidth: Option<Bandwidth>,
-    /// Kept as JSON: the IPAM config parser reads it with the same rules as `ranges`.
-    pub ip_ranges: Option<Value>,
+    pub ip_ranges: Option<IpRanges>,
     pub mac: Option<Mac>,
     pub ips: Vec<IpAddr>,
     pub dns: Option<Dns>,
@@ -93,65 +95,85 @@ pub const MAX_BURST_BITS: u64 = sluice_common::bw_limits::MAX_BURST_BITS;
 /// Largest rate: 1 Tbit/s; beyond that the token arithmetic would overflow.
 pub const MAX_RATE_BPS: u64 = sluice_common::bw_limits::MAX_RATE_BITS;
 
+/// Burst values runtimes send when the user gave a rate only: Kubernetes'
+/// bandwidth annotations carry no burst, so each runtime fills in "as much as
+/// possible". Taken literally they would let a pod send seconds at line rate
+/// before the limit bites (containerd's 4294967295 bits is 43 s of a 100 Mbit/s
+/// limit), so Sluice reads them as "no burst given" and uses its default burst.
+///
+/// | value | who sends it |
+/// | --- | --- |
+/// | 2147483647 (`math.MaxInt32`) | dockershim-era kubelet, some CNI runtimes |
+/// | 4294967295 (`math.MaxUint32`) | containerd's CRI (`toCNIBandWidth`) |
+/// | 34359738359 (`math.MaxUint32*8 - 1`) | CRI-O (`getBandwidth`, 1.22+) |
+/// | 34359738360 (`math.MaxUint32*8`) | CRI-O before the `- 1` |
+pub const RUNTIME_UNSET_BURSTS: [u64; 4] = [
+    i32::MAX as u64,
+    u32::MAX as u64,
+    u32::MAX as u64 * 8 - 1,
+    u32::MAX as u64 * 8,
+];
+
 impl Bandwidth {
-    /// Parses and validates a `bandwidth` object found at `key`.
-    pub fn parse(v: &Value, key: &str) -> Result<Self, Error> {
-        let o = v
-            .as_object()
-            .ok_or_else(|| Error::config(key, v, "must be an object"))?;
-        // Static plugin config keys sit at the top level (`key` empty).
-        let name = |k: &str| {
-            if key.is_empty() {
-                k.to_string()
-            } else {
-                format!("{key}.{k}")
+    /// Parses and validates a `bandwidth` object found at `key` (empty: the
+    /// plugin config's top level, where the static keys sit).
+    ///
+    /// Like the reference plugin, a rate of 0 (with no burst, or a burst of 0)
+    /// is no limit in that direction: containerd sends `"EgressRate": 0,
+    /// "EgressBurst": 0` for a pod with an ingress annotation only. A burst in
+    /// [`RUNTIME_UNSET_BURSTS`] counts as no burst.
+    pub fn parse(v: &Value, key: &str, matching: Match) -> Result<Self, Error> {
+        let f = Fields::of(v, key, matching)?;
+        let field = |k: &str| -> Result<(String, Option<u64>), Error> {
+            match f.get(k)? {
+                None => Ok((f.join(k), None)),
+                Some(x) => {
+                    let n = x.value.as_u64().ok_or_else(|| {
+                        Error::config(
+                            &x.path,
+                            x.value,
+                            "must be a non-negative integer that fits in 64 bits",
+                        )
+                    })?;
+                    Ok((x.path, Some(n)))
+                }
             }
         };
-        let field = |k: &str| -> Result<Option<u64>, Error> {
-            match o.get(k) {
-                None | Some(Value::Null) => Ok(None),
-                Some(x) => x.as_u64().map(Some).ok_or_else(|| {
-                    Error::config(
-                        name(k),
-                        x,
-                        "must be a non-negative integer that fits in 64 bits",
-                    )
-                }),
-            }
-        };
-        let b = Self {
-            ingress_rate: field("ingressRate")?,
-            ingress_burst: field("ingressBurst")?,
-            egress_rate: field("egressRate")?,
-            egress_burst: field("egressBurst")?,
-        };
-        for (dir, rate, burst) in [
-            ("ingress", b.ingress_rate, b.ingress_burst),
-            ("egress", b.egress_rate, b.egress_burst),
+        let mut b = Self::default();
+        for (dir, rate_slot, burst_slot) in [
+            ("ingress", &mut b.ingress_rate, &mut b.ingress_burst),
+            ("egress", &mut b.egress_rate, &mut b.egress_burst),
         ] {
-            if let Some(r) = rate {
-                if r == 0 || r > MAX_RATE_BPS {
+            let (rate_key, rate) = field(&format!("{dir}Rate"))?;
+            let (burst_key, burst) = field(&format!("{dir}Burst"))?;
+            let rate = rate.filter(|r| *r != 0);
+            let burst = burst.filter(|b| !RUNTIME_UNSET_BURSTS.contains(b));
+            match (rate, burst) {
+                (None, None | Some(0)) => continue,
+                (None, Some(bu)) => {
                     return Err(Error::config(
-                        name(&format!("{dir}Rate")),
+                        burst_key,
+                        bu,
+                        format!("is set without a rate ({rate_key} is absent or 0)"),
+                    ))
+                }
+                (Some(r), _) if r > MAX_RATE_BPS => {
+                    return Err(Error::config(
+                        rate_key,
                         r,
                         format!("must be between 1 and {MAX_RATE_BPS} bits per second"),
-                    ));
+                    ))
                 }
-            }
-            if let Some(bu) = burst {
-                if rate.is_none() {
+                (Some(_), Some(bu)) if bu == 0 || bu > MAX_BURST_BITS => {
                     return Err(Error::config(
-                        name(&format!("{dir}Burst")),
-                        bu,
-                        format!("is set without {dir}Rate"),
-                    ));
-                }
-                if bu == 0 || bu > MAX_BURST_BITS {
-                    return Err(Error::config(
-                        name(&format!("{dir}Burst")),
+                        burst_key,
                         bu,
                         format!("must be between 1 and {MAX_BURST_BITS} bits"),
-                    ));
+                    ))
+                }
+                (Some(r), bu) => {
+                    *rate_slot = Some(r);
+                    *burst_slot = bu;
                 }
             }
         }
@@ -222,43 +244,69 @@ pub fn parse_ip_list(v: &Value, key: &str) -> Result<Vec<IpAddr>, Error> {
         .collect()
 }
 
+/// `runtimeConfig.ipRanges` as given: the IPAM config parser reads it with the
+/// same rules as `ipam.ranges` (keys matched as Go does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpRanges {
+    /// The key path as written (`runtimeConfig.ipRanges`).
+    pub path: String,
+    pub value: Value,
+}
+
+impl IpRanges {
+    /// `value` as found at `runtimeConfig.ipRanges`.
+    pub fn new(value: Value) -> Self {
+        Self {
+            path: "runtimeConfig.ipRanges".into(),
+            value,
+        }
+    }
+}
+
 impl RuntimeConfig {
-    /// Parses the `runtimeConfig` object.
+    /// Parses the `runtimeConfig` object; keys are matched as Go does (see
+    /// [`super::keys`]).
     pub fn parse(v: &Value) -> Result<Self, Error> {
-        let o = v
-            .as_object()
-            .ok_or_else(|| Error::config("runtimeConfig", v, "must be an object"))?;
+        let f = Fields::of(v, "runtimeConfig", Match::Go)?;
         let mut rc = Self::default();
-        if let Some(pm) = o.get("portMappings").filter(|v| !v.is_null()) {
-            rc.port_mappings = parse_port_mappings(pm, "runtimeConfig.portMappings")?;
+        if let Some(pm) = f.get("portMappings")? {
+            rc.port_mappings = parse_port_mappings(pm.value, &pm.path, Match::Go)?;
         }
-        if let Some(b) = o.get("bandwidth").filter(|v| !v.is_null()) {
-            rc.bandwidth = Some(Bandwidth::parse(b, "runtimeConfig.bandwidth")?);
+        if let Some(b) = f.get("bandwidth")? {
+            rc.bandwidth = Some(Bandwidth::parse(b.value, &b.path, Match::Go)?);
         }
-        if let Some(r) = o.get("ipRanges").filter(|v| !v.is_null()) {
-            if !r.as_array().is_some_and(|a| a.iter().all(Value::is_array)) {
+        if let Some(r) = f.get("ipRanges")? {
+            if !r
+                .value
+                .as_array()
+                .is_some_and(|a| a.iter().all(Value::is_array))
+            {
                 return Err(Error::config(
-                    "runtimeConfig.ipRanges",
-                    r,
+                    &r.path,
+                    r.value,
                     "must be a list of range sets (lists of ranges)",
                 ));
             }
-            rc.ip_ranges = Some(r.clone());
+            rc.ip_ranges = Some(IpRanges {
+                path: r.path,
+                value: r.value.clone(),
+            });
         }
-        if let Some(m) = o.get("mac").filter(|v| !v.is_null()) {
+        if let Some(m) = f.get("mac")? {
             let s = m
+                .value
                 .as_str()
-                .ok_or_else(|| Error::config("runtimeConfig.mac", m, "must be a string"))?;
+                .ok_or_else(|| Error::config(&m.path, m.value, "must be a string"))?;
             rc.mac = Some(
                 s.parse()
-                    .map_err(|r: String| Error::config("runtimeConfig.mac", s, r))?,
+                    .map_err(|r: String| Error::config(&m.path, s, r))?,
             );
         }
-        if let Some(ips) = o.get("ips").filter(|v| !v.is_null()) {
-            rc.ips = parse_ip_list(ips, "runtimeConfig.ips")?;
+        if let Some(ips) = f.get("ips")? {
+            rc.ips = parse_ip_list(ips.value, &ips.path)?;
         }
-        if let Some(d) = o.get("dns").filter(|v| !v.is_null()) {
-            rc.dns = Some(Dns::from_json(d, "runtimeConfig.dns")?);
+        if let Some(d) = f.get("dns")? {
+            rc.dns = Some(Dns::from_runtime(d.value, &d.path)?);
         }
         Ok(rc)
     }
@@ -266,7 +314,11 @@ impl RuntimeConfig {
 
 /// Parses a `portMappings` list found at `key`: ports 1..=65535, protocol tcp/udp/sctp
 /// (default tcp), `hostIP` an address or empty. Duplicates are refused.
-pub fn parse_port_mappings(v: &Value, key: &str) -> Result<Vec<PortMapping>, Error> {
+pub fn parse_port_mappings(
+    v: &Value,
+    key: &str,
+    matching: Match,
+) -> Result<Vec<PortMapping>, Error> {
     let arr = v
         .as_array()
         .ok_or_else(|| Error::config(key, v, "must be a list"))?;
@@ -275,42 +327,47 @@ pub fn parse_port_mappings(v: &Value, key: &str) -> Result<Vec<PortMapping>, Err
     let mut seen = std::collections::HashSet::with_capacity(arr.len());
     for (i, e) in arr.iter().enumerate() {
         let k = format!("{key}[{i}]");
-        let o = e
-            .as_object()
-            .ok_or_else(|| Error::config(&k, e, "must be an object"))?;
-        let port = |name: &str| -> Result<u16, Error> {
-            let x = o
-                .get(name)
-                .ok_or_else(|| Error::config(format!("{k}.{name}"), "null", "is required"))?;
-            x.as_u64()
+        let f = Fields::of(e, &k, matching)?;
+        let port = |name: &str| -> Result<(String, u16), Error> {
+            let x = f
+                .get(name)?
+                .ok_or_else(|| Error::config(f.join(name), "null", "is required"))?;
+            let p = x
+                .value
+                .as_u64()
                 .filter(|p| (1..=65535).contains(p))
                 .and_then(|p| u16::try_from(p).ok())
-                .ok_or_else(|| Error::config(format!("{k}.{name}"), x, "must be a port 1..65535"))
+                .ok_or_else(|| Error::config(&x.path, x.value, "must be a port 1..65535"))?;
+            Ok((x.path, p))
         };
-        let host_port = port("hostPort")?;
-        let container_port = port("containerPort")?;
-        let protocol = match o.get("protocol") {
-            None | Some(Value::Null) => Protocol::Tcp,
-            Some(Value::String(s)) if s.is_empty() => Protocol::Tcp,
-            Some(Value::String(s)) => s
-                .parse()
-                .map_err(|r: String| Error::config(format!("{k}.protocol"), s, r))?,
-            Some(x) => {
-                return Err(Error::config(
-                    format!("{k}.protocol"),
-                    x,
-                    "must be a string",
-                ))
-            }
+        let (host_port_key, host_port) = port("hostPort")?;
+        let (_, container_port) = port("containerPort")?;
+        let protocol = match f.get("protocol")? {
+            None => Protocol::Tcp,
+            Some(Field {
+                value: Value::String(s),
+                ..
+            }) if s.is_empty() => Protocol::Tcp,
+            Some(Field {
+                path,
+                value: Value::String(s),
+            }) => s.parse().map_err(|r: String| Error::config(path, s, r))?,
+            Some(x) => return Err(Error::config(x.path, x.value, "must be a string")),
         };
-        let host_ip = match o.get("hostIP") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(
+        let host_ip = match f.get("hostIP")? {
+            None => None,
+            Some(Field {
+                value: Value::String(s),
+                ..
+            }) if s.is_empty() => None,
+            Some(Field {
+                path,
+                value: Value::String(s),
+            }) => Some(
                 s.parse::<IpAddr>()
-                    .map_err(|_| Error::config(format!("{k}.hostIP"), s, "not an IP address"))?,
+                    .map_err(|_| Error::config(path, s, "not an IP address"))?,
             ),
-            Some(x) => return Err(Error::config(format!("{k}.hostIP"), x, "must be a string")),
+            Some(x) => return Err(Error::config(x.path, x.value, "must be a string")),
         };
         let pm = PortMapping {
             host_port,
@@ -320,7 +377,7 @@ pub fn parse_port_mappings(v: &Value, key: &str) -> Result<Vec<PortMapping>, Err
         };
         if !seen.insert((pm.host_port, pm.protocol, pm.host_ip)) {
             return Err(Error::config(
-                format!("{k}.hostPort"),
+                host_port_key,
                 host_port,
                 format!("{protocol} port is mapped twice in this list"),
             ));
@@ -405,9 +462,66 @@ mod tests {
                 "80",
             ),
             (
-                json!({"bandwidth": {"ingressRate": 0}}),
-                "runtimeConfig.bandwidth.ingressRate",
+                json!({"bandwidth": {"ingressRate": 0, "ingressBurst": 100}}),
+                "runtimeConfig.bandwidth.ingressBurst",
+                "100",
+            ),
+            (
+                json!({"bandwidth": {"ingressRate": 1000, "ingressBurst": 0}}),
+                "runtimeConfig.bandwidth.ingressBurst",
                 "0",
+            ),
+            (
+                json!({"bandwidth": {"ingressRate": 2_000_000_000_000u64}}),
+                "runtimeConfig.bandwidth.ingressRate",
+                "2000000000000",
+            ),
+            (
+                json!({"Bandwidth": {"EgressRate": "fast"}}),
+                "runtimeConfig.Bandwidth.EgressRate",
+                "fast",
+            ),
+            (
+                json!({"portMappings": [{"HostPort": 0, "ContainerPort": 80}]}),
+                "runtimeConfig.portMappings[0].HostPort",
+                "0",
+            ),
+            (
+                json!({"portMappings": [{"HostPort": 80}]}),
+                "runtimeConfig.portMappings[0].containerPort",
+                "null",
+            ),
+            (
+                json!({"portMappings": [{"HostPort": 80, "ContainerPort": 80, "Protocol": "icmp"}]}),
+                "runtimeConfig.portMappings[0].Protocol",
+                "icmp",
+            ),
+            (
+                json!({"portMappings": [{"HostPort": 80, "ContainerPort": 80, "HostIP": "x"}]}),
+                "runtimeConfig.portMappings[0].HostIP",
+                "x",
+            ),
+            (
+                json!({"portMappings": [{"HostPort": 80, "hostport": 81, "ContainerPort": 80}]}),
+                "runtimeConfig.portMappings[0].HostPort",
+                "81",
+            ),
+            (
+                json!({"dns": {"Servers": ["ns1"]}}),
+                "runtimeConfig.dns.Servers",
+                "ns1",
+            ),
+            (
+                json!({"dns": {"searches": "x"}}),
+                "runtimeConfig.dns.searches",
+                "x",
+            ),
+            (json!({"MAC": "x"}), "runtimeConfig.MAC", "x"),
+            (json!({"IPs": ["x"]}), "runtimeConfig.IPs", "x"),
+            (
+                json!({"IpRanges": [{"Subnet": "10.0.0.0/24"}]}),
+                "runtimeConfig.IpRanges",
+                "Subnet",
             ),
             (
                 json!({"bandwidth": {"egressRate": -5}}),
@@ -466,6 +580,163 @@ mod tests {
                 "{s} should name {key} and {val}"
             );
         }
+    }
+
+    /// Every member in every spelling a runtime sends: the conventions'
+    /// camelCase, go-cni's Go field names, and any other case (as Go decodes).
+    #[test]
+    fn every_member_in_every_spelling() {
+        fn respell(k: &str, how: usize) -> String {
+            match how {
+                0 => k.to_string(),
+                1 => {
+                    let mut c = k.chars();
+                    c.next()
+                        .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                        .unwrap_or_default()
+                        // go-cni's field names: HostIP, not HostIp.
+                        .replace("Ip", "IP")
+                }
+                2 => k.to_ascii_lowercase(),
+                _ => k.to_ascii_uppercase(),
+            }
+        }
+        for how in 0..4 {
+            let k = |s: &str| respell(s, how);
+            let mut pm = serde_json::Map::new();
+            pm.insert(k("hostPort"), json!(8080));
+            pm.insert(k("containerPort"), json!(80));
+            pm.insert(k("protocol"), json!("UDP"));
+            pm.insert(k("hostIP"), json!("192.0.2.1"));
+            let mut bw = serde_json::Map::new();
+            bw.insert(k("ingressRate"), json!(1_000_000));
+            bw.insert(k("ingressBurst"), json!(80_000));
+            bw.insert(k("egressRate"), json!(2_000_000));
+            bw.insert(k("egressBurst"), json!(4_294_967_295u64));
+            let mut dns = serde_json::Map::new();
+            dns.insert(k("servers"), json!(["10.96.0.10"]));
+            dns.insert(k("searches"), json!(["svc.cluster.local"]));
+            dns.insert(k("domain"), json!("cluster.local"));
+            dns.insert(k("options"), json!(["ndots:5"]));
+            let mut range = serde_json::Map::new();
+            range.insert(k("subnet"), json!("10.9.0.0/24"));
+            range.insert(k("rangeStart"), json!("10.9.0.10"));
+            range.insert(k("rangeEnd"), json!("10.9.0.20"));
+            range.insert(k("gateway"), json!("10.9.0.1"));
+            let mut rc = serde_json::Map::new();
+            rc.insert(k("portMappings"), json!([pm]));
+            rc.insert(k("bandwidth"), Value::Object(bw));
+            rc.insert(k("dns"), Value::Object(dns));
+            rc.insert(k("ipRanges"), json!([[range]]));
+            rc.insert(k("mac"), json!("02:42:ac:11:00:02"));
+            rc.insert(k("ips"), json!(["10.9.0.15/24"]));
+            let v = Value::Object(rc);
+            let rc = RuntimeConfig::parse(&v).unwrap_or_else(|e| panic!("{v}: {e}"));
+            assert_eq!(
+                rc.port_mappings,
+                vec![PortMapping {
+                    host_port: 8080,
+                    container_port: 80,
+                    protocol: Protocol::Udp,
+                    host_ip: Some("192.0.2.1".parse().unwrap()),
+                }],
+                "{v}"
+            );
+            assert_eq!(
+                rc.bandwidth,
+                Some(Bandwidth {
+                    ingress_rate: Some(1_000_000),
+                    ingress_burst: Some(80_000),
+                    egress_rate: Some(2_000_000),
+                    // containerd's "no burst".
+                    egress_burst: None,
+                }),
+                "{v}"
+            );
+            let dns = rc.dns.unwrap();
+            assert_eq!(dns.nameservers, vec!["10.96.0.10"], "{v}");
+            assert_eq!(dns.search, vec!["svc.cluster.local"], "{v}");
+            assert_eq!(dns.domain.as_deref(), Some("cluster.local"), "{v}");
+            assert_eq!(dns.options, vec!["ndots:5"], "{v}");
+            assert_eq!(rc.mac.unwrap().to_string(), "02:42:ac:11:00:02", "{v}");
+            assert_eq!(rc.ips, vec!["10.9.0.15".parse::<IpAddr>().unwrap()], "{v}");
+            // ipRanges is read by the IPAM config with the same key rules.
+            let ipam = crate::ipam::config::HostLocalConfig::parse(
+                &json!({"subnet": "10.8.0.0/24"}),
+                rc.ip_ranges.as_ref(),
+            )
+            .unwrap_or_else(|e| panic!("{v}: {e}"));
+            let first = &ipam.range_sets[0].ranges()[0];
+            assert_eq!(first.range_start.to_string(), "10.9.0.10", "{v}");
+            assert_eq!(first.range_end.to_string(), "10.9.0.20", "{v}");
+            assert_eq!(first.gateway.to_string(), "10.9.0.1", "{v}");
+        }
+    }
+
+    /// containerd's exact payload for a pod with an ingress annotation only.
+    #[test]
+    fn containerd_payload() {
+        let rc = RuntimeConfig::parse(&json!({
+            "portMappings": [{"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}],
+            "bandwidth": {"IngressRate": 100_000_000, "IngressBurst": 4_294_967_295u64, "EgressRate": 0, "EgressBurst": 0}
+        }))
+        .unwrap();
+        assert_eq!(rc.port_mappings[0].host_port, 8080);
+        assert_eq!(rc.port_mappings[0].host_ip, None);
+        assert_eq!(
+            rc.bandwidth,
+            Some(Bandwidth {
+                ingress_rate: Some(100_000_000),
+                ..Bandwidth::default()
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_unset_bursts_are_no_burst_and_others_are_kept() {
+        for sentinel in RUNTIME_UNSET_BURSTS {
+            let b = Bandwidth::parse(
+                &json!({"egressRate": 5_000_000, "egressBurst": sentinel}),
+                "runtimeConfig.bandwidth",
+                Match::Go,
+            )
+            .unwrap();
+            assert_eq!(b.egress_burst, None, "{sentinel}");
+            assert_eq!(b.egress_rate, Some(5_000_000));
+        }
+        // A sentinel without a rate is no limit at all (nothing was asked).
+        let b = Bandwidth::parse(
+            &json!({"IngressRate": 0, "IngressBurst": 4_294_967_295u64}),
+            "x",
+            Match::Go,
+        )
+        .unwrap();
+        assert!(b.is_empty());
+        // Any other burst is the user's and kept, the largest allowed included.
+        for burst in [1, 2_000_000, 4_294_967_294, MAX_BURST_BITS - 2] {
+            let b = Bandwidth::parse(
+                &json!({"egressRate": 5_000_000, "egressBurst": burst}),
+                "x",
+                Match::Go,
+            )
+            .unwrap();
+            assert_eq!(b.egress_burst, Some(burst));
+        }
+    }
+
+    #[test]
+    fn static_bandwidth_keys_are_exact() {
+        // The operator's config keeps the documented spelling.
+        let b = Bandwidth::parse(&json!({"IngressRate": 1000}), "", Match::Exact).unwrap();
+        assert!(b.is_empty());
+        let e = Bandwidth::parse(
+            &json!({"ingressRate": 1000, "ingressBurst": 0}),
+            "",
+            Match::Exact,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ingressBurst"), "{e}");
+        assert!(!e.to_string().contains(".ingressBurst"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::allocator;
 use super::config::HostLocalConfig;
 use super::store::{check_network_name, DiskStore, Store};
 use crate::cni::result::{CniResult, IpConfig};
+use crate::cni::runtime_config::IpRanges;
 use crate::cni::AttachmentId;
 use crate::error::Error;
 
@@ -20,11 +21,22 @@ pub struct BuiltinIpam {
 
 impl BuiltinIpam {
     /// `ipam`: the config's "ipam" object; `ip_ranges`: runtimeConfig.ipRanges if present.
-    pub fn new(network: &str, ipam: &Value, ip_ranges: Option<&Value>) -> Result<Self, Error> {
+    pub fn new(network: &str, ipam: &Value, ip_ranges: Option<&IpRanges>) -> Result<Self, Error> {
         check_network_name(network)?;
         Ok(Self {
             network: network.to_string(),
             config: HostLocalConfig::parse(ipam, ip_ranges)?,
+        })
+    }
+
+    /// For DEL and GC, which only release reservations: needs `dataDir` alone, so
+    /// ranges that no longer validate (or runtime ranges that never did) cannot
+    /// keep a pod's addresses reserved forever.
+    pub fn for_release(network: &str, ipam: &Value) -> Result<Self, Error> {
+        check_network_name(network)?;
+        Ok(Self {
+            network: network.to_string(),
+            config: HostLocalConfig::for_release(ipam)?,
         })
     }
 
@@ -294,7 +306,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = json!({"ranges": [[{"subnet": "10.22.0.0/24"}]], "dataDir": tmp.path()});
         let rt = json!([[{"subnet": "10.33.0.0/24", "gateway": "10.33.0.254"}]]);
-        let ipam = BuiltinIpam::new("net2", &cfg, Some(&rt)).unwrap();
+        let ipam = BuiltinIpam::new("net2", &cfg, Some(&IpRanges::new(rt.clone()))).unwrap();
         assert_eq!(ipam.gateways(), [ip("10.33.0.254"), ip("10.22.0.1")]);
         let r = ipam.add(&att("c", "eth0"), &[ip("10.22.0.77")]).unwrap();
         let got: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();

@@ -9,8 +9,10 @@ use ipnetwork::IpNetwork;
 use serde_json::{Map, Value};
 
 use super::range::{same_family, to_u128, Range, RangeSet};
+use crate::cni::keys::{Fields, Match};
 use crate::cni::parse_cidr;
 use crate::cni::result::{Dns, Route};
+use crate::cni::runtime_config::IpRanges;
 use crate::error::Error;
 
 /// Where reservations live when `dataDir` is not set (host-local's default).
@@ -35,18 +37,19 @@ struct Located {
 impl HostLocalConfig {
     /// Parses and validates `ipam` (the config's `ipam` object) and `ip_ranges`
     /// (`runtimeConfig.ipRanges`, same shape as `ranges`).
-    pub fn parse(ipam: &Value, ip_ranges: Option<&Value>) -> Result<Self, Error> {
+    pub fn parse(ipam: &Value, ip_ranges: Option<&IpRanges>) -> Result<Self, Error> {
         let obj = ipam
             .as_object()
             .ok_or_else(|| Error::config("ipam", ipam, "must be a JSON object"))?;
 
         let mut sets: Vec<Vec<Located>> = Vec::new();
         // host-local prepends runtime ranges to the configured ones rather than replacing them.
-        if let Some(v) = ip_ranges.filter(|v| !v.is_null()) {
-            sets.extend(parse_range_sets(v, "runtimeConfig.ipRanges")?);
+        // Filled by the runtime: keys match as Go does (`Subnet`, `RangeStart`, ...).
+        if let Some(r) = ip_ranges.filter(|r| !r.value.is_null()) {
+            sets.extend(parse_range_sets(&r.value, &r.path, Match::Go)?);
         }
         if obj.get("subnet").is_some_and(|v| !v.is_null()) {
-            let mut legacy = parse_range(obj, "ipam")?;
+            let mut legacy = parse_range(obj, "ipam", Match::Exact)?;
             legacy.key = "ipam.subnet".to_string();
             sets.push(vec![legacy]);
         } else {
@@ -61,7 +64,7 @@ impl HostLocalConfig {
             }
         }
         if let Some(v) = obj.get("ranges").filter(|v| !v.is_null()) {
-            sets.extend(parse_range_sets(v, "ipam.ranges")?);
+            sets.extend(parse_range_sets(v, "ipam.ranges", Match::Exact)?);
         }
         if sets.is_empty() {
             let v = obj.get("ranges").unwrap_or(&Value::Null);
@@ -82,6 +85,20 @@ impl HostLocalConfig {
             data_dir: path_field(obj, "dataDir")?
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             resolv_conf: path_field(obj, "resolvConf")?,
+        })
+    }
+
+    /// Only `dataDir`, for releasing reservations (DEL, GC): no range sets.
+    pub fn for_release(ipam: &Value) -> Result<Self, Error> {
+        let obj = ipam
+            .as_object()
+            .ok_or_else(|| Error::config("ipam", ipam, "must be a JSON object"))?;
+        Ok(Self {
+            range_sets: Vec::new(),
+            routes: Vec::new(),
+            data_dir: path_field(obj, "dataDir")?
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            resolv_conf: None,
         })
     }
 
@@ -127,18 +144,18 @@ pub fn parse_resolv_conf(text: &str) -> Dns {
 }
 
 /// `[[range, ...], ...]` at `key`.
-fn parse_range_sets(v: &Value, key: &str) -> Result<Vec<Vec<Located>>, Error> {
+fn parse_range_sets(v: &Value, key: &str, matching: Match) -> Result<Vec<Vec<Located>>, Error> {
     let list = v
         .as_array()
         .ok_or_else(|| Error::config(key, v, "must be a list of range sets (lists of ranges)"))?;
     list.iter()
         .enumerate()
-        .map(|(i, set)| parse_range_set(set, &format!("{key}[{i}]")))
+        .map(|(i, set)| parse_range_set(set, &format!("{key}[{i}]"), matching))
         .collect()
 }
 
 /// `[range, ...]` at `key`: non-empty, one address family.
-fn parse_range_set(v: &Value, key: &str) -> Result<Vec<Located>, Error> {
+fn parse_range_set(v: &Value, key: &str, matching: Match) -> Result<Vec<Located>, Error> {
     let list = v
         .as_array()
         .ok_or_else(|| Error::config(key, v, "must be a list of ranges"))?;
@@ -151,7 +168,7 @@ fn parse_range_set(v: &Value, key: &str) -> Result<Vec<Located>, Error> {
         let obj = r
             .as_object()
             .ok_or_else(|| Error::config(&rkey, r, "must be an object"))?;
-        let located = parse_range(obj, &rkey)?;
+        let located = parse_range(obj, &rkey, matching)?;
         if let Some(first) = out.first() {
             if first.range.subnet.is_ipv4() != located.range.subnet.is_ipv4() {
                 return Err(Error::config(
@@ -170,9 +187,12 @@ fn parse_range_set(v: &Value, key: &str) -> Result<Vec<Located>, Error> {
 }
 
 /// One range object at `key`, with host-local's defaults and checks.
-fn parse_range(obj: &Map<String, Value>, key: &str) -> Result<Located, Error> {
-    let skey = format!("{key}.subnet");
-    let raw = obj.get("subnet").unwrap_or(&Value::Null);
+fn parse_range(obj: &Map<String, Value>, key: &str, matching: Match) -> Result<Located, Error> {
+    let f = Fields::new(obj, key, matching);
+    let (skey, raw) = match f.get("subnet")? {
+        Some(x) => (x.path, x.value),
+        None => (f.join("subnet"), &Value::Null),
+    };
     let text = raw
         .as_str()
         .ok_or_else(|| Error::config(&skey, raw, "is required and must be a CIDR string"))?;
@@ -193,9 +213,9 @@ fn parse_range(obj: &Map<String, Value>, key: &str) -> Result<Located, Error> {
         ));
     }
 
-    let gateway = addr_field(obj, key, "gateway", &subnet)?;
-    let start = addr_field(obj, key, "rangeStart", &subnet)?;
-    let end = addr_field(obj, key, "rangeEnd", &subnet)?;
+    let gateway = addr_field(&f, "gateway", &subnet)?;
+    let start = addr_field(&f, "rangeStart", &subnet)?;
+    let end = addr_field(&f, "rangeEnd", &subnet)?;
     let range_start = start.unwrap_or_else(|| Range::default_start(&subnet));
     let range_end = end.unwrap_or_else(|| Range::default_end(&subnet));
     if to_u128(range_start) > to_u128(range_end) {
@@ -207,8 +227,9 @@ fn parse_range(obj: &Map<String, Value>, key: &str) -> Result<Located, Error> {
                 format!("the default rangeEnd {range_end}"),
             ),
         };
+        let path = f.get(k)?.map_or_else(|| f.join(k), |x| x.path);
         return Err(Error::config(
-            format!("{key}.{k}"),
+            path,
             v,
             format!("range is empty: {k} {v} vs {other}"),
         ));
@@ -226,18 +247,14 @@ fn parse_range(obj: &Map<String, Value>, key: &str) -> Result<Located, Error> {
 
 /// An optional address at `key.name` that must be inside `subnet`; `""` counts as absent
 /// (as Go's `net.IP` decodes it).
-fn addr_field(
-    obj: &Map<String, Value>,
-    key: &str,
-    name: &str,
-    subnet: &IpNetwork,
-) -> Result<Option<IpAddr>, Error> {
-    let fkey = format!("{key}.{name}");
-    let raw = match obj.get(name) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) if s.is_empty() => return Ok(None),
-        Some(v) => v,
+fn addr_field(f: &Fields<'_>, name: &str, subnet: &IpNetwork) -> Result<Option<IpAddr>, Error> {
+    let Some(x) = f.get(name)? else {
+        return Ok(None);
     };
+    let (fkey, raw) = (x.path, x.value);
+    if raw.as_str() == Some("") {
+        return Ok(None);
+    }
     let ip = raw
         .as_str()
         .and_then(|s| s.parse::<IpAddr>().ok())
@@ -401,7 +418,7 @@ mod tests {
     fn runtime_ip_ranges_come_first() {
         let ipam = json!({"ranges": [[{"subnet": "10.0.0.0/24"}]]});
         let rt = json!([[{"subnet": "10.9.0.0/24"}], [{"subnet": "fd09::/64"}]]);
-        let c = HostLocalConfig::parse(&ipam, Some(&rt)).unwrap();
+        let c = HostLocalConfig::parse(&ipam, Some(&IpRanges::new(rt.clone()))).unwrap();
         let subnets: Vec<String> = c
             .range_sets
             .iter()
@@ -409,11 +426,11 @@ mod tests {
             .collect();
         assert_eq!(subnets, ["10.9.0.0/24", "fd09::/64", "10.0.0.0/24"]);
         // Runtime ranges alone are enough.
-        let c = HostLocalConfig::parse(&json!({}), Some(&rt)).unwrap();
+        let c = HostLocalConfig::parse(&json!({}), Some(&IpRanges::new(rt.clone()))).unwrap();
         assert_eq!(c.range_sets.len(), 2);
         // An empty or null ipRanges changes nothing.
         for rt in [json!([]), Value::Null] {
-            let c = HostLocalConfig::parse(&ipam, Some(&rt)).unwrap();
+            let c = HostLocalConfig::parse(&ipam, Some(&IpRanges::new(rt.clone()))).unwrap();
             assert_eq!(c.range_sets.len(), 1);
         }
     }
@@ -423,18 +440,18 @@ mod tests {
         let ipam = json!({"ranges": [[{"subnet": "10.0.0.0/24"}]]});
         let bad = json!([[{"subnet": "10.9.0.0/24", "rangeEnd": "10.8.0.1"}]]);
         assert_bad(
-            HostLocalConfig::parse(&ipam, Some(&bad)),
+            HostLocalConfig::parse(&ipam, Some(&IpRanges::new(bad.clone()))),
             "runtimeConfig.ipRanges[0][0].rangeEnd",
             "10.8.0.1",
         );
         let overlapping = json!([[{"subnet": "10.0.0.0/16"}]]);
         assert_bad(
-            HostLocalConfig::parse(&ipam, Some(&overlapping)),
+            HostLocalConfig::parse(&ipam, Some(&IpRanges::new(overlapping.clone()))),
             "ipam.ranges[0][0]",
             "10.0.0.1-10.0.0.254",
         );
         assert_bad(
-            HostLocalConfig::parse(&ipam, Some(&json!({"subnet": "10.0.0.0/8"}))),
+            HostLocalConfig::parse(&ipam, Some(&IpRanges::new(json!({"subnet": "10.0.0.0/8"})))),
             "runtimeConfig.ipRanges",
             "10.0.0.0/8",
         );

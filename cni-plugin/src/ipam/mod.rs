@@ -11,7 +11,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use crate::{
     cni::{
-        config::{IpamKind, NetConf},
+        config::{IpamKind, NetConf, Strictness},
         env::Command,
         result::CniResult,
         AttachmentId,
@@ -36,11 +36,21 @@ impl Ipam {
             .as_ref()
             .ok_or_else(|| Error::config("ipam", "null", "is required"))?;
         Ok(match &ipam.kind {
-            IpamKind::Builtin => Self::Builtin(BuiltinIpam::new(
-                &conf.name,
-                &ipam.raw,
-                conf.runtime.ip_ranges.as_ref(),
-            )?),
+            IpamKind::Builtin => Self::Builtin(
+                match BuiltinIpam::new(&conf.name, &ipam.raw, conf.runtime.ip_ranges.as_ref()) {
+                    Ok(b) => b,
+                    // DEL and GC only release: a config whose ranges no longer
+                    // validate must not keep the addresses reserved.
+                    Err(e) if conf.strictness == Strictness::Teardown => {
+                        eprintln!(
+                            "sluice: releasing with ipam.dataDir only; the rest of ipam does not validate: {}",
+                            e.details()
+                        );
+                        BuiltinIpam::for_release(&conf.name, &ipam.raw)?
+                    }
+                    Err(e) => return Err(e),
+                },
+            ),
             IpamKind::Delegate(t) => Self::Delegate(Delegate::find(t, cni_path)?),
         })
     }
