@@ -1,0 +1,127 @@
+//! Pods on this node: addresses (`sl_endpoints`), owners (`sl_ep_info`),
+//! counters (`sl_ep_stats`) and drops by reason (`sl_ep_drops`).
+
+/// An IP address as a map key: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`), so one map serves both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct IpKey {
+    pub addr: [u8; 16],
+}
+
+impl IpKey {
+    /// Key of an IPv4 address given in network byte order as four bytes.
+    #[inline(always)]
+    pub const fn v4(octets: [u8; 4]) -> Self {
+        let [a, b, c, d] = octets;
+        Self {
+            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
+        }
+    }
+
+    /// Key of an IPv6 address.
+    #[inline(always)]
+    pub const fn v6(octets: [u8; 16]) -> Self {
+        Self { addr: octets }
+    }
+
+    /// The IPv4 address if this key holds one.
+    pub fn as_v4(&self) -> Option<[u8; 4]> {
+        let a = &self.addr;
+        if a[..10].iter().all(|b| *b == 0) && a[10] == 0xff && a[11] == 0xff {
+            Some([a[12], a[13], a[14], a[15]])
+        } else {
+            None
+        }
+    }
+}
+
+/// Where a pod address lives: the host side of its veth and the MACs on the wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    /// ifindex of the host-side veth (node namespace).
+    pub ifindex: u32,
+    /// [`endpoint_flags`].
+    pub flags: u32,
+    /// MAC of the pod's interface.
+    pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth.
+    pub host_mac: [u8; 6],
+}
+
+pub mod endpoint_flags {
+    /// The endpoint's address is IPv6.
+    pub const IPV6: u32 = 1 << 0;
+    /// The pod end of the veth can take XDP frames (GRO on, so veth NAPI runs):
+    /// the uplink's XDP program may redirect into it.
+    pub const XDP_READY: u32 = 1 << 1;
+}
+
+/// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EndpointStats {
+    /// Packets the pod sent (seen on host veth ingress).
+    pub from_pod_packets: u64,
+    pub from_pod_bytes: u64,
+    /// Packets sent to the pod (seen on host veth egress).
+    pub to_pod_packets: u64,
+    pub to_pod_bytes: u64,
+}
+
+impl core::ops::Add for EndpointStats {
+    type Output = Self;
+
+    /// Sum of two per-CPU values.
+    fn add(self, o: Self) -> Self {
+        Self {
+            from_pod_packets: self.from_pod_packets.wrapping_add(o.from_pod_packets),
+            from_pod_bytes: self.from_pod_bytes.wrapping_add(o.from_pod_bytes),
+            to_pod_packets: self.to_pod_packets.wrapping_add(o.to_pod_packets),
+            to_pod_bytes: self.to_pod_bytes.wrapping_add(o.to_pod_bytes),
+        }
+    }
+}
+
+/// Length of the container id kept in [`EndpointInfo`] (longer ids are cut).
+pub const CONTAINER_ID_LEN: usize = 64;
+/// Length of an interface name buffer (IFNAMSIZ).
+pub const IFNAME_LEN: usize = 16;
+
+/// Who owns an endpoint. Written by the plugin, read by `sluicectl`; the programs
+/// never look at it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// `CNI_CONTAINERID`, NUL-padded (cut at [`CONTAINER_ID_LEN`]).
+    pub container_id: [u8; CONTAINER_ID_LEN],
+    /// `CNI_IFNAME`, NUL-padded.
+    pub ifname: [u8; IFNAME_LEN],
+    /// Host-side veth name, NUL-padded.
+    pub host_ifname: [u8; IFNAME_LEN],
+    /// Inode of the pod's network namespace (0 if unknown).
+    pub netns_ino: u64,
+    /// Seconds since the epoch when ADD created the endpoint.
+    pub created_unix: u64,
+}
+
+impl Default for EndpointInfo {
+    fn default() -> Self {
+        Self {
+            container_id: [0; CONTAINER_ID_LEN],
+            ifname: [0; IFNAME_LEN],
+            host_ifname: [0; IFNAME_LEN],
+            netns_ino: 0,
+            created_unix: 0,
+        }
+    }
+}
+
+/// Key of `sl_ep_drops`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct EpDropKey {
+    pub ifindex: u32,
+    pub reason: u32,
+}

@@ -1,0 +1,190 @@
+//! The registry of pinned maps: every map's name, kind and key/value sizes in
+//! one place. The loader checks pinned maps against it (aya reuses a pinned map
+//! by name without comparing its shape), `sluicectl status` lists it, and a
+//! unit test of the plugin compares it with the maps of the built object. The
+//! programs' `#[map(name = "...")]` attributes need literals, so the eBPF crate
+//! spells each name once more; that test keeps the two in step.
+use core::mem::size_of;
+
+use crate::{
+    BwState, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey,
+    HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey,
+    PortTarget, SockKey, SockOrig,
+};
+
+/// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    LruHash,
+    PerCpuHash,
+    Array,
+    PerCpuArray,
+    LpmTrie,
+    RingBuf,
+}
+
+impl MapKind {
+    /// The `BPF_MAP_TYPE_*` number (include/uapi/linux/bpf.h).
+    pub const fn bpf_type(self) -> u32 {
+        match self {
+            Self::Hash => 1,
+            Self::Array => 2,
+            Self::PerCpuHash => 5,
+            Self::PerCpuArray => 6,
+            Self::LruHash => 9,
+            Self::LpmTrie => 11,
+            Self::RingBuf => 27,
+        }
+    }
+}
+
+/// One pinned map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// Name in the object, in bpffs and in `bpftool map` (the kernel keeps 15
+    /// characters).
+    pub name: &'static str,
+    pub kind: MapKind,
+    /// Bytes (0 for a ring buffer, which has neither keys nor values).
+    pub key_size: usize,
+    pub value_size: usize,
+}
+
+const fn spec<K, V>(name: &'static str, kind: MapKind) -> MapSpec {
+    MapSpec {
+        name,
+        kind,
+        key_size: size_of::<K>(),
+        value_size: size_of::<V>(),
+    }
+}
+
+/// [`IpKey`] -> [`Endpoint`]: every pod address on this node.
+pub const ENDPOINTS: MapSpec = spec::<IpKey, Endpoint>("sl_endpoints", MapKind::Hash);
+/// Host veth ifindex -> [`EndpointStats`] (per CPU).
+pub const ENDPOINT_STATS: MapSpec = spec::<u32, EndpointStats>("sl_ep_stats", MapKind::PerCpuHash);
+/// Host veth ifindex -> [`EndpointInfo`]: who owns the endpoint (userspace only).
+pub const ENDPOINT_INFO: MapSpec = spec::<u32, EndpointInfo>("sl_ep_info", MapKind::Hash);
+/// Index 0 -> [`DatapathMeta`].
+pub const META: MapSpec = spec::<u32, DatapathMeta>("sl_meta", MapKind::Array);
+/// [`crate::reason`] -> packets (per CPU).
+pub const COUNTERS: MapSpec = spec::<u32, u64>("sl_counters", MapKind::PerCpuArray);
+/// Index 0 -> [`NodeConfig`].
+pub const CONFIG: MapSpec = spec::<u32, NodeConfig>("sl_config", MapKind::Array);
+/// Index 0 -> [`MasqConfig`].
+pub const MASQ: MapSpec = spec::<u32, MasqConfig>("sl_masq", MapKind::Array);
+/// IPv4 prefix (LPM key: prefix length, address) -> 1: destinations never
+/// masqueraded.
+pub const NON_MASQ: MapSpec = spec::<(u32, [u8; 4]), u8>("sl_nonmasq", MapKind::LpmTrie);
+/// Pod-side [`NatKey`] -> [`NatEntry`]: every masqueraded flow.
+pub const NAT_FWD: MapSpec = spec::<NatKey, NatEntry>("sl_nat_fwd", MapKind::Hash);
+/// Outside [`NatKey`] -> [`NatRev`]: how replies find the pod.
+pub const NAT_REV: MapSpec = spec::<NatKey, NatRev>("sl_nat_rev", MapKind::Hash);
+/// (LRU) [`FragKey`] -> [`FragEntry`]: fragmented datagrams of translated flows.
+pub const NAT_FRAG: MapSpec = spec::<FragKey, FragEntry>("sl_nat_frag", MapKind::LruHash);
+/// [`PortKey`] -> [`PortTarget`]: hostPort mappings.
+pub const PORTS: MapSpec = spec::<PortKey, PortTarget>("sl_ports", MapKind::Hash);
+/// (LRU) [`NatKey`] as a packet from a pod carries it -> [`HpFlow`]: how
+/// translated hostPort flows (replies, hairpin) are rewritten.
+pub const HP_CT: MapSpec = spec::<NatKey, HpFlow>("sl_hp_ct", MapKind::LruHash);
+/// IPv4 address -> 1: the node's addresses (what a wildcard mapping matches).
+pub const NODE_ADDRS: MapSpec = spec::<[u8; 4], u8>("sl_node_addrs", MapKind::Hash);
+/// (LRU) [`SockKey`] -> [`SockOrig`]: what node sockets asked for.
+pub const HP_SOCK: MapSpec = spec::<SockKey, SockOrig>("sl_hp_sock", MapKind::LruHash);
+/// Index 0 -> [`HostPortConfig`].
+pub const HP_CONFIG: MapSpec = spec::<u32, HostPortConfig>("sl_hp_config", MapKind::Array);
+/// Host veth ifindex -> [`BwState`]: a pod's bandwidth limits and their buckets.
+pub const BANDWIDTH: MapSpec = spec::<u32, BwState>("sl_bw", MapKind::Hash);
+/// Ring buffer of [`crate::Event`]s (drops, new flows) for `sluicectl monitor`.
+pub const EVENTS: MapSpec = MapSpec {
+    name: "sl_events",
+    kind: MapKind::RingBuf,
+    key_size: 0,
+    value_size: 0,
+};
+/// [`crate::monitor_slot`] -> u64: whether events and debug lines are on.
+pub const MONITOR: MapSpec = spec::<u32, u64>("sl_monitor", MapKind::Array);
+/// [`EpDropKey`] -> packets (per CPU): drops per endpoint and reason.
+pub const EP_DROPS: MapSpec = spec::<EpDropKey, u64>("sl_ep_drops", MapKind::PerCpuHash);
+
+/// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
+/// program's exit, is not pinned and not here.)
+pub const ALL: [MapSpec; 20] = [
+    ENDPOINTS,
+    ENDPOINT_STATS,
+    ENDPOINT_INFO,
+    META,
+    COUNTERS,
+    CONFIG,
+    MASQ,
+    NON_MASQ,
+    NAT_FWD,
+    NAT_REV,
+    NAT_FRAG,
+    PORTS,
+    HP_CT,
+    NODE_ADDRS,
+    HP_SOCK,
+    HP_CONFIG,
+    BANDWIDTH,
+    EVENTS,
+    MONITOR,
+    EP_DROPS,
+];
+
+/// The map names, for code that wants a name only.
+pub mod map_names {
+    pub const ENDPOINTS: &str = super::ENDPOINTS.name;
+    pub const ENDPOINT_STATS: &str = super::ENDPOINT_STATS.name;
+    pub const ENDPOINT_INFO: &str = super::ENDPOINT_INFO.name;
+    pub const META: &str = super::META.name;
+    pub const COUNTERS: &str = super::COUNTERS.name;
+    pub const CONFIG: &str = super::CONFIG.name;
+    pub const MASQ: &str = super::MASQ.name;
+    pub const NON_MASQ: &str = super::NON_MASQ.name;
+    pub const NAT_FWD: &str = super::NAT_FWD.name;
+    pub const NAT_REV: &str = super::NAT_REV.name;
+    pub const NAT_FRAG: &str = super::NAT_FRAG.name;
+    pub const PORTS: &str = super::PORTS.name;
+    pub const HP_CT: &str = super::HP_CT.name;
+    pub const NODE_ADDRS: &str = super::NODE_ADDRS.name;
+    pub const HP_SOCK: &str = super::HP_SOCK.name;
+    pub const HP_CONFIG: &str = super::HP_CONFIG.name;
+    pub const BANDWIDTH: &str = super::BANDWIDTH.name;
+    pub const EVENTS: &str = super::EVENTS.name;
+    pub const MONITOR: &str = super::MONITOR.name;
+    pub const EP_DROPS: &str = super::EP_DROPS.name;
+    /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
+    /// handed from the drop site to the program's exit (not pinned).
+    pub const SCRATCH: &str = "sl_scratch";
+}
+
+/// Default sizes of the maps (entries).
+pub mod map_sizes {
+    pub const ENDPOINTS: u32 = 16_384;
+    pub const ENDPOINT_STATS: u32 = 8_192;
+    pub const ENDPOINT_INFO: u32 = 8_192;
+    /// Default NAT flows (each map); config `natMaxFlows` changes it at load.
+    pub const NAT_FLOWS: u32 = 65_536;
+    pub const NON_MASQ: u32 = 256;
+    /// Fragmented datagrams in flight (LRU: the oldest make room).
+    pub const NAT_FRAGS: u32 = 8_192;
+    /// hostPort mappings of the node (10,000 at least).
+    pub const PORTS: u32 = 65_536;
+    /// Translated hostPort flows (LRU, like Cilium's conntrack maps).
+    pub const HP_CT: u32 = 65_536;
+    pub const NODE_ADDRS: u32 = 256;
+    pub const HP_SOCK: u32 = 16_384;
+    /// Pods with bandwidth limits.
+    pub const BANDWIDTH: u32 = 8_192;
+    /// (endpoint, drop reason) pairs with a count.
+    pub const EP_DROPS: u32 = 16_384;
+    /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
+    pub const EVENTS_BYTES: u32 = 256 * 1024;
+}
+
+/// The registry entry of map `name`.
+pub fn find(name: &str) -> Option<&'static MapSpec> {
+    ALL.iter().find(|m| m.name.as_bytes() == name.as_bytes())
+}

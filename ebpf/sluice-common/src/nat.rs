@@ -1,0 +1,158 @@
+//! Masquerade: the flow table (`sl_nat_fwd`, `sl_nat_rev`), fragments
+//! (`sl_nat_frag`) and settings (`sl_masq`, `sl_nonmasq`).
+
+/// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
+/// (reverse key: remote -> masquerade address). Ports in network byte order; for
+/// ICMP echo the identifier is the source port of requests (forward) and the
+/// destination port of replies (reverse), the other port is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct NatKey {
+    pub src_ip: [u8; 4],
+    pub dst_ip: [u8; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+impl NatKey {
+    /// A flow key; ports (ICMP: identifiers) in network byte order as packets
+    /// carry them.
+    #[inline(always)]
+    pub const fn new(
+        src_ip: [u8; 4],
+        dst_ip: [u8; 4],
+        src_port: u16,
+        dst_port: u16,
+        proto: u8,
+    ) -> Self {
+        Self {
+            src_ip,
+            dst_ip,
+            src_port,
+            dst_port,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+
+    /// The reverse key of this forward key for a flow that leaves with
+    /// `nat_addr`:`nat_port`: the tuple its replies carry.
+    #[inline(always)]
+    pub const fn reverse(&self, nat_addr: [u8; 4], nat_port: u16) -> Self {
+        Self::new(self.dst_ip, nat_addr, self.dst_port, nat_port, self.proto)
+    }
+}
+
+/// The state of a flow (value of the forward map): masqueraded (it has a reverse
+/// entry), or with [`nat_flags::INBOUND`] opened from outside (no translation).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    /// The source port (ICMP: identifier) on the outside, network byte order.
+    pub nat_port: u16,
+    /// [`nat_state`].
+    pub state: u8,
+    /// [`nat_flags`].
+    pub flags: u8,
+    /// Host veth of the pod (for `sluicectl nat list`); 0 for the node's own.
+    pub pod_ifindex: u32,
+    /// `bpf_ktime_get_coarse_ns` of the last packet either way.
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+    /// The address the flow leaves with: it keeps it when `masqueradeAddress`
+    /// changes, and its reverse key is made with it.
+    pub nat_addr: [u8; 4],
+    pub _pad: u32,
+}
+
+pub mod nat_flags {
+    /// Opened from outside (a routed pod address): the pod's packets of this flow
+    /// are replies and leave untranslated; there is no reverse entry.
+    pub const INBOUND: u8 = 1 << 0;
+    /// The node's own ICMP echo, tracked so no pod flow takes its identifier.
+    pub const NODE: u8 = 1 << 1;
+}
+
+pub mod nat_state {
+    /// TCP: SYN seen, no reply yet.
+    pub const TCP_SYN: u8 = 1;
+    /// TCP: traffic both ways.
+    pub const TCP_ESTABLISHED: u8 = 2;
+    /// TCP: FIN or RST seen.
+    pub const TCP_CLOSING: u8 = 3;
+    pub const UDP: u8 = 4;
+    pub const ICMP: u8 = 5;
+}
+
+/// Where replies of a masqueraded flow go (value of the reverse map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatRev {
+    pub pod_ip: [u8; 4],
+    /// Network byte order (ICMP: the pod's identifier).
+    pub pod_port: u16,
+    pub _pad: u16,
+}
+
+/// The fields that identify the fragments of one IPv4 datagram (RFC 791 3.2:
+/// source, destination, protocol, identification), as the packet carries them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    pub src_ip: [u8; 4],
+    pub dst_ip: [u8; 4],
+    /// Network byte order.
+    pub id: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// How the later fragments of a datagram are translated: the address that
+/// replaces the source (leaving) or destination (arriving) one. The ports are in
+/// the first fragment only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragEntry {
+    pub addr: [u8; 4],
+    pub _pad: u32,
+    /// When the first fragment passed; entries older than
+    /// [`FRAG_TIMEOUT_NS`] (the kernel's default `ipfrag_time`) are ignored and
+    /// swept.
+    pub created_ns: u64,
+}
+
+/// 30 s, as `net.ipv4.ipfrag_time` defaults to.
+pub const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
+
+/// Masquerade settings, at index 0 of `sl_masq`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MasqConfig {
+    /// The address masqueraded flows leave with.
+    pub addr: [u8; 4],
+    /// [`masq_flags`].
+    pub flags: u32,
+    /// NAT ports, host byte order, inclusive: up to two ranges, disjoint from the
+    /// node's `ip_local_port_range`, so they never collide with the node's own
+    /// outgoing connections. An empty second range has `port2_min > port2_max`.
+    pub port_min: u16,
+    pub port_max: u16,
+    pub port2_min: u16,
+    pub port2_max: u16,
+    /// Timeouts in seconds.
+    pub tcp_syn_secs: u32,
+    pub tcp_established_secs: u32,
+    pub tcp_closing_secs: u32,
+    pub udp_secs: u32,
+    pub icmp_secs: u32,
+    /// The address before the last change (0.0.0.0: none): replies to it are
+    /// still translated, for the flows opened before.
+    pub prev_addr: [u8; 4],
+}
+
+pub mod masq_flags {
+    /// `ipMasq: true`.
+    pub const ENABLED: u32 = 1 << 0;
+}

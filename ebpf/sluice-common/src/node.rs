@@ -1,0 +1,57 @@
+//! Node-wide state: settings the programs read (`sl_config`), the loaded
+//! datapath's identity (`sl_meta`) and the monitor switches (`sl_monitor`).
+
+/// Node-wide settings the programs read, at index 0 of `sl_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeConfig {
+    /// ifindex of the uplink (0: none attached).
+    pub uplink_ifindex: u32,
+    /// [`config_flags`].
+    pub flags: u32,
+    /// MAC of the uplink: XDP only takes frames addressed to it.
+    pub uplink_mac: [u8; 6],
+    /// MTU of the pods' veths. XDP redirects only frames that fit: a bigger one is a
+    /// GRO'd skb seen by generic XDP, which the redirect would drop (EMSGSIZE).
+    pub pod_mtu: u16,
+}
+
+pub mod config_flags {
+    /// `uplink_xdp` runs in the driver.
+    pub const XDP_NATIVE: u32 = 1 << 1;
+    /// `uplink_xdp` runs in generic (skb) mode.
+    pub const XDP_GENERIC: u32 = 1 << 2;
+    /// The config asked for native XDP (`xdp` resolved: `auto` made concrete).
+    pub const XDP_WANT_NATIVE: u32 = 1 << 3;
+    /// The config asked for generic XDP.
+    pub const XDP_WANT_GENERIC: u32 = 1 << 4;
+}
+
+/// Identity of the loaded datapath, at index 0 of the `sl_meta` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DatapathMeta {
+    /// [`LAYOUT_VERSION`] of the maps.
+    pub layout_version: u32,
+    pub _pad: u32,
+    /// Hash of the eBPF object the pinned programs were loaded from.
+    pub object_hash: u64,
+    /// Seconds since the epoch of that load.
+    pub loaded_unix: u64,
+}
+
+/// Slots of the `sl_monitor` array (each written by one party, so writers never
+/// race on a shared struct).
+pub mod monitor_slot {
+    /// `bpf_ktime_get_ns` until which events go to the ring buffer; a running
+    /// `sluicectl monitor` pushes it forward every second, so a killed monitor
+    /// stops the events within [`EVENTS_LEASE_NS`].
+    pub const EVENTS_UNTIL_NS: u32 = 0;
+    /// Non-zero: the programs write aya-log debug lines (config `"debug": true`,
+    /// written by every ADD).
+    pub const DEBUG: u32 = 1;
+    /// Slots in the array.
+    pub const MAX: u32 = 2;
+    /// How far ahead a monitor sets [`EVENTS_UNTIL_NS`].
+    pub const EVENTS_LEASE_NS: u64 = 3_000_000_000;
+}

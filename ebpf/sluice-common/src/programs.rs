@@ -1,0 +1,111 @@
+//! The registry of programs: every program's name (in the object and under
+//! `progs/`) and where it attaches.
+
+/// Where a program attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgKind {
+    /// tc ingress of a pod's host veth.
+    PodIngress,
+    /// tc egress of a pod's host veth.
+    PodEgress,
+    /// tc ingress of the node's uplink.
+    UplinkIngress,
+    /// tc egress of the node's uplink.
+    UplinkEgress,
+    /// XDP on the node's uplink.
+    UplinkXdp,
+    /// A CPU-clock perf event (the NAT sweeper).
+    PerfEvent,
+    /// A cgroup socket-address hook.
+    SockAddr(SockHook),
+}
+
+/// The cgroup sock_addr attach points of the hostPort socket hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SockHook {
+    Connect4,
+    SendMsg4,
+    RecvMsg4,
+    GetPeerName4,
+}
+
+/// One program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgSpec {
+    pub name: &'static str,
+    pub kind: ProgKind,
+}
+
+/// Names of the programs in the object (and of their pins under `progs/`).
+pub mod prog_names {
+    /// tc ingress of a host veth: packets coming from the pod.
+    pub const FROM_POD: &str = "from_pod";
+    /// tc egress of a host veth: packets going to the pod.
+    pub const TO_POD: &str = "to_pod";
+    /// tc ingress of the node's uplink.
+    pub const UPLINK_IN: &str = "uplink_in";
+    /// tc egress of the node's uplink (masquerade).
+    pub const UPLINK_OUT: &str = "uplink_out";
+    /// Perf-event program that deletes expired NAT flows, once a second.
+    pub const NAT_SWEEP: &str = "nat_sweep";
+    /// XDP on the node's uplink.
+    pub const UPLINK_XDP: &str = "uplink_xdp";
+    /// cgroup/connect4: node sockets connecting to a hostPort go to the pod.
+    pub const HP_CONNECT4: &str = "hp_connect4";
+    /// cgroup/sendmsg4: the same for unconnected UDP.
+    pub const HP_SENDMSG4: &str = "hp_sendmsg4";
+    /// cgroup/recvmsg4: UDP answers appear to come from the hostPort.
+    pub const HP_RECVMSG4: &str = "hp_recvmsg4";
+    /// cgroup/getpeername4: the peer is the address the socket connected to.
+    pub const HP_GETPEERNAME4: &str = "hp_getpeername4";
+}
+
+const fn prog(name: &'static str, kind: ProgKind) -> ProgSpec {
+    ProgSpec { name, kind }
+}
+
+/// The pod programs, attached to every pod's host veth.
+pub const POD: [ProgSpec; 2] = [
+    prog(prog_names::FROM_POD, ProgKind::PodIngress),
+    prog(prog_names::TO_POD, ProgKind::PodEgress),
+];
+
+/// The uplink's tc programs.
+pub const UPLINK_TC: [ProgSpec; 2] = [
+    prog(prog_names::UPLINK_IN, ProgKind::UplinkIngress),
+    prog(prog_names::UPLINK_OUT, ProgKind::UplinkEgress),
+];
+
+/// The hostPort socket hooks.
+pub const SOCK_HOOKS: [ProgSpec; 4] = [
+    prog(
+        prog_names::HP_CONNECT4,
+        ProgKind::SockAddr(SockHook::Connect4),
+    ),
+    prog(
+        prog_names::HP_SENDMSG4,
+        ProgKind::SockAddr(SockHook::SendMsg4),
+    ),
+    prog(
+        prog_names::HP_RECVMSG4,
+        ProgKind::SockAddr(SockHook::RecvMsg4),
+    ),
+    prog(
+        prog_names::HP_GETPEERNAME4,
+        ProgKind::SockAddr(SockHook::GetPeerName4),
+    ),
+];
+
+/// Every program of the object, in load order.
+pub const ALL: [ProgSpec; 10] = [
+    POD[0],
+    POD[1],
+    UPLINK_TC[0],
+    UPLINK_TC[1],
+    prog(prog_names::UPLINK_XDP, ProgKind::UplinkXdp),
+    prog(prog_names::NAT_SWEEP, ProgKind::PerfEvent),
+    SOCK_HOOKS[0],
+    SOCK_HOOKS[1],
+    SOCK_HOOKS[2],
+    SOCK_HOOKS[3],
+];

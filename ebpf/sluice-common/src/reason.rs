@@ -1,0 +1,151 @@
+//! Why a program let a packet go, redirected it or dropped it: indexes of the
+//! per-CPU `sl_counters` array, and their names (`sluicectl counters`, the
+//! metrics). One list below defines the number, the name and whether the
+//! reason is a drop. Append only: the index is the map layout.
+
+/// Defines the reason constants, [`NAMES`], [`COUNT`] and [`is_drop`] from one
+/// list of `drop|count NAME = index "name";` lines.
+macro_rules! reasons {
+    ($( $(#[doc = $doc:literal])* $kind:ident $konst:ident = $idx:literal $name:literal; )*) => {
+        $( $(#[doc = $doc])* pub const $konst: u32 = $idx; )*
+
+        /// Defined reasons.
+        pub const COUNT: usize = [$($idx),*].len();
+
+        /// Counter names, by index.
+        pub const NAMES: [&str; COUNT] = [$($name),*];
+
+        /// Whether the reason is a drop (the packet is discarded): those are also
+        /// counted per endpoint and reported to `sluicectl monitor`.
+        #[inline(always)]
+        pub const fn is_drop(r: u32) -> bool {
+            false $( || (reasons!(@drop $kind) && r == $konst) )*
+        }
+
+        // The list is in index order, and drops (only drops) are named `drop_...`.
+        const _: () = {
+            let idx = [$($idx),*];
+            let drop = [$(reasons!(@drop $kind)),*];
+            let mut i = 0;
+            while i < COUNT {
+                assert!(idx[i] as usize == i, "reasons out of order");
+                assert!(drop[i] == starts_with_drop(NAMES[i]), "drop reasons are named drop_");
+                i += 1;
+            }
+        };
+    };
+    (@drop drop) => { true };
+    (@drop count) => { false };
+}
+
+const fn starts_with_drop(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() > 5 && b[0] == b'd' && b[1] == b'r' && b[2] == b'o' && b[3] == b'p' && b[4] == b'_'
+}
+
+reasons! {
+    /// from-pod: delivered into a pod on this node with `bpf_redirect_peer`.
+    count FROM_POD_TO_LOCAL_POD = 0 "from_pod_to_local_pod";
+    /// from-pod: forwarded by FIB lookup with `bpf_redirect` (neighbour known).
+    count FROM_POD_FIB_REDIRECT = 1 "from_pod_fib_redirect";
+    /// from-pod: forwarded by FIB lookup with `bpf_redirect_neigh`.
+    count FROM_POD_FIB_NEIGH = 2 "from_pod_fib_neigh";
+    /// from-pod: the FIB does not forward it: the node itself is the destination,
+    /// or no route matches (`bpf_fib_lookup` maps -ENETUNREACH to NOT_FWDED, so the
+    /// two cannot be told apart); the kernel delivers it or answers unreachable.
+    count FROM_POD_NOT_FORWARDED = 3 "from_pod_not_forwarded";
+    /// from-pod: the FIB could not forward for another reason (forwarding off,
+    /// lightweight tunnel, ...); the kernel decides.
+    count FROM_POD_FIB_PASS = 4 "from_pod_fib_pass";
+    /// Not IPv4 or IPv6 (ARP, LLDP, ...): passed to the kernel.
+    count PASS_NOT_IP = 5 "pass_not_ip";
+    /// TTL/hop limit would expire: passed so the kernel sends time-exceeded.
+    count PASS_TTL = 6 "pass_ttl";
+    /// Header shorter than it claims or truncated frame: dropped.
+    drop DROP_MALFORMED = 7 "drop_malformed";
+    /// uplink tc: delivered into a local pod.
+    count UPLINK_TO_POD = 8 "uplink_to_pod";
+    /// uplink tc: not for a pod, passed to the kernel.
+    count UPLINK_PASS = 9 "uplink_pass";
+    /// uplink XDP: redirected into a local pod.
+    count XDP_TO_POD = 10 "xdp_to_pod";
+    /// uplink XDP: handed to the tc program / kernel (not for a pod, or the pod
+    /// is not ready for XDP frames, or a case XDP does not handle).
+    count XDP_PASS_TO_TC = 11 "xdp_pass_to_tc";
+    /// A redirect helper refused the packet: passed to the kernel instead.
+    count PASS_REDIRECT_FAILED = 12 "pass_redirect_failed";
+    /// IPv4 with options or fragments: routed without inspecting L4.
+    count IPV4_OPTIONS_OR_FRAGMENT = 13 "ipv4_options_or_fragment";
+    /// from-pod: destination is the sending pod itself (hairpin to self).
+    count FROM_POD_TO_SELF = 14 "from_pod_to_self";
+    /// to-pod (host veth egress): packets the kernel sent into a pod.
+    count TO_POD_FROM_KERNEL = 15 "to_pod_from_kernel";
+    /// from-pod: bigger than the egress MTU; the kernel sends "fragmentation
+    /// needed" / "packet too big" (path MTU discovery).
+    count FROM_POD_FIB_FRAG_NEEDED = 16 "from_pod_fib_frag_needed";
+    /// from-pod: no route (unreachable, blackhole, prohibit); the kernel answers.
+    count FROM_POD_FIB_NO_ROUTE = 17 "from_pod_fib_no_route";
+    /// masquerade: a new flow got a NAT port.
+    count MASQ_NEW_FLOW = 18 "masq_new_flow";
+    /// masquerade: a packet leaving the node was source-translated.
+    count MASQ_SNAT = 19 "masq_snat";
+    /// masquerade: a reply was translated back and delivered (tc).
+    count MASQ_DNAT = 20 "masq_dnat";
+    /// masquerade: an ICMP error about a masqueraded flow was translated back.
+    count MASQ_ICMP_ERROR = 21 "masq_icmp_error";
+    /// masquerade: a later IPv4 fragment whose first fragment was not seen (out
+    /// of order, or its flow could not be translated): dropped, it cannot be
+    /// matched to a flow without the L4 header.
+    drop DROP_MASQ_FRAGMENT = 22 "drop_masq_fragment";
+    /// masquerade: a protocol without ports (not TCP, UDP or ICMP echo): dropped.
+    drop DROP_MASQ_PROTO = 23 "drop_masq_proto";
+    /// masquerade: every port tried for a new flow was taken: dropped.
+    drop DROP_MASQ_NO_PORT = 24 "drop_masq_no_port";
+    /// masquerade: the NAT maps are full: the new flow is dropped, existing
+    /// flows are unaffected.
+    drop DROP_MASQ_MAP_FULL = 25 "drop_masq_map_full";
+    /// masquerade: flows deleted by the sweeper after their timeout.
+    count NAT_EXPIRED = 26 "nat_expired";
+    /// masquerade: a reply translated back in XDP.
+    count XDP_MASQ_DNAT = 27 "xdp_masq_dnat";
+    /// masquerade: a truncated L4 header on a flow to be translated: dropped.
+    drop DROP_MASQ_MALFORMED = 28 "drop_masq_malformed";
+    /// masquerade: a new connection from outside to a pod was tracked, so the
+    /// pod's replies leave untranslated.
+    count MASQ_INBOUND_FLOW = 29 "masq_inbound_flow";
+    /// masquerade: a pod's TCP segment (not a SYN) to the outside without a flow
+    /// (expired, flushed, or never seen): dropped rather than sent with the pod's
+    /// address (kube-proxy drops conntrack INVALID likewise).
+    drop DROP_MASQ_NO_FLOW = 30 "drop_masq_no_flow";
+    /// masquerade: a later fragment of a translated datagram was translated
+    /// like its first fragment.
+    count MASQ_FRAGMENT = 31 "masq_fragment";
+    /// hostPort: a packet to a mapped port arriving on the uplink was translated
+    /// to the pod and delivered.
+    count HOSTPORT_DNAT = 32 "hostport_dnat";
+    /// hostPort: a pod's reply on a translated flow was translated back.
+    count HOSTPORT_REPLY = 33 "hostport_reply";
+    /// hostPort: a pod's packet to a node address and mapped port (hairpin) was
+    /// translated to the target pod, from the node address.
+    count HOSTPORT_HAIRPIN = 34 "hostport_hairpin";
+    /// hostPort: a node socket's destination (connect, sendmsg) was rewritten to
+    /// the pod.
+    count HOSTPORT_SOCK = 35 "hostport_sock";
+    /// hostPort: a hairpin flow found no free source port: dropped.
+    drop DROP_HOSTPORT_NO_PORT = 36 "drop_hostport_no_port";
+    /// bandwidth: a pod's packet over its egress limit: dropped.
+    drop DROP_BW_EGRESS = 37 "drop_bw_egress";
+    /// bandwidth: a packet to a pod over its ingress limit: dropped.
+    drop DROP_BW_INGRESS = 38 "drop_bw_ingress";
+    /// monitor: an event did not fit in the ring buffer (`sluicectl monitor`
+    /// reads too slowly); the packet itself was handled as usual.
+    count EVENTS_LOST = 39 "events_lost";
+    /// from-pod: the source address is not one of the pod's (IPv6 link-local
+    /// and unspecified sources excepted, which neighbour discovery needs):
+    /// dropped, so a pod can neither impersonate another pod or the node nor
+    /// slip past masquerade and hostPort translation with a forged address.
+    drop DROP_SPOOFED = 40 "drop_spoofed";
+}
+
+/// Slots in the array (room to append).
+pub const MAX: u32 = 64;

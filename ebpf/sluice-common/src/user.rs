@@ -1,0 +1,70 @@
+//! Userspace helpers shared by the plugin and `sluicectl`.
+extern crate std;
+use std::{format, path::PathBuf, string::String, string::ToString};
+
+/// The directory name of a network under [`crate::DEFAULT_PIN_BASE`]. bpffs
+/// refuses names with a dot (EPERM from `bpf_lookup`, kernel/bpf/inode.c), which
+/// network names may have: those get the dots replaced and a hash of the real
+/// name appended, so distinct networks keep distinct directories.
+pub fn pin_dir_name(network: &str) -> String {
+    if network.contains('.') {
+        let h = crate::fnv1a64(network.as_bytes());
+        format!("{}-{:08x}", network.replace('.', "_"), h & 0xffff_ffff)
+    } else {
+        network.to_string()
+    }
+}
+
+/// The default pin root of a network.
+pub fn default_pin_root(network: &str) -> PathBuf {
+    PathBuf::from(crate::DEFAULT_PIN_BASE).join(pin_dir_name(network))
+}
+
+/// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE,
+/// Linux 5.14): the hostPort socket hooks act only on sockets whose namespace
+/// has the cookie written in `sl_hp_config`.
+pub fn netns_cookie() -> std::io::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let s = std::net::UdpSocket::bind("0.0.0.0:0")
+        .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = core::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// CLOCK_MONOTONIC in ns: the programs' clock (`bpf_ktime_get_ns`), with
+/// which flows and token buckets are stamped.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on a unified
+/// system, `/sys/fs/cgroup/unified` on a hybrid (v1 + v2) one. Socket hooks
+/// attach to v2 cgroups only.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
