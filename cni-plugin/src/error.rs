@@ -66,8 +66,12 @@ pub enum Error {
     Netlink { op: String, detail: String },
 
     /// Code 101: loading, attaching or updating the eBPF datapath failed.
-    #[error("datapath {op} failed: {detail}")]
-    Datapath { op: String, detail: String },
+    #[error("datapath {op} failed")]
+    Datapath {
+        op: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// Code 102: no address left in the configured ranges.
     #[error("no free IP address in {ranges}")]
@@ -102,6 +106,63 @@ pub enum Error {
         target: String,
         owner: String,
     },
+
+    /// Several steps of a teardown failed (DEL, GC, rollback go on past an
+    /// error). The code is the first one's; the message names them all.
+    #[error("{} steps failed: {}", .0.len(), list_details(.0))]
+    Several(Vec<Error>),
+}
+
+fn list_details(errors: &[Error]) -> String {
+    errors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("({}) {}", i + 1, e.details()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Collects the errors of steps that go on past failures (teardown), so that
+/// none is lost: [`Errors::finish`] gives `Ok`, the one error, or
+/// [`Error::Several`].
+#[derive(Debug, Default)]
+pub struct Errors(Vec<Error>);
+
+impl Errors {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps the error of `r`, if any.
+    pub fn note<T>(&mut self, r: Result<T>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.push(e);
+                None
+            }
+        }
+    }
+
+    /// Keeps `e` (the parts of an [`Error::Several`] one by one).
+    pub fn push(&mut self, e: Error) {
+        match e {
+            Error::Several(v) => self.0.extend(v),
+            e => self.0.push(e),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn finish(mut self) -> Result<()> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(self.0.remove(0)),
+            _ => Err(Error::Several(self.0)),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -127,6 +188,7 @@ impl Error {
             Self::CheckFailed { .. } => 105,
             Self::PortConflict { .. } => 106,
             Self::Usage(_) => 4,
+            Self::Several(v) => v.first().map_or(999, Self::code),
         }
     }
 
@@ -150,6 +212,7 @@ impl Error {
             Self::CheckFailed { .. } => "attachment is not as expected",
             Self::PortConflict { .. } => "port mapping conflict",
             Self::Usage(_) => "invalid arguments",
+            Self::Several(v) => v.first().map_or("several failures", Self::short),
         }
     }
 
@@ -194,10 +257,14 @@ impl Error {
         }
     }
 
-    pub fn datapath(op: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+    /// `Datapath` for `op`, keeping `source` (an error, or a message).
+    pub fn datapath(
+        op: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         Self::Datapath {
             op: op.into(),
-            detail: detail.to_string(),
+            source: source.into(),
         }
     }
 
@@ -211,6 +278,7 @@ impl Error {
             Self::Delegate { details, .. } if !details.is_empty() => {
                 format!("{self}: {details}")
             }
+            Self::Several(_) => self.to_string(),
             _ => {
                 let mut s = self.to_string();
                 let mut src = std::error::Error::source(self);
@@ -269,6 +337,27 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(e.code(), code, "{e}");
         }
+    }
+
+    #[test]
+    fn teardown_errors_are_all_kept() {
+        let mut errs = Errors::new();
+        assert!(errs.note(Ok::<_, Error>(1)).is_some());
+        errs.note::<()>(Err(Error::check("first")));
+        errs.note::<()>(Err(Error::datapath("detach", "second")));
+        let e = errs.finish().unwrap_err();
+        assert_eq!(e.code(), 105);
+        let d = e.details();
+        assert!(
+            d.contains("first") && d.contains("detach failed: second"),
+            "{d}"
+        );
+        let mut one = Errors::new();
+        one.push(Error::datapath("x", io::Error::other("y")));
+        let e = one.finish().unwrap_err();
+        assert_eq!(e.code(), 101);
+        assert_eq!(e.details(), "datapath x failed: y");
+        assert!(Errors::new().finish().is_ok());
     }
 
     #[test]

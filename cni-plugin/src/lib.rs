@@ -7,7 +7,6 @@ pub mod interface;
 pub mod ipam;
 pub mod lock;
 pub mod maintenance;
-pub mod masquerade;
 pub mod netlink;
 pub mod netns;
 pub mod node;

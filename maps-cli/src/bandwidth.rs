@@ -5,9 +5,9 @@ use sluice_common::{bw_limits, Bucket, BwState};
 
 use crate::{
     args::{BandwidthCommand, BandwidthGetArgs, BandwidthListArgs, BandwidthSetArgs, Target},
-    bpf::{Datapath, EndpointRow},
     ports::{select_pods, selected_ifindexes},
     table,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, c: &BandwidthCommand) -> Result<()> {
@@ -39,8 +39,8 @@ fn bucket_text(b: &Bucket) -> String {
 }
 
 /// One pod's row: its endpoint rows (addresses) and state.
-fn pod_json(eps: &[EndpointRow], ifindex: u32, s: &BwState) -> Value {
-    let mine: Vec<&EndpointRow> = eps
+fn pod_json(eps: &[sluice_maps::endpoint::EndpointRow], ifindex: u32, s: &BwState) -> Value {
+    let mine: Vec<&sluice_maps::endpoint::EndpointRow> = eps
         .iter()
         .filter(|r| r.endpoint.ifindex == ifindex)
         .collect();
@@ -56,10 +56,9 @@ fn pod_json(eps: &[EndpointRow], ifindex: u32, s: &BwState) -> Value {
 }
 
 fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let only = selected_ifindexes(&eps, a.pod.as_deref())?;
-    let rows: Vec<Value> = dp
-        .bandwidth()?
+    let rows: Vec<Value> = sluice_maps::bandwidth::list(&dp.root)?
         .iter()
         .filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i)))
         .map(|(i, s)| pod_json(&eps, *i, s))
@@ -103,7 +102,7 @@ fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
 }
 
 /// The host veth ifindex of the pod `pod` names (one pod, however many addresses).
-fn pod_ifindex(eps: &[EndpointRow], pod: &str) -> Result<u32> {
+fn pod_ifindex(eps: &[sluice_maps::endpoint::EndpointRow], pod: &str) -> Result<u32> {
     let mut ifs: Vec<u32> = select_pods(eps, pod)?
         .iter()
         .map(|r| r.endpoint.ifindex)
@@ -119,10 +118,9 @@ fn pod_ifindex(eps: &[EndpointRow], pod: &str) -> Result<u32> {
 }
 
 fn get(dp: &Datapath, a: &BandwidthGetArgs) -> Result<()> {
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let ifindex = pod_ifindex(&eps, &a.pod)?;
-    let s = dp
-        .bandwidth()?
+    let s = sluice_maps::bandwidth::list(&dp.root)?
         .into_iter()
         .find(|(i, _)| *i == ifindex)
         .map(|(_, s)| s)
@@ -160,10 +158,9 @@ fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
             "nothing to set: give --ingress-rate, --egress-rate, --clear-ingress or --clear-egress"
         );
     }
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let ifindex = pod_ifindex(&eps, &a.pod)?;
-    let old = dp
-        .bandwidth()?
+    let old = sluice_maps::bandwidth::list(&dp.root)?
         .into_iter()
         .find(|(i, _)| *i == ifindex)
         .map(|(_, s)| s)
@@ -177,7 +174,11 @@ fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
         new.ingress = Bucket::from_bits(a.ingress_rate, a.ingress_burst, now);
     }
     let none = new.egress.bits().is_none() && new.ingress.bits().is_none();
-    dp.set_bandwidth(ifindex, (!none).then_some(new))?;
+    if none {
+        sluice_maps::bandwidth::remove(&dp.root, ifindex)?;
+    } else {
+        sluice_maps::bandwidth::set(&dp.root, ifindex, new)?;
+    }
     if changes_egress {
         println!(
             "egress: {} (was {})",

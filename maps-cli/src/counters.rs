@@ -9,9 +9,9 @@ use sluice_common::reason;
 
 use crate::{
     args::{CountersArgs, Target},
-    bpf::Datapath,
     ports::select_pods,
     signals, table,
+    target::Datapath,
 };
 
 /// One pod interface: its addresses, owner, traffic and drops.
@@ -60,14 +60,14 @@ pub fn execute(t: &Target, a: &CountersArgs) -> Result<()> {
 }
 
 fn read(dp: &Datapath, a: &CountersArgs) -> Result<Reading> {
-    let node = dp.counters()?;
+    let node = sluice_maps::counters::named(&dp.root)?;
     if a.node {
         return Ok(Reading {
             node,
             endpoints: Vec::new(),
         });
     }
-    let rows = dp.endpoints()?;
+    let rows = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let selected = match &a.pod {
         Some(p) => select_pods(&rows, p)?,
         None => rows.iter().collect(),
@@ -99,7 +99,7 @@ fn read(dp: &Datapath, a: &CountersArgs) -> Result<Reading> {
             });
         e.ips.push(r.ip.to_string());
     }
-    for (k, n) in dp.endpoint_drops()? {
+    for (k, n) in sluice_maps::endpoint::drops(&dp.root)? {
         if let (Some(e), Some(name)) = (by_if.get_mut(&k.ifindex), reason_name(k.reason)) {
             *e.drops.entry(name).or_default() += n;
         }

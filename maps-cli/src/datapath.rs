@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::{
     args::{DatapathCommand, SluiceBin, Target},
-    bpf::Datapath,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, c: &DatapathCommand) -> Result<()> {
@@ -36,9 +36,9 @@ pub fn execute(t: &Target, c: &DatapathCommand) -> Result<()> {
         }
         DatapathCommand::DetachAll(d) => {
             if !d.yes {
-                let links = dp.pins(sluice_common::pin_dirs::LINKS)?;
-                let pods = dp
-                    .endpoints()?
+                let links = dp.root.pins(sluice_common::pin_dirs::LINKS)?;
+                let pods = sluice_maps::endpoint::Endpoints::open(&dp.root)?
+                    .rows()?
                     .iter()
                     .filter_map(|r| r.owner.as_ref().map(|o| crate::table::text(&o.host_ifname)))
                     .collect::<std::collections::BTreeSet<_>>();

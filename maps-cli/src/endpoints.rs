@@ -4,24 +4,25 @@ use serde_json::{json, Value};
 
 use crate::{
     args::{EndpointsArgs, Target},
-    bpf::{Datapath, EndpointRow},
     table,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, a: &EndpointsArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
-    let rows: Vec<EndpointRow> = dp
-        .endpoints()?
-        .into_iter()
-        .filter(|r| a.ip.is_none_or(|ip| ip == r.ip))
-        .filter(|r| {
-            a.container.as_deref().is_none_or(|c| {
-                r.owner
-                    .as_ref()
-                    .is_some_and(|o| table::text(&o.container_id).starts_with(c))
+    let rows: Vec<sluice_maps::endpoint::EndpointRow> =
+        sluice_maps::endpoint::Endpoints::open(&dp.root)?
+            .rows()?
+            .into_iter()
+            .filter(|r| a.ip.is_none_or(|ip| ip == r.ip))
+            .filter(|r| {
+                a.container.as_deref().is_none_or(|c| {
+                    r.owner
+                        .as_ref()
+                        .is_some_and(|o| table::text(&o.container_id).starts_with(c))
+                })
             })
-        })
-        .collect();
+            .collect();
     if a.json {
         let v: Vec<Value> = rows.iter().map(to_json).collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -60,7 +61,7 @@ pub fn execute(t: &Target, a: &EndpointsArgs) -> Result<()> {
     Ok(())
 }
 
-fn owner_fields(r: &EndpointRow) -> (String, String, String) {
+fn owner_fields(r: &sluice_maps::endpoint::EndpointRow) -> (String, String, String) {
     r.owner.as_ref().map_or_else(
         || (String::new(), String::new(), String::new()),
         |o| {
@@ -74,7 +75,7 @@ fn owner_fields(r: &EndpointRow) -> (String, String, String) {
 }
 
 /// The stable JSON shape of one endpoint (documented in the README).
-fn to_json(r: &EndpointRow) -> Value {
+fn to_json(r: &sluice_maps::endpoint::EndpointRow) -> Value {
     let (cid, ifname, host) = owner_fields(r);
     json!({
         "ip": r.ip.to_string(),

@@ -1,9 +1,9 @@
 //! `sluicectl`: read and change Sluice's pinned datapath maps.
-//! The clap tree is in `args.rs`, one module per verb, every aya call in `bpf.rs`,
+//! The clap tree is in `args.rs`, one module per verb, every map read and write
+//! through `sluice_maps` (`target.rs` picks the pin root),
 //! output formatting in `table.rs`. `main` is thin and prints errors once.
 mod args;
 mod bandwidth;
-mod bpf;
 mod caps;
 mod counters;
 mod datapath;
@@ -14,6 +14,7 @@ mod ports;
 mod signals;
 mod status;
 mod table;
+mod target;
 
 use std::process::ExitCode;
 

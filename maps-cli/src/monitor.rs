@@ -19,16 +19,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
-use aya_log::EbpfLogger;
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use sluice_common::{event_kind, monitor_slot, prog_names, reason, user::monotonic_ns, Event};
 
 use crate::{
     args::{MonitorArgs, Target},
-    bpf::{Datapath, EndpointRow},
     ports::select_pods,
     signals, table,
+    target::Datapath,
 };
 
 /// How often the lease is renewed and the pod table re-read.
@@ -42,29 +41,26 @@ pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
             bail!("{r:?} is not a drop reason; the drop_* names of `sluicectl counters --all` are");
         }
     }
-    let mut ring = dp.events()?;
-    let debug_on = dp.monitor_slot(monitor_slot::DEBUG)? != 0;
+    let mut ring = sluice_maps::events::Events::open(&dp.root)?;
+    let debug_on = sluice_maps::node::monitor_slot(&dp.root, monitor_slot::DEBUG)? != 0;
     let want_debug = a.types.is_empty() || a.types.iter().any(|t| t == "debug");
     let muted = Arc::new(AtomicBool::new(true));
     let mut logger = if debug_on && want_debug {
-        let id = dp.program_id(prog_names::FROM_POD)?;
-        Some(
-            EbpfLogger::init_from_id_with_logger(
-                id,
-                DebugLines {
-                    json: a.json,
-                    muted: muted.clone(),
-                },
-            )
-            .with_context(|| format!("opening the debug log ring of program {id}"))?,
-        )
+        let id = sluice_maps::programs::id(&dp.root, prog_names::FROM_POD)?;
+        Some(sluice_maps::events::DebugLog::open(
+            id,
+            DebugLines {
+                json: a.json,
+                muted: muted.clone(),
+            },
+        )?)
     } else {
         None
     };
     signals::install();
     // What is in the rings already happened before this monitor: not shown
     // (debug lines carry no time to tell them apart).
-    while ring.next().is_some() {}
+    ring.drain();
     if let Some(l) = &mut logger {
         l.flush();
     }
@@ -91,7 +87,8 @@ pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
             break;
         }
         if renewed.is_none_or(|r| r.elapsed() >= RENEW) {
-            dp.set_monitor_slot(
+            sluice_maps::node::set_monitor_slot(
+                &dp.root,
                 monitor_slot::EVENTS_UNTIL_NS,
                 monotonic_ns() + monitor_slot::EVENTS_LEASE_NS,
             )?;
@@ -101,8 +98,7 @@ pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
             renewed = Some(Instant::now());
         }
         wait_readable(&fds, 200);
-        while let Some(item) = ring.next() {
-            let Some(ev) = parse(&item) else { continue };
+        while let Some(ev) = ring.next_event() {
             if !pods.matches(&ev, a) {
                 continue;
             }
@@ -129,7 +125,7 @@ pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
 }
 
 fn lost(dp: &Datapath) -> u64 {
-    dp.counters()
+    sluice_maps::counters::named(&dp.root)
         .ok()
         .and_then(|c| c.get(reason::EVENTS_LOST as usize).map(|(_, n)| *n))
         .unwrap_or(0)
@@ -150,14 +146,6 @@ fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
     unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
 }
 
-fn parse(bytes: &[u8]) -> Option<Event> {
-    if bytes.len() < std::mem::size_of::<Event>() {
-        return None;
-    }
-    // SAFETY: `Event` is plain old data and the buffer holds at least one.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
-}
-
 /// The pods of the datapath by host ifindex, and the `--pod` selection.
 struct Pods {
     by_ifindex: HashMap<u32, (String, String)>,
@@ -167,7 +155,8 @@ struct Pods {
 
 impl Pods {
     fn read(dp: &Datapath, a: &MonitorArgs) -> Result<Self> {
-        let rows: Vec<EndpointRow> = dp.endpoints()?;
+        let rows: Vec<sluice_maps::endpoint::EndpointRow> =
+            sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
         let by_ifindex = rows
             .iter()
             .filter_map(|r| {
@@ -440,8 +429,8 @@ mod tests {
         let bytes = unsafe {
             std::slice::from_raw_parts((&raw const ev).cast::<u8>(), std::mem::size_of::<Event>())
         };
-        assert_eq!(parse(bytes), Some(ev));
-        assert_eq!(parse(&bytes[..10]), None);
+        assert_eq!(sluice_maps::events::parse(bytes), Some(ev));
+        assert_eq!(sluice_maps::events::parse(&bytes[..10]), None);
         assert_eq!(
             addr(ev.family, &ev.src),
             Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)))

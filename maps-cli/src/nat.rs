@@ -7,8 +7,8 @@ use sluice_common::{nat_flags, nat_state, NatEntry, NatKey};
 
 use crate::{
     args::{NatCommand, NatFlushArgs, NatListArgs, Target},
-    bpf::Datapath,
     table,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, c: &NatCommand) -> Result<()> {
@@ -34,7 +34,7 @@ fn state_name(s: u8) -> &'static str {
 fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
     // An address must be a pod's too (DEL removes a pod's flows, so no other
     // address has any), like --pod everywhere else.
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let ips: Vec<[u8; 4]> = crate::ports::select_pods(&eps, pod)?
         .into_iter()
         .filter_map(|r| match r.ip {
@@ -49,7 +49,7 @@ fn pod_ips(dp: &Datapath, pod: &str) -> Result<Vec<[u8; 4]>> {
 }
 
 fn selected(dp: &Datapath, pod: Option<&str>) -> Result<Vec<(NatKey, NatEntry)>> {
-    let flows = dp.nat_flows()?;
+    let flows = sluice_maps::nat::flows(&dp.root)?;
     Ok(match pod {
         Some(p) => {
             let ips = pod_ips(dp, p)?;
@@ -157,7 +157,7 @@ fn list(dp: &Datapath, a: &NatListArgs) -> Result<()> {
 
 fn flush(dp: &Datapath, a: &NatFlushArgs) -> Result<()> {
     let flows = selected(dp, a.pod.as_deref())?;
-    let n = dp.delete_nat_flows(&flows)?;
+    let n = sluice_maps::nat::remove_flows(&dp.root, &flows)?;
     match &a.pod {
         Some(p) => println!("deleted {n} masqueraded flows of {p}"),
         None => println!("deleted {n} masqueraded flows"),

@@ -4,11 +4,15 @@ use std::net::{IpAddr, Ipv4Addr};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use sluice_common::{port_flags, PortKey, PortTarget};
+use sluice_maps::{
+    endpoint::EndpointRow,
+    hostport::{describe, describe_target},
+};
 
 use crate::{
     args::{PortsAddArgs, PortsCommand, PortsDelArgs, PortsListArgs, Target},
-    bpf::{Datapath, EndpointRow},
     table,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, c: &PortsCommand) -> Result<()> {
@@ -28,45 +32,9 @@ fn proto_number(p: &str) -> u8 {
     }
 }
 
-/// `*:8080/tcp` or `192.168.1.5:8080/tcp`.
-fn host(k: &PortKey) -> String {
-    let ip = if k.host_ip == [0; 4] {
-        "*".to_string()
-    } else {
-        Ipv4Addr::from(k.host_ip).to_string()
-    };
-    format!(
-        "{ip}:{}/{}",
-        u16::from_be(k.host_port),
-        table::proto_name(k.proto)
-    )
-}
-
-fn target(t: &PortTarget) -> String {
-    format!("{}:{}", Ipv4Addr::from(t.pod_ip), u16::from_be(t.pod_port))
-}
-
 /// The endpoint a mapping goes to (by host veth), if the pod is still there.
 fn owner<'a>(eps: &'a [EndpointRow], t: &PortTarget) -> Option<&'a EndpointRow> {
     eps.iter().find(|r| r.endpoint.ifindex == t.pod_ifindex)
-}
-
-fn owner_text(eps: &[EndpointRow], t: &PortTarget) -> String {
-    let who = owner(eps, t).and_then(|r| r.owner.as_ref()).map_or_else(
-        || format!("no pod (ifindex {})", t.pod_ifindex),
-        |o| {
-            format!(
-                "container {} ({})",
-                table::text(&o.container_id),
-                table::text(&o.ifname)
-            )
-        },
-    );
-    if t.flags & port_flags::OPERATOR != 0 {
-        format!("an operator, to {who}")
-    } else {
-        who
-    }
 }
 
 /// The pod endpoints `pod` names: an IPv4 address or a container id prefix.
@@ -104,10 +72,9 @@ pub fn selected_ifindexes(eps: &[EndpointRow], pod: Option<&str>) -> Result<Opti
 }
 
 fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let pod_ifindexes = selected_ifindexes(&eps, a.pod.as_deref())?;
-    let rows: Vec<(PortKey, PortTarget)> = dp
-        .ports()?
+    let rows: Vec<(PortKey, PortTarget)> = sluice_maps::hostport::list(&dp.root)?
         .into_iter()
         .filter(|(_, t)| {
             pod_ifindexes
@@ -147,8 +114,8 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
             let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
             vec![
                 table::proto_name(k.proto).to_string(),
-                host(k),
-                target(t),
+                describe(k),
+                describe_target(t),
                 o.map_or("-".into(), |o| {
                     format!(
                         "{}/{}",
@@ -179,12 +146,11 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
 }
 
 fn key(host_ip: Option<Ipv4Addr>, port: u16, proto: &str) -> PortKey {
-    PortKey {
-        host_ip: host_ip.map_or([0; 4], |a| a.octets()),
-        host_port: port.to_be(),
-        proto: proto_number(proto),
-        _pad: 0,
-    }
+    PortKey::new(
+        host_ip.map_or([0; 4], |a| a.octets()),
+        port,
+        proto_number(proto),
+    )
 }
 
 fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
@@ -195,7 +161,7 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
             a.host_port
         );
     }
-    let eps = dp.endpoints()?;
+    let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let pods: Vec<&EndpointRow> = pod_endpoints(&eps, &a.pod)
         .into_iter()
         .filter(|r| r.ip.is_ipv4())
@@ -222,38 +188,32 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
         flags: port_flags::OPERATOR,
         pod_ifindex: pod.endpoint.ifindex,
     };
-    // A wildcard mapping and one on a node address overlap.
-    let existing = dp.ports()?;
-    let overlap = existing.iter().find(|(o, _)| {
-        o.host_port == k.host_port
-            && o.proto == k.proto
-            && (o.host_ip == k.host_ip || o.host_ip == [0; 4] || k.host_ip == [0; 4])
-    });
-    if let Some((o, ot)) = overlap {
-        bail!(
-            "{} is taken: {} -> {} by {}",
-            host(&k),
-            host(o),
-            target(ot),
-            owner_text(&eps, ot)
-        );
+    // The plugin's rules (a wildcard mapping and one on a node address overlap;
+    // the port is taken atomically), so an operator and an ADD never disagree.
+    match sluice_maps::hostport::add(&dp.root, &[(k, t)]) {
+        Ok(()) => {}
+        Err(sluice_maps::Error::PortConflict {
+            port,
+            target,
+            owner,
+        }) => bail!("{} is taken: {port} -> {target} by {owner}", describe(&k)),
+        Err(e) => return Err(e.into()),
     }
-    if !dp.insert_port(&k, &t)? {
-        bail!("{} was taken meanwhile; list the mappings again", host(&k));
-    }
-    println!("added {} -> {}", host(&k), target(&t));
+    println!("added {} -> {}", describe(&k), describe_target(&t));
     Ok(())
 }
 
 fn del(dp: &Datapath, a: &PortsDelArgs) -> Result<()> {
     let k = key(a.host_ip, a.host_port, &a.proto);
-    let found = dp.ports()?.into_iter().find(|(o, _)| *o == k);
+    let found = sluice_maps::hostport::list(&dp.root)?
+        .into_iter()
+        .find(|(o, _)| *o == k);
     let Some((_, t)) = found else {
-        bail!("no mapping {}", host(&k));
+        bail!("no mapping {}", describe(&k));
     };
-    if !dp.remove_port(&k)? {
-        bail!("no mapping {} (removed meanwhile)", host(&k));
+    if !sluice_maps::hostport::remove_key(&dp.root, &k)? {
+        bail!("no mapping {} (removed meanwhile)", describe(&k));
     }
-    println!("deleted {} -> {}", host(&k), target(&t));
+    println!("deleted {} -> {}", describe(&k), describe_target(&t));
     Ok(())
 }

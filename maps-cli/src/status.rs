@@ -5,21 +5,22 @@ use sluice_common::{config_flags, masq_flags, pin_dirs, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
-    bpf::Datapath,
     table,
+    target::Datapath,
 };
 
 pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
-    let meta = dp.meta()?;
-    let cfg = dp.config()?;
-    let links = dp.pins(pin_dirs::LINKS)?;
+    let meta = sluice_maps::node::read_meta(&dp.root)?;
+    let cfg = sluice_maps::node::config(&dp.root)?;
+    let links = dp.root.pins(pin_dirs::LINKS)?;
     let programs: Vec<Value> = dp
+        .root
         .pins(pin_dirs::PROGS)?
         .iter()
-        .map(|p| json!({ "name": p, "id": dp.program_id(p).ok() }))
+        .map(|p| json!({ "name": p, "id": sluice_maps::programs::id(&dp.root, p).ok() }))
         .collect();
-    let rows = dp.endpoints()?;
+    let rows = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let endpoints = rows.len();
     // Pod interfaces: the host veths owning endpoints (attached as cls_bpf
     // filters or tcx links, whichever `podAttach` chose).
@@ -36,16 +37,18 @@ pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     } else {
         "off"
     };
-    let counters: Vec<(&str, u64)> = dp.counters()?.into_iter().filter(|(_, v)| *v > 0).collect();
-    let masq = dp.masq()?;
-    let mappings = dp.ports()?.len();
-    let node_addrs: Vec<String> = dp
-        .node_addrs()?
+    let counters: Vec<(&str, u64)> = sluice_maps::counters::named(&dp.root)?
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let masq = sluice_maps::nat::config(&dp.root)?;
+    let mappings = sluice_maps::hostport::list(&dp.root)?.len();
+    let node_addrs: Vec<String> = sluice_maps::hostport::node_addrs(&dp.root)?
         .into_iter()
         .map(|a| std::net::Ipv4Addr::from(a).to_string())
         .collect();
     let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
-    let flows = dp.nat_flows()?.len();
+    let flows = sluice_maps::nat::flows(&dp.root)?.len();
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,

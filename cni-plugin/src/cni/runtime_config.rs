@@ -313,7 +313,8 @@ impl RuntimeConfig {
 }
 
 /// Parses a `portMappings` list found at `key`: ports 1..=65535, protocol tcp/udp/sctp
-/// (default tcp), `hostIP` an address or empty. Duplicates are refused.
+/// (default tcp; SCTP keeps its port), `hostIP` an IPv4 address or empty (IPv6:
+/// code 2). Duplicates are refused.
 pub fn parse_port_mappings(
     v: &Value,
     key: &str,
@@ -341,7 +342,7 @@ pub fn parse_port_mappings(
             Ok((x.path, p))
         };
         let (host_port_key, host_port) = port("hostPort")?;
-        let (_, container_port) = port("containerPort")?;
+        let (container_port_key, container_port) = port("containerPort")?;
         let protocol = match f.get("protocol")? {
             None => Protocol::Tcp,
             Some(Field {
@@ -363,12 +364,30 @@ pub fn parse_port_mappings(
             Some(Field {
                 path,
                 value: Value::String(s),
-            }) => Some(
-                s.parse::<IpAddr>()
-                    .map_err(|_| Error::config(path, s, "not an IP address"))?,
-            ),
+            }) => match s.parse::<IpAddr>() {
+                Ok(IpAddr::V4(a)) => Some(IpAddr::V4(a)),
+                Ok(IpAddr::V6(_)) => {
+                    return Err(Error::UnsupportedField {
+                        key: path,
+                        value: s.clone(),
+                        reason: "hostPort mappings are IPv4 only".into(),
+                    })
+                }
+                Err(_) => return Err(Error::config(path, s, "not an IP address")),
+            },
             Some(x) => return Err(Error::config(x.path, x.value, "must be a string")),
         };
+        // SCTP's checksum (CRC32c, RFC 4960 6.8) covers the ports and cannot be
+        // updated incrementally: an SCTP mapping must keep its port.
+        if protocol == Protocol::Sctp && host_port != container_port {
+            return Err(Error::config(
+                container_port_key,
+                container_port,
+                format!(
+                    "an sctp mapping must keep the port (hostPort {host_port}): SCTP's CRC32c covers the ports"
+                ),
+            ));
+        }
         let pm = PortMapping {
             host_port,
             container_port,
@@ -500,6 +519,11 @@ mod tests {
                 json!({"portMappings": [{"HostPort": 80, "ContainerPort": 80, "HostIP": "x"}]}),
                 "runtimeConfig.portMappings[0].HostIP",
                 "x",
+            ),
+            (
+                json!({"portMappings": [{"hostPort": 9999, "containerPort": 9998, "protocol": "sctp"}]}),
+                "runtimeConfig.portMappings[0].containerPort",
+                "9998",
             ),
             (
                 json!({"portMappings": [{"HostPort": 80, "hostport": 81, "ContainerPort": 80}]}),
@@ -737,6 +761,21 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("ingressBurst"), "{e}");
         assert!(!e.to_string().contains(".ingressBurst"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_host_addresses_are_unsupported_naming_the_key() {
+        let e = RuntimeConfig::parse(&json!({"portMappings": [
+            {"hostPort": 80, "containerPort": 80},
+            {"hostPort": 81, "containerPort": 81, "HostIP": "fd00::1"}
+        ]}))
+        .unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(
+            e.to_string()
+                .contains("runtimeConfig.portMappings[1].HostIP=fd00::1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,19 +14,15 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{hostport, Datapath, EndpointSpec, NodeSettings},
+    datapath::{self, masquerade, Datapath, NodeSettings, PodSpec},
     error::Error,
     interface,
     ipam::Ipam,
-    masquerade,
     netlink::Netlink,
     netns::Netns,
     node,
     state::{host_veth_name, AttachmentRecord, StateStore},
 };
-
-/// Where the runtime passes port mappings (CNI conventions, `portMappings`).
-pub const PORT_MAPPINGS: &str = "runtimeConfig.portMappings";
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     let id = env.attachment()?;
@@ -52,13 +48,6 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         ));
     }
     let pod_mac = pod_mac(conf, env)?;
-    // Mappings the datapath cannot serve are refused before anything is made.
-    hostport::entries(
-        &conf.runtime.port_mappings,
-        PORT_MAPPINGS,
-        Some(std::net::Ipv4Addr::UNSPECIFIED),
-        0,
-    )?;
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_ifname = host_veth_name(&conf.name, id);
@@ -175,7 +164,7 @@ async fn add_steps(
         ipam: ipam.name().to_string(),
         port_mappings: conf.runtime.port_mappings.clone(),
         bandwidth: conf.bandwidth,
-        created_unix: crate::datapath::now_unix(),
+        created_unix: datapath::now_unix(),
         complete: false,
     };
     store.save(&record)?;
@@ -217,40 +206,12 @@ async fn add_steps(
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
-    let masq = masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, &ipam_result.ips).await?;
-    let ports = hostport::entries(
-        &conf.runtime.port_mappings,
-        PORT_MAPPINGS,
-        hostport::first_v4(&ips),
-        pair.host.index,
-    )?;
-    let node_addrs = if ports.is_empty() {
-        Vec::new()
-    } else {
-        host_nl.local_ipv4().await?
-    };
-    let guard = dp.ensure_loaded(&NodeSettings {
-        uplink,
-        xdp: conf.xdp,
-        pod_mtu: mtu,
-        nat_flows: conf.masq.max_flows,
-        host_port_cgroup: if ports.is_empty() {
-            None
-        } else {
-            Some(conf.host_port_cgroup.clone().ok_or_else(|| {
-                Error::config(
-                    "hostPortCgroup",
-                    "null",
-                    "no cgroup v2 hierarchy is mounted on this node; mount one or name a cgroup v2 directory",
-                )
-            })?)
-        },
-    })?;
-    dp.apply_masq(&guard, masq.as_ref())?;
-    dp.set_debug(&guard, conf.debug)?;
-    dp.add_endpoint(
-        &guard,
-        &EndpointSpec {
+    let settings = node_settings(conf, host_nl, uplink, mtu, ipam, &ipam_result.ips).await?;
+    let prepared = dp.prepare(&settings)?;
+    // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
+    dp.attach(
+        &prepared,
+        &PodSpec {
             id,
             host_ifname,
             host_ifindex: pair.host.index,
@@ -260,15 +221,14 @@ async fn add_steps(
             netns_ino: pod_ns.inode(),
             xdp_ready,
             attach: conf.pod_attach,
+            port_mappings: &conf.runtime.port_mappings,
+            bandwidth: conf.bandwidth.as_ref(),
         },
     )?;
-    dp.set_bandwidth(&guard, pair.host.index, conf.bandwidth.as_ref())?;
-    // Last: a conflict fails the ADD, whose rollback removes everything above.
-    dp.add_ports(&guard, &node_addrs, &ports)?;
     // Loaded where nothing was pinned (a new node, or a datapath lost with its
     // pins): the pods attached before are re-attached.
-    if guard.fresh() {
-        let n = super::repair::reattach(conf, &dp, &guard, store, host_nl, id).await?;
+    if prepared.fresh() {
+        let n = datapath::repair(&dp, &prepared, conf, store, host_nl, id).await?;
         if n > 0 {
             eprintln!("sluice: re-attached {n} pods to the new datapath");
         }
@@ -320,6 +280,42 @@ async fn add_steps(
         None => ours,
     };
     Ok(result.to_json(conf.cni_version))
+}
+
+/// What the node-wide part of the datapath is to be for this ADD.
+async fn node_settings(
+    conf: &NetConf,
+    host_nl: &Netlink,
+    uplink: Option<datapath::Uplink>,
+    mtu: u32,
+    ipam: &Ipam,
+    ips: &[IpConfig],
+) -> Result<NodeSettings, Error> {
+    let maps_ports = !conf.runtime.port_mappings.is_empty();
+    Ok(NodeSettings {
+        masq: masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, ips).await?,
+        uplink,
+        xdp: conf.xdp,
+        pod_mtu: mtu,
+        nat_flows: conf.masq.max_flows,
+        host_port_cgroup: if maps_ports {
+            Some(conf.host_port_cgroup.clone().ok_or_else(|| {
+                Error::config(
+                    "hostPortCgroup",
+                    "null",
+                    "no cgroup v2 hierarchy is mounted on this node; mount one or name a cgroup v2 directory",
+                )
+            })?)
+        } else {
+            None
+        },
+        node_addrs: if maps_ports {
+            Some(host_nl.local_ipv4().await?)
+        } else {
+            None
+        },
+        debug: conf.debug,
+    })
 }
 
 pub fn fmt_mac(m: [u8; 6]) -> String {

@@ -5,13 +5,8 @@
 use std::net::IpAddr;
 
 use crate::{
-    cni::{
-        config::{NetConf, PodAttach},
-        env::Env,
-        result::Interface,
-        runtime_config::Mac,
-    },
-    datapath::{hostport, Datapath, EndpointSpec},
+    cni::{config::NetConf, env::Env, result::Interface, runtime_config::Mac},
+    datapath::{Datapath, PodSpec},
     error::Error,
     ipam::Ipam,
     netlink::{LinkInfo, Netlink},
@@ -105,51 +100,27 @@ pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
     }
 
     let ips: Vec<IpAddr> = record.ips.iter().map(|n| n.ip()).collect();
-    let dp = Datapath::new(&conf.pin_root);
-    if conf.pod_attach == PodAttach::Tc {
-        check_filters(&dp, &host_nl, &host_ifname, host_link.index).await?;
-    }
-    dp.check_endpoint(&EndpointSpec {
-        id,
-        host_ifname: &host_ifname,
-        host_ifindex: host_link.index,
-        host_mac: host_link.mac.unwrap_or_default(),
-        pod_mac: pod_link.mac.unwrap_or_default(),
-        ips: &ips,
-        netns_ino: pod_ns.inode(),
-        xdp_ready: false,
-        attach: conf.pod_attach,
-    })?;
-    let ports = hostport::entries(
-        &conf.runtime.port_mappings,
-        crate::commands::add::PORT_MAPPINGS,
-        hostport::first_v4(&ips),
-        host_link.index,
-    )?;
-    dp.check_ports(&ports)?;
-    dp.check_bandwidth(host_link.index, conf.bandwidth.as_ref())?;
+    Datapath::new(&conf.pin_root)
+        .check(
+            &host_nl,
+            &PodSpec {
+                id,
+                host_ifname: &host_ifname,
+                host_ifindex: host_link.index,
+                host_mac: host_link.mac.unwrap_or_default(),
+                pod_mac: pod_link.mac.unwrap_or_default(),
+                ips: &ips,
+                netns_ino: pod_ns.inode(),
+                xdp_ready: false,
+                attach: conf.pod_attach,
+                port_mappings: &conf.runtime.port_mappings,
+                bandwidth: conf.bandwidth.as_ref(),
+            },
+        )
+        .await?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)
-}
-
-/// The pinned pod programs are the cls_bpf filters of the host veth's hooks.
-async fn check_filters(
-    dp: &Datapath,
-    host_nl: &Netlink,
-    host_ifname: &str,
-    index: u32,
-) -> Result<(), Error> {
-    for (name, ingress, id) in dp.pod_program_ids()? {
-        let filters = host_nl.bpf_filters(index, ingress).await?;
-        if !filters.iter().any(|f| f.prog_id == id) {
-            return Err(Error::check(format!(
-                "{name} (program id {id}) is not attached to {} of {host_ifname} (filters: {filters:?})",
-                if ingress { "ingress" } else { "egress" }
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// A link is a veth, up, with the MAC and MTU the result names.

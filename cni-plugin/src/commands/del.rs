@@ -4,7 +4,7 @@
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
     datapath::Datapath,
-    error::Error,
+    error::{Error, Errors},
     ipam::Ipam,
     netlink::Netlink,
     state::{host_veth_name, StateStore},
@@ -22,8 +22,10 @@ pub async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
         Err(e) => {
             // Without IPAM we still remove the interface and datapath state, then
             // report why the reservation could not be released.
-            let _ = teardown_node(conf, id, &store, &host_nl).await;
-            Err(e)
+            let mut errors = Errors::new();
+            errors.note(teardown_node(conf, id, &store, &host_nl).await);
+            errors.push(e);
+            errors.finish()
         }
     }
 }
@@ -38,7 +40,7 @@ fn ignore_termination_signals() {
 
 /// Removes everything the attachment owns: datapath entries and links, the veth
 /// pair, the address reservation and finally the record. Best effort: it goes on
-/// past errors and returns the first; the record stays while something failed, so
+/// past errors and returns them all; the record stays while something failed, so
 /// a later DEL or GC can retry.
 pub async fn teardown(
     conf: &NetConf,
@@ -47,13 +49,13 @@ pub async fn teardown(
     store: &StateStore,
     host_nl: &Netlink,
 ) -> Result<(), Error> {
-    let mut first_err = teardown_node(conf, id, store, host_nl).await.err();
-    if let Err(e) = ipam.del(conf, id) {
-        first_err.get_or_insert(e);
-    }
-    match first_err {
-        None => store.remove(id),
-        Some(e) => Err(e),
+    let mut errors = Errors::new();
+    errors.note(teardown_node(conf, id, store, host_nl).await);
+    errors.note(ipam.del(conf, id));
+    if errors.is_empty() {
+        store.remove(id)
+    } else {
+        errors.finish()
     }
 }
 
@@ -71,28 +73,20 @@ async fn teardown_node(
     let host_ifname = record
         .as_ref()
         .map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
-    let mut first_err: Option<Error> = None;
-
+    let mut errors = Errors::new();
     // The veth first: deleting it takes the filters (or tcx attachments) with it,
-    // so remove_endpoint finds no filter left to delete one by one.
-    let deleted = match delete_host_veth(host_nl, &host_ifname).await {
-        Ok(index) => index,
-        Err(e) => {
-            first_err.get_or_insert(e);
-            None
-        }
-    };
-    let dp = Datapath::new(&conf.pin_root);
+    // so the datapath finds no filter left to delete one by one.
+    let deleted = errors
+        .note(delete_host_veth(host_nl, &host_ifname).await)
+        .flatten();
     // The recorded index, or (an ADD killed before its record had it, after
     // the counters entry was made) the index of the veth just deleted.
-    if let Err(e) = dp.remove_endpoint(
+    errors.note(Datapath::new(&conf.pin_root).detach(
         &host_ifname,
         record.as_ref().and_then(|r| r.host_ifindex).or(deleted),
         id,
-    ) {
-        first_err.get_or_insert(e);
-    }
-    first_err.map_or(Ok(()), Err)
+    ));
+    errors.finish()
 }
 
 /// Deletes our host veth (and with it the pod end and everything on both), and

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use super::del::{delete_host_veth, teardown};
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
-    datapath::{owned_by, Datapath},
-    error::Error,
+    datapath::Datapath,
+    error::{Error, Errors},
     ipam::Ipam,
     netlink::Netlink,
     state::StateStore,
@@ -22,8 +22,7 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let ipam = Ipam::new(conf, &env.path)?;
     let store = StateStore::new(&conf.state_dir);
     let host_nl = Netlink::open()?;
-    let dp = Datapath::new(&conf.pin_root);
-    let mut first_err: Option<Error> = None;
+    let mut errors = Errors::new();
 
     for rec in store.list()? {
         let id = rec.id();
@@ -32,37 +31,17 @@ pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
                 "sluice: GC removes stale attachment {}/{}",
                 id.container_id, id.ifname
             );
-            if let Err(e) = teardown(conf, &id, &ipam, &store, &host_nl).await {
-                first_err.get_or_insert(e);
-            }
+            errors.note(teardown(conf, &id, &ipam, &store, &host_nl).await);
         }
     }
-    // Datapath entries and links whose record is gone (e.g. a crash before the
-    // record was written, or a record removed by hand).
-    for (ifindex, id, host_ifname) in dp.endpoint_owners()? {
-        if !valid.iter().any(|v| owned_by(&id, v)) {
-            if let Err(e) = dp.remove_endpoint(&host_ifname, Some(ifindex), &id) {
-                first_err.get_or_insert(e);
-            }
-            if let Err(e) = delete_host_veth(&host_nl, &host_ifname).await {
-                first_err.get_or_insert(e);
-            }
+    // Datapath entries whose record is gone (e.g. a crash before the record was
+    // written, or a record removed by hand), their host veths, and hostPort
+    // mappings whose pod is gone.
+    if let Some(orphans) = errors.note(Datapath::new(&conf.pin_root).collect(valid)) {
+        for host_ifname in orphans {
+            errors.note(delete_host_veth(&host_nl, &host_ifname).await);
         }
     }
-    // hostPort mappings whose pod is gone (operator mappings included).
-    match dp.endpoint_owners() {
-        Ok(owners) => {
-            let live: Vec<u32> = owners.iter().map(|(i, _, _)| *i).collect();
-            if let Err(e) = dp.remove_orphan_ports(&live) {
-                first_err.get_or_insert(e);
-            }
-        }
-        Err(e) => {
-            first_err.get_or_insert(e);
-        }
-    }
-    if let Err(e) = ipam.gc(conf, valid) {
-        first_err.get_or_insert(e);
-    }
-    first_err.map_or(Ok(()), Err)
+    errors.note(ipam.gc(conf, valid));
+    errors.finish()
 }

@@ -4,7 +4,6 @@ pub mod add;
 mod check;
 mod del;
 mod gc;
-mod repair;
 mod status;
 pub mod version;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::{
     cni::{config::NetConf, env::Env},
-    datapath::{bpffs, Datapath},
+    datapath::{self, bpffs, Datapath},
     error::Error,
     ipam::Ipam,
 };
@@ -13,7 +13,7 @@ use crate::{
 pub fn status(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let unavailable = |reason: String| Error::NotAvailable { reason };
     let dp = Datapath::new(&conf.pin_root);
-    if !dp.has_object() {
+    if !datapath::has_object() {
         return Err(unavailable(
             "this sluice binary carries no eBPF object".into(),
         ));

@@ -1,77 +1,22 @@
-//! A pod's bandwidth limits in `sl_bw` (the aya calls of the bandwidth feature)
-//! and how CNI's bits become the programs' token buckets.
-use std::path::Path;
+//! Bandwidth on the plugin's side: how CNI's bits become the programs' token
+//! buckets (the defaults and bounds are in `sluice_common::bw_limits`). The map
+//! itself is `sluice_maps::bandwidth`.
+use sluice_common::{Bucket, BwState};
 
-use aya::maps::{HashMap, MapData};
-use sluice_common::{map_names, Bucket, BwState};
+use crate::cni::runtime_config::Bandwidth;
 
-use super::bpf::{dp_err, open_map};
-use crate::{cni::runtime_config::Bandwidth, error::Error};
-
-/// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes
-/// (the defaults and bounds are in `sluice_common::bw_limits`).
+/// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes.
 pub fn bucket(rate_bits: Option<u64>, burst_bits: Option<u64>, now_ns: u64) -> Bucket {
     Bucket::from_bits(rate_bits, burst_bits, now_ns)
 }
 
-/// The state for `bw`, both directions.
+/// The state for `bw`, both directions, full at `now_ns`.
 pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
     BwState {
         egress: bucket(bw.egress_rate, bw.egress_burst, now_ns),
         ingress: bucket(bw.ingress_rate, bw.ingress_burst, now_ns),
     }
 }
-
-fn map(maps_dir: &Path) -> Result<HashMap<MapData, u32, BwState>, Error> {
-    HashMap::try_from(open_map(maps_dir, map_names::BANDWIDTH)?)
-        .map_err(|e| dp_err("open sl_bw", e))
-}
-
-/// Sets the limits of the pod on host veth `ifindex` (next packet on).
-pub fn write(maps_dir: &Path, ifindex: u32, bw: &Bandwidth) -> Result<(), Error> {
-    map(maps_dir)?
-        .insert(ifindex, state(bw, sluice_common::user::monotonic_ns()), 0)
-        .map_err(|e| dp_err(format!("write sl_bw for ifindex {ifindex}"), e))
-}
-
-/// Removes the pod's limits (none is fine).
-pub fn remove(maps_dir: &Path, ifindex: u32) -> Result<(), Error> {
-    if !maps_dir.join(map_names::BANDWIDTH).exists() {
-        return Ok(());
-    }
-    let _ = map(maps_dir)?.remove(&ifindex);
-    Ok(())
-}
-
-/// CHECK: the limits in place are the configured ones.
-pub fn check(maps_dir: &Path, ifindex: u32, bw: Option<&Bandwidth>) -> Result<(), Error> {
-    let found = map(maps_dir).ok().and_then(|m| m.get(&ifindex, 0).ok());
-    match (bw, found) {
-        (None, None) => Ok(()),
-        (None, Some(_)) => Err(Error::check(format!(
-            "ifindex {ifindex} has bandwidth limits the config does not ask for"
-        ))),
-        (Some(_), None) => Err(Error::check(format!(
-            "bandwidth limits of ifindex {ifindex} are missing from sl_bw"
-        ))),
-        (Some(want), Some(have)) => {
-            let w = state(want, 0);
-            for (dir, w, h) in [
-                ("egress", w.egress, have.egress),
-                ("ingress", w.ingress, have.ingress),
-            ] {
-                if (w.rate, w.burst) != (h.rate, h.burst) {
-                    return Err(Error::check(format!(
-                        "{dir} limit of ifindex {ifindex} is {} B/s burst {} B, the config asks for {} B/s burst {} B",
-                        h.rate, h.burst, w.rate, w.burst
-                    )));
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

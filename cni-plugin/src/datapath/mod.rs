@@ -1,10 +1,26 @@
-//! The eBPF datapath of one network, behind a narrow interface: load once per node,
-//! attach to each pod's host veth, keep the endpoint maps in step with the pods.
-//! All aya calls are in [`bpf`].
+//! The eBPF datapath of one network, behind a few pod-level verbs:
+//!
+//! - [`Datapath::prepare`]: the node-wide part, once per ADD: load the programs
+//!   (once per node, or when this binary carries another object: an upgrade),
+//!   attach the uplink, the NAT sweeper and the hostPort socket hooks, write the
+//!   masquerade, debug and node-address settings;
+//! - [`Datapath::attach`]: one pod (its [`PodSpec`]: endpoint, hostPorts,
+//!   bandwidth), all of it or an error;
+//! - [`Datapath::detach`]: everything of one pod, best effort;
+//! - [`Datapath::check`]: CHECK of one pod;
+//! - [`Datapath::collect`]: GC of what no valid attachment owns;
+//! - [`Datapath::repair`]: re-attaching recorded pods to a datapath loaded anew.
+//!
+//! The maps are read and written through `sluice_maps`; loading is [`loader`],
+//! every attachment [`links`], the few raw bpf(2) commands [`sys`].
 pub mod bandwidth;
-mod bpf;
 pub mod bpffs;
 pub mod hostport;
+mod links;
+mod loader;
+pub mod masquerade;
+mod repair;
+mod sys;
 
 use std::{
     net::IpAddr,
@@ -12,21 +28,47 @@ use std::{
 };
 
 use sluice_common::{
-    config_flags, endpoint_flags, pin_dirs, to_cbuf, DatapathMeta, Endpoint, EndpointInfo, IpKey,
-    MasqConfig, NodeConfig, PortKey, PortTarget, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
+    config_flags, endpoint_flags, maps, monitor_slot, pin_dirs, to_cbuf, DatapathMeta, Endpoint,
+    EndpointInfo, MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
 };
+use sluice_maps::{endpoint::Endpoints, PinRoot};
 
-pub use bpf::{now_unix, object_hash, XdpAttached};
+pub use links::XdpAttached;
+pub use loader::object_hash;
+pub use masquerade::MasqSpec;
 
 use crate::{
     cni::{
         config::{PodAttach, XdpMode},
-        runtime_config::Bandwidth,
+        runtime_config::{Bandwidth, PortMapping},
         AttachmentId,
     },
-    error::Error,
+    error::{Error, Errors},
     lock::FileLock,
+    netlink::Netlink,
 };
+
+/// Where the runtime passes port mappings (CNI conventions): names the list in
+/// errors.
+pub const PORT_MAPPINGS: &str = "runtimeConfig.portMappings";
+
+impl From<sluice_maps::Error> for Error {
+    fn from(e: sluice_maps::Error) -> Self {
+        match e {
+            sluice_maps::Error::PortConflict {
+                port,
+                target,
+                owner,
+            } => Self::PortConflict {
+                port,
+                target,
+                owner,
+            },
+            sluice_maps::Error::Check(what) => Self::check(what),
+            e => Self::datapath("map operation", e),
+        }
+    }
+}
 
 /// The node's uplink, where `uplink_in` and `uplink_xdp` attach.
 #[derive(Clone, Debug)]
@@ -38,7 +80,7 @@ pub struct Uplink {
     pub is_veth: bool,
 }
 
-/// What the node-wide part of the datapath is set up with.
+/// The node-wide settings an ADD brings.
 #[derive(Clone, Debug)]
 pub struct NodeSettings {
     pub uplink: Option<Uplink>,
@@ -48,49 +90,63 @@ pub struct NodeSettings {
     /// Entries of each NAT map when they are created.
     pub nat_flows: u32,
     /// The cgroup to attach the hostPort socket hooks to, when this ADD maps
-    /// ports (they are attached once, by the first ADD that needs them).
+    /// ports (attached once, by the first ADD that needs them).
     pub host_port_cgroup: Option<PathBuf>,
+    /// The node's IPv4 addresses, when this ADD maps ports (what wildcard
+    /// mappings match; refreshed then).
+    pub node_addrs: Option<Vec<[u8; 4]>>,
+    /// `None`: masquerade off.
+    pub masq: Option<MasqSpec>,
+    /// Config `debug`.
+    pub debug: bool,
 }
 
-/// Masquerade as the programs see it: the config entry and the prefixes never
-/// masqueraded.
-#[derive(Clone, Debug)]
-pub struct MasqSpec {
-    pub config: MasqConfig,
-    pub non_masq: Vec<(u32, [u8; 4])>,
-}
-
-/// A pod's endpoint as the datapath sees it.
-pub struct EndpointSpec<'a> {
+/// One pod as the datapath sees it.
+pub struct PodSpec<'a> {
     pub id: &'a AttachmentId,
     pub host_ifname: &'a str,
     pub host_ifindex: u32,
     pub host_mac: [u8; 6],
     pub pod_mac: [u8; 6],
     pub ips: &'a [IpAddr],
+    /// Inode of the pod's network namespace (0 unknown).
     pub netns_ino: u64,
     /// The pod end takes XDP frames (see `endpoint_flags::XDP_READY`).
     pub xdp_ready: bool,
     pub attach: PodAttach,
+    pub port_mappings: &'a [PortMapping],
+    pub bandwidth: Option<&'a Bandwidth>,
+}
+
+impl PodSpec<'_> {
+    fn ports(&self) -> Result<Vec<(sluice_common::PortKey, sluice_common::PortTarget)>, Error> {
+        hostport::entries(
+            self.port_mappings,
+            PORT_MAPPINGS,
+            hostport::first_v4(self.ips),
+            self.host_ifindex,
+        )
+    }
 }
 
 /// The datapath pinned at one pin root. The pin root directory is also the lock
 /// that serialises loads (exclusive) against attaches (shared).
 pub struct Datapath {
-    pin_root: PathBuf,
+    root: PinRoot,
 }
 
-/// Held while attaching: an upgrade (exclusive) cannot swap programs meanwhile.
-pub struct LoadedGuard {
+/// What [`Datapath::prepare`] gives: held while attaching, so an upgrade
+/// (exclusive) cannot swap programs meanwhile.
+pub struct Prepared {
     _lock: FileLock,
     fresh: bool,
 }
 
-impl LoadedGuard {
+impl Prepared {
     /// Whether this invocation loaded the datapath where nothing was pinned: a
     /// new node, or one whose pins were lost (reboot, deleted by hand), whose
-    /// pods ADD then re-attaches. Decided under the load lock, so of two ADDs
-    /// racing to load, only the one that loads sees it.
+    /// pods ADD then re-attaches ([`Datapath::repair`]). Decided under the load
+    /// lock, so of two ADDs racing to load, only the one that loads sees it.
     pub fn fresh(&self) -> bool {
         self.fresh
     }
@@ -139,28 +195,82 @@ fn want_flags(xdp: XdpMode) -> u32 {
     }
 }
 
-pub fn ip_key(ip: IpAddr) -> IpKey {
-    match ip {
-        IpAddr::V4(v4) => IpKey::v4(v4.octets()),
-        IpAddr::V6(v6) => IpKey::v6(v6.octets()),
-    }
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Whether this binary carries an eBPF object (STATUS).
+pub fn has_object() -> bool {
+    loader::has_object()
 }
 
 impl Datapath {
     /// The datapath pinned at `pin_root`.
     pub fn new(pin_root: &Path) -> Self {
         Self {
-            pin_root: pin_root.to_path_buf(),
+            root: PinRoot::new(pin_root),
         }
     }
 
-    fn dir(&self, sub: &str) -> PathBuf {
-        self.pin_root.join(sub)
+    pub fn pin_root(&self) -> &Path {
+        self.root.path()
     }
 
     /// The pinned datapath's identity, if one is loaded.
     pub fn meta(&self) -> Result<Option<DatapathMeta>, Error> {
-        bpf::read_meta(&self.dir(pin_dirs::MAPS))
+        Ok(sluice_maps::node::meta(&self.root)?)
+    }
+
+    // --- the node -------------------------------------------------------------------
+
+    /// Makes the node-wide part as `settings` ask: this binary's programs loaded
+    /// and pinned (the first ADD on a node pays the verifier; later ADDs open the
+    /// pins; pinned programs of another object are replaced on every attached
+    /// interface, keeping map contents), the uplink, sweeper and socket hooks
+    /// attached, and the masquerade, debug and node-address settings written
+    /// (cheap when unchanged: every ADD writes them, so a config change takes
+    /// effect at the next ADD).
+    pub fn prepare(&self, settings: &NodeSettings) -> Result<Prepared, Error> {
+        bpffs::ensure_bpffs(self.root.path())?;
+        bpffs::create_dirs(self.root.path())?;
+        let prepared = 'load: {
+            {
+                let shared = FileLock::dir_shared(self.root.path())?;
+                if self.is_current()? && self.node_attached(settings) {
+                    break 'load Prepared {
+                        _lock: shared,
+                        fresh: false,
+                    };
+                }
+            }
+            let exclusive = FileLock::dir_exclusive(self.root.path())?;
+            let fresh = self.load_locked(settings)?;
+            drop(exclusive);
+            Prepared {
+                _lock: FileLock::dir_shared(self.root.path())?,
+                fresh,
+            }
+        };
+        // Prefixes first: the cluster range must never be masqueraded.
+        match &settings.masq {
+            Some(m) => {
+                sluice_maps::nat::set_non_masq(&self.root, &m.non_masq)?;
+                sluice_maps::nat::write_config(&self.root, m.config)?;
+            }
+            None => sluice_maps::nat::write_config(&self.root, MasqConfig::default())?,
+        }
+        sluice_maps::node::set_monitor_slot(
+            &self.root,
+            monitor_slot::DEBUG,
+            u64::from(settings.debug),
+        )?;
+        if let Some(addrs) = &settings.node_addrs {
+            sluice_maps::hostport::set_node_addrs(&self.root, addrs)?;
+        }
+        Ok(prepared)
     }
 
     fn is_current(&self) -> Result<bool, Error> {
@@ -171,159 +281,66 @@ impl Datapath {
                         "reuse the pinned datapath",
                         format!(
                             "{} holds map layout v{}, this sluice uses v{LAYOUT_VERSION}",
-                            self.pin_root.display(),
+                            self.root.path().display(),
                             m.layout_version
                         ),
                     ));
                 }
-                m.object_hash == object_hash() && bpf::programs_pinned(&self.dir(pin_dirs::PROGS))
+                m.object_hash == object_hash() && loader::programs_pinned(&self.root)
             }
             None => false,
         })
     }
 
-    /// The node-wide attachments are in place: the NAT sweeper and the uplink's
-    /// programs as the settings ask.
-    fn uplink_ok(&self, s: &NodeSettings) -> bool {
-        let links = self.dir(pin_dirs::LINKS);
-        bpf::sweeper_attached(&links)
+    /// The node-wide attachments are in place: the NAT sweeper, the socket hooks
+    /// if asked for, and the uplink's programs as the settings ask.
+    fn node_attached(&self, s: &NodeSettings) -> bool {
+        links::sweeper_attached(&self.root)
             && self.uplink_current(s)
-            && (s.host_port_cgroup.is_none() || hostport::hooks_attached(&links))
+            && (s.host_port_cgroup.is_none() || links::hooks_attached(&self.root))
     }
 
     /// The uplink's programs are attached as the settings ask: to that interface,
     /// with that XDP mode (so a changed `xdp` takes effect at the next ADD).
     fn uplink_current(&self, s: &NodeSettings) -> bool {
         s.uplink.as_ref().is_none_or(|u| {
-            bpf::uplink_attached(&self.dir(pin_dirs::LINKS), u.ifindex)
-                && bpf::read_config(&self.dir(pin_dirs::MAPS)).is_ok_and(|c| {
+            links::uplink_attached(&self.root, u.ifindex)
+                && sluice_maps::node::config(&self.root).is_ok_and(|c| {
                     c.uplink_ifindex == u.ifindex
                         && c.flags & WANT_MASK == want_flags(resolve_xdp(s.xdp, u))
                 })
         })
     }
 
-    /// Writes the masquerade settings (disabled when `spec` is `None`). Cheap when
-    /// nothing changed: every ADD calls it, so a config change takes effect at the
-    /// next ADD.
-    pub fn apply_masq(&self, _guard: &LoadedGuard, spec: Option<&MasqSpec>) -> Result<(), Error> {
-        let maps = self.dir(pin_dirs::MAPS);
-        match spec {
-            Some(s) => {
-                // Prefixes first: the cluster range must never be masqueraded.
-                bpf::set_non_masq(&maps, &s.non_masq)?;
-                bpf::write_masq(&maps, s.config)
-            }
-            None => bpf::write_masq(&maps, MasqConfig::default()),
-        }
-    }
-
-    /// Attaches the hostPort socket hooks to `cgroup` unless they are attached.
-    pub fn ensure_host_port_hooks(&self, _guard: &LoadedGuard, cgroup: &Path) -> Result<(), Error> {
-        hostport::attach_hooks(
-            &self.dir(pin_dirs::PROGS),
-            &self.dir(pin_dirs::LINKS),
-            cgroup,
-        )
-    }
-
-    /// Switches the programs' aya-log debug lines on or off (config `debug`).
-    pub fn set_debug(&self, _guard: &LoadedGuard, on: bool) -> Result<(), Error> {
-        bpf::write_monitor_slot(
-            &self.dir(pin_dirs::MAPS),
-            sluice_common::monitor_slot::DEBUG,
-            u64::from(on),
-        )
-    }
-
-    /// Makes sure this binary's programs are loaded and pinned, and attached to the
-    /// uplink. The first ADD on a node loads them (verifier work once); later ADDs
-    /// only open the pins. When the pinned programs come from another object, they
-    /// are replaced on every attached interface, keeping map contents.
-    pub fn ensure_loaded(&self, settings: &NodeSettings) -> Result<LoadedGuard, Error> {
-        bpffs::ensure_bpffs(&self.pin_root)?;
-        bpffs::create_dirs(&self.pin_root)?;
-        {
-            let shared = FileLock::dir_shared(&self.pin_root)?;
-            if self.is_current()? && self.uplink_ok(settings) {
-                return Ok(LoadedGuard {
-                    _lock: shared,
-                    fresh: false,
-                });
-            }
-        }
-        let exclusive = FileLock::dir_exclusive(&self.pin_root)?;
-        let fresh = self.load_locked(settings)?;
-        drop(exclusive);
-        Ok(LoadedGuard {
-            _lock: FileLock::dir_shared(&self.pin_root)?,
-            fresh,
-        })
-    }
-
-    /// Reloads the programs from this binary's object even when the pinned ones
-    /// look current (`sluicectl datapath reload`), moving every link to them.
-    pub fn reload(&self) -> Result<(), Error> {
-        bpffs::ensure_bpffs(&self.pin_root)?;
-        bpffs::create_dirs(&self.pin_root)?;
-        let _exclusive = FileLock::dir_exclusive(&self.pin_root)?;
+    fn create_pin_dirs(&self) -> Result<(), Error> {
         for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
-            bpffs::create_dirs(&self.dir(d))?;
+            bpffs::create_dirs(&self.root.path().join(d))?;
         }
-        bpf::check_pinned_maps(&self.dir(pin_dirs::MAPS))?;
-        bpf::load_and_pin(
-            &self.dir(pin_dirs::MAPS),
-            &self.dir(pin_dirs::PROGS),
-            &self.dir(pin_dirs::LINKS),
-            &self.pod_ifnames(),
-            crate::cni::config::NAT_MAX_FLOWS_DEFAULT,
-        )
+        Ok(())
     }
 
-    /// Detaches every program (pods, uplink, socket hooks, sweeper) under the
-    /// exclusive lock; traffic falls back to the kernel's routes (the pods'
-    /// routes and neighbours do not depend on the programs). The next ADD attaches
-    /// the uplink again. Returns what was detached.
-    pub fn detach_all(&self) -> Result<Vec<String>, Error> {
-        let _exclusive = FileLock::dir_exclusive(&self.pin_root)?;
-        bpf::detach_all(&self.dir(pin_dirs::LINKS), &self.pod_ifnames())
-    }
-
-    /// Under the exclusive lock: load if needed, attach the uplink if needed.
+    /// Under the exclusive lock: load if needed, attach what is missing.
     /// Returns whether it loaded where no datapath was pinned.
     fn load_locked(&self, s: &NodeSettings) -> Result<bool, Error> {
         let mut fresh = false;
         // Another invocation may have loaded while this one waited.
         if !self.is_current()? {
             fresh = self.meta()?.is_none();
-            for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
-                bpffs::create_dirs(&self.dir(d))?;
-            }
-            bpf::check_pinned_maps(&self.dir(pin_dirs::MAPS))?;
-            bpf::load_and_pin(
-                &self.dir(pin_dirs::MAPS),
-                &self.dir(pin_dirs::PROGS),
-                &self.dir(pin_dirs::LINKS),
-                &self.pod_ifnames(),
-                s.nat_flows,
-            )?;
+            self.create_pin_dirs()?;
+            loader::load_and_pin(&self.root, &self.pod_ifnames(), s.nat_flows)?;
         }
-        if !bpf::sweeper_attached(&self.dir(pin_dirs::LINKS)) {
-            bpf::ensure_sweeper(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS))?;
+        if !links::sweeper_attached(&self.root) {
+            links::ensure_sweeper(&self.root)?;
         }
         if let Some(cg) = &s.host_port_cgroup {
-            hostport::attach_hooks(&self.dir(pin_dirs::PROGS), &self.dir(pin_dirs::LINKS), cg)?;
+            if !links::hooks_attached(&self.root) {
+                links::attach_hooks(&self.root, &hostport::open_cgroup(cg)?, cg)?;
+            }
         }
         if let Some(u) = &s.uplink {
             if !self.uplink_current(s) {
                 let xdp = resolve_xdp(s.xdp, u);
-                let attached = bpf::attach_uplink(
-                    &self.dir(pin_dirs::PROGS),
-                    &self.dir(pin_dirs::LINKS),
-                    &u.ifname,
-                    u.ifindex,
-                    xdp,
-                )?;
+                let attached = links::attach_uplink(&self.root, &u.ifname, u.ifindex, xdp)?;
                 eprintln!("sluice: uplink {} attached (XDP: {attached:?})", u.ifname);
                 let flags = want_flags(xdp)
                     | match attached {
@@ -331,8 +348,8 @@ impl Datapath {
                         XdpAttached::Generic => config_flags::XDP_GENERIC,
                         XdpAttached::Off => 0,
                     };
-                bpf::write_config(
-                    &self.dir(pin_dirs::MAPS),
+                sluice_maps::node::write_config(
+                    &self.root,
                     NodeConfig {
                         uplink_ifindex: u.ifindex,
                         flags,
@@ -345,189 +362,205 @@ impl Datapath {
         Ok(fresh)
     }
 
-    /// The per-reason counters summed over CPUs (index = `sluice_common::reason`).
-    pub fn counters(&self) -> Result<Vec<u64>, Error> {
-        bpf::counters(&self.dir(pin_dirs::MAPS))
+    /// Reloads the programs from this binary's object even when the pinned ones
+    /// look current (`sluicectl datapath reload`), moving every link to them.
+    pub fn reload(&self) -> Result<(), Error> {
+        bpffs::ensure_bpffs(self.root.path())?;
+        bpffs::create_dirs(self.root.path())?;
+        let _exclusive = FileLock::dir_exclusive(self.root.path())?;
+        self.create_pin_dirs()?;
+        loader::load_and_pin(
+            &self.root,
+            &self.pod_ifnames(),
+            crate::cni::config::NAT_MAX_FLOWS_DEFAULT,
+        )
     }
 
-    /// Attaches the programs to the pod's host veth and publishes the endpoint.
-    pub fn add_endpoint(&self, _guard: &LoadedGuard, ep: &EndpointSpec<'_>) -> Result<(), Error> {
-        let mut maps = bpf::Maps::open(&self.dir(pin_dirs::MAPS))?;
+    /// Detaches every program (pods, uplink, socket hooks, sweeper) under the
+    /// exclusive lock; traffic falls back to the kernel's routes (the pods'
+    /// routes and neighbours do not depend on the programs). The next ADD attaches
+    /// the uplink again. Returns what was detached.
+    pub fn detach_all(&self) -> Result<Vec<String>, Error> {
+        let _exclusive = FileLock::dir_exclusive(self.root.path())?;
+        links::detach_all(&self.root, &self.pod_ifnames())
+    }
+
+    /// The per-reason counters summed over CPUs (index = `sluice_common::reason`).
+    pub fn counters(&self) -> Result<Vec<u64>, Error> {
+        Ok(sluice_maps::counters::read(&self.root)?)
+    }
+
+    // --- one pod --------------------------------------------------------------------
+
+    /// Attaches one pod: its counters and owner first (so the programs count
+    /// from the first packet), the programs on its host veth, its addresses,
+    /// its bandwidth limits, and last its hostPort mappings (all or none; a
+    /// conflict names the owner and fails the ADD, whose rollback removes the
+    /// rest with [`Self::detach`]).
+    pub fn attach(&self, _prepared: &Prepared, pod: &PodSpec<'_>) -> Result<(), Error> {
+        let ports = pod.ports()?;
+        let mut eps = Endpoints::open(&self.root)?;
         let info = EndpointInfo {
-            container_id: to_cbuf(ep.id.container_id.as_bytes()),
-            ifname: to_cbuf(ep.id.ifname.as_bytes()),
-            host_ifname: to_cbuf(ep.host_ifname.as_bytes()),
-            netns_ino: ep.netns_ino,
+            container_id: to_cbuf(pod.id.container_id.as_bytes()),
+            ifname: to_cbuf(pod.id.ifname.as_bytes()),
+            host_ifname: to_cbuf(pod.host_ifname.as_bytes()),
+            netns_ino: pod.netns_ino,
             created_unix: now_unix(),
         };
-        // Counters first, so the programs count from the first packet.
-        maps.insert_interface(ep.host_ifindex, &info)?;
-        bpf::attach(
-            &self.dir(pin_dirs::PROGS),
-            &self.dir(pin_dirs::LINKS),
-            ep.host_ifname,
-            ep.attach,
-        )?;
-        for ip in ep.ips {
+        eps.insert_interface(pod.host_ifindex, &info)?;
+        links::attach_pod(&self.root, pod.host_ifname, pod.attach)?;
+        for ip in pod.ips {
             let mut flags = if ip.is_ipv6() {
                 endpoint_flags::IPV6
             } else {
                 0
             };
-            if ep.xdp_ready {
+            if pod.xdp_ready {
                 flags |= endpoint_flags::XDP_READY;
             }
-            maps.insert_endpoint(
-                ip_key(*ip),
+            eps.insert(
+                *ip,
                 Endpoint {
-                    ifindex: ep.host_ifindex,
+                    ifindex: pod.host_ifindex,
                     flags,
-                    pod_mac: ep.pod_mac,
-                    host_mac: ep.host_mac,
+                    pod_mac: pod.pod_mac,
+                    host_mac: pod.host_mac,
                 },
             )?;
         }
+        match pod.bandwidth {
+            Some(b) => sluice_maps::bandwidth::set(
+                &self.root,
+                pod.host_ifindex,
+                bandwidth::state(b, sluice_common::user::monotonic_ns()),
+            )?,
+            None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
+        }
+        sluice_maps::hostport::add(&self.root, &ports)?;
         Ok(())
     }
 
-    /// Removes what [`Self::add_endpoint`] made. Best effort: it goes on past errors
-    /// and returns the first. Nothing pinned yet means nothing to remove.
-    pub fn remove_endpoint(
+    /// Removes everything of one pod: its programs, addresses, counters, owner,
+    /// masqueraded flows, hostPort mappings (operator ones too) and flows, and
+    /// bandwidth limits. The interface is known by its recorded index or, after a
+    /// crash before the record had it, only by the owner entry. Best effort: goes
+    /// on past errors and returns them all. Nothing pinned: nothing to remove.
+    pub fn detach(
         &self,
         host_ifname: &str,
         host_ifindex: Option<u32>,
         id: &AttachmentId,
     ) -> Result<(), Error> {
-        let mut first_err: Option<Error> = None;
-        let links = self.dir(pin_dirs::LINKS);
-        if let Err(e) = bpf::detach(&links, host_ifname) {
-            first_err.get_or_insert(e);
-        }
-        let maps_dir = self.dir(pin_dirs::MAPS);
+        let mut errors = Errors::new();
+        errors.note(links::detach_pod(&self.root, host_ifname));
         if !self.holds_endpoints()? {
-            return first_err.map_or(Ok(()), Err);
+            return errors.finish();
         }
-        let mut maps = bpf::Maps::open(&maps_dir)?;
-        // The interface may be known by its recorded index or, after a crash before
-        // the record was complete, only by the owner entry.
+        let mut eps = Endpoints::open(&self.root)?;
         let mut ifindexes: Vec<u32> = host_ifindex.into_iter().collect();
-        for (idx, info) in maps.interfaces() {
-            let owner = info_owned_by(&info, id);
-            if owner && !ifindexes.contains(&idx) {
+        for (idx, info) in eps.interfaces() {
+            if info_owned_by(&info, id) && !ifindexes.contains(&idx) {
                 ifindexes.push(idx);
             }
         }
         let mut v4 = Vec::new();
-        for (key, ep) in maps.endpoints() {
+        for (ip, ep) in eps.list() {
             if ifindexes.contains(&ep.ifindex) {
-                v4.extend(key.as_v4());
-                if let Err(e) = maps.remove_endpoint(&key) {
-                    first_err.get_or_insert(e);
+                if let IpAddr::V4(a) = ip {
+                    v4.push(a.octets());
                 }
+                errors.note(eps.remove(ip).map_err(Error::from));
             }
         }
-        // The pod's masqueraded flows and hostPort mappings go with it.
-        if let Err(e) = bpf::flush_nat(&maps_dir, &v4) {
-            first_err.get_or_insert(e);
-        }
-        if let Err(e) = hostport::remove_of_pods(&maps_dir, &ifindexes) {
-            first_err.get_or_insert(e);
-        }
-        if let Err(e) = hostport::flush_flows(&maps_dir, &v4) {
-            first_err.get_or_insert(e);
-        }
+        errors.note(sluice_maps::nat::forget_pods(&self.root, &v4).map_err(Error::from));
+        errors.note(
+            sluice_maps::hostport::remove_of_pods(&self.root, &ifindexes).map_err(Error::from),
+        );
+        errors.note(sluice_maps::hostport::forget_pods(&self.root, &v4).map_err(Error::from));
         for idx in ifindexes {
-            if let Err(e) = bandwidth::remove(&maps_dir, idx) {
-                first_err.get_or_insert(e);
-            }
-            if let Err(e) = maps.remove_interface(idx) {
-                first_err.get_or_insert(e);
+            errors.note(sluice_maps::bandwidth::remove(&self.root, idx).map_err(Error::from));
+            for e in eps.remove_interface(idx) {
+                errors.push(e.into());
             }
         }
-        first_err.map_or(Ok(()), Err)
+        errors.finish()
     }
 
-    /// Publishes a pod's hostPort mappings (all or none; a conflict names the
-    /// owner), after refreshing the node addresses wildcard mappings match.
-    pub fn add_ports(
-        &self,
-        _guard: &LoadedGuard,
-        node_addrs: &[[u8; 4]],
-        entries: &[(PortKey, PortTarget)],
-    ) -> Result<(), Error> {
-        if entries.is_empty() {
-            return Ok(());
+    /// CHECK of one pod: its programs on its host veth (cls_bpf filters of the
+    /// pinned programs, or tcx links), its counters and addresses, hostPort
+    /// mappings and bandwidth limits.
+    pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
+        match pod.attach {
+            PodAttach::Tc => self.check_filters(host_nl, pod).await?,
+            PodAttach::Tcx => links::check_pod_tcx(&self.root, pod.host_ifname)?,
         }
-        let maps = self.dir(pin_dirs::MAPS);
-        hostport::set_node_addrs(&maps, node_addrs)?;
-        hostport::add(&maps, entries)
-    }
-
-    /// Sets (or, with `None`, removes) the bandwidth limits of the pod on host
-    /// veth `ifindex`.
-    pub fn set_bandwidth(
-        &self,
-        _guard: &LoadedGuard,
-        ifindex: u32,
-        bw: Option<&Bandwidth>,
-    ) -> Result<(), Error> {
-        let maps = self.dir(pin_dirs::MAPS);
-        match bw {
-            Some(b) => bandwidth::write(&maps, ifindex, b),
-            None => bandwidth::remove(&maps, ifindex),
-        }
-    }
-
-    /// CHECK: the pod's bandwidth limits are the configured ones.
-    pub fn check_bandwidth(&self, ifindex: u32, bw: Option<&Bandwidth>) -> Result<(), Error> {
-        bandwidth::check(&self.dir(pin_dirs::MAPS), ifindex, bw)
-    }
-
-    /// CHECK: the pod's hostPort mappings are in place.
-    pub fn check_ports(&self, entries: &[(PortKey, PortTarget)]) -> Result<(), Error> {
-        hostport::check(&self.dir(pin_dirs::MAPS), entries)
-    }
-
-    /// GC: mappings whose pod is not one of `live` (host veth ifindexes) go.
-    pub fn remove_orphan_ports(&self, live: &[u32]) -> Result<usize, Error> {
-        hostport::remove_orphans(&self.dir(pin_dirs::MAPS), live)
-    }
-
-    /// CHECK: programs attached to the host veth, endpoint entries in place.
-    pub fn check_endpoint(&self, ep: &EndpointSpec<'_>) -> Result<(), Error> {
-        if ep.attach == PodAttach::Tcx {
-            bpf::check_tcx_attached(&self.dir(pin_dirs::LINKS), ep.host_ifname)?;
-        }
-        let maps = bpf::Maps::open(&self.dir(pin_dirs::MAPS))?;
-        if !maps.has_counters(ep.host_ifindex) {
+        let eps = Endpoints::open(&self.root)?;
+        if !eps.has_counters(pod.host_ifindex) {
             return Err(Error::check(format!(
                 "no counters for {} (ifindex {})",
-                ep.host_ifname, ep.host_ifindex
+                pod.host_ifname, pod.host_ifindex
             )));
         }
-        for ip in ep.ips {
-            match maps.endpoint(&ip_key(*ip)) {
-                Some(e) if e.ifindex == ep.host_ifindex && e.pod_mac == ep.pod_mac => {}
+        for ip in pod.ips {
+            match eps.get(*ip) {
+                Some(e) if e.ifindex == pod.host_ifindex && e.pod_mac == pod.pod_mac => {}
                 Some(e) => {
                     return Err(Error::check(format!(
                         "endpoint {ip} points at ifindex {} instead of {} ({})",
-                        e.ifindex, ep.host_ifindex, ep.host_ifname
+                        e.ifindex, pod.host_ifindex, pod.host_ifname
                     )))
                 }
                 None => {
                     return Err(Error::check(format!(
-                        "endpoint {ip} missing from sl_endpoints"
+                        "endpoint {ip} missing from {}",
+                        maps::ENDPOINTS.name
                     )))
                 }
+            }
+        }
+        sluice_maps::hostport::check(&self.root, &pod.ports()?)?;
+        let want = pod.bandwidth.map(|b| bandwidth::state(b, 0));
+        sluice_maps::bandwidth::check(&self.root, pod.host_ifindex, want.as_ref())?;
+        Ok(())
+    }
+
+    /// The pinned pod programs are the cls_bpf filters of the host veth's hooks.
+    async fn check_filters(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
+        for (name, ingress, id) in links::pod_program_ids(&self.root)? {
+            let filters = host_nl.bpf_filters(pod.host_ifindex, ingress).await?;
+            if !filters.iter().any(|f| f.prog_id == id) {
+                return Err(Error::check(format!(
+                    "{name} (program id {id}) is not attached to {} of {} (filters: {filters:?})",
+                    if ingress { "ingress" } else { "egress" },
+                    pod.host_ifname,
+                )));
             }
         }
         Ok(())
     }
 
-    /// Kernel ids of the pinned pod programs: (name, ingress?, id). CHECK compares
-    /// them with the cls_bpf filters on a host veth.
-    pub fn pod_program_ids(&self) -> Result<Vec<(&'static str, bool, u32)>, Error> {
-        bpf::pod_program_ids(&self.dir(pin_dirs::PROGS))
+    /// GC: removes the datapath state of every endpoint no attachment in `valid`
+    /// owns (a crash before its record was written, a record removed by hand),
+    /// and hostPort mappings whose pod is gone (operator ones too). Returns the
+    /// host veths of the removed endpoints, for the caller to delete. Goes on
+    /// past errors and returns them all.
+    pub fn collect(&self, valid: &[AttachmentId]) -> Result<Vec<String>, Error> {
+        let mut errors = Errors::new();
+        let mut orphans = Vec::new();
+        let owners = self.endpoint_owners()?;
+        for (ifindex, id, host_ifname) in &owners {
+            if !valid.iter().any(|v| owned_by(id, v)) {
+                errors.note(self.detach(host_ifname, Some(*ifindex), id));
+                orphans.push(host_ifname.clone());
+            }
+        }
+        let live: Vec<u32> = self.endpoint_owners()?.iter().map(|(i, _, _)| *i).collect();
+        if self.holds_endpoints()? {
+            errors.note(
+                sluice_maps::hostport::remove_orphans(&self.root, &live).map_err(Error::from),
+            );
+        }
+        errors.finish().map(|()| orphans)
     }
 
     /// Host veths of every endpoint (an upgrade replaces their filters).
@@ -545,46 +578,34 @@ impl Datapath {
         Ok(self
             .meta()?
             .is_some_and(|m| m.layout_version == LAYOUT_VERSION)
-            && self
-                .dir(pin_dirs::MAPS)
-                .join(sluice_common::map_names::ENDPOINTS)
-                .exists())
+            && self.root.has(&maps::ENDPOINTS))
     }
 
-    /// Owners of the endpoint entries: (host ifindex, container id, ifname, host ifname).
+    /// Owners of the endpoint entries: (host ifindex, attachment, host ifname).
     pub fn endpoint_owners(&self) -> Result<Vec<(u32, AttachmentId, String)>, Error> {
-        let maps_dir = self.dir(pin_dirs::MAPS);
         if !self.holds_endpoints()? {
             return Ok(Vec::new());
         }
-        let maps = bpf::Maps::open(&maps_dir)?;
-        Ok(maps
+        let eps = Endpoints::open(&self.root)?;
+        let text = sluice_maps::endpoint::text;
+        Ok(eps
             .interfaces()
             .into_iter()
             .map(|(idx, info)| {
-                let s =
-                    |b: &[u8]| String::from_utf8_lossy(sluice_common::from_cbuf(b)).into_owned();
                 (
                     idx,
                     AttachmentId {
-                        container_id: s(&info.container_id),
-                        ifname: s(&info.ifname),
+                        container_id: text(&info.container_id),
+                        ifname: text(&info.ifname),
                     },
-                    s(&info.host_ifname),
+                    text(&info.host_ifname),
                 )
             })
             .collect())
     }
-
-    /// Whether the embedded object can be loaded at all (STATUS).
-    pub fn has_object(&self) -> bool {
-        bpf::has_object()
-    }
-
-    pub fn pin_root(&self) -> &Path {
-        &self.pin_root
-    }
 }
+
+pub use repair::repair;
 
 #[cfg(test)]
 mod tests {

@@ -1,17 +1,26 @@
-//! What masquerade needs from the node and the config, worked out at ADD: the
-//! address, the NAT ports, and the prefixes never masqueraded.
+//! Masquerade on the plugin's side: what it needs from the node and the config,
+//! worked out at ADD (the address, the NAT ports, the prefixes never
+//! masqueraded). The maps and their rules are `sluice_maps::nat`.
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnetwork::{IpNetwork, Ipv4Network};
 use sluice_common::{masq_flags, MasqConfig};
 
+use super::Uplink;
 use crate::{
     cni::{config::NetConf, result::IpConfig},
-    datapath::{MasqSpec, Uplink},
     error::Error,
     ipam::Ipam,
     netlink::Netlink,
 };
+
+/// Masquerade as the programs see it: the config entry and the prefixes never
+/// masqueraded.
+#[derive(Clone, Debug)]
+pub struct MasqSpec {
+    pub config: MasqConfig,
+    pub non_masq: Vec<(u32, [u8; 4])>,
+}
 
 const PORT_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 /// Fewest NAT ports worth running with.
@@ -47,7 +56,7 @@ pub async fn spec(
         tcp_closing_secs: t.tcp_closing,
         udp_secs: t.udp,
         icmp_secs: t.icmp,
-        // Kept from the map by Datapath::apply_masq.
+        // Kept from the map by sluice_maps::nat::write_config.
         prev_addr: [0; 4],
     };
     let non_masq = match &conf.masq.non_masq {

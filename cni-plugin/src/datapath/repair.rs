@@ -3,14 +3,14 @@
 //! before keep their veths, addresses, routes and neighbours, but their programs
 //! (if still attached) use maps nobody pins any more, and the new maps know
 //! nothing of them. The attachment records in the state directory say who they
-//! are; each one whose host veth still exists gets its endpoint entries, its
-//! programs (cls_bpf filters replaced in place, or attached anew), its hostPort
-//! mappings and its bandwidth limits in the new datapath.
+//! are; each one whose host veth still exists is attached to the new datapath
+//! like a new pod (cls_bpf filters replaced in place, or attached anew;
+//! hostPort mappings; bandwidth limits).
 use std::net::IpAddr;
 
+use super::{hostport, links, Datapath, PodSpec, Prepared};
 use crate::{
     cni::{config::NetConf, AttachmentId},
-    datapath::{hostport, Datapath, EndpointSpec, LoadedGuard},
     error::Error,
     interface,
     netlink::Netlink,
@@ -18,15 +18,13 @@ use crate::{
     state::{AttachmentRecord, StateStore},
 };
 
-use super::add::PORT_MAPPINGS;
-
 /// Re-attaches every recorded attachment but `skip` (the ADD in progress).
 /// Returns how many were re-attached; one that fails is reported and skipped,
 /// so a broken pod cannot block the others (or the ADD).
-pub async fn reattach(
-    conf: &NetConf,
+pub async fn repair(
     dp: &Datapath,
-    guard: &LoadedGuard,
+    prepared: &Prepared,
+    conf: &NetConf,
     store: &StateStore,
     host_nl: &Netlink,
     skip: &AttachmentId,
@@ -36,12 +34,14 @@ pub async fn reattach(
         if !rec.complete || rec.id() == *skip {
             continue;
         }
-        match reattach_one(conf, dp, guard, host_nl, &rec).await {
+        match reattach_one(dp, prepared, conf, host_nl, &rec).await {
             Ok(true) => n += 1,
             Ok(false) => {}
             Err(e) => eprintln!(
-                "sluice: re-attaching {}/{} to the new datapath failed: {e}",
-                rec.container_id, rec.ifname
+                "sluice: re-attaching {}/{} to the new datapath failed: {}",
+                rec.container_id,
+                rec.ifname,
+                e.details()
             ),
         }
     }
@@ -50,9 +50,9 @@ pub async fn reattach(
 
 /// `Ok(false)`: the pod's veth is gone (its DEL or GC will clean up).
 async fn reattach_one(
-    conf: &NetConf,
     dp: &Datapath,
-    guard: &LoadedGuard,
+    prepared: &Prepared,
+    conf: &NetConf,
     host_nl: &Netlink,
     rec: &AttachmentRecord,
 ) -> Result<bool, Error> {
@@ -83,10 +83,19 @@ async fn reattach_one(
     let xdp_ready = pod_ns
         .as_ref()
         .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
+    if !rec.port_mappings.is_empty() {
+        let addrs = host_nl.local_ipv4().await?;
+        sluice_maps::hostport::set_node_addrs(&dp.root, &addrs)?;
+        if let Some(cg) = &conf.host_port_cgroup {
+            if !links::hooks_attached(&dp.root) {
+                links::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;
+            }
+        }
+    }
     let id = rec.id();
-    dp.add_endpoint(
-        guard,
-        &EndpointSpec {
+    dp.attach(
+        prepared,
+        &PodSpec {
             id: &id,
             host_ifname: &rec.host_ifname,
             host_ifindex: link.index,
@@ -96,20 +105,9 @@ async fn reattach_one(
             netns_ino: pod_ns.as_ref().map_or(0, Netns::inode),
             xdp_ready,
             attach: conf.pod_attach,
+            port_mappings: &rec.port_mappings,
+            bandwidth: rec.bandwidth.as_ref(),
         },
     )?;
-    dp.set_bandwidth(guard, link.index, rec.bandwidth.as_ref())?;
-    let ports = hostport::entries(
-        &rec.port_mappings,
-        PORT_MAPPINGS,
-        hostport::first_v4(&ips),
-        link.index,
-    )?;
-    if !ports.is_empty() {
-        dp.add_ports(guard, &host_nl.local_ipv4().await?, &ports)?;
-        if let Some(cg) = &conf.host_port_cgroup {
-            dp.ensure_host_port_hooks(guard, cg)?;
-        }
-    }
     Ok(true)
 }

@@ -1,0 +1,549 @@
+//! Every attachment of the datapath's programs, and its replacement by an
+//! upgrade: the pod programs on host veths (cls_bpf filters through netlink,
+//! or pinned tcx links), the uplink's tc programs and XDP program, the NAT
+//! sweeper's perf event and the hostPort socket hooks (pinned links).
+//!
+//! Link pins under `links/`: `<host veth>-<program>` (pods, tcx),
+//! `uplink<ifindex>-<program>`, `cgroup-<program>`, `nat_sweep`. bpffs refuses
+//! names with a dot (EPERM from `bpf_lookup`, kernel/bpf/inode.c), so none has
+//! one.
+use std::{
+    fs,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{
+    links::{FdLink, PinnedLink},
+    perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+    xdp::XdpLink,
+    CgroupAttachMode, CgroupSockAddr, Link, PerfEvent, SchedClassifier, TcAttachType, Xdp, XdpMode,
+};
+use aya_obj::programs::{CgroupSockAddrAttachType, XdpAttachType};
+use sluice_common::{
+    prog_names,
+    programs::{self, ProgKind, SockHook},
+};
+use sluice_maps::PinRoot;
+
+use super::bpffs::unpin;
+use crate::{
+    cni::config::{PodAttach, XdpMode as XdpConfig},
+    error::Error,
+};
+
+/// Prefix of the uplink's link pins (`uplink<ifindex>-<program>`); pod links
+/// start with the host veth name (`sl...`), so the two never mix.
+pub const UPLINK_LINK_PREFIX: &str = "uplink";
+/// Prefix of the socket hooks' link pins (`cgroup-<program>`).
+pub const HOOK_LINK_PREFIX: &str = "cgroup-";
+/// Pin of the NAT sweeper's perf-event link.
+pub const SWEEP_LINK: &str = "nat_sweep";
+/// How often the sweeper runs (CPU clock of CPU 0, which ticks while idle too).
+const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
+
+/// Priority and handle of Sluice's cls_bpf filters on a pod's host veth: fixed,
+/// so an upgrade can replace them in place and DEL can find them.
+const FILTER_PRIORITY: u16 = 1;
+const FILTER_HANDLE: TcHandle = TcHandle::new(0, 1);
+
+fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::datapath(op, e)
+}
+
+/// The tc hook of a pod or uplink program.
+pub fn tc_hook(kind: ProgKind) -> TcAttachType {
+    match kind {
+        ProgKind::PodEgress | ProgKind::UplinkEgress => TcAttachType::Egress,
+        _ => TcAttachType::Ingress,
+    }
+}
+
+fn sock_attach_type(h: SockHook) -> CgroupSockAddrAttachType {
+    match h {
+        SockHook::Connect4 => CgroupSockAddrAttachType::Connect4,
+        SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
+        SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
+        SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
+    }
+}
+
+fn pod_link_path(root: &PinRoot, host_ifname: &str, prog: &str) -> PathBuf {
+    root.links_dir().join(format!("{host_ifname}-{prog}"))
+}
+
+fn uplink_link_path(root: &PinRoot, ifindex: u32, prog: &str) -> PathBuf {
+    root.links_dir()
+        .join(format!("{UPLINK_LINK_PREFIX}{ifindex}-{prog}"))
+}
+
+fn hook_link_path(root: &PinRoot, prog: &str) -> PathBuf {
+    root.links_dir().join(format!("{HOOK_LINK_PREFIX}{prog}"))
+}
+
+fn open_tc(root: &PinRoot, name: &str) -> Result<SchedClassifier, Error> {
+    SchedClassifier::from_pin(root.progs_dir().join(name))
+        .map_err(|e| dp_err(format!("open pinned program {name}"), e))
+}
+
+fn pin_link(
+    link: impl TryInto<FdLink, Error = impl std::error::Error + Send + Sync + 'static>,
+    path: &Path,
+) -> Result<(), Error> {
+    let fd: FdLink = link
+        .try_into()
+        .map_err(|e| dp_err(format!("link for {} is not a bpf_link", path.display()), e))?;
+    fd.pin(path)
+        .map(drop)
+        .map_err(|e| dp_err(format!("pin {}", path.display()), e))
+}
+
+/// Detaches the link pinned at `path` now and removes the pin. Removing a pin
+/// alone drops the link's reference only after an RCU grace period (bpffs frees
+/// its inodes with call_rcu), so a new attachment made right after would find the
+/// old one still there (tcx: EEXIST, XDP: EBUSY).
+pub fn detach_pinned(path: &Path) -> Result<(), Error> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if let Err(e) = super::sys::link_detach(path) {
+        eprintln!(
+            "sluice: BPF_LINK_DETACH of {} failed ({e}); the pin's removal releases it",
+            path.display()
+        );
+    }
+    unpin(path)
+}
+
+// --- pods ---------------------------------------------------------------------
+
+/// Attaches the pod programs to `host_ifname` (resolved in this thread's
+/// namespace, the node's) so that the attachment outlives this process:
+/// - `Tc`: cls_bpf filters on a clsact qdisc, made through netlink. The qdisc
+///   owns them; no grace period is waited for.
+/// - `Tcx`: tcx links, pinned. Each first tcx attachment of a device and direction
+///   waits for an RCU grace period (`tcx_entry_sync`), ~10 ms here.
+pub fn attach_pod(root: &PinRoot, host_ifname: &str, mode: PodAttach) -> Result<(), Error> {
+    if mode == PodAttach::Tc {
+        add_clsact(host_ifname)?;
+    }
+    for p in programs::POD {
+        let mut prog = open_tc(root, p.name)?;
+        let hook = tc_hook(p.kind);
+        match mode {
+            PodAttach::Tc => attach_filter(&mut prog, p.name, host_ifname, hook)?,
+            PodAttach::Tcx => {
+                let lp = pod_link_path(root, host_ifname, p.name);
+                // A pin left by a crashed ADD of the same attachment.
+                detach_pinned(&lp)?;
+                let id = prog
+                    .attach_with_options(
+                        host_ifname,
+                        hook,
+                        TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
+                    )
+                    .map_err(|e| dp_err(format!("attach {} to {host_ifname}", p.name), e))?;
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| dp_err(format!("take link of {} on {host_ifname}", p.name), e))?;
+                pin_link(link, &lp)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn add_clsact(ifname: &str) -> Result<(), Error> {
+    match qdisc_add_clsact(ifname) {
+        Ok(()) => Ok(()),
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(dp_err(format!("add a clsact qdisc to {ifname}"), e)),
+    }
+}
+
+/// A cls_bpf filter of `prog` on `ifname`'s `hook` at Sluice's priority and
+/// handle; one already there (the programs of a datapath whose pins were lost)
+/// is pointed at `prog` in place (aya creates filters with NLM_F_EXCL). The
+/// filter stays when this process exits.
+fn attach_filter(
+    prog: &mut SchedClassifier,
+    name: &str,
+    ifname: &str,
+    hook: TcAttachType,
+) -> Result<(), Error> {
+    let opts = TcAttachOptions::Netlink(NlOptions {
+        priority: FILTER_PRIORITY,
+        handle: FILTER_HANDLE,
+        classid: None,
+    });
+    let id = match prog.attach_with_options(ifname, hook, opts) {
+        Ok(id) => id,
+        Err(aya::programs::ProgramError::TcError(TcError::NetlinkError(e)))
+            if e.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            let existing =
+                SchedClassifierLink::attached(ifname, hook, FILTER_PRIORITY, FILTER_HANDLE, None)
+                    .map_err(|e| dp_err(format!("find {name} on {ifname}"), e))?;
+            prog.attach_to_link(existing)
+                .map_err(|e| dp_err(format!("replace {name} on {ifname}"), e))?
+        }
+        Err(e) => return Err(dp_err(format!("attach {name} to {ifname}"), e)),
+    };
+    let link = prog
+        .take_link(id)
+        .map_err(|e| dp_err(format!("take link of {name} on {ifname}"), e))?;
+    // Dropping a netlink link would delete the filter; it must stay.
+    std::mem::forget(link);
+    Ok(())
+}
+
+/// Removes the pod programs from `host_ifname`, whichever way they were attached.
+/// Missing pins, filters or interface are fine (DEL deletes the veth anyway).
+pub fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
+    let mut errors = crate::error::Errors::new();
+    for p in programs::POD {
+        errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
+        if let Ok(link) = SchedClassifierLink::attached(
+            host_ifname,
+            tc_hook(p.kind),
+            FILTER_PRIORITY,
+            FILTER_HANDLE,
+            None,
+        ) {
+            // ENOENT (no such filter, e.g. tcx mode) is expected here.
+            let _ = Link::detach(link);
+        }
+    }
+    errors.finish()
+}
+
+/// Kernel ids of the pinned pod programs: (name, ingress?, id).
+pub fn pod_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+    programs::POD
+        .iter()
+        .map(|p| {
+            let id = sluice_maps::programs::id(root, p.name)?;
+            Ok((p.name, p.kind == ProgKind::PodIngress, id))
+        })
+        .collect()
+}
+
+/// Whether the pod programs are attached to `host_ifname` through pinned tcx links
+/// whose programs are attached to it (tcx query).
+pub fn check_pod_tcx(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
+    for p in programs::POD {
+        let lp = pod_link_path(root, host_ifname, p.name);
+        let pinned = PinnedLink::from_pin(&lp)
+            .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
+        let info = FdLink::from(pinned)
+            .info()
+            .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?;
+        let (_, progs) = SchedClassifier::query_tcx(host_ifname, tc_hook(p.kind)).map_err(|e| {
+            Error::check(format!("cannot query tcx programs of {host_ifname}: {e}"))
+        })?;
+        if !progs.iter().any(|q| q.id() == info.program_id()) {
+            return Err(Error::check(format!(
+                "{} (program id {}) is not attached to {host_ifname}",
+                p.name,
+                info.program_id()
+            )));
+        }
+    }
+    Ok(())
+}
+
+// --- the uplink -----------------------------------------------------------------
+
+/// How the uplink's XDP program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttached {
+    Native,
+    Generic,
+    Off,
+}
+
+/// Whether the uplink's tc programs are attached (their link pins exist).
+pub fn uplink_attached(root: &PinRoot, ifindex: u32) -> bool {
+    programs::UPLINK_TC
+        .iter()
+        .all(|p| uplink_link_path(root, ifindex, p.name).exists())
+}
+
+/// Attaches `uplink_in` (tcx ingress), `uplink_out` (tcx egress) and, unless `xdp`
+/// is off, `uplink_xdp` to the uplink. Native XDP falls back to generic when the
+/// driver refuses it; an XDP failure leaves tc alone to do the job. Returns how
+/// XDP ended up.
+pub fn attach_uplink(
+    root: &PinRoot,
+    ifname: &str,
+    ifindex: u32,
+    xdp: XdpConfig,
+) -> Result<XdpAttached, Error> {
+    for p in programs::UPLINK_TC {
+        let lp = uplink_link_path(root, ifindex, p.name);
+        // Already attached to this interface (the pin name carries the ifindex):
+        // keep it; upgrades replace its program in place.
+        if lp.exists() {
+            continue;
+        }
+        let mut tc = open_tc(root, p.name)?;
+        let id = tc
+            .attach(ifname, tc_hook(p.kind))
+            .map_err(|e| dp_err(format!("attach {} to {ifname}", p.name), e))?;
+        pin_link(
+            tc.take_link(id)
+                .map_err(|e| dp_err(format!("take {} link", p.name), e))?,
+            &lp,
+        )?;
+    }
+    attach_uplink_xdp(root, ifname, ifindex, xdp)
+}
+
+/// The XDP half of [`attach_uplink`].
+fn attach_uplink_xdp(
+    root: &PinRoot,
+    ifname: &str,
+    ifindex: u32,
+    xdp: XdpConfig,
+) -> Result<XdpAttached, Error> {
+    // Any XDP link of an earlier mode goes first (also when XDP is now off).
+    let lp = uplink_link_path(root, ifindex, prog_names::UPLINK_XDP);
+    detach_pinned(&lp)?;
+    let mode = match xdp {
+        XdpConfig::Native | XdpConfig::Auto => XdpMode::Driver,
+        XdpConfig::Generic => XdpMode::Skb,
+        XdpConfig::Off => return Ok(XdpAttached::Off),
+    };
+    let mut prog = Xdp::from_pin(
+        root.progs_dir().join(prog_names::UPLINK_XDP),
+        XdpAttachType::Interface,
+    )
+    .map_err(|e| dp_err("open pinned program uplink_xdp", e))?;
+    let mut tries = vec![mode];
+    if mode == XdpMode::Driver {
+        tries.push(XdpMode::Skb);
+    }
+    for m in tries {
+        match prog.attach(ifname, m) {
+            Ok(id) => {
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| dp_err("take uplink_xdp link", e))?;
+                pin_link(link, &lp)?;
+                return Ok(if m == XdpMode::Skb {
+                    XdpAttached::Generic
+                } else {
+                    XdpAttached::Native
+                });
+            }
+            Err(e) => eprintln!("sluice: XDP ({m:?} mode) on {ifname} failed: {e}"),
+        }
+    }
+    eprintln!("sluice: no XDP on {ifname}; the tc program handles uplink traffic alone");
+    Ok(XdpAttached::Off)
+}
+
+// --- the NAT sweeper --------------------------------------------------------------
+
+/// Whether the sweeper's link is pinned.
+pub fn sweeper_attached(root: &PinRoot) -> bool {
+    root.links_dir().join(SWEEP_LINK).exists()
+}
+
+/// Fires `prog` once a second on CPU 0 through a perf event whose link is pinned:
+/// the sweep runs with no process of ours alive.
+pub fn attach_sweeper(root: &PinRoot, prog: &mut PerfEvent) -> Result<(), Error> {
+    let lp = root.links_dir().join(SWEEP_LINK);
+    unpin(&lp)?;
+    let id = prog
+        .attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu: 0 },
+            SamplePolicy::Period(SWEEP_PERIOD_NS),
+            false,
+        )
+        .map_err(|e| dp_err("attach the NAT sweeper to a CPU clock perf event", e))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| dp_err("take the NAT sweeper link", e))?;
+    pin_link(link, &lp)
+}
+
+/// Attaches the pinned sweeper program (after an upgrade from a datapath
+/// without one, or when its link was removed).
+pub fn ensure_sweeper(root: &PinRoot) -> Result<(), Error> {
+    let mut prog = PerfEvent::from_pin(root.progs_dir().join(prog_names::NAT_SWEEP))
+        .map_err(|e| dp_err("open pinned program nat_sweep", e))?;
+    attach_sweeper(root, &mut prog)
+}
+
+// --- the hostPort socket hooks ---------------------------------------------------------
+
+/// Whether the socket hooks are attached (their link pins exist).
+pub fn hooks_attached(root: &PinRoot) -> bool {
+    programs::SOCK_HOOKS
+        .iter()
+        .all(|p| hook_link_path(root, p.name).exists())
+}
+
+/// Attaches the socket hooks to the cgroup v2 directory `cgroup` (opened) and
+/// pins their links, so they outlive the plugin. Attached ones stay.
+pub fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(), Error> {
+    for p in programs::SOCK_HOOKS {
+        let ProgKind::SockAddr(hook) = p.kind else {
+            continue;
+        };
+        let lp = hook_link_path(root, p.name);
+        if lp.exists() {
+            continue;
+        }
+        let mut prog =
+            CgroupSockAddr::from_pin(root.progs_dir().join(p.name), sock_attach_type(hook))
+                .map_err(|e| dp_err(format!("open pinned program {}", p.name), e))?;
+        let id = prog
+            .attach(cgroup.as_fd(), CgroupAttachMode::Single)
+            .map_err(|e| {
+                dp_err(
+                    format!("attach {} to cgroup {}", p.name, shown.display()),
+                    e,
+                )
+            })?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| dp_err(format!("take {} link", p.name), e))?;
+        pin_link(link, &lp)?;
+    }
+    Ok(())
+}
+
+// --- upgrades: pointing attachments at new programs ------------------------------------
+
+/// Pinned links of program `prog` (`links/*-<prog>`).
+pub fn link_pins_of(root: &PinRoot, prog: &str) -> Result<Vec<PathBuf>, Error> {
+    let suffix = format!("-{prog}");
+    Ok(root
+        .pins(sluice_common::pin_dirs::LINKS)?
+        .into_iter()
+        .filter(|n| n.ends_with(&suffix))
+        .map(|n| root.links_dir().join(n))
+        .collect())
+}
+
+/// Points the pinned tcx link at `prog` without detaching it (`bpf_link_update`).
+/// A link whose interface is gone cannot be updated; its pin is dropped.
+pub fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(), Error> {
+    let pinned = PinnedLink::from_pin(link_path)
+        .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
+    let link: SchedClassifierLink = FdLink::from(pinned)
+        .try_into()
+        .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
+    match prog.attach_to_link(link) {
+        // The pin keeps the link alive; taking it out of `prog` keeps the program's
+        // drop from touching it.
+        Ok(id) => prog
+            .take_link(id)
+            .map(drop)
+            .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e)),
+        Err(e) => drop_dead_link(link_path, &e),
+    }
+}
+
+/// The same for an XDP link.
+pub fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), Error> {
+    let pinned = PinnedLink::from_pin(link_path)
+        .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
+    let link: XdpLink = FdLink::from(pinned)
+        .try_into()
+        .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
+    match prog.attach_to_link(link) {
+        Ok(id) => prog
+            .take_link(id)
+            .map(drop)
+            .map_err(|e| dp_err(format!("keep link {}", link_path.display()), e)),
+        Err(e) => drop_dead_link(link_path, &e),
+    }
+}
+
+/// The same for a cgroup link, through BPF_LINK_UPDATE (aya has no update for
+/// cgroup links).
+pub fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Result<(), Error> {
+    use std::os::fd::AsRawFd;
+    let fd = prog
+        .fd()
+        .map_err(|e| dp_err("fd of a socket hook", e))?
+        .as_fd()
+        .as_raw_fd();
+    match super::sys::link_update(link_path, fd) {
+        Ok(()) => Ok(()),
+        Err(e) => drop_dead_link(link_path, &e),
+    }
+}
+
+/// Points Sluice's cls_bpf filter on `host_ifname` at `prog` in place (netlink
+/// replace of the same priority and handle: no packet sees no filter). A veth
+/// without that filter (tcx mode, or gone) is skipped.
+pub fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook: TcAttachType) {
+    let Ok(link) =
+        SchedClassifierLink::attached(host_ifname, hook, FILTER_PRIORITY, FILTER_HANDLE, None)
+    else {
+        return;
+    };
+    if let Ok(id) = prog.attach_to_link(link) {
+        if let Ok(l) = prog.take_link(id) {
+            std::mem::forget(l);
+        }
+    }
+}
+
+/// A link that cannot be updated (ENOLINK: its interface went away) is dropped.
+fn drop_dead_link(link_path: &Path, e: &dyn std::fmt::Display) -> Result<(), Error> {
+    eprintln!(
+        "sluice: dropping pinned link {} that cannot be updated: {e}",
+        link_path.display()
+    );
+    unpin(link_path)
+}
+
+// --- everything ---------------------------------------------------------------------
+
+/// Takes every program of the datapath off the kernel's hooks: the pods' tc
+/// programs (`pod_ifnames`) and every pinned link (uplink tc and XDP, hostPort
+/// socket hooks, NAT sweeper). Maps and programs stay pinned. Returns what was
+/// detached.
+pub fn detach_all(root: &PinRoot, pod_ifnames: &[String]) -> Result<Vec<String>, Error> {
+    let mut gone = Vec::new();
+    let present: Vec<&String> = pod_ifnames
+        .iter()
+        .filter(|n| {
+            // (Not /sys/class/net: sysfs shows the namespace of whoever mounted it.)
+            std::ffi::CString::new(n.as_str())
+                // SAFETY: a valid NUL-terminated name.
+                .is_ok_and(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0)
+        })
+        .collect();
+    // Host veths live in the node's namespace: from anywhere else nothing
+    // would be found, and nothing must be claimed.
+    if present.is_empty() && !pod_ifnames.is_empty() {
+        return Err(dp_err(
+            "detach the pod programs",
+            format!(
+                "none of the pod interfaces ({}) is in this network namespace; run it in the node's",
+                pod_ifnames.join(", ")
+            ),
+        ));
+    }
+    for ifname in pod_ifnames {
+        if present.contains(&ifname) {
+            detach_pod(root, ifname)?;
+            gone.push(format!("pod interface {ifname}"));
+        } else {
+            gone.push(format!("pod interface {ifname}: not found (skipped)"));
+        }
+    }
+    for name in root.pins(sluice_common::pin_dirs::LINKS)? {
+        detach_pinned(&root.links_dir().join(&name))?;
+        gone.push(format!("link {name}"));
+    }
+    Ok(gone)
+}

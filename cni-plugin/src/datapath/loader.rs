@@ -1,0 +1,170 @@
+//! Loading the embedded eBPF object: maps pinned by name (reused when they are
+//! pinned already), programs verified and pinned under `progs/`, and on an
+//! upgrade every existing attachment pointed at the new programs in place.
+use std::fs;
+
+use aya::{
+    programs::{CgroupSockAddr, PerfEvent, SchedClassifier, Xdp},
+    EbpfLoader,
+};
+use sluice_common::{
+    map_names,
+    programs::{self, ProgKind},
+    DatapathMeta, LAYOUT_VERSION,
+};
+use sluice_maps::PinRoot;
+
+use super::{bpffs::unpin, links};
+use crate::error::Error;
+
+/// The eBPF object `cargo xtask build` embedded (see build.rs).
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice-ebpf.o"));
+
+/// FNV-1a hash of the embedded object, computed by build.rs.
+pub fn object_hash() -> u64 {
+    u64::from_str_radix(env!("SLUICE_EBPF_HASH"), 16).unwrap_or(0)
+}
+
+/// Whether this binary carries an eBPF object.
+pub fn has_object() -> bool {
+    !OBJECT.is_empty()
+}
+
+/// Whether every program is pinned.
+pub fn programs_pinned(root: &PinRoot) -> bool {
+    programs::ALL
+        .iter()
+        .all(|p| root.progs_dir().join(p.name).exists())
+}
+
+fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::datapath(op, e)
+}
+
+/// Loads the embedded object (reusing pinned maps), pins its programs, moves every
+/// existing attachment to the new programs atomically (`bpf_link_update`, cls_bpf
+/// filters replaced in place on `pod_ifnames`), and records the object's identity.
+/// Runs under the datapath's exclusive lock.
+pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> Result<(), Error> {
+    if OBJECT.is_empty() {
+        return Err(dp_err(
+            "load",
+            "this sluice binary was built without its eBPF object; build it with `cargo xtask build`",
+        ));
+    }
+    root.check_shapes()?;
+    // Sizes only matter when the maps are created; pinned maps are reused as they are.
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(root.maps_dir())
+        .map_max_entries(map_names::NAT_FWD, nat_flows)
+        .map_max_entries(map_names::NAT_REV, nat_flows)
+        .load(OBJECT)
+        .map_err(|e| dp_err("load the eBPF object", e))?;
+    for spec in programs::ALL {
+        let name = spec.name;
+        let staged = root.progs_dir().join(format!("{name}-new"));
+        unpin(&staged)?;
+        let prog = ebpf
+            .program_mut(name)
+            .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?;
+        let verified = |e| dp_err(format!("verify and load {name}"), e);
+        let pinned = |e| dp_err(format!("pin {}", staged.display()), e);
+        match spec.kind {
+            ProgKind::SockAddr(_) => {
+                let prog: &mut CgroupSockAddr = prog.try_into().map_err(verified)?;
+                prog.load().map_err(verified)?;
+                prog.pin(&staged).map_err(pinned)?;
+                for lp in links::link_pins_of(root, name)? {
+                    links::replace_cgroup_link(prog, &lp)?;
+                }
+            }
+            ProgKind::PerfEvent => {
+                let prog: &mut PerfEvent = prog.try_into().map_err(verified)?;
+                prog.load().map_err(verified)?;
+                prog.pin(&staged).map_err(pinned)?;
+                // Perf-event links cannot be updated in place: the new one replaces
+                // the old (a second without sweeping at most).
+                links::attach_sweeper(root, prog)?;
+            }
+            ProgKind::UplinkXdp => {
+                let prog: &mut Xdp = prog.try_into().map_err(verified)?;
+                prog.load().map_err(verified)?;
+                prog.pin(&staged).map_err(pinned)?;
+                for lp in links::link_pins_of(root, name)? {
+                    links::replace_xdp_link(prog, &lp)?;
+                }
+            }
+            ProgKind::PodIngress
+            | ProgKind::PodEgress
+            | ProgKind::UplinkIngress
+            | ProgKind::UplinkEgress => {
+                let prog: &mut SchedClassifier = prog.try_into().map_err(verified)?;
+                prog.load().map_err(verified)?;
+                prog.pin(&staged).map_err(pinned)?;
+                for lp in links::link_pins_of(root, name)? {
+                    links::replace_tc_link(prog, &lp)?;
+                }
+                if matches!(spec.kind, ProgKind::PodIngress | ProgKind::PodEgress) {
+                    for ifname in pod_ifnames {
+                        links::replace_filter(prog, ifname, links::tc_hook(spec.kind));
+                    }
+                }
+            }
+        }
+        // Readers (`attach`) open progs/<name>; the rename swaps it in one step.
+        let final_path = root.progs_dir().join(name);
+        fs::rename(&staged, &final_path).map_err(|e| {
+            Error::io(
+                format!("renaming {} to {}", staged.display(), final_path.display()),
+                e,
+            )
+        })?;
+    }
+    sluice_maps::node::write_meta(
+        root,
+        DatapathMeta {
+            layout_version: LAYOUT_VERSION,
+            _pad: 0,
+            object_hash: object_hash(),
+            loaded_unix: super::now_unix(),
+        },
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry of maps in sluice-common is what the object defines: the
+    /// names the programs' `#[map]` attributes spell, their kinds and sizes.
+    #[test]
+    fn the_object_defines_the_registered_maps() {
+        if OBJECT.is_empty() {
+            // Built without `cargo xtask build`: nothing to compare (the test
+            // runs in `cargo xtask test`, which always embeds the object).
+            return;
+        }
+        let obj = aya_obj::Object::parse(OBJECT).expect("the embedded object parses");
+        let mut seen = 0;
+        for (name, map) in &obj.maps {
+            if name == map_names::SCRATCH || name.starts_with('.') || name == "AYA_LOGS" {
+                continue;
+            }
+            let spec = sluice_common::maps::find(name)
+                .unwrap_or_else(|| panic!("map {name} of the object is not in the registry"));
+            assert_eq!(map.key_size() as usize, spec.key_size, "{name} key");
+            assert_eq!(map.value_size() as usize, spec.value_size, "{name} value");
+            assert_eq!(map.map_type(), spec.kind.bpf_type(), "{name} type");
+            seen += 1;
+        }
+        assert_eq!(seen, sluice_common::maps::ALL.len());
+        for p in programs::ALL {
+            assert!(
+                obj.programs.contains_key(p.name),
+                "program {} missing from the object",
+                p.name
+            );
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! The typed map layer of Sluice's pinned datapath: how the plugin and
+//! `sluicectl` open the maps a network's datapath pins, pack keys and values,
+//! and the rules of each feature's maps (which hostPort mappings overlap, what
+//! a masquerade address change flushes, which entries go with a pod).
+//!
+//! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
+//! [`hostport`], [`bandwidth`], [`events`]; [`programs`] reads what is known of
+//! the pinned programs. Loading the object and attaching programs is the
+//! plugin's loader's job. With the loader, this crate holds every aya call of
+//! Sluice's userspace.
+pub mod bandwidth;
+pub mod counters;
+pub mod endpoint;
+mod error;
+pub mod events;
+pub mod hostport;
+pub mod nat;
+pub mod node;
+mod pinned;
+pub mod programs;
+
+pub use error::Error;
+pub use pinned::PinRoot;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
