@@ -27,7 +27,7 @@ use sluice_tests::{
     exec,
     fixtures::{add, del, wait_links_gone, EXT_IP, NODE_IP, UPLINK},
     hostport::mapping,
-    look,
+    kernel, look,
     masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
     sluice_bin, sluicectl_bin,
     traffic::tcp_echo,
@@ -1352,10 +1352,15 @@ fn datapath_detach_all_asks_first_then_leaves_pods_to_kernel_routing() {
             "{net0:?}"
         );
     }
+    // The uplink's tc programs: pinned tcx links, or (no tcx) cls_bpf filters.
+    let uplink_tc = format!("tc {UPLINK} uplink_in");
     assert!(
-        links0.iter().any(|l| l.starts_with("uplink"))
-            && links0.iter().any(|l| l.starts_with("cgroup-")),
-        "{links0:?}"
+        if kernel::tcx() {
+            links0.iter().any(|l| l.starts_with("uplink"))
+        } else {
+            net0.contains(&uplink_tc)
+        } && links0.iter().any(|l| l.starts_with("cgroup-")),
+        "{links0:?} {net0:?}"
     );
 
     // Without --yes: says what it would do, changes nothing.
@@ -1477,6 +1482,7 @@ fn datapath_detach_all_asks_first_then_leaves_pods_to_kernel_routing() {
             .any(|n| n == &format!("tc {} from_pod", c.added.host_veth)),
         "{net:?}"
     );
+    assert!(kernel::tcx() || net.contains(&uplink_tc), "{net:?}");
     assert!(
         !net.iter().any(|n| n.contains(&a.added.host_veth)),
         "a was attached again: {net:?}"

@@ -20,7 +20,7 @@ use sluice_tests::{
     cni::CniOutput,
     fixtures::{add, check, external_host, EXT_IF, UPLINK},
     host::tx_checksum_off,
-    look,
+    kernel, look,
     schema::{check_add_result, Added},
     sluice_bin, sluice_next_bin,
     stream::Stream,
@@ -333,15 +333,31 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str, via_add: bool) {
     let ip = added_a.ip();
     let links0 = link_ids(&node);
     let ifindex = look::ifindex(node.name(), UPLINK).unwrap();
-    for p in ["uplink_in", "uplink_out", "uplink_xdp"] {
+    // tcx: every program on a pinned link; without tcx the tc programs are
+    // cls_bpf filters (replaced in place by the upgrade) and only XDP is a link.
+    let tc_links = if kernel::tcx() {
+        vec!["uplink_in", "uplink_out", "uplink_xdp"]
+    } else {
+        vec!["uplink_xdp"]
+    };
+    for p in &tc_links {
         let pin = format!("uplink{ifindex}-{p}");
         assert!(links0.contains_key(&pin), "no {pin}: {links0:?}");
     }
+    let pod_links = if kernel::tcx() { 2 } else { 0 };
     assert_eq!(
         links0.len(),
-        5,
-        "uplink tc in/out + XDP, pod from/to: {links0:?}"
+        tc_links.len() + pod_links,
+        "uplink tc in/out (tcx) + XDP, pod from/to (tcx): {links0:?}"
     );
+    let uplink_tc0 = kernel::tc_programs(
+        &node,
+        UPLINK,
+        &format!("uplink{ifindex}"),
+        "uplink_in",
+        "uplink_out",
+    )
+    .unwrap();
     let progs0 = pinned_programs(&node);
     let before = [attached(&node, &added_a)];
     let eps = endpoints(&node);
@@ -379,8 +395,26 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str, via_add: bool) {
     // The same pins (and, after an ADD, the new pod's two).
     assert_eq!(
         links1.len(),
-        links0.len() + if via_add { 2 } else { 0 },
+        links0.len() + if via_add { pod_links } else { 0 },
         "link pins: {links0:?} -> {links1:?}"
+    );
+    // The uplink's tc hooks run the new programs.
+    let uplink_tc1 = kernel::tc_programs(
+        &node,
+        UPLINK,
+        &format!("uplink{ifindex}"),
+        "uplink_in",
+        "uplink_out",
+    )
+    .unwrap();
+    assert_eq!(
+        uplink_tc1,
+        (progs1["uplink_in"], progs1["uplink_out"]),
+        "the uplink's tc programs after the upgrade (before: {uplink_tc0:?})"
+    );
+    assert_ne!(
+        uplink_tc1, uplink_tc0,
+        "the uplink still runs the old tc programs"
     );
     for (pin, (link0, prog0)) in &links0 {
         let Some(&(link1, prog1)) = links1.get(pin) else {

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     fixtures::{add, check, del, external_host, wait_links_gone, EXT_IF, EXT_IP, UPLINK},
     host::tx_checksum_off,
-    look,
+    kernel, look,
     raw::{
         ethernet, is_udp_to, l2_l3, parse_mac, send_frames, udp, udp_send, Capture, Ipv4,
         UdpReceiver, ETH_P_IP,
@@ -96,6 +96,23 @@ fn assert_status(node: &Node, xdp: &str) -> Value {
     st
 }
 
+/// The pinned `uplink_in`/`uplink_out` are what runs on the uplink's tc hooks.
+#[track_caller]
+fn assert_uplink_tc(node: &Node) {
+    let ifindex = look::ifindex(node.name(), UPLINK).unwrap();
+    let prefix = format!("uplink{ifindex}");
+    let (tc_in, tc_out) =
+        kernel::tc_programs(node, UPLINK, &prefix, "uplink_in", "uplink_out").unwrap();
+    let pinned = |p: &str| look::pinned_prog_id(&node.pin_root().join("progs").join(p)).unwrap();
+    assert_eq!(tc_in, pinned("uplink_in"), "uplink_in on {UPLINK}");
+    assert_eq!(tc_out, pinned("uplink_out"), "uplink_out on {UPLINK}");
+}
+
+/// Link pins of the uplink a node has: tc ingress and egress (tcx only) and XDP.
+fn uplink_link_count(xdp: bool) -> usize {
+    usize::from(xdp) + if kernel::tcx() { 2 } else { 0 }
+}
+
 /// The uplink's link pins (`links/uplink*`).
 fn uplink_pins(node: &Node) -> Vec<String> {
     node.all_link_pins()
@@ -123,15 +140,13 @@ fn uplink_traffic(subnet: &str, xdp: Option<&str>, mode: &str) {
     let added = add(&node, &conf, "uplink-a", &pod);
     let ip = added.ip();
 
-    // The uplink is attached as configured, and the kernel agrees.
+    // The uplink is attached as configured, and the kernel agrees: the pinned
+    // tc programs on its hooks (tcx links, or cls_bpf filters without tcx).
     let st = assert_status(&node, mode);
     let ifindex = look::ifindex(node.name(), UPLINK).unwrap();
     let pins = uplink_pins(&node);
-    let tc_pin = format!("uplink{ifindex}-uplink_in");
-    let out_pin = format!("uplink{ifindex}-uplink_out");
-    assert!(pins.contains(&out_pin), "no {out_pin} in {pins:?}: {st:#}");
+    assert_uplink_tc(&node);
     let xdp_pin = format!("uplink{ifindex}-uplink_xdp");
-    assert!(pins.contains(&tc_pin), "no {tc_pin} in {pins:?}: {st:#}");
     let kernel_xdp = xdp_of(node.name(), UPLINK);
     if mode == "off" {
         assert!(!pins.contains(&xdp_pin), "{xdp_pin} with xdp off: {pins:?}");
@@ -259,18 +274,22 @@ fn pods_stay_reachable_with_the_uplink_programs_detached() {
     let ip_a = added_a.ip();
     echo_in(&ext, &a, ip_a);
 
-    // Detach: drop the pins, the links' last references.
+    // Detach: drop the pins, the links' last references (and, without tcx, the
+    // uplink's cls_bpf filters).
     let pins = uplink_pins(&node);
     assert_eq!(
         pins.len(),
-        3,
-        "expected the uplink's tc ingress, tc egress and XDP links: {pins:?}"
+        uplink_link_count(true),
+        "expected the uplink's tc ingress, tc egress (tcx) and XDP links: {pins:?}"
     );
     let mut ids = Vec::new();
     for p in &pins {
         let path = node.pin_root().join("links").join(p);
         ids.push(look::pinned_link_ids(&path).unwrap().0);
         std::fs::remove_file(&path).unwrap();
+    }
+    if !kernel::tcx() {
+        kernel::remove_tc_filters(&node.netns_path(), UPLINK).unwrap();
     }
     wait_links_gone(&ids, Duration::from_secs(10)).unwrap();
     assert_eq!(xdp_of(node.name(), UPLINK), None, "XDP still on {UPLINK}");
@@ -313,7 +332,13 @@ fn pods_stay_reachable_with_the_uplink_programs_detached() {
     // The next ADD finds the uplink unattached and attaches it again.
     let b = node.pod("b").unwrap();
     let added_b = add(&node, &conf, "detach-b", &b);
-    assert_eq!(uplink_pins(&node).len(), 3, "{:?}", node.all_link_pins());
+    assert_eq!(
+        uplink_pins(&node).len(),
+        uplink_link_count(true),
+        "{:?}",
+        node.all_link_pins()
+    );
+    assert_uplink_tc(&node);
     assert_status(&node, "generic");
     let c1 = node.counters().unwrap();
     echo_in(&ext, &b, added_b.ip());

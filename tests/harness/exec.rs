@@ -52,6 +52,9 @@ impl fmt::Display for Output {
     }
 }
 
+/// Kernel features the plugin is told to do without (`tcx`), passed through.
+pub const DISABLE_FEATURES: &str = "SLUICE_DISABLE_FEATURES";
+
 /// The command `run` and `spawn` start: `program args` with only `PATH` and
 /// `env` in its environment, in `netns` through `nsenter --net=` when given
 /// (`nsenter` without `--fork` execs, so the process is `program` itself once
@@ -73,6 +76,11 @@ fn command(
         None => Command::new(program),
     };
     cmd.args(args).env_clear().env("PATH", PATH);
+    // The kernel fallbacks under test (see cni-plugin/src/datapath/features.rs):
+    // a run with SLUICE_DISABLE_FEATURES set passes it to every program.
+    if let Ok(v) = std::env::var(DISABLE_FEATURES) {
+        cmd.env(DISABLE_FEATURES, v);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -23,6 +23,7 @@ pub mod exec;
 pub mod fixtures;
 pub mod host;
 pub mod hostport;
+pub mod kernel;
 pub mod leaks;
 pub mod look;
 pub mod masq;

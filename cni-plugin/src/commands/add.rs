@@ -207,7 +207,7 @@ async fn add_steps(
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
     let settings = node_settings(conf, host_nl, uplink, mtu, ipam, &ipam_result.ips).await?;
-    let prepared = dp.prepare(&settings)?;
+    let prepared = dp.prepare(host_nl, &settings).await?;
     // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
     dp.attach(
         &prepared,

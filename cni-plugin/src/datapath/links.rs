@@ -22,7 +22,7 @@ use aya::programs::{
 };
 use aya_obj::programs::{CgroupSockAddrAttachType, XdpAttachType};
 use sluice_common::{
-    prog_names,
+    config_flags, prog_names,
     programs::{self, ProgKind, SockHook},
 };
 use sluice_maps::PinRoot;
@@ -263,33 +263,67 @@ pub enum XdpAttached {
     Off,
 }
 
-/// Whether the uplink's tc programs are attached (their link pins exist).
+/// Whether the uplink's tc programs are attached to interface `ifindex` as
+/// pinned tcx links (their pins exist).
 pub fn uplink_attached(root: &PinRoot, ifindex: u32) -> bool {
     programs::UPLINK_TC
         .iter()
         .all(|p| uplink_link_path(root, ifindex, p.name).exists())
 }
 
-/// Attaches `uplink_in` (tcx ingress), `uplink_out` (tcx egress) and, unless `xdp`
-/// is off, `uplink_xdp` to the uplink. Native XDP falls back to generic when the
-/// driver refuses it; an XDP failure leaves tc alone to do the job. Returns how
-/// XDP ended up.
+/// Kernel ids of the pinned uplink tc programs: (name, ingress?, id).
+pub fn uplink_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+    programs::UPLINK_TC
+        .iter()
+        .map(|p| {
+            let id = sluice_maps::programs::id(root, p.name)?;
+            Ok((p.name, p.kind == ProgKind::UplinkIngress, id))
+        })
+        .collect()
+}
+
+/// How the uplink ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UplinkAttached {
+    pub xdp: XdpAttached,
+    /// The tc programs are cls_bpf filters (no tcx), not pinned tcx links.
+    pub filters: bool,
+}
+
+/// Attaches `uplink_in` (tc ingress), `uplink_out` (tc egress) and, unless `xdp`
+/// is off, `uplink_xdp` to the uplink. The tc programs go in as pinned tcx links,
+/// or as cls_bpf filters on a clsact qdisc on a kernel without tcx (before 6.6).
+/// Native XDP falls back to generic when the driver refuses it; an XDP failure
+/// leaves tc alone to do the job.
 pub fn attach_uplink(
     root: &PinRoot,
     ifname: &str,
     ifindex: u32,
     xdp: XdpConfig,
-) -> Result<XdpAttached, Error> {
+) -> Result<UplinkAttached, Error> {
+    let filters = !super::features::get().tcx;
+    if filters {
+        add_clsact(ifname)?;
+    }
     for p in programs::UPLINK_TC {
+        let mut tc = open_tc(root, p.name)?;
+        let hook = tc_hook(p.kind);
+        if filters {
+            attach_filter(&mut tc, p.name, ifname, hook)?;
+            continue;
+        }
         let lp = uplink_link_path(root, ifindex, p.name);
         // Already attached to this interface (the pin name carries the ifindex):
         // keep it; upgrades replace its program in place.
         if lp.exists() {
             continue;
         }
-        let mut tc = open_tc(root, p.name)?;
         let id = tc
-            .attach(ifname, tc_hook(p.kind))
+            .attach_with_options(
+                ifname,
+                hook,
+                TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
+            )
             .map_err(|e| dp_err(format!("attach {} to {ifname}", p.name), e))?;
         pin_link(
             tc.take_link(id)
@@ -297,7 +331,37 @@ pub fn attach_uplink(
             &lp,
         )?;
     }
-    attach_uplink_xdp(root, ifname, ifindex, xdp)
+    Ok(UplinkAttached {
+        xdp: attach_uplink_xdp(root, ifname, ifindex, xdp)?,
+        filters,
+    })
+}
+
+/// Removes the uplink's cls_bpf filters (kernels without tcx); none is fine.
+pub fn detach_uplink_filters(ifname: &str) {
+    for p in programs::UPLINK_TC {
+        if let Ok(link) = SchedClassifierLink::attached(
+            ifname,
+            tc_hook(p.kind),
+            FILTER_PRIORITY,
+            FILTER_HANDLE,
+            None,
+        ) {
+            let _ = Link::detach(link);
+        }
+    }
+}
+
+/// The name of interface `ifindex` in this namespace.
+pub fn ifname_of(ifindex: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: a buffer of IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec()).ok()
 }
 
 /// The XDP half of [`attach_uplink`].
@@ -544,6 +608,19 @@ pub fn detach_all(root: &PinRoot, pod_ifnames: &[String]) -> Result<Vec<String>,
     for name in root.pins(sluice_common::pin_dirs::LINKS)? {
         detach_pinned(&root.links_dir().join(&name))?;
         gone.push(format!("link {name}"));
+    }
+    // The uplink's filters (kernels without tcx), and the record of them, so
+    // that the next ADD attaches the uplink again.
+    if let Ok(mut cfg) = sluice_maps::node::config(root) {
+        if cfg.flags & config_flags::UPLINK_TC_FILTERS != 0 {
+            if let Some(ifname) = ifname_of(cfg.uplink_ifindex) {
+                detach_uplink_filters(&ifname);
+                gone.push(format!("uplink {ifname} tc filters"));
+            }
+            cfg.flags &= !config_flags::UPLINK_TC_FILTERS;
+            cfg.uplink_ifindex = 0;
+            sluice_maps::node::write_config(root, cfg)?;
+        }
     }
     Ok(gone)
 }

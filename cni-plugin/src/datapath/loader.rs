@@ -60,6 +60,14 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
         .map_max_entries(map_names::NAT_REV, nat_flows)
         .load(OBJECT)
         .map_err(|e| dp_err("load the eBPF object", e))?;
+    // The uplink's cls_bpf filters (kernels without tcx) are replaced in place
+    // like the pods' ones.
+    let uplink_filters: Vec<String> = sluice_maps::node::config(root)
+        .ok()
+        .filter(|c| c.flags & sluice_common::config_flags::UPLINK_TC_FILTERS != 0)
+        .and_then(|c| links::ifname_of(c.uplink_ifindex))
+        .into_iter()
+        .collect();
     for spec in programs::ALL {
         let name = spec.name;
         let staged = root.progs_dir().join(format!("{name}-new"));
@@ -104,10 +112,12 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
                 for lp in links::link_pins_of(root, name)? {
                     links::replace_tc_link(prog, &lp)?;
                 }
-                if matches!(spec.kind, ProgKind::PodIngress | ProgKind::PodEgress) {
-                    for ifname in pod_ifnames {
-                        links::replace_filter(prog, ifname, links::tc_hook(spec.kind));
-                    }
+                let filtered: &[String] = match spec.kind {
+                    ProgKind::PodIngress | ProgKind::PodEgress => pod_ifnames,
+                    _ => &uplink_filters,
+                };
+                for ifname in filtered {
+                    links::replace_filter(prog, ifname, links::tc_hook(spec.kind));
                 }
             }
         }

@@ -15,6 +15,7 @@
 //! every attachment [`links`], the few raw bpf(2) commands [`sys`].
 pub mod bandwidth;
 pub mod bpffs;
+pub mod features;
 pub mod hostport;
 mod links;
 mod loader;
@@ -233,13 +234,17 @@ impl Datapath {
     /// attached, and the masquerade, debug and node-address settings written
     /// (cheap when unchanged: every ADD writes them, so a config change takes
     /// effect at the next ADD).
-    pub fn prepare(&self, settings: &NodeSettings) -> Result<Prepared, Error> {
+    pub async fn prepare(
+        &self,
+        host_nl: &Netlink,
+        settings: &NodeSettings,
+    ) -> Result<Prepared, Error> {
         bpffs::ensure_bpffs(self.root.path())?;
         bpffs::create_dirs(self.root.path())?;
         let prepared = 'load: {
             {
                 let shared = FileLock::dir_shared(self.root.path())?;
-                if self.is_current()? && self.node_attached(settings) {
+                if self.is_current()? && self.node_attached(host_nl, settings).await? {
                     break 'load Prepared {
                         _lock: shared,
                         fresh: false,
@@ -247,7 +252,7 @@ impl Datapath {
                 }
             }
             let exclusive = FileLock::dir_exclusive(self.root.path())?;
-            let fresh = self.load_locked(settings)?;
+            let fresh = self.load_locked(host_nl, settings).await?;
             drop(exclusive);
             Prepared {
                 _lock: FileLock::dir_shared(self.root.path())?,
@@ -294,22 +299,42 @@ impl Datapath {
 
     /// The node-wide attachments are in place: the NAT sweeper, the socket hooks
     /// if asked for, and the uplink's programs as the settings ask.
-    fn node_attached(&self, s: &NodeSettings) -> bool {
-        links::sweeper_attached(&self.root)
-            && self.uplink_current(s)
+    async fn node_attached(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
+        Ok(links::sweeper_attached(&self.root)
             && (s.host_port_cgroup.is_none() || links::hooks_attached(&self.root))
+            && self.uplink_current(host_nl, s).await?)
     }
 
     /// The uplink's programs are attached as the settings ask: to that interface,
-    /// with that XDP mode (so a changed `xdp` takes effect at the next ADD).
-    fn uplink_current(&self, s: &NodeSettings) -> bool {
-        s.uplink.as_ref().is_none_or(|u| {
-            links::uplink_attached(&self.root, u.ifindex)
-                && sluice_maps::node::config(&self.root).is_ok_and(|c| {
-                    c.uplink_ifindex == u.ifindex
-                        && c.flags & WANT_MASK == want_flags(resolve_xdp(s.xdp, u))
-                })
-        })
+    /// with that XDP mode (so a changed `xdp` takes effect at the next ADD). Pinned
+    /// tcx links are found by their pins; cls_bpf filters (kernels without tcx)
+    /// are looked for on the interface, so filters someone removed are attached
+    /// again.
+    async fn uplink_current(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
+        let Some(u) = &s.uplink else {
+            return Ok(true);
+        };
+        let Ok(c) = sluice_maps::node::config(&self.root) else {
+            return Ok(false);
+        };
+        if c.uplink_ifindex != u.ifindex || c.flags & WANT_MASK != want_flags(resolve_xdp(s.xdp, u))
+        {
+            return Ok(false);
+        }
+        if c.flags & config_flags::UPLINK_TC_FILTERS == 0 {
+            return Ok(links::uplink_attached(&self.root, u.ifindex));
+        }
+        for (name, ingress, id) in links::uplink_program_ids(&self.root)? {
+            let filters = host_nl.bpf_filters(u.ifindex, ingress).await?;
+            if !filters.iter().any(|f| f.prog_id == id) {
+                eprintln!(
+                    "sluice: {name} is not attached to {}; attaching it",
+                    u.ifname
+                );
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn create_pin_dirs(&self) -> Result<(), Error> {
@@ -321,7 +346,7 @@ impl Datapath {
 
     /// Under the exclusive lock: load if needed, attach what is missing.
     /// Returns whether it loaded where no datapath was pinned.
-    fn load_locked(&self, s: &NodeSettings) -> Result<bool, Error> {
+    async fn load_locked(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
         let mut fresh = false;
         // Another invocation may have loaded while this one waited.
         if !self.is_current()? {
@@ -338,16 +363,24 @@ impl Datapath {
             }
         }
         if let Some(u) = &s.uplink {
-            if !self.uplink_current(s) {
+            if !self.uplink_current(host_nl, s).await? {
                 let xdp = resolve_xdp(s.xdp, u);
                 let attached = links::attach_uplink(&self.root, &u.ifname, u.ifindex, xdp)?;
-                eprintln!("sluice: uplink {} attached (XDP: {attached:?})", u.ifname);
-                let flags = want_flags(xdp)
-                    | match attached {
+                eprintln!(
+                    "sluice: uplink {} attached (tc {}, XDP {:?})",
+                    u.ifname,
+                    if attached.filters { "filters" } else { "tcx" },
+                    attached.xdp
+                );
+                let mut flags = want_flags(xdp)
+                    | match attached.xdp {
                         XdpAttached::Native => config_flags::XDP_NATIVE,
                         XdpAttached::Generic => config_flags::XDP_GENERIC,
                         XdpAttached::Off => 0,
                     };
+                if attached.filters {
+                    flags |= config_flags::UPLINK_TC_FILTERS;
+                }
                 sluice_maps::node::write_config(
                     &self.root,
                     NodeConfig {
@@ -408,7 +441,11 @@ impl Datapath {
             created_unix: now_unix(),
         };
         eps.insert_interface(pod.host_ifindex, &info)?;
-        links::attach_pod(&self.root, pod.host_ifname, pod.attach)?;
+        links::attach_pod(
+            &self.root,
+            pod.host_ifname,
+            features::pod_attach(pod.attach),
+        )?;
         for ip in pod.ips {
             let mut flags = if ip.is_ipv6() {
                 endpoint_flags::IPV6
@@ -490,7 +527,7 @@ impl Datapath {
     /// pinned programs, or tcx links), its counters and addresses, hostPort
     /// mappings and bandwidth limits.
     pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
-        match pod.attach {
+        match features::pod_attach(pod.attach) {
             PodAttach::Tc => self.check_filters(host_nl, pod).await?,
             PodAttach::Tcx => links::check_pod_tcx(&self.root, pod.host_ifname)?,
         }
