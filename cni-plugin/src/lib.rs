@@ -11,6 +11,7 @@ pub mod netlink;
 pub mod netns;
 pub mod node;
 pub mod state;
+pub mod timing;
 
 use std::io::{IsTerminal, Read};
 

@@ -22,9 +22,11 @@ use crate::{
     netns::Netns,
     node,
     state::{host_veth_name, AttachmentRecord, StateStore},
+    timing::Steps,
 };
 
 pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
+    let mut steps = Steps::start();
     let id = env.attachment()?;
     let netns_path = env
         .netns
@@ -61,6 +63,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
             "this attachment already exists in this network; DEL it before ADDing it again",
         ));
     }
+    steps.done("preconditions");
     let requested = conf.requested_ips(&env.args.ips);
     let ipam_result = match ipam.add(conf, id, &requested) {
         Ok(r) => r,
@@ -68,7 +71,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
             // The built-in allocator leaves nothing behind on error; a delegated
             // plugin gets a DEL (spec section 4). Nothing else exists yet.
             if let Ipam::Delegate(_) = ipam {
-                if let Err(undo) = ipam.del(conf, id) {
+                if let Err(undo) = ipam.del(conf, id, None) {
                     eprintln!("sluice: DEL of the IPAM plugin after its failed ADD: {undo}");
                 }
             }
@@ -86,7 +89,8 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         host_nl: &host_nl,
         pod_nl: &pod_nl,
     };
-    match add_steps(&ctx, ipam_result, pod_mac).await {
+    steps.done("ipam");
+    match add_steps(&ctx, ipam_result, pod_mac, &mut steps).await {
         Ok(r) => Ok(r),
         Err(e) => {
             if let Err(undo) = teardown(conf, id, &ipam, &store, &host_nl).await {
@@ -131,6 +135,7 @@ async fn add_steps(
     ctx: &AddCtx<'_>,
     ipam_result: CniResult,
     pod_mac: Option<Mac>,
+    steps: &mut Steps,
 ) -> Result<Value, Error> {
     let AddCtx {
         conf,
@@ -168,12 +173,14 @@ async fn add_steps(
         complete: false,
     };
     store.save(&record)?;
+    steps.done("record");
 
     let uplink = node::uplink(host_nl, conf.uplink.as_deref()).await?;
     let mtu = match conf.mtu {
         Some(m) => m,
         None => node::uplink_mtu(host_nl, uplink.as_ref()).await?,
     };
+    steps.done("uplink");
     let pair = interface::create(
         host_nl,
         pod_nl,
@@ -184,6 +191,7 @@ async fn add_steps(
         pod_mac.map(|m| m.0),
     )
     .await?;
+    steps.done("veth");
     // Saved with the final record; a DEL after a crash before that finds the
     // veth by its derived name, and its map entries by the veth's index.
     record.host_ifindex = Some(pair.host.index);
@@ -202,12 +210,15 @@ async fn add_steps(
         }
     };
 
+    steps.done("addressing");
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
     let dp = Datapath::new(&conf.pin_root);
     let settings = node_settings(conf, host_nl, uplink, mtu, ipam, &ipam_result.ips).await?;
+    steps.done("node settings");
     let prepared = dp.prepare(host_nl, &settings).await?;
+    steps.done("datapath prepare");
     // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
     dp.attach(
         &prepared,
@@ -225,6 +236,7 @@ async fn add_steps(
             bandwidth: conf.bandwidth.as_ref(),
         },
     )?;
+    steps.done("datapath attach");
     // Loaded where nothing was pinned (a new node, or a datapath lost with its
     // pins): the pods attached before are re-attached.
     if prepared.fresh() {
@@ -236,6 +248,7 @@ async fn add_steps(
 
     record.complete = true;
     store.save(&record)?;
+    steps.done("record complete");
 
     let ours = CniResult {
         interfaces: vec![

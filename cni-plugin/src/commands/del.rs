@@ -7,8 +7,12 @@ use crate::{
     error::{Error, Errors},
     ipam::Ipam,
     netlink::Netlink,
-    state::{host_veth_name, StateStore},
+    state::{host_veth_name, AttachmentRecord, StateStore},
+    timing::Steps,
 };
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
 
 pub async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let id = env.attachment()?;
@@ -23,7 +27,8 @@ pub async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
             // Without IPAM we still remove the interface and datapath state, then
             // report why the reservation could not be released.
             let mut errors = Errors::new();
-            errors.note(teardown_node(conf, id, &store, &host_nl).await);
+            let record = load_record(&store, id);
+            errors.note(teardown_node(conf, id, record.as_ref(), &host_nl).await);
             errors.push(e);
             errors.finish()
         }
@@ -49,9 +54,18 @@ pub async fn teardown(
     store: &StateStore,
     host_nl: &Netlink,
 ) -> Result<(), Error> {
+    let mut steps = Steps::start();
     let mut errors = Errors::new();
-    errors.note(teardown_node(conf, id, store, host_nl).await);
-    errors.note(ipam.del(conf, id));
+    let record = load_record(store, id);
+    errors.note(teardown_node(conf, id, record.as_ref(), host_nl).await);
+    steps.done("node teardown");
+    // The record names the addresses: the built-in allocator releases those
+    // without reading every reservation of the node.
+    let known: Option<Vec<IpAddr>> = record
+        .as_ref()
+        .map(|r| r.ips.iter().map(IpNetwork::ip).collect());
+    errors.note(ipam.del(conf, id, known.as_deref()));
+    steps.done("ipam release");
     if errors.is_empty() {
         store.remove(id)
     } else {
@@ -59,31 +73,36 @@ pub async fn teardown(
     }
 }
 
+/// The attachment's record, if there is a readable one.
+fn load_record(store: &StateStore, id: &AttachmentId) -> Option<AttachmentRecord> {
+    store.load(id).unwrap_or_else(|e| {
+        eprintln!("sluice: ignoring unreadable record: {e}");
+        None
+    })
+}
+
 /// The node-side part of [`teardown`]: datapath and veth.
 async fn teardown_node(
     conf: &NetConf,
     id: &AttachmentId,
-    store: &StateStore,
+    record: Option<&AttachmentRecord>,
     host_nl: &Netlink,
 ) -> Result<(), Error> {
-    let record = store.load(id).unwrap_or_else(|e| {
-        eprintln!("sluice: ignoring unreadable record: {e}");
-        None
-    });
-    let host_ifname = record
-        .as_ref()
-        .map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
+    let host_ifname =
+        record.map_or_else(|| host_veth_name(&conf.name, id), |r| r.host_ifname.clone());
     let mut errors = Errors::new();
     // The veth first: deleting it takes the filters (or tcx attachments) with it,
     // so the datapath finds no filter left to delete one by one.
+    let mut steps = Steps::start();
     let deleted = errors
         .note(delete_host_veth(host_nl, &host_ifname).await)
         .flatten();
+    steps.done("veth delete");
     // The recorded index, or (an ADD killed before its record had it, after
     // the counters entry was made) the index of the veth just deleted.
     errors.note(Datapath::new(&conf.pin_root).detach(
         &host_ifname,
-        record.as_ref().and_then(|r| r.host_ifindex).or(deleted),
+        record.and_then(|r| r.host_ifindex).or(deleted),
         id,
     ));
     errors.finish()

@@ -21,17 +21,33 @@ pub struct Allocation {
     pub gateway: IpAddr,
 }
 
+/// Whether [`allocate`] looks for addresses `id` holds already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Duplicates {
+    /// Read every reservation and refuse when `id` holds one (host-local's
+    /// behaviour; costs one file read per address in use).
+    Refuse,
+    /// The caller knows `id` holds none: the plugin's ADD refuses an
+    /// attachment that has a record, and writes the record with the addresses
+    /// right after reserving them, so that a DEL finds them.
+    CheckedByCaller,
+}
+
 /// Reserves one address per range set for `id`, using `requested` where given.
-/// On error, whatever this call reserved is released again.
+/// On error, whatever this call reserved is released again. Reading which
+/// addresses are taken lists file names only.
 pub fn allocate<S: Store + ?Sized>(
     store: &mut S,
     sets: &[RangeSet],
     id: &AttachmentId,
     requested: &[IpAddr],
+    duplicates: Duplicates,
 ) -> Result<Vec<Allocation>, Error> {
     let wanted = assign_requested(sets, requested)?;
-    let existing = store.reservations()?;
-    refuse_duplicate(sets, &existing, id)?;
+    if duplicates == Duplicates::Refuse {
+        refuse_duplicate(sets, &store.reservations()?, id)?;
+    }
+    let existing = store.reserved_ips()?;
     let mut done: Vec<Allocation> = Vec::with_capacity(sets.len());
     for (idx, (set, want)) in sets.iter().zip(wanted).enumerate() {
         let got = match want {
@@ -56,12 +72,15 @@ pub fn exhausted_sets<S: Store + ?Sized>(
     store: &S,
     sets: &[RangeSet],
 ) -> Result<Vec<usize>, Error> {
-    let existing = store.reservations()?;
+    let existing = store.reserved_ips()?;
     Ok(sets
         .iter()
         .enumerate()
         .filter(|(_, set)| {
-            let used = existing.iter().filter(|r| set.is_allocatable(r.ip)).count();
+            let used = existing
+                .iter()
+                .filter(|ip| set.is_allocatable(**ip))
+                .count();
             used as u128 >= set.capacity()
         })
         .map(|(i, _)| i)
@@ -155,12 +174,12 @@ fn reserve_next<S: Store + ?Sized>(
     set: &RangeSet,
     idx: usize,
     id: &AttachmentId,
-    existing: &[Reservation],
+    existing: &[IpAddr],
 ) -> Result<Allocation, Error> {
     let capacity = set.capacity();
     let mut taken: HashSet<IpAddr> = existing
         .iter()
-        .map(|r| r.ip)
+        .copied()
         .filter(|ip| set.is_allocatable(*ip))
         .collect();
     // A last address outside the set (ranges changed) restarts at the beginning.
@@ -227,7 +246,7 @@ mod tests {
     }
 
     fn next(store: &mut MemStore, sets: &[RangeSet], id: &str) -> Result<String, Error> {
-        let a = allocate(store, sets, &att(id, "eth0"), &[])?;
+        let a = allocate(store, sets, &att(id, "eth0"), &[], Duplicates::Refuse)?;
         Ok(a[0].address.ip().to_string())
     }
 
@@ -365,7 +384,7 @@ mod tests {
     fn dual_stack_gives_one_address_per_set_with_prefix_and_gateway() {
         let sets = [set(&["10.1.0.0/16"]), set(&["fd00:1::/64"])];
         let mut s = MemStore::default();
-        let a = allocate(&mut s, &sets, &att("c", "eth0"), &[]).unwrap();
+        let a = allocate(&mut s, &sets, &att("c", "eth0"), &[], Duplicates::Refuse).unwrap();
         assert_eq!(
             a,
             [
@@ -411,18 +430,33 @@ mod tests {
             &sets,
             &att("c1", "eth0"),
             &[ip("fd00::50"), ip("10.0.0.50")],
+            Duplicates::Refuse,
         )
         .unwrap();
         let ips: Vec<String> = a.iter().map(|a| a.address.to_string()).collect();
         assert_eq!(ips, ["10.0.0.50/24", "fd00::50/64"]);
 
         // Only one set requested: the other allocates as usual.
-        let a = allocate(&mut s, &sets, &att("c2", "eth0"), &[ip("fd00::7")]).unwrap();
+        let a = allocate(
+            &mut s,
+            &sets,
+            &att("c2", "eth0"),
+            &[ip("fd00::7")],
+            Duplicates::Refuse,
+        )
+        .unwrap();
         assert_eq!(a[0].address.ip(), ip("10.0.0.51"), "continues after .50");
         assert_eq!(a[1].address.ip(), ip("fd00::7"));
 
         // IPv4-mapped IPv6 is read as IPv4, as host-local canonicalizes it.
-        let a = allocate(&mut s, &sets, &att("c3", "eth0"), &[ip("::ffff:10.0.0.99")]).unwrap();
+        let a = allocate(
+            &mut s,
+            &sets,
+            &att("c3", "eth0"),
+            &[ip("::ffff:10.0.0.99")],
+            Duplicates::Refuse,
+        )
+        .unwrap();
         assert_eq!(a[0].address.ip(), ip("10.0.0.99"));
     }
 
@@ -431,7 +465,14 @@ mod tests {
         let sets = [set(&["10.0.0.0/24"]), set(&["fd00::/64"])];
         let mut s = MemStore::default();
         let owned = [ip("10.0.0.50"), ip("fd00::50")];
-        allocate(&mut s, &sets, &att("owner-ctr", "eth0"), &owned).unwrap();
+        allocate(
+            &mut s,
+            &sets,
+            &att("owner-ctr", "eth0"),
+            &owned,
+            Duplicates::Refuse,
+        )
+        .unwrap();
         let before = s.reservations().unwrap();
         let cases: &[(&[&str], &str, &str)] = &[
             (
@@ -453,7 +494,8 @@ mod tests {
         ];
         for (req, bad_ip, why) in cases {
             let req: Vec<IpAddr> = req.iter().map(|r| ip(r)).collect();
-            let e = allocate(&mut s, &sets, &att("new", "eth0"), &req).unwrap_err();
+            let e =
+                allocate(&mut s, &sets, &att("new", "eth0"), &req, Duplicates::Refuse).unwrap_err();
             assert_eq!(e.code(), 103, "{e}");
             let msg = e.to_string();
             assert!(msg.contains(&format!("requested IP {bad_ip} ")), "{msg}");
@@ -467,9 +509,9 @@ mod tests {
         let tiny = RangeSet::new(vec![range("fd00::/126", None, None)]);
         let sets = [set(&["10.0.0.0/24"]), tiny];
         let mut s = MemStore::default();
-        allocate(&mut s, &sets, &att("a", "eth0"), &[]).unwrap();
-        allocate(&mut s, &sets, &att("b", "eth0"), &[]).unwrap();
-        let e = allocate(&mut s, &sets, &att("c", "eth0"), &[]).unwrap_err();
+        allocate(&mut s, &sets, &att("a", "eth0"), &[], Duplicates::Refuse).unwrap();
+        allocate(&mut s, &sets, &att("b", "eth0"), &[], Duplicates::Refuse).unwrap();
+        let e = allocate(&mut s, &sets, &att("c", "eth0"), &[], Duplicates::Refuse).unwrap_err();
         assert_eq!(e.code(), 102);
         assert!(e.to_string().contains("range set 1"), "{e}");
         assert!(s.get_by_id(&att("c", "eth0")).unwrap().is_empty());
@@ -482,19 +524,20 @@ mod tests {
         let mut s = MemStore::default();
         assert_eq!(next(&mut s, &sets, "c").unwrap(), "10.0.0.2");
         for req in [vec![], vec![ip("10.0.0.9")]] {
-            let e = allocate(&mut s, &sets, &att("c", "eth0"), &req).unwrap_err();
+            let e =
+                allocate(&mut s, &sets, &att("c", "eth0"), &req, Duplicates::Refuse).unwrap_err();
             assert_eq!(e.code(), 103, "{e}");
             assert!(e.to_string().contains("10.0.0.2"), "{e}");
             assert!(e.to_string().contains("duplicate allocation"), "{e}");
         }
         assert_eq!(s.get_by_id(&att("c", "eth0")).unwrap(), [ip("10.0.0.2")]);
         // Another interface of the same container is another attachment.
-        let a = allocate(&mut s, &sets, &att("c", "eth1"), &[]).unwrap();
+        let a = allocate(&mut s, &sets, &att("c", "eth1"), &[], Duplicates::Refuse).unwrap();
         assert_eq!(a[0].address.ip(), ip("10.0.0.3"));
         // An old-format file of the container counts as held by it.
         s.insert_legacy(ip("10.0.0.20"), "old");
         assert_eq!(
-            allocate(&mut s, &sets, &att("old", "eth0"), &[])
+            allocate(&mut s, &sets, &att("old", "eth0"), &[], Duplicates::Refuse)
                 .unwrap_err()
                 .code(),
             103
@@ -509,7 +552,7 @@ mod tests {
         // A stray reservation of the gateway does not use up the range.
         s.insert_legacy(ip("10.0.0.1"), "stray");
         assert!(exhausted_sets(&s, &sets).unwrap().is_empty());
-        allocate(&mut s, &sets, &att("a", "eth0"), &[]).unwrap();
+        allocate(&mut s, &sets, &att("a", "eth0"), &[], Duplicates::Refuse).unwrap();
         assert_eq!(exhausted_sets(&s, &sets).unwrap(), [0]);
         let empty = Range {
             gateway: ip("10.2.0.1"),

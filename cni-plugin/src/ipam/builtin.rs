@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
-use super::allocator;
+use super::allocator::{self, Duplicates};
 use super::config::HostLocalConfig;
 use super::store::{check_network_name, DiskStore, Store};
 use crate::cni::result::{CniResult, IpConfig};
@@ -56,12 +56,23 @@ impl BuiltinIpam {
     /// abbreviated result: `ips` (address with the subnet's prefix length, gateway of
     /// its range, interface None), `routes` from config, `dns` from resolvConf. On any
     /// error nothing stays reserved.
-    pub fn add(&self, id: &AttachmentId, requested: &[IpAddr]) -> Result<CniResult, Error> {
+    pub fn add(
+        &self,
+        id: &AttachmentId,
+        requested: &[IpAddr],
+        duplicates: Duplicates,
+    ) -> Result<CniResult, Error> {
         // Read before reserving, so a bad resolvConf leaves nothing to roll back.
         let dns = self.config.dns()?;
         let mut store = self.store()?;
         let _lock = store.lock()?;
-        let allocations = allocator::allocate(&mut store, &self.config.range_sets, id, requested)?;
+        let allocations = allocator::allocate(
+            &mut store,
+            &self.config.range_sets,
+            id,
+            requested,
+            duplicates,
+        )?;
         Ok(CniResult {
             interfaces: Vec::new(),
             ips: allocations
@@ -77,11 +88,43 @@ impl BuiltinIpam {
         })
     }
 
-    /// Releases every address of `id`; succeeds when there is none (DEL is idempotent).
-    pub fn del(&self, id: &AttachmentId) -> Result<(), Error> {
+    /// Releases every address of `id`; succeeds when there is none (DEL is
+    /// idempotent). With `known`, the addresses the attachment record names,
+    /// only those are looked at (one file each); without, every reservation is
+    /// read to find the attachment's.
+    pub fn del(&self, id: &AttachmentId, known: Option<&[IpAddr]>) -> Result<(), Error> {
         let mut store = self.store()?;
         let _lock = store.lock()?;
-        store.release_by_id(id)?;
+        match known {
+            Some(ips) => store.release_held(id, ips)?,
+            None => store.release_by_id(id)?,
+        };
+        Ok(())
+    }
+
+    /// CHECK: each of `expected` is reserved for `id` (one file read each).
+    pub fn check_held(&self, id: &AttachmentId, expected: &[IpAddr]) -> Result<(), Error> {
+        let store = self.store()?;
+        let _lock = store.lock()?;
+        for ip in expected {
+            match store.owner_of(*ip)? {
+                Some(r) if r.belongs_to(id) => {}
+                Some(r) => {
+                    return Err(Error::check(format!(
+                        "{ip} is reserved for {r}, not {}/{}",
+                        id.container_id, id.ifname
+                    )))
+                }
+                None => {
+                    return Err(Error::check(format!(
+                        "{ip} is not reserved for {}/{} in {}",
+                        id.container_id,
+                        id.ifname,
+                        store.dir().display()
+                    )))
+                }
+            }
+        }
         Ok(())
     }
 
@@ -206,7 +249,9 @@ mod tests {
             tmp.path(),
             json!({"routes": [{"dst": "0.0.0.0/0"}], "resolvConf": resolv}),
         );
-        let r = ipam.add(&att("ctr1", "eth0"), &[]).unwrap();
+        let r = ipam
+            .add(&att("ctr1", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
         assert!(r.interfaces.is_empty());
         assert_eq!(
             r.ips,
@@ -250,11 +295,42 @@ mod tests {
     fn add_twice_for_one_attachment_is_an_error_not_a_second_address() {
         let tmp = tempfile::tempdir().unwrap();
         let ipam = ipam(tmp.path(), json!({}));
-        ipam.add(&att("c", "eth0"), &[]).unwrap();
-        let e = ipam.add(&att("c", "eth0"), &[]).unwrap_err();
+        ipam.add(&att("c", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        let e = ipam
+            .add(&att("c", "eth0"), &[], Duplicates::Refuse)
+            .unwrap_err();
         assert_eq!(e.code(), 103, "{e}");
         assert!(e.to_string().contains("duplicate allocation"), "{e}");
         assert_eq!(ipam.check(&att("c", "eth0")).unwrap().len(), 2);
+    }
+
+    /// The plugin's path: no duplicate scan (its record check stands for it),
+    /// DEL and CHECK by the record's addresses, one file each.
+    #[test]
+    fn known_addresses_are_released_and_checked_without_a_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ipam = ipam(tmp.path(), json!({}));
+        let mine = att("mine", "eth0");
+        let r = ipam.add(&mine, &[], Duplicates::CheckedByCaller).unwrap();
+        let ips: Vec<IpAddr> = r.ips.iter().map(|i| i.address.ip()).collect();
+        let other = ipam
+            .add(&att("other", "eth0"), &[], Duplicates::CheckedByCaller)
+            .unwrap();
+        let others: Vec<IpAddr> = other.ips.iter().map(|i| i.address.ip()).collect();
+        ipam.check_held(&mine, &ips).unwrap();
+        // Someone else's address is not ours to check or release.
+        assert_eq!(
+            ipam.check_held(&mine, &others[..1]).unwrap_err().code(),
+            105
+        );
+        let mut both = ips.clone();
+        both.extend(&others);
+        ipam.del(&mine, Some(&both)).unwrap();
+        assert_eq!(ipam.check_held(&mine, &ips[..1]).unwrap_err().code(), 105);
+        ipam.check_held(&att("other", "eth0"), &others).unwrap();
+        // Idempotent.
+        ipam.del(&mine, Some(&ips)).unwrap();
     }
 
     #[test]
@@ -262,18 +338,30 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let missing = tmp.path().join("no-resolv.conf");
         let bad_dns = ipam(tmp.path(), json!({"resolvConf": missing}));
-        assert_eq!(bad_dns.add(&att("c", "eth0"), &[]).unwrap_err().code(), 7);
+        assert_eq!(
+            bad_dns
+                .add(&att("c", "eth0"), &[], Duplicates::Refuse)
+                .unwrap_err()
+                .code(),
+            7
+        );
 
         let tiny = ipam(
             tmp.path(),
             json!({"ranges": [[{"subnet": "10.22.0.0/24"}], [{"subnet": "fd22::/126"}]]}),
         );
-        tiny.add(&att("a", "eth0"), &[]).unwrap();
-        tiny.add(&att("b", "eth0"), &[]).unwrap();
-        let e = tiny.add(&att("c", "eth0"), &[]).unwrap_err();
+        tiny.add(&att("a", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        tiny.add(&att("b", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        let e = tiny
+            .add(&att("c", "eth0"), &[], Duplicates::Refuse)
+            .unwrap_err();
         assert_eq!(e.code(), 102, "{e}");
         assert_eq!(tiny.check(&att("c", "eth0")).unwrap_err().code(), 105);
-        let e = tiny.add(&att("d", "eth0"), &[ip("10.22.0.2")]).unwrap_err();
+        let e = tiny
+            .add(&att("d", "eth0"), &[ip("10.22.0.2")], Duplicates::Refuse)
+            .unwrap_err();
         assert_eq!(e.code(), 103, "{e}");
         assert!(e.to_string().contains("\"a\""), "names the owner: {e}");
         assert_eq!(
@@ -288,16 +376,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ipam = ipam(tmp.path(), json!({}));
         let id = att("c", "eth0");
-        ipam.add(&id, &[]).unwrap();
+        ipam.add(&id, &[], Duplicates::Refuse).unwrap();
         assert_eq!(ipam.check(&id).unwrap(), [ip("10.22.0.2"), ip("fd22::2")]);
-        ipam.del(&id).unwrap();
+        ipam.del(&id, None).unwrap();
         let e = ipam.check(&id).unwrap_err();
         assert_eq!(e.code(), 105, "{e}");
         assert!(e.to_string().contains("\"c\""), "{e}");
-        ipam.del(&id).unwrap();
-        ipam.del(&att("never-added", "eth0")).unwrap();
+        ipam.del(&id, None).unwrap();
+        ipam.del(&att("never-added", "eth0"), None).unwrap();
         // The next ADD moves on rather than reusing the freed addresses.
-        let r = ipam.add(&att("d", "eth0"), &[]).unwrap();
+        let r = ipam
+            .add(&att("d", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
         assert_eq!(r.ips[0].address.ip(), ip("10.22.0.3"));
     }
 
@@ -308,12 +398,14 @@ mod tests {
         let rt = json!([[{"subnet": "10.33.0.0/24", "gateway": "10.33.0.254"}]]);
         let ipam = BuiltinIpam::new("net2", &cfg, Some(&IpRanges::new(rt.clone()))).unwrap();
         assert_eq!(ipam.gateways(), [ip("10.33.0.254"), ip("10.22.0.1")]);
-        let r = ipam.add(&att("c", "eth0"), &[ip("10.22.0.77")]).unwrap();
+        let r = ipam
+            .add(&att("c", "eth0"), &[ip("10.22.0.77")], Duplicates::Refuse)
+            .unwrap();
         let got: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
         assert_eq!(got, ["10.33.0.1/24", "10.22.0.77/24"]);
         assert_eq!(r.ips[0].gateway, Some(ip("10.33.0.254")));
         let e = ipam
-            .add(&att("d", "eth0"), &[ip("192.168.9.9")])
+            .add(&att("d", "eth0"), &[ip("192.168.9.9")], Duplicates::Refuse)
             .unwrap_err();
         assert_eq!(e.code(), 103);
         assert!(e.to_string().contains("192.168.9.9"), "{e}");
@@ -326,10 +418,14 @@ mod tests {
             tmp.path(),
             json!({"ranges": [[{"subnet": "10.22.0.0/24"}]]}),
         );
-        ipam.add(&att("keep", "eth0"), &[]).unwrap();
-        ipam.add(&att("gone", "eth0"), &[]).unwrap();
-        ipam.add(&att("twoif", "eth0"), &[]).unwrap();
-        ipam.add(&att("twoif", "eth1"), &[]).unwrap();
+        ipam.add(&att("keep", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        ipam.add(&att("gone", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        ipam.add(&att("twoif", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
+        ipam.add(&att("twoif", "eth1"), &[], Duplicates::Refuse)
+            .unwrap();
         let dir = tmp.path().join("testnet");
         fs::write(dir.join("10.22.0.100"), "legacy-live").unwrap();
         fs::write(dir.join("10.22.0.101"), "legacy-stale").unwrap();
@@ -368,7 +464,8 @@ mod tests {
         );
         assert_eq!(ipam.gc(&[]).unwrap().len(), 3);
         // Freed addresses can be handed out again.
-        ipam.add(&att("new", "eth0"), &[ip("10.22.0.3")]).unwrap();
+        ipam.add(&att("new", "eth0"), &[ip("10.22.0.3")], Duplicates::Refuse)
+            .unwrap();
     }
 
     #[test]
@@ -379,17 +476,24 @@ mod tests {
             json!({"ranges": [[{"subnet": "10.22.0.0/24"}], [{"subnet": "10.44.0.0/29", "rangeStart": "10.44.0.5"}]]}),
         );
         ipam.status().unwrap();
-        ipam.add(&att("a", "eth0"), &[]).unwrap();
+        ipam.add(&att("a", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
         ipam.status().unwrap();
-        ipam.add(&att("b", "eth0"), &[]).unwrap();
+        ipam.add(&att("b", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
         let e = ipam.status().unwrap_err();
         assert_eq!(e.code(), 50, "{e}");
         assert!(
             e.to_string().contains("range set 1: 10.44.0.5-10.44.0.6"),
             "{e}"
         );
-        assert_eq!(ipam.add(&att("c", "eth0"), &[]).unwrap_err().code(), 102);
-        ipam.del(&att("a", "eth0")).unwrap();
+        assert_eq!(
+            ipam.add(&att("c", "eth0"), &[], Duplicates::Refuse)
+                .unwrap_err()
+                .code(),
+            102
+        );
+        ipam.del(&att("a", "eth0"), None).unwrap();
         ipam.status().unwrap();
     }
 
@@ -405,7 +509,9 @@ mod tests {
             tmp.path(),
             json!({"ranges": [[{"subnet": "10.22.0.0/24"}]]}),
         );
-        let r = ipam.add(&att("c", "eth0"), &[]).unwrap();
+        let r = ipam
+            .add(&att("c", "eth0"), &[], Duplicates::Refuse)
+            .unwrap();
         assert_eq!(r.ips[0].address.ip(), ip("10.22.0.11"));
         assert_eq!(
             ipam.check(&att("hl-ctr", "eth0")).unwrap(),
@@ -437,7 +543,7 @@ mod tests {
                     s.spawn(move || {
                         let ipam = ipam(path, json!({}));
                         barrier.wait();
-                        ipam.add(&att("same", "eth0"), &[])
+                        ipam.add(&att("same", "eth0"), &[], Duplicates::Refuse)
                     })
                 })
                 .collect();
@@ -469,7 +575,11 @@ mod tests {
                         let mut got = Vec::new();
                         for i in 0..EACH {
                             let r = ipam
-                                .add(&att(&format!("ctr-{t}-{i}"), "eth0"), &[])
+                                .add(
+                                    &att(&format!("ctr-{t}-{i}"), "eth0"),
+                                    &[],
+                                    Duplicates::Refuse,
+                                )
                                 .unwrap();
                             got.extend(r.ips.iter().map(|c| c.address.ip()));
                         }

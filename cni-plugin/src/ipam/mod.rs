@@ -63,7 +63,9 @@ impl Ipam {
         }
     }
 
-    /// Reserves addresses; an abbreviated result (no interfaces).
+    /// Reserves addresses; an abbreviated result (no interfaces). The caller has
+    /// made sure the attachment has no record, hence no addresses (see
+    /// [`allocator::Duplicates::CheckedByCaller`]).
     pub fn add(
         &self,
         conf: &NetConf,
@@ -71,15 +73,22 @@ impl Ipam {
         requested: &[IpAddr],
     ) -> Result<CniResult, Error> {
         match self {
-            Self::Builtin(b) => b.add(id, requested),
+            Self::Builtin(b) => b.add(id, requested, allocator::Duplicates::CheckedByCaller),
             Self::Delegate(d) => d.add(&conf.raw),
         }
     }
 
-    /// Releases the addresses of `id`; succeeds when there are none.
-    pub fn del(&self, conf: &NetConf, id: &AttachmentId) -> Result<(), Error> {
+    /// Releases the addresses of `id`; succeeds when there are none. `known`:
+    /// the addresses its record names (the built-in allocator then reads only
+    /// those), `None` without a record.
+    pub fn del(
+        &self,
+        conf: &NetConf,
+        id: &AttachmentId,
+        known: Option<&[IpAddr]>,
+    ) -> Result<(), Error> {
         match self {
-            Self::Builtin(b) => b.del(id),
+            Self::Builtin(b) => b.del(id, known),
             Self::Delegate(d) => d.exec_as(Command::Del, &conf.raw, Some(id)).map(drop),
         }
     }
@@ -93,16 +102,11 @@ impl Ipam {
     ) -> Result<(), Error> {
         match self {
             Self::Builtin(b) => {
-                let held = b.check(id)?;
-                for ip in expected {
-                    if !held.contains(ip) {
-                        return Err(Error::check(format!(
-                            "{ip} is not reserved for {}/{} (reserved: {held:?})",
-                            id.container_id, id.ifname
-                        )));
-                    }
+                if expected.is_empty() {
+                    b.check(id).map(drop)
+                } else {
+                    b.check_held(id, expected)
                 }
-                Ok(())
             }
             Self::Delegate(d) => d.exec(Command::Check, &conf.raw).map(drop),
         }

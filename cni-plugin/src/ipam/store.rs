@@ -89,6 +89,25 @@ pub trait Store {
     /// Every reservation, ordered by address.
     fn reservations(&self) -> Result<Vec<Reservation>, Error>;
 
+    /// Every reserved address, without reading who holds it (the disk store
+    /// lists file names only: cheap however many pods the node has).
+    fn reserved_ips(&self) -> Result<Vec<IpAddr>, Error> {
+        Ok(self.reservations()?.into_iter().map(|r| r.ip).collect())
+    }
+
+    /// Releases the addresses `ips` that `id` holds (others are left alone);
+    /// returns those released. O(addresses), for a caller that knows them (DEL
+    /// with the attachment record).
+    fn release_held(&mut self, id: &AttachmentId, ips: &[IpAddr]) -> Result<Vec<IpAddr>, Error> {
+        let mut released = Vec::new();
+        for ip in ips {
+            if self.owner_of(*ip)?.is_some_and(|r| r.belongs_to(id)) && self.release(*ip)? {
+                released.push(*ip);
+            }
+        }
+        Ok(released)
+    }
+
     /// Who holds `ip`, if anyone.
     fn owner_of(&self, ip: IpAddr) -> Result<Option<Reservation>, Error> {
         Ok(self.reservations()?.into_iter().find(|r| r.ip == ip))
@@ -350,6 +369,21 @@ impl Store for DiskStore {
 
     fn owner_of(&self, ip: IpAddr) -> Result<Option<Reservation>, Error> {
         Ok(self.read_reservation(ip))
+    }
+
+    fn reserved_ips(&self) -> Result<Vec<IpAddr>, Error> {
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|e| Error::io(format!("listing {}", self.dir.display()), e))?;
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| Error::io(format!("listing {}", self.dir.display()), e))?;
+            if let Some(ip) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                out.push(ip);
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 }
 

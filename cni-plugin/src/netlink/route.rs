@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::{
-    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
+    packet_route::route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope},
     RouteMessageBuilder,
 };
 
@@ -153,7 +153,39 @@ impl Netlink {
     }
 
     /// The output interface of the IPv4 default route (the node's uplink), if any.
+    ///
+    /// First a FIB lookup that returns the matching route itself
+    /// (`RTM_F_FIB_MATCH`) for an address only a default route covers in
+    /// practice (TEST-NET-3, RFC 5737): one answer however many routes the node
+    /// has (each pod adds a /32). Only a prefix-0 route of the main table counts;
+    /// anything else (a route covering the probe, policy routing) falls back to
+    /// reading every route.
     pub async fn default_route_oif(&self) -> Result<Option<u32>, Error> {
+        const PROBE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 1);
+        let mut q = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+            .destination_prefix(PROBE, 32)
+            .build();
+        q.header.flags |= RouteFlags::FibMatch;
+        let mut s = self.handle.route().get(q).execute();
+        match s.try_next().await {
+            Ok(Some(m))
+                if m.header.destination_prefix_length == 0
+                    && (m.header.table == 254
+                        || m.attributes
+                            .iter()
+                            .any(|a| matches!(a, RouteAttribute::Table(254)))) =>
+            {
+                if let Some(oif) = m.attributes.iter().find_map(|a| match a {
+                    RouteAttribute::Oif(i) => Some(*i),
+                    _ => None,
+                }) {
+                    return Ok(Some(oif));
+                }
+            }
+            // No route at all for the probe: no default route.
+            Err(e) if errno(&e) == Some(libc::ENETUNREACH) => return Ok(None),
+            _ => {}
+        }
         Ok(self
             .routes(false)
             .await?
