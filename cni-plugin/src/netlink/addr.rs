@@ -3,7 +3,10 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::packet_route::{
+    address::{AddressAttribute, AddressFlags},
+    AddressFamily,
+};
 
 use super::{errno, nl_err, Netlink};
 use crate::error::Error;
@@ -45,12 +48,11 @@ impl Netlink {
 
     /// The addresses on link `index`.
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, Error> {
-        let mut s = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
+        let mut req = self.handle.address().get().set_link_index_filter(index);
+        // Filtered by the kernel too (strict checking, see `Netlink::open`): one
+        // interface's addresses, not every pod veth's.
+        req.message_mut().header.index = index;
+        let mut s = req.execute();
         let mut out = Vec::new();
         while let Some(m) = s
             .try_next()
@@ -72,7 +74,10 @@ impl Netlink {
     /// Every IPv4 address of this namespace except loopback ones (what iptables
     /// calls `--dst-type LOCAL`, which the reference portmap matches), deduplicated.
     pub async fn local_ipv4(&self) -> Result<Vec<[u8; 4]>, Error> {
-        let mut s = self.handle.address().get().execute();
+        let mut req = self.handle.address().get();
+        // IPv4 only: each pod veth's IPv6 link-local address stays out of it.
+        req.message_mut().header.family = AddressFamily::Inet;
+        let mut s = req.execute();
         let mut out: Vec<[u8; 4]> = Vec::new();
         while let Some(m) = s
             .try_next()

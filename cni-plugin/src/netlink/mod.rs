@@ -24,8 +24,13 @@ impl Netlink {
     /// Opens a socket in the namespace this thread is in. Must be called inside a
     /// tokio runtime (the socket is driven by a spawned task).
     pub fn open() -> Result<Self, Error> {
-        let (conn, handle, _) = rtnetlink::new_connection()
+        let (mut conn, handle, _) = rtnetlink::new_connection()
             .map_err(|e| Error::io("opening a netlink route socket", e))?;
+        // Strict checking (Linux 4.20) lets the kernel filter dumps (addresses
+        // of one interface) instead of sending everything; an older kernel
+        // refuses the option, and the filters then run here as well.
+        let _ = rtnetlink::sys::AsyncSocket::socket_mut(conn.socket_mut())
+            .set_netlink_get_strict_chk(true);
         tokio::spawn(conn);
         Ok(Self { handle })
     }

@@ -4,7 +4,10 @@ use std::net::IpAddr;
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::{
-    packet_route::route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope},
+    packet_route::{
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope},
+        AddressFamily,
+    },
     RouteMessageBuilder,
 };
 
@@ -162,10 +165,14 @@ impl Netlink {
     /// reading every route.
     pub async fn default_route_oif(&self) -> Result<Option<u32>, Error> {
         const PROBE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 1);
-        let mut q = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-            .destination_prefix(PROBE, 32)
-            .build();
-        q.header.flags |= RouteFlags::FibMatch;
+        // A bare header: with strict checking (see `Netlink::open`) the kernel
+        // refuses a lookup naming a table, protocol or type.
+        let mut q = RouteMessage::default();
+        q.header.address_family = AddressFamily::Inet;
+        q.header.destination_prefix_length = 32;
+        q.header.flags = RouteFlags::FibMatch;
+        q.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(PROBE)));
         let mut s = self.handle.route().get(q).execute();
         match s.try_next().await {
             Ok(Some(m))
