@@ -21,7 +21,7 @@ use std::{
 
 use serde_json::{json, Value};
 use sluice_tests::{
-    exec::{self, Output},
+    exec::Output,
     fixtures::{EXT_IF, NODE_IP},
     host::tx_checksum_off,
     hostport::{
@@ -1239,26 +1239,9 @@ fn bad_port_mappings_are_refused_naming_the_key() {
 
 // --- 10. Upgrades --------------------------------------------------------------------------
 
-/// The cgroup hooks attached to `hostPortCgroup` (`bpftool cgroup show`): their
-/// program names.
+/// The cgroup hooks attached to `hostPortCgroup`: their program names.
 fn cgroup_programs(w: &HpWorld) -> BTreeSet<String> {
-    let out = exec::tool(
-        None,
-        "bpftool",
-        &["cgroup", "show", &w.cgroup.display(), "-j"],
-    )
-    .unwrap();
-    if out.trim().is_empty() {
-        return BTreeSet::new();
-    }
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    look::cgroup_sock_programs(w.cgroup.path()).unwrap()
 }
 
 const HOOKS: [&str; 4] = [

@@ -1442,19 +1442,8 @@ fn datapath_detach_all_asks_first_then_leaves_pods_to_kernel_routing() {
             assert!(f.is_empty(), "{}: {f:?}", p.added.host_veth);
         }
     }
-    let cg = exec::tool(
-        None,
-        "bpftool",
-        &["cgroup", "show", &w.cgroup.display(), "-j"],
-    )
-    .unwrap();
-    let cg: Value = serde_json::from_str(if cg.trim().is_empty() {
-        "[]"
-    } else {
-        cg.trim()
-    })
-    .unwrap();
-    assert_eq!(cg, json!([]), "socket hooks still on the cgroup");
+    let cg = look::cgroup_sock_programs(w.cgroup.path()).unwrap();
+    assert!(cg.is_empty(), "socket hooks still on the cgroup: {cg:?}");
     // Maps and programs stay: sluicectl still reads them.
     let st = w.ctl_json(&["status", "--json"]);
     assert_eq!(st["links"], json!([]), "{st:#}");

@@ -190,7 +190,12 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
     };
     // The plugin's rules (a wildcard mapping and one on a node address overlap;
     // the port is taken atomically), so an operator and an ADD never disagree.
-    match sluice_maps::hostport::add(&dp.root, &[(k, t)]) {
+    let Some(cookie) = sluice_maps::hostport::node_netns_cookie(&dp.root)? else {
+        bail!(
+            "this kernel has no SO_NETNS_COOKIE (Linux 5.14) and no ADD with a hostPort recorded the node namespace yet; add a pod with a hostPort first"
+        );
+    };
+    match sluice_maps::hostport::add(&dp.root, &[(k, t)], cookie) {
         Ok(()) => {}
         Err(sluice_maps::Error::PortConflict {
             port,

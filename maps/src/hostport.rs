@@ -95,8 +95,9 @@ pub fn overlapping(k: &PortKey, node_addrs: &[[u8; 4]]) -> Vec<PortKey> {
 /// ADDs (or an ADD and an operator) racing for one port cannot both win. A key
 /// the same pod holds already (a repeated ADD) is fine; a key overlapping
 /// another pod's mapping (wildcard vs. a node address) is a conflict naming
-/// the port and its owner. Turns the programs' hostPort path on.
-pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)]) -> Result<()> {
+/// the port and its owner. Turns the programs' hostPort path on for the node
+/// namespace whose cookie is `netns_cookie` (see [`node_netns_cookie`]).
+pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
@@ -146,7 +147,7 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)]) -> Result<()> {
         }
         return result;
     }
-    activate(root)
+    activate(root, netns_cookie)
 }
 
 /// Removes the mapping at `k` whatever its owner; `false` when there was none.
@@ -282,13 +283,12 @@ pub fn set_node_addrs(root: &PinRoot, addrs: &[[u8; 4]]) -> Result<()> {
     Ok(())
 }
 
-/// Turns the pod programs' flow lookup on and records the node namespace
-/// (the calling thread's: the socket hooks act there only).
-fn activate(root: &PinRoot) -> Result<()> {
+/// Turns the pod programs' flow lookup on and records the node namespace (the
+/// socket hooks act there only).
+fn activate(root: &PinRoot, netns_cookie: u64) -> Result<()> {
     let mut arr: Array<MapData, HostPortConfig> = root.typed(&maps::HP_CONFIG)?;
     let cfg = HostPortConfig {
-        netns_cookie: sluice_common::user::netns_cookie()
-            .map_err(|e| Error::io("reading the node's SO_NETNS_COOKIE", e))?,
+        netns_cookie,
         active: 1,
         _pad: 0,
     };
@@ -332,4 +332,31 @@ mod tests {
         };
         assert_eq!(describe_target(&t), "10.1.2.3:80");
     }
+}
+
+/// The node namespace's cookie as the socket hooks see it: `SO_NETNS_COOKIE`
+/// of a socket in the calling thread's namespace (Linux 5.14); without it, the
+/// one recorded in `sl_hp_config` by an earlier ADD (the plugin learns it with
+/// `hp_learn4`), if any. `None`: neither.
+pub fn node_netns_cookie(root: &PinRoot) -> Result<Option<u64>> {
+    match sluice_common::user::netns_cookie() {
+        Ok(c) => Ok(Some(c)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            let arr: Array<MapData, HostPortConfig> = root.typed(&maps::HP_CONFIG)?;
+            Ok(arr
+                .get(&0, 0)
+                .ok()
+                .map(|c| c.netns_cookie)
+                .filter(|c| *c != 0))
+        }
+        Err(e) => Err(Error::io("reading the node's SO_NETNS_COOKIE", e)),
+    }
+}
+
+/// Takes what `hp_learn4` recorded for the socket with cookie `socket_cookie`.
+pub fn take_learned_cookie(root: &PinRoot, socket_cookie: u64) -> Result<Option<u64>> {
+    let mut m: HashMap<MapData, u64, u64> = root.typed(&maps::HP_LEARN)?;
+    let v = m.get(&socket_cookie, 0).ok();
+    let _ = m.remove(&socket_cookie);
+    Ok(v)
 }

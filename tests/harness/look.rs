@@ -253,6 +253,52 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
     }
 }
 
+/// `union bpf_attr` for `BPF_PROG_QUERY`.
+#[repr(C, align(8))]
+#[derive(Default)]
+struct QueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    _rest: [u64; 4],
+}
+
+const BPF_PROG_QUERY: libc::c_long = 16;
+
+/// The cgroup sock_addr attach types of the hostPort hooks: connect4,
+/// sendmsg4, recvmsg4, getpeername4 (include/uapi/linux/bpf.h).
+const SOCK_ADDR_ATTACH_TYPES: [u32; 4] = [10, 14, 19, 29];
+
+/// Names of the programs attached to cgroup `dir` at the hostPort hooks'
+/// attach types (not inherited ones), through BPF_PROG_QUERY: `bpftool
+/// cgroup show` gives up on kernels that lack attach types it knows.
+pub fn cgroup_sock_programs(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir).map_err(|e| err!("open {}: {e}", dir.display()))?;
+    let mut names = std::collections::BTreeSet::new();
+    for t in SOCK_ADDR_ATTACH_TYPES {
+        let mut ids = [0u32; 16];
+        let mut q = QueryAttr {
+            target_fd: u32::try_from(f.as_raw_fd()).unwrap_or(u32::MAX),
+            attach_type: t,
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: 16,
+            ..Default::default()
+        };
+        bpf(BPF_PROG_QUERY, &mut q).map_err(|e| err!("BPF_PROG_QUERY {}: {e}", dir.display()))?;
+        for id in &ids[..q.prog_cnt.min(16) as usize] {
+            if let Some(n) = bpf_prog(u64::from(*id))?["name"].as_str() {
+                names.insert(n.to_string());
+            }
+        }
+    }
+    Ok(names)
+}
+
 /// Opens the link pinned at `pin` and reads its tcx attachment.
 pub fn tcx_link(pin: &Path) -> Result<TcxLink> {
     let info = read_link_info(pin)?;

@@ -1,16 +1,25 @@
-//! What the running kernel offers the datapath, probed once per invocation
-//! (by trying the mechanism, not by reading the version: distribution kernels
-//! backport). Where a feature is missing the datapath falls back:
+//! What the running kernel offers the datapath, probed once per invocation (by
+//! trying the mechanism, as libbpf and bpftool do, not by reading the version:
+//! distribution kernels backport). Where a feature is missing the datapath
+//! falls back or, where nothing can stand in for it, says so:
 //!
 //! | feature | since | without it |
 //! | --- | --- | --- |
-//! | tcx (`BPF_TCX_INGRESS/EGRESS` links) | 6.6 | cls_bpf filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
+//! | tcx links | 6.6 | cls_bpf filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
+//! | `bpf_ktime_get_coarse_ns` | 5.11 | `bpf_ktime_get_ns` (the same clock, a little dearer) |
+//! | `bpf_check_mtu` | 5.12 | a packet whose next hop is not resolved yet goes to the kernel, which resolves it and checks the MTU |
+//! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper (see `status`) |
 //!
-//! `SLUICE_DISABLE_FEATURES=tcx` (a comma-separated list) makes a newer kernel
-//! take the fallbacks, so they are tested on every kernel, not only old ones.
+//! `SLUICE_DISABLE_FEATURES` (a comma-separated list of `tcx`, `ktime_coarse`,
+//! `check_mtu`, `sweeper`) makes a newer kernel take the fallbacks, so they are
+//! tested on every kernel, not only on old ones.
 use std::sync::OnceLock;
 
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::{
+    programs::{ProgramType, SchedClassifier, TcAttachType},
+    sys::{is_helper_supported, BpfHelper},
+};
+use sluice_common::kernel_features;
 
 use crate::cni::config::PodAttach;
 
@@ -19,6 +28,49 @@ use crate::cni::config::PodAttach;
 pub struct Features {
     /// tcx links (Linux 6.6).
     pub tcx: bool,
+    /// `bpf_ktime_get_coarse_ns` (5.11).
+    pub ktime_coarse: bool,
+    /// `bpf_check_mtu` (5.12).
+    pub check_mtu: bool,
+    /// The NAT sweeper can run with no process of ours alive: its program
+    /// walks the flow table with `bpf_for_each_map_elem` (5.13) and its perf
+    /// event is kept by a pinned bpf_link (5.15).
+    pub sweeper: bool,
+}
+
+impl Features {
+    /// The bits of `SLUICE_KERNEL_FEATURES` the programs read.
+    pub fn program_bits(&self) -> u32 {
+        let mut bits = 0;
+        if self.check_mtu {
+            bits |= kernel_features::CHECK_MTU;
+        }
+        if self.ktime_coarse {
+            bits |= kernel_features::KTIME_COARSE;
+        }
+        bits
+    }
+
+    /// What is missing, for STATUS and logs: (feature, kernel it needs).
+    pub fn missing(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        if !self.tcx {
+            out.push(("tcx", "6.6"));
+        }
+        if !self.ktime_coarse {
+            out.push(("bpf_ktime_get_coarse_ns", "5.11"));
+        }
+        if !self.check_mtu {
+            out.push(("bpf_check_mtu", "5.12"));
+        }
+        if !self.sweeper {
+            out.push((
+                "the NAT sweeper (bpf_for_each_map_elem, perf-event links)",
+                "5.15",
+            ));
+        }
+        out
+    }
 }
 
 /// The features of the running kernel.
@@ -27,8 +79,19 @@ pub fn get() -> Features {
     *FEATURES.get_or_init(|| {
         let disabled = std::env::var("SLUICE_DISABLE_FEATURES").unwrap_or_default();
         let off = |name: &str| disabled.split(',').any(|d| d.trim() == name);
+        let helper =
+            |h: BpfHelper| is_helper_supported(ProgramType::SchedClassifier, h).unwrap_or(false);
         Features {
             tcx: !off("tcx") && probe_tcx(),
+            ktime_coarse: !off("ktime_coarse") && helper(BpfHelper::BPF_FUNC_ktime_get_coarse_ns),
+            check_mtu: !off("check_mtu") && helper(BpfHelper::BPF_FUNC_check_mtu),
+            sweeper: !off("sweeper")
+                && is_helper_supported(
+                    ProgramType::PerfEvent,
+                    BpfHelper::BPF_FUNC_for_each_map_elem,
+                )
+                .unwrap_or(false)
+                && aya::features().bpf_perf_link(),
         }
     })
 }

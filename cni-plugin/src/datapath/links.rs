@@ -481,6 +481,70 @@ pub fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(
     Ok(())
 }
 
+/// The node namespace's cookie on a kernel without `SO_NETNS_COOKIE` (before
+/// 5.14): `hp_learn4` is attached for a moment to this process's own cgroup
+/// (v2), a UDP socket connects to `LEARN_ADDR` (no packet is sent), and the
+/// program records the socket's netns cookie under the socket's cookie
+/// (`SO_COOKIE`, 4.12). The program touches no other connect.
+pub fn learn_netns_cookie(root: &PinRoot) -> Result<u64, Error> {
+    let op = "learn the node namespace's cookie (no SO_NETNS_COOKIE before Linux 5.14)";
+    let own = own_cgroup2().ok_or_else(|| dp_err(op, "this process is in no cgroup v2"))?;
+    let dir =
+        fs::File::open(&own).map_err(|e| dp_err(format!("{op}: open {}", own.display()), e))?;
+    let mut prog = CgroupSockAddr::from_pin(
+        root.progs_dir().join(prog_names::HP_LEARN4),
+        CgroupSockAddrAttachType::Connect4,
+    )
+    .map_err(|e| dp_err(op, e))?;
+    let id = prog
+        // A bpf_link: other programs on the cgroup stay (links are multi-attach).
+        .attach(dir.as_fd(), CgroupAttachMode::Single)
+        .map_err(|e| dp_err(format!("{op}: attach to {}", own.display()), e))?;
+    let learned = (|| -> std::io::Result<u64> {
+        let (ip, port) = programs::LEARN_ADDR;
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        s.connect((std::net::Ipv4Addr::from(ip), port))?;
+        socket_cookie(&s)
+    })();
+    // Detached whatever happened (dropping the program would detach it too).
+    let _ = prog.detach(id);
+    let sock = learned.map_err(|e| dp_err(op, e))?;
+    sluice_maps::hostport::take_learned_cookie(root, sock)?
+        .ok_or_else(|| dp_err(op, "hp_learn4 recorded nothing"))
+}
+
+/// `SO_COOKIE` of a socket.
+fn socket_cookie(s: &std::net::UdpSocket) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    const SO_COOKIE: libc::c_int = 57;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(cookie)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// This process's cgroup v2 directory (`0::<path>` of /proc/self/cgroup under
+/// the v2 mount).
+fn own_cgroup2() -> Option<PathBuf> {
+    let mount = sluice_common::user::cgroup2_mount()?;
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
 // --- upgrades: pointing attachments at new programs ------------------------------------
 
 /// Pinned links of program `prog` (`links/*-<prog>`).

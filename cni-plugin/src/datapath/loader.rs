@@ -8,7 +8,7 @@ use aya::{
     EbpfLoader,
 };
 use sluice_common::{
-    map_names,
+    kernel_features, map_names,
     programs::{self, ProgKind},
     DatapathMeta, LAYOUT_VERSION,
 };
@@ -30,11 +30,18 @@ pub fn has_object() -> bool {
     !OBJECT.is_empty()
 }
 
-/// Whether every program is pinned.
-pub fn programs_pinned(root: &PinRoot) -> bool {
+/// The programs this kernel runs: all of them, but the NAT sweeper where the
+/// kernel cannot keep it running (see [`super::features`]).
+fn wanted() -> impl Iterator<Item = &'static programs::ProgSpec> {
+    let sweeper = super::features::get().sweeper;
     programs::ALL
         .iter()
-        .all(|p| root.progs_dir().join(p.name).exists())
+        .filter(move |p| sweeper || p.kind != ProgKind::PerfEvent)
+}
+
+/// Whether every program this kernel runs is pinned.
+pub fn programs_pinned(root: &PinRoot) -> bool {
+    wanted().all(|p| root.progs_dir().join(p.name).exists())
 }
 
 fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
@@ -53,13 +60,20 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
         ));
     }
     root.check_shapes()?;
+    let features = super::features::get();
+    let bits = features.program_bits();
     // Sizes only matter when the maps are created; pinned maps are reused as they are.
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(root.maps_dir())
         .map_max_entries(map_names::NAT_FWD, nat_flows)
         .map_max_entries(map_names::NAT_REV, nat_flows)
+        // Kernel features the programs may use (constant for the verifier).
+        .override_global(kernel_features::GLOBAL, &bits, true)
         .load(OBJECT)
         .map_err(|e| dp_err("load the eBPF object", e))?;
+    for (what, since) in features.missing() {
+        eprintln!("sluice: this kernel lacks {what} (Linux {since}); using the fallback");
+    }
     // The uplink's cls_bpf filters (kernels without tcx) are replaced in place
     // like the pods' ones.
     let uplink_filters: Vec<String> = sluice_maps::node::config(root)
@@ -68,7 +82,7 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
         .and_then(|c| links::ifname_of(c.uplink_ifindex))
         .into_iter()
         .collect();
-    for spec in programs::ALL {
+    for spec in wanted() {
         let name = spec.name;
         let staged = root.progs_dir().join(format!("{name}-new"));
         unpin(&staged)?;

@@ -300,9 +300,11 @@ impl Datapath {
     /// The node-wide attachments are in place: the NAT sweeper, the socket hooks
     /// if asked for, and the uplink's programs as the settings ask.
     async fn node_attached(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
-        Ok(links::sweeper_attached(&self.root)
-            && (s.host_port_cgroup.is_none() || links::hooks_attached(&self.root))
-            && self.uplink_current(host_nl, s).await?)
+        Ok(
+            (links::sweeper_attached(&self.root) || !features::get().sweeper)
+                && (s.host_port_cgroup.is_none() || links::hooks_attached(&self.root))
+                && self.uplink_current(host_nl, s).await?,
+        )
     }
 
     /// The uplink's programs are attached as the settings ask: to that interface,
@@ -354,7 +356,7 @@ impl Datapath {
             self.create_pin_dirs()?;
             loader::load_and_pin(&self.root, &self.pod_ifnames(), s.nat_flows)?;
         }
-        if !links::sweeper_attached(&self.root) {
+        if features::get().sweeper && !links::sweeper_attached(&self.root) {
             links::ensure_sweeper(&self.root)?;
         }
         if let Some(cg) = &s.host_port_cgroup {
@@ -473,7 +475,13 @@ impl Datapath {
             )?,
             None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
         }
-        sluice_maps::hostport::add(&self.root, &ports)?;
+        if !ports.is_empty() {
+            let cookie = match sluice_maps::hostport::node_netns_cookie(&self.root)? {
+                Some(c) => c,
+                None => links::learn_netns_cookie(&self.root)?,
+            };
+            sluice_maps::hostport::add(&self.root, &ports, cookie)?;
+        }
         Ok(())
     }
 

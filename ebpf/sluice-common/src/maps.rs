@@ -107,10 +107,13 @@ pub const EVENTS: MapSpec = MapSpec {
 pub const MONITOR: MapSpec = spec::<u32, u64>("sl_monitor", MapKind::Array);
 /// [`EpDropKey`] -> packets (per CPU): drops per endpoint and reason.
 pub const EP_DROPS: MapSpec = spec::<EpDropKey, u64>("sl_ep_drops", MapKind::PerCpuHash);
+/// (LRU) socket cookie -> network namespace cookie: what `hp_learn4` saw, for
+/// kernels without `SO_NETNS_COOKIE` (before 5.14).
+pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 20] = [
+pub const ALL: [MapSpec; 21] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_INFO,
@@ -131,6 +134,7 @@ pub const ALL: [MapSpec; 20] = [
     EVENTS,
     MONITOR,
     EP_DROPS,
+    HP_LEARN,
 ];
 
 /// The map names, for code that wants a name only.
@@ -155,6 +159,7 @@ pub mod map_names {
     pub const EVENTS: &str = super::EVENTS.name;
     pub const MONITOR: &str = super::MONITOR.name;
     pub const EP_DROPS: &str = super::EP_DROPS.name;
+    pub const HP_LEARN: &str = super::HP_LEARN.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -180,6 +185,8 @@ pub mod map_sizes {
     pub const BANDWIDTH: u32 = 8_192;
     /// (endpoint, drop reason) pairs with a count.
     pub const EP_DROPS: u32 = 16_384;
+    /// Netns cookies learned (a few at a time, LRU).
+    pub const HP_LEARN: u32 = 64;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

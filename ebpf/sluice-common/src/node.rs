@@ -58,3 +58,17 @@ pub mod monitor_slot {
     /// How far ahead a monitor sets [`EVENTS_UNTIL_NS`].
     pub const EVENTS_LEASE_NS: u64 = 3_000_000_000;
 }
+
+/// Kernel features the programs use only where the loader found them: bits of
+/// the `SLUICE_KERNEL_FEATURES` global, written into the object's read-only
+/// data at load. The verifier sees the value as a constant and never visits
+/// the branch of a missing feature (dead code a privileged load removes), so
+/// one object loads on every kernel.
+pub mod kernel_features {
+    /// Name of the global in the object.
+    pub const GLOBAL: &str = "SLUICE_KERNEL_FEATURES";
+    /// `bpf_check_mtu` (Linux 5.12).
+    pub const CHECK_MTU: u32 = 1 << 0;
+    /// `bpf_ktime_get_coarse_ns` (Linux 5.11).
+    pub const KTIME_COARSE: u32 = 1 << 1;
+}

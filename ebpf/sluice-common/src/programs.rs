@@ -58,7 +58,15 @@ pub mod prog_names {
     pub const HP_RECVMSG4: &str = "hp_recvmsg4";
     /// cgroup/getpeername4: the peer is the address the socket connected to.
     pub const HP_GETPEERNAME4: &str = "hp_getpeername4";
+    /// cgroup/connect4, attached for a moment to the plugin's own cgroup on
+    /// kernels without `SO_NETNS_COOKIE`: records the netns cookie of a socket
+    /// connecting to [`super::LEARN_ADDR`].
+    pub const HP_LEARN4: &str = "hp_learn4";
 }
+
+/// Where `hp_learn4` looks: a UDP connect here (no packet is sent) records the
+/// socket's netns cookie in `sl_hp_learn`. 127.0.0.254, port 9 (discard).
+pub const LEARN_ADDR: ([u8; 4], u16) = ([127, 0, 0, 254], 9);
 
 const fn prog(name: &'static str, kind: ProgKind) -> ProgSpec {
     ProgSpec { name, kind }
@@ -97,7 +105,7 @@ pub const SOCK_HOOKS: [ProgSpec; 4] = [
 ];
 
 /// Every program of the object, in load order.
-pub const ALL: [ProgSpec; 10] = [
+pub const ALL: [ProgSpec; 11] = [
     POD[0],
     POD[1],
     UPLINK_TC[0],
@@ -108,4 +116,8 @@ pub const ALL: [ProgSpec; 10] = [
     SOCK_HOOKS[1],
     SOCK_HOOKS[2],
     SOCK_HOOKS[3],
+    prog(
+        prog_names::HP_LEARN4,
+        ProgKind::SockAddr(SockHook::Connect4),
+    ),
 ];

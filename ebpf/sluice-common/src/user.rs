@@ -23,8 +23,15 @@ pub fn default_pin_root(network: &str) -> PathBuf {
 /// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE,
 /// Linux 5.14): the hostPort socket hooks act only on sockets whose namespace
 /// has the cookie written in `sl_hp_config`.
+/// `SLUICE_DISABLE_FEATURES=netns_cookie` makes it fail as before 5.14 (so the
+/// fallback is tested on any kernel).
 pub fn netns_cookie() -> std::io::Result<u64> {
     const SO_NETNS_COOKIE: libc::c_int = 71;
+    if std::env::var("SLUICE_DISABLE_FEATURES")
+        .is_ok_and(|v| v.split(',').any(|f| f.trim() == "netns_cookie"))
+    {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOPROTOOPT));
+    }
     let s = std::net::UdpSocket::bind("0.0.0.0:0")
         .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
     let mut cookie: u64 = 0;

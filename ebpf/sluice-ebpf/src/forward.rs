@@ -71,6 +71,13 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
                 count(reason::PASS_TTL);
                 return TCX_NEXT;
             }
+            // Without bpf_check_mtu (before 5.12) the kernel forwards the packet
+            // itself: it resolves the neighbour and checks the MTU (the lookup
+            // returns SUCCESS once the neighbour is known).
+            if !crate::kernel::check_mtu() {
+                count(reason::FROM_POD_FIB_PASS);
+                return TCX_NEXT;
+            }
             // With tot_len 0 the kernel checks the MTU only on success; here
             // nobody has yet. Too big (GSO segments included): the kernel sends
             // "fragmentation needed" / "packet too big".

@@ -435,3 +435,27 @@ pub fn sock_restore(ctx: &SockAddrContext) {
         }
     }
 }
+
+/// cgroup connect4 of `hp_learn4`: a socket connecting to `LEARN_ADDR` gets
+/// its network namespace's cookie recorded under its own cookie (userspace
+/// reads it back with SO_COOKIE; before 5.14 it has no SO_NETNS_COOKIE).
+#[inline(always)]
+pub fn sock_learn(ctx: &SockAddrContext) {
+    let (ip, port) = sluice_common::programs::LEARN_ADDR;
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (dst, dport) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.user_ip4.to_ne_bytes(), sa.user_port as u16)
+    };
+    if dst != ip || dport != port.to_be() {
+        return;
+    }
+    // SAFETY: plain helper calls on this program's context.
+    let (sock, netns) = unsafe {
+        (
+            bpf_get_socket_cookie(ctx.sock_addr.cast()),
+            bpf_get_netns_cookie(ctx.sock_addr.cast()),
+        )
+    };
+    let _ = crate::maps::HP_LEARN.insert(sock, netns, 0);
+}

@@ -24,6 +24,7 @@ mod endpoint;
 mod events;
 mod forward;
 mod hostport;
+mod kernel;
 mod l3;
 mod maps;
 mod nat;
@@ -272,6 +273,12 @@ pub fn hp_recvmsg4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn hp_getpeername4(ctx: SockAddrContext) -> i32 {
     hostport::sock_restore(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn hp_learn4(ctx: SockAddrContext) -> i32 {
+    hostport::sock_learn(&ctx);
     1
 }
 

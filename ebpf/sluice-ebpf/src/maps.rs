@@ -77,6 +77,9 @@ pub static MONITOR: Array<u64> = Array::pinned(monitor_slot::MAX, 0);
 pub static EP_DROPS: PerCpuHashMap<EpDropKey, u64> =
     PerCpuHashMap::pinned(map_sizes::EP_DROPS, BPF_F_NO_PREALLOC);
 
+#[map(name = "sl_hp_learn")]
+pub static HP_LEARN: LruHashMap<u64, u64> = LruHashMap::pinned(map_sizes::HP_LEARN, 0);
+
 /// Not pinned: only lives from a drop site to its program's exit.
 #[map(name = "sl_scratch")]
 pub static SCRATCH: PerCpuArray<DropNote> = PerCpuArray::with_max_entries(1, 0);

@@ -67,10 +67,17 @@ const REFRESH_NS: u64 = 1_000_000_000;
 /// IPv4 header checksum offset.
 const IP_CSUM: usize = ETH_LEN + 10;
 
+/// CLOCK_MONOTONIC: the coarse clock where the kernel has it (cheaper), else
+/// the fine one (ahead of the coarse one by less than a tick).
 #[inline(always)]
 pub(crate) fn now() -> u64 {
-    // SAFETY: plain helper call.
-    unsafe { bpf_ktime_get_coarse_ns() }
+    if crate::kernel::ktime_coarse() {
+        // SAFETY: plain helper call.
+        unsafe { bpf_ktime_get_coarse_ns() }
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_ktime_get_ns() }
+    }
 }
 
 #[inline(always)]
