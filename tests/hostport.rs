@@ -28,7 +28,7 @@ use sluice_tests::{
         assert_only, capture_from, client_in, ext_ip, mapping, node_client, node_ip, ports,
         second_node_ip, with_raw_mappings, ClientReport, HpPod, HpWorld, SECOND_NODE_IP,
     },
-    look,
+    kernel, look,
     masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
     sluice_next_bin, Counters, NETWORK,
 };
@@ -207,7 +207,10 @@ fn external_clients_reach_the_pod(subnet: &str, xdp: &str, masq: bool, cid: &str
     assert!(d.get("hostport_dnat") >= 6, "{d}");
     assert!(d.get("hostport_reply") >= 6, "{d}");
     assert_eq!(d.get("hostport_hairpin"), 0, "{d}");
-    assert_eq!(fwd, 0, "the node's kernel forwarded {fwd} packets ({d})");
+    assert!(
+        fwd <= kernel::kernel_forwarding_allowed(&d),
+        "the node's kernel forwarded {fwd} packets ({d})"
+    );
 
     w.check(&a).unwrap().ok_silent();
     w.del(&a);

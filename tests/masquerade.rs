@@ -22,7 +22,7 @@ use sluice_tests::{
     exec,
     fixtures::{add, check, del, merge_keys, EXT_IF, EXT_IP, NODE_IP, UPLINK},
     host::{self, tx_checksum_off},
-    look,
+    kernel, look,
     masq::{
         checksums_ok, in_netns, ipv4_addrs, ipv4_of, masq_external_host, nat_list, path_mtu,
         payload, routed_external_host, sysctl, tcp_abort, tcp_accept, tcp_connect, tcp_echo_on,
@@ -336,7 +336,10 @@ fn masqueraded_echoes(subnet: &str, xdp: &str) {
         assert_eq!(d.get("xdp_masq_dnat"), 0, "{d}");
     }
     assert_no_drops(&d);
-    assert_eq!(fwd, 0, "the node's kernel forwarded {fwd} packets ({d})");
+    assert!(
+        fwd <= kernel::kernel_forwarding_allowed(&d),
+        "the node's kernel forwarded {fwd} packets ({d})"
+    );
 
     check(&w.node, &w.conf, &a.cid, &a.pod, &a.added);
     drop(tcp);
@@ -1006,6 +1009,20 @@ fn idle_flows_expire_and_come_back_as_new_flows() {
     assert_eq!(flows.len(), 4, "{flows:#?}");
     assert_eq!(flow(&flows, "tcp", closed_port)["state"], "closing");
     let open_nat = nat_port(flow(&flows, "tcp", open_port));
+    if !kernel::has("sweeper") {
+        // No sweeper (before 5.15): a flow expires when a packet meets it.
+        thread::sleep(Duration::from_secs(3));
+        let c1 = w.counters();
+        udp_echo_on(&u, server.addr, b"again", 3, wait).unwrap();
+        let d = w.counters().since(&c1);
+        assert_eq!(d.get("nat_expired"), 1, "{d}");
+        assert_eq!(d.get("masq_new_flow"), 1, "{d}");
+        tcp_echo_on(&open, 4096, 12).unwrap();
+        assert_eq!(nat_port(flow(&w.flows_of(&a), "tcp", open_port)), open_nat);
+        drop(open);
+        w.del(&a);
+        return;
+    }
     let c0 = w.counters();
     let started = Instant::now();
     let gone = wait_for(Duration::from_secs(15), || {
@@ -1309,10 +1326,16 @@ fn a_full_nat_table_drops_new_flows_only() {
     let d = w.counters().since(&c0);
     eprintln!("{NEW} new flows into a table of 1024: {d}");
     let (new, full) = (d.get("masq_new_flow"), d.get("drop_masq_map_full"));
+    let listed = w.flows(&[]).len();
+    if !kernel::has("sweeper") {
+        // No sweeper (before 5.15): the flow maps are LRU maps, and a full
+        // table makes room for new flows by dropping the least recently used.
+        lru_table_makes_room(&w, &a, &server, &stream, (new, full), listed, &d);
+        return;
+    }
     assert!(new <= 1024 - 2, "{d}");
     assert!(full >= u64::from(NEW) - (1024 - 2), "{d}");
     assert_eq!(new + full, u64::from(NEW), "{d}");
-    let listed = w.flows(&[]).len();
     assert!((1000..=1024).contains(&listed), "{listed} flows listed");
 
     // What was there before still works.
@@ -1331,6 +1354,31 @@ fn a_full_nat_table_drops_new_flows_only() {
     let d = w.counters().since(&c1);
     assert!(d.get("drop_masq_map_full") >= 1, "{d}");
     w.del(&a);
+    assert!(w.flows(&[]).is_empty());
+}
+
+/// [`a_full_nat_table_drops_new_flows_only`] without the sweeper: every new
+/// flow gets in, the table never holds more than its size, the busy stream
+/// (recently used) goes on, and a newer flow still starts.
+fn lru_table_makes_room(
+    w: &World,
+    a: &P,
+    server: &EchoServer,
+    stream: &Stream,
+    (new, full): (u64, u64),
+    listed: usize,
+    d: &Counters,
+) {
+    assert_eq!(full, 0, "{d}");
+    assert!(new >= 1100 - 10, "{d}");
+    assert!(listed <= 1024, "{listed} flows listed");
+    let at = stream.received();
+    stream
+        .wait_received(at + (1 << 20), Duration::from_secs(20))
+        .unwrap();
+    let newer = udp_socket(&a.pod.path, a.sock(0)).unwrap();
+    udp_echo_on(&newer, server.addr, b"newer", 3, Duration::from_secs(2)).unwrap();
+    w.del(a);
     assert!(w.flows(&[]).is_empty());
 }
 

@@ -82,9 +82,8 @@ fn assert_carried(
                 "xdp_to_pod + uplink_to_pod"
             }
         );
-        assert_eq!(
-            fwd - b.1,
-            0,
+        assert!(
+            fwd - b.1 <= sluice_tests::kernel::kernel_forwarding_allowed(&d),
             "node {}: the kernel forwarded {} packets ({d})",
             s.cidr,
             fwd - b.1

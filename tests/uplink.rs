@@ -213,9 +213,8 @@ fn uplink_traffic(subnet: &str, xdp: Option<&str>, mode: &str) {
         assert_eq!(d.get("xdp_to_pod"), 0, "xdp off, yet xdp_to_pod rose: {d}");
     }
     let fwd = forwarded(&node) - fwd0;
-    assert_eq!(
-        fwd,
-        0,
+    assert!(
+        fwd <= kernel::kernel_forwarding_allowed(&c2.since(&c0)),
         "the node's kernel forwarded {fwd} packets: uplink traffic was not kept off \
          the host stack (datapath: {})",
         c2.since(&c0)
@@ -466,8 +465,15 @@ fn frag_needed(subnet: &str, resolve_first: bool) {
     send_frames(&a.path, "eth0", vec![frame]).unwrap();
     let d = node.counters().unwrap().since(&c0);
     let pod_icmp = look::snmp(&a.path).unwrap()["Icmp.InDestUnreachs"] - pod_icmp0;
+    // Without bpf_check_mtu (before 5.12) a next hop not resolved yet leaves
+    // the packet to the kernel whatever its size; the kernel answers the same.
+    let counted = if kernel::has("check_mtu") || resolve_first {
+        "from_pod_fib_frag_needed"
+    } else {
+        "from_pod_fib_pass"
+    };
     assert_eq!(
-        d.get("from_pod_fib_frag_needed"),
+        d.get(counted),
         1,
         "a 1400-byte packet with DF for a 1280-byte uplink; counters that rose: {d}"
     );

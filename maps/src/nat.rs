@@ -22,11 +22,19 @@ pub fn config(root: &PinRoot) -> Result<MasqConfig> {
 
 /// Writes the masquerade settings the programs read (unchanged ones are not
 /// rewritten). A new address: flows opened before keep theirs and still get
-/// replies (`prev_addr`); flows of any older address are removed.
+/// replies (`prev_addr`); flows of any older address are removed. Turned off:
+/// every flow goes (no program would ever use or expire them again).
 pub fn write_config(root: &PinRoot, mut cfg: MasqConfig) -> Result<()> {
     let mut arr: Array<MapData, MasqConfig> = root.typed(&maps::MASQ)?;
     let old = arr.get(&0, 0).unwrap_or_default();
-    let changed = old.flags & masq_flags::ENABLED != 0 && old.addr != cfg.addr;
+    let was_on = old.flags & masq_flags::ENABLED != 0;
+    if was_on && cfg.flags & masq_flags::ENABLED == 0 {
+        arr.set(0, cfg, 0)
+            .map_err(|e| Error::map("write", maps::MASQ.name, e))?;
+        remove_flows_where(root, |_, _| true)?;
+        return Ok(());
+    }
+    let changed = was_on && old.addr != cfg.addr;
     if cfg.flags & masq_flags::ENABLED != 0 {
         cfg.prev_addr = if changed { old.addr } else { old.prev_addr };
         if cfg.prev_addr == cfg.addr {

@@ -2,7 +2,10 @@
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Map, MapData, MapError};
-use sluice_common::{maps::MapSpec, pin_dirs, LAYOUT_VERSION};
+use sluice_common::{
+    maps::{MapKind, MapSpec},
+    pin_dirs, LAYOUT_VERSION,
+};
 
 use crate::{Error, Result};
 
@@ -84,8 +87,14 @@ impl PinRoot {
 
     /// Refuses pinned maps whose kind or key/value sizes differ from this
     /// layout's registry (aya reuses a pinned map by name without comparing).
-    pub fn check_shapes(&self) -> Result<()> {
-        for spec in &sluice_common::maps::ALL {
+    /// `kinds`: maps whose type the loader chose for this kernel.
+    pub fn check_shapes(&self, kinds: &[(&MapSpec, MapKind)]) -> Result<()> {
+        for registered in &sluice_common::maps::ALL {
+            let mut spec = *registered;
+            if let Some((_, k)) = kinds.iter().find(|(m, _)| m.name == spec.name) {
+                spec.kind = *k;
+            }
+            let spec = &spec;
             let path = self.map_path(spec);
             if !path.exists() {
                 continue;

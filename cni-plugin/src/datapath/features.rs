@@ -8,7 +8,7 @@
 //! | tcx links | 6.6 | cls_bpf filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
 //! | `bpf_ktime_get_coarse_ns` | 5.11 | `bpf_ktime_get_ns` (the same clock, a little dearer) |
 //! | `bpf_check_mtu` | 5.12 | a packet whose next hop is not resolved yet goes to the kernel, which resolves it and checks the MTU |
-//! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper (see `status`) |
+//! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper: flows expire when a packet or a new flow meets them, and the flow maps are LRU maps (a full table drops its least recently used flows instead of refusing new ones) |
 //!
 //! `SLUICE_DISABLE_FEATURES` (a comma-separated list of `tcx`, `ktime_coarse`,
 //! `check_mtu`, `sweeper`) makes a newer kernel take the fallbacks, so they are
@@ -47,6 +47,9 @@ impl Features {
         }
         if self.ktime_coarse {
             bits |= kernel_features::KTIME_COARSE;
+        }
+        if !self.sweeper {
+            bits |= kernel_features::LAZY_EXPIRY;
         }
         bits
     }

@@ -9,6 +9,7 @@ use aya::{
 };
 use sluice_common::{
     kernel_features, map_names,
+    maps::{self, MapKind},
     programs::{self, ProgKind},
     DatapathMeta, LAYOUT_VERSION,
 };
@@ -59,9 +60,21 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
             "this sluice binary was built without its eBPF object; build it with `cargo xtask build`",
         ));
     }
-    root.check_shapes()?;
     let features = super::features::get();
+    let nat_kind = nat_map_kind(features.sweeper);
+    root.check_shapes(&[(&maps::NAT_FWD, nat_kind), (&maps::NAT_REV, nat_kind)])?;
     let bits = features.program_bits();
+    // Without the sweeper the flow maps are LRU maps (see kernel_features::
+    // LAZY_EXPIRY): the object says HASH, the copy loaded says LRU_HASH.
+    let object = if nat_kind == MapKind::LruHash {
+        let mut o = OBJECT.to_vec();
+        for m in [&maps::NAT_FWD, &maps::NAT_REV] {
+            set_map_kind(&mut o, m.name, nat_kind)?;
+        }
+        std::borrow::Cow::Owned(o)
+    } else {
+        std::borrow::Cow::Borrowed(OBJECT)
+    };
     // Sizes only matter when the maps are created; pinned maps are reused as they are.
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(root.maps_dir())
@@ -69,7 +82,7 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
         .map_max_entries(map_names::NAT_REV, nat_flows)
         // Kernel features the programs may use (constant for the verifier).
         .override_global(kernel_features::GLOBAL, &bits, true)
-        .load(OBJECT)
+        .load(&object)
         .map_err(|e| dp_err("load the eBPF object", e))?;
     for (what, since) in features.missing() {
         eprintln!("sluice: this kernel lacks {what} (Linux {since}); using the fallback");
@@ -156,6 +169,47 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
     Ok(())
 }
 
+/// The map type of the NAT flow maps on this kernel: HASH with the sweeper
+/// (a full table refuses new flows, existing ones are safe), LRU_HASH without
+/// (no one else would ever remove a dead flow).
+pub fn nat_map_kind(sweeper: bool) -> MapKind {
+    if sweeper {
+        MapKind::Hash
+    } else {
+        MapKind::LruHash
+    }
+}
+
+/// Changes the type of map `name` in an eBPF object (its `bpf_map_def` in the
+/// `maps` section, whose first field is the type).
+fn set_map_kind(obj: &mut [u8], name: &str, kind: MapKind) -> Result<(), Error> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let op = || format!("set the type of map {name} in the eBPF object");
+    let offset = {
+        let file = object::File::parse(&*obj).map_err(|e| dp_err(op(), e))?;
+        let sym = file
+            .symbols()
+            .find(|s| s.name() == Ok(name))
+            .ok_or_else(|| dp_err(op(), "no such symbol"))?;
+        let index = sym
+            .section_index()
+            .ok_or_else(|| dp_err(op(), "the symbol has no section"))?;
+        let section = file.section_by_index(index).map_err(|e| dp_err(op(), e))?;
+        if section.name() != Ok("maps") {
+            return Err(dp_err(op(), "the symbol is not in the maps section"));
+        }
+        let (start, _) = section
+            .file_range()
+            .ok_or_else(|| dp_err(op(), "the maps section has no data"))?;
+        usize::try_from(start + sym.address()).map_err(|e| dp_err(op(), e))?
+    };
+    let field = obj
+        .get_mut(offset..offset + 4)
+        .ok_or_else(|| dp_err(op(), "the symbol lies outside the object"))?;
+    field.copy_from_slice(&kind.bpf_type().to_le_bytes());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +237,18 @@ mod tests {
             seen += 1;
         }
         assert_eq!(seen, sluice_common::maps::ALL.len());
+        // Without the sweeper the NAT maps are loaded as LRU maps.
+        let mut o = OBJECT.to_vec();
+        set_map_kind(&mut o, maps::NAT_FWD.name, MapKind::LruHash).unwrap();
+        let patched = aya_obj::Object::parse(&o).expect("the patched object parses");
+        assert_eq!(
+            patched.maps[maps::NAT_FWD.name].map_type(),
+            MapKind::LruHash.bpf_type()
+        );
+        assert_eq!(
+            patched.maps[maps::NAT_REV.name].map_type(),
+            MapKind::Hash.bpf_type()
+        );
         for p in programs::ALL {
             assert!(
                 obj.programs.contains_key(p.name),

@@ -71,4 +71,8 @@ pub mod kernel_features {
     pub const CHECK_MTU: u32 = 1 << 0;
     /// `bpf_ktime_get_coarse_ns` (Linux 5.11).
     pub const KTIME_COARSE: u32 = 1 << 1;
+    /// No NAT sweeper (before 5.15): flows are checked for their timeout when a
+    /// packet or a new flow meets them, and the NAT maps are LRU maps, so dead
+    /// flows make room for new ones.
+    pub const LAZY_EXPIRY: u32 = 1 << 2;
 }

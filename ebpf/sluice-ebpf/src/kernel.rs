@@ -24,3 +24,10 @@ pub fn check_mtu() -> bool {
 pub fn ktime_coarse() -> bool {
     has(kernel_features::KTIME_COARSE)
 }
+
+/// No NAT sweeper on this kernel: flows expire when met (see
+/// `sluice_common::kernel_features::LAZY_EXPIRY`).
+#[inline(always)]
+pub fn lazy_expiry() -> bool {
+    has(kernel_features::LAZY_EXPIRY)
+}

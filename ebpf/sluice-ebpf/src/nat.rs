@@ -80,6 +80,89 @@ pub(crate) fn now() -> u64 {
     }
 }
 
+/// How long a flow in `state` may stay idle (seconds of the config, in ns).
+#[inline(always)]
+fn timeout_ns(cfg: &MasqConfig, state: u8) -> u64 {
+    // All five loaded first: matching on the state to pick a field made LLVM
+    // compute the field offset from the state, which the verifier cannot bound.
+    let (syn, est, closing, udp, icmp) = (
+        cfg.tcp_syn_secs,
+        cfg.tcp_established_secs,
+        cfg.tcp_closing_secs,
+        cfg.udp_secs,
+        cfg.icmp_secs,
+    );
+    let secs = match state {
+        nat_state::TCP_SYN => syn,
+        nat_state::TCP_ESTABLISHED => est,
+        nat_state::TCP_CLOSING => closing,
+        nat_state::ICMP => icmp,
+        _ => udp,
+    };
+    u64::from(secs) * 1_000_000_000
+}
+
+/// Whether a flow idle since `last_seen_ns` in `state` is past its timeout.
+#[inline(always)]
+fn is_expired(cfg: &MasqConfig, state: u8, last_seen_ns: u64, now: u64) -> bool {
+    now.saturating_sub(last_seen_ns) > timeout_ns(cfg, state)
+}
+
+/// On a kernel without the sweeper, whether the flow `k` (value `e`) is past
+/// its timeout; if so it is removed (both entries), as the sweeper would have.
+/// The check is inline; the work a BPF-to-BPF call of its own (its locals stay
+/// off the caller's stack frame, and kernels with the sweeper never call it).
+#[inline(always)]
+fn expired_now(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> bool {
+    crate::kernel::lazy_expiry() && expire_if_idle(cfg, k, e) != 0
+}
+
+#[inline(never)]
+fn expire_if_idle(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> u32 {
+    // SAFETY: a live map value; fields read one by one.
+    let (state, last_seen, flags, nat_addr, nat_port) = unsafe {
+        (
+            (*e).state,
+            (*e).last_seen_ns,
+            (*e).flags,
+            (*e).nat_addr,
+            (*e).nat_port,
+        )
+    };
+    if !is_expired(cfg, state, last_seen, now()) {
+        return 0;
+    }
+    if flags & nat_flags::INBOUND == 0 {
+        let _ = NAT_REV.remove(rev_key(k, nat_addr, nat_port));
+    }
+    let _ = NAT_FWD.remove(k);
+    count(reason::NAT_EXPIRED);
+    1
+}
+
+/// On a kernel without the sweeper, a reverse entry `rk` whose flow is gone or
+/// past its timeout is removed (with the flow); `true` then.
+#[inline(always)]
+fn stale_reverse(cfg: &MasqConfig, rk: &NatKey) -> bool {
+    crate::kernel::lazy_expiry() && free_if_stale(cfg, rk) != 0
+}
+
+#[inline(never)]
+fn free_if_stale(cfg: &MasqConfig, rk: &NatKey) -> u32 {
+    // SAFETY: map values are only read.
+    let Some(rev) = (unsafe { NAT_REV.get(rk) }) else {
+        return 0;
+    };
+    let fk = NatKey::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
+    match NAT_FWD.get_ptr(fk) {
+        Some(e) => expire_if_idle(cfg, &fk, e),
+        None => {
+            let _ = NAT_REV.remove(rk);
+            1
+        }
+    }
+}
+
 #[inline(always)]
 fn config() -> Option<&'static MasqConfig> {
     MASQ.get(0).filter(|c| c.flags & masq_flags::ENABLED != 0)
@@ -267,10 +350,14 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
         pod_port: k.src_port,
         _pad: 0,
     };
+    // `i` counts attempts (the loop's bound), `j` the ports tried: a port freed
+    // from a dead flow (no sweeper) is tried again.
     let mut i = 0;
+    let mut j: u32 = 0;
     while i < PORT_TRIES {
+        i += 1;
         // An index over both ranges, first then second.
-        let idx = h.wrapping_add(i) % range;
+        let idx = h.wrapping_add(j) % range;
         let port = if idx < n1 {
             cfg.port_min.wrapping_add(idx as u16)
         } else {
@@ -308,10 +395,16 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
                     }
                 };
             }
-            Err(e) if e == -EEXIST => {}
+            // Without the sweeper the port may be held by a dead flow: freed,
+            // the same port is tried again.
+            Err(e) if e == -EEXIST => {
+                if stale_reverse(cfg, &rk) {
+                    continue;
+                }
+            }
             Err(_) => return Err(reason::DROP_MASQ_MAP_FULL),
         }
-        i += 1;
+        j += 1;
     }
     Err(reason::DROP_MASQ_NO_PORT)
 }
@@ -460,7 +553,11 @@ pub fn snat(ctx: &TcContext) -> i32 {
         proto: ip.proto,
         _pad: [0; 3],
     };
-    if NAT_FWD.get_ptr(key).is_none() {
+    let live = match NAT_FWD.get_ptr(key) {
+        Some(e) => !expired_now(cfg, &key, e),
+        None => false,
+    };
+    if !live {
         // A TCP segment other than a SYN opens nothing: its flow expired or was
         // flushed, and with the pod's address it would only leak.
         let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
@@ -720,6 +817,10 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     };
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
+    if stale_reverse(cfg, &rk) {
+        // Past its timeout: the kernel answers as it would after a sweep.
+        return None;
+    }
     let fk = NatKey {
         src_ip: rev.pod_ip,
         dst_ip: ip.src_addr,
@@ -906,27 +1007,11 @@ extern "C" fn sweep_one(
     };
     // SAFETY: the helper passes valid key and value pointers of this map.
     let (k, e) = unsafe { (*key, *value) };
-    // All five loaded first: matching on the state to pick a field made LLVM
-    // compute the field offset from the state, which the verifier cannot bound.
-    let (syn, est, closing, udp, icmp) = (
-        cfg.tcp_syn_secs,
-        cfg.tcp_established_secs,
-        cfg.tcp_closing_secs,
-        cfg.udp_secs,
-        cfg.icmp_secs,
-    );
-    let secs = match e.state {
-        nat_state::TCP_SYN => syn,
-        nat_state::TCP_ESTABLISHED => est,
-        nat_state::TCP_CLOSING => closing,
-        nat_state::ICMP => icmp,
-        _ => udp,
-    };
     // Perf-event programs may not call bpf_ktime_get_coarse_ns; the fine clock is
     // the same CLOCK_MONOTONIC, ahead of the coarse one by less than a tick.
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.saturating_sub(e.last_seen_ns) > u64::from(secs) * 1_000_000_000 {
+    if is_expired(cfg, e.state, e.last_seen_ns, now) {
         // Inbound flows have no reverse entry (and their key could be a
         // masqueraded flow's).
         if e.flags & nat_flags::INBOUND == 0 {
@@ -1020,6 +1105,9 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &crate::l3::Headers) -> Option<[u8; 4]> {
     };
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
+    if stale_reverse(cfg, &rk) {
+        return None;
+    }
     // A node echo's reply (see node_echo) is tc's: after XDP translated it, tc
     // would look its identifier up again.
     if rev.pod_ip == dst {
