@@ -299,6 +299,33 @@ fn activate(root: &PinRoot, netns_cookie: u64) -> Result<()> {
     Ok(())
 }
 
+/// The node namespace's cookie as the socket hooks see it: `SO_NETNS_COOKIE`
+/// of a socket in the calling thread's namespace (Linux 5.14); without it, the
+/// one recorded in `sl_hp_config` by an earlier ADD (the plugin learns it with
+/// `hp_learn4`), if any. `None`: neither.
+pub fn node_netns_cookie(root: &PinRoot) -> Result<Option<u64>> {
+    match sluice_common::user::netns_cookie() {
+        Ok(c) => Ok(Some(c)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            let arr: Array<MapData, HostPortConfig> = root.typed(&maps::HP_CONFIG)?;
+            Ok(arr
+                .get(&0, 0)
+                .ok()
+                .map(|c| c.netns_cookie)
+                .filter(|c| *c != 0))
+        }
+        Err(e) => Err(Error::io("reading the node's SO_NETNS_COOKIE", e)),
+    }
+}
+
+/// Takes what `hp_learn4` recorded for the socket with cookie `socket_cookie`.
+pub fn take_learned_cookie(root: &PinRoot, socket_cookie: u64) -> Result<Option<u64>> {
+    let mut m: HashMap<MapData, u64, u64> = root.typed(&maps::HP_LEARN)?;
+    let v = m.get(&socket_cookie, 0).ok();
+    let _ = m.remove(&socket_cookie);
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,31 +359,4 @@ mod tests {
         };
         assert_eq!(describe_target(&t), "10.1.2.3:80");
     }
-}
-
-/// The node namespace's cookie as the socket hooks see it: `SO_NETNS_COOKIE`
-/// of a socket in the calling thread's namespace (Linux 5.14); without it, the
-/// one recorded in `sl_hp_config` by an earlier ADD (the plugin learns it with
-/// `hp_learn4`), if any. `None`: neither.
-pub fn node_netns_cookie(root: &PinRoot) -> Result<Option<u64>> {
-    match sluice_common::user::netns_cookie() {
-        Ok(c) => Ok(Some(c)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
-            let arr: Array<MapData, HostPortConfig> = root.typed(&maps::HP_CONFIG)?;
-            Ok(arr
-                .get(&0, 0)
-                .ok()
-                .map(|c| c.netns_cookie)
-                .filter(|c| *c != 0))
-        }
-        Err(e) => Err(Error::io("reading the node's SO_NETNS_COOKIE", e)),
-    }
-}
-
-/// Takes what `hp_learn4` recorded for the socket with cookie `socket_cookie`.
-pub fn take_learned_cookie(root: &PinRoot, socket_cookie: u64) -> Result<Option<u64>> {
-    let mut m: HashMap<MapData, u64, u64> = root.typed(&maps::HP_LEARN)?;
-    let v = m.get(&socket_cookie, 0).ok();
-    let _ = m.remove(&socket_cookie);
-    Ok(v)
 }
