@@ -757,13 +757,17 @@ fn limits_hold_with_native_xdp_on_the_uplink() {
     let w = BwWorld::with_xdp("10.96.14.0/24", "native").unwrap();
     let p = w.add("a", "bw-xdp-a", &w.conf_runtime(&both(rate)));
     let st = w.node.status().unwrap();
-    assert_eq!(st["uplink"]["xdp"], "native", "{st:#}");
+    // (Before 5.13 native XDP falls back to off: tc delivers.)
+    let mode = sluice_tests::kernel::xdp_mode("native");
+    assert_eq!(st["uplink"]["xdp"], mode, "{st:#}");
     let before = w.node.counters().unwrap();
     let ing = measure_ingress(&w, &p, 3, &[]).unwrap();
     let d = w.node.counters().unwrap().since(&before);
     assert_band("TCP ingress at 100 Mbit/s, native XDP", &ing, rate);
     // The pod's traffic did come in through XDP.
-    assert!(d.get("xdp_to_pod") > 1000, "few packets through XDP: {d}");
+    if mode == "native" {
+        assert!(d.get("xdp_to_pod") > 1000, "few packets through XDP: {d}");
+    }
     assert!(d.get("drop_bw_ingress") > 0, "no ingress drop counted: {d}");
     let eg = measure_egress(&w, &p, 3, &[]).unwrap();
     assert_band("TCP egress at 100 Mbit/s, native XDP", &eg, rate);

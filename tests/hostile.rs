@@ -342,6 +342,7 @@ fn hostile_on_the_uplink(subnet: &str, xdp: &str) {
     );
     let d = node.counters().unwrap().since(&c0);
     eprintln!("hostile frames on the uplink (xdp {xdp}): {d}");
+    let xdp = sluice_tests::kernel::xdp_mode(xdp);
 
     let bad = malformed.len() as u64 + flood_bad;
     assert_eq!(d.get("drop_malformed"), bad, "uplink: {d}");

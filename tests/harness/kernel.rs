@@ -18,10 +18,11 @@ pub fn version() -> (u32, u32) {
 
 /// The kernel features the plugin falls back without (its
 /// `datapath/features.rs`), and the kernel that brought each.
-const FEATURES: [(&str, (u32, u32)); 5] = [
+const FEATURES: [(&str, (u32, u32)); 6] = [
     ("tcx", (6, 6)),
     ("ktime_coarse", (5, 11)),
     ("check_mtu", (5, 12)),
+    ("veth_xdp", (5, 13)),
     ("netns_cookie", (5, 14)),
     ("sweeper", (5, 15)),
 ];
@@ -35,6 +36,17 @@ pub fn has(feature: &str) -> bool {
         .find(|(f, _)| *f == feature)
         .map_or((0, 0), |(_, v)| *v);
     !disabled.split(',').any(|d| d.trim() == feature) && version() >= since
+}
+
+/// The XDP mode the plugin uses for the configured `xdp` (on a non-default
+/// setting): `native` is `off` where a veth cannot take XDP frames without a
+/// program on its peer (before 5.13).
+pub fn xdp_mode(configured: &str) -> &str {
+    if configured == "native" && !has("veth_xdp") {
+        "off"
+    } else {
+        configured
+    }
 }
 
 /// Whether the plugin attaches tc programs as tcx links in this run.

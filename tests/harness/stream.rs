@@ -26,10 +26,12 @@ pub const CHUNK: usize = 16 << 10;
 /// Pause between two chunks: about 3 MiB/s, so a few seconds make a long stream
 /// without filling any buffer.
 pub const PACE: Duration = Duration::from_millis(5);
-/// The client stops by itself after this long...
-pub const MAX_DURATION: Duration = Duration::from_secs(30);
+/// The client stops by itself after this long (tests stop it sooner with
+/// `finish`; emulated old kernels, where loading the datapath alone takes
+/// ~15 s, need the margin)...
+pub const MAX_DURATION: Duration = Duration::from_secs(120);
 /// ...or after this many chunks.
-pub const MAX_CHUNKS: u64 = 6000;
+pub const MAX_CHUNKS: u64 = 24_000;
 
 /// Byte `i` of the stream.
 fn pattern(i: u64) -> u8 {

@@ -26,6 +26,9 @@ pub enum Command {
     /// The whole suite, what CI runs: setup, eBPF build, lints, unit tests,
     /// privileged integration tests (as root) with a leak check.
     Test(TestArgs),
+    /// The integration tests on Debian's kernels (5.10, 6.1, 6.12, sid), each
+    /// booted in qemu with this machine's userspace (as root).
+    VmTest(VmTestArgs),
     /// Live demo on namespaces: pods attached through the CNI protocol, traffic
     /// through the eBPF datapath, the pinned maps shown with sluicectl (as root).
     Demo(DemoArgs),
@@ -80,7 +83,34 @@ pub struct TestArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub test_threads: u16,
+    /// Kernels for the matrix stage (comma-separated: 5.10,6.1,6.12,sid or a
+    /// linux-image package name) [default: all four]. `--kernels none` skips the
+    /// stage (refused when CI=true).
+    #[arg(long, value_delimiter = ',', value_name = "K,...")]
+    pub kernels: Option<Vec<String>>,
     /// Passed to the integration test binary after `--test-threads`, e.g. a test name filter.
+    #[arg(last = true, value_name = "FILTER")]
+    pub filter: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct VmTestArgs {
+    /// Kernels to boot (comma-separated: 5.10, 6.1, 6.12, sid, or a full
+    /// linux-image-*-amd64-unsigned package name) [default: 5.10,6.1,6.12,sid].
+    #[arg(long, value_delimiter = ',', value_name = "K,...")]
+    pub kernel: Vec<String>,
+    /// Integration test binaries to run (comma-separated: lifecycle, hostport, ...)
+    /// [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub tests: Vec<String>,
+    /// Parallel tests inside each binary.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub test_threads: u16,
+    /// Each kernel's run is killed after this many minutes.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=240))]
+    pub timeout_mins: u32,
+    /// Passed to each test binary, e.g. a test name filter.
     #[arg(last = true, value_name = "FILTER")]
     pub filter: Vec<String>,
 }

@@ -12,6 +12,7 @@ mod leaks;
 mod setup;
 mod test;
 mod testbed;
+mod vm;
 mod ws;
 
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::BuildEbpf(args) => ebpf::run(&ws, &args),
         Command::Build(args) => build::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::VmTest(args) => vm::run(&ws, &args),
         Command::Demo(_) => demo::run(&ws),
         Command::Bench(args) => bench::run(&ws, &args),
         Command::ConnLoop(args) => bench::conn_loop(&args),

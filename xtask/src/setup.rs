@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub const PACKAGES: [&str; 9] = [
+pub const PACKAGES: [&str; 14] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -32,6 +32,13 @@ pub const PACKAGES: [&str; 9] = [
     // The crash tests kill the plugin before a chosen system call
     // (`strace --inject=<call>:signal=KILL:when=<n>`).
     "strace",
+    // The kernel matrix (`cargo xtask vm-test`): qemu, the guest's first
+    // userspace, depmod for the unpacked kernels, their compressed modules.
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
+    "xz-utils",
+    "zstd",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub const NIGHTLY: &str = "nightly";

@@ -8,10 +8,11 @@
 //! | tcx links | 6.6 | cls_bpf filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
 //! | `bpf_ktime_get_coarse_ns` | 5.11 | `bpf_ktime_get_ns` (the same clock, a little dearer) |
 //! | `bpf_check_mtu` | 5.12 | a packet whose next hop is not resolved yet goes to the kernel, which resolves it and checks the MTU |
+//! | a veth taking XDP frames when its NAPI runs (GRO on) | 5.13 | no native XDP (`xdp: native` and `auto` act as `off`): before 5.13 a veth accepts redirected XDP frames only with an XDP program on its peer, so native XDP could not deliver into pods; tc does |
 //! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper: flows expire when a packet or a new flow meets them, and the flow maps are LRU maps (a full table drops its least recently used flows instead of refusing new ones) |
 //!
 //! `SLUICE_DISABLE_FEATURES` (a comma-separated list of `tcx`, `ktime_coarse`,
-//! `check_mtu`, `sweeper`) makes a newer kernel take the fallbacks, so they are
+//! `check_mtu`, `sweeper`, `veth_xdp`) makes a newer kernel take the fallbacks, so they are
 //! tested on every kernel, not only on old ones.
 use std::sync::OnceLock;
 
@@ -36,6 +37,11 @@ pub struct Features {
     /// walks the flow table with `bpf_for_each_map_elem` (5.13) and its perf
     /// event is kept by a pinned bpf_link (5.15).
     pub sweeper: bool,
+    /// A veth takes redirected XDP frames once GRO turns its NAPI on (5.13,
+    /// "veth: allow enabling NAPI even without XDP"); before, only with an XDP
+    /// program on its peer. Not probeable without building veths, so read
+    /// from the kernel version.
+    pub veth_xdp: bool,
 }
 
 impl Features {
@@ -72,6 +78,12 @@ impl Features {
                 "5.15",
             ));
         }
+        if !self.veth_xdp {
+            out.push((
+                "XDP delivery into a veth without a program on its peer",
+                "5.13",
+            ));
+        }
         out
     }
 }
@@ -95,8 +107,27 @@ pub fn get() -> Features {
                 )
                 .unwrap_or(false)
                 && aya::features().bpf_perf_link(),
+            veth_xdp: !off("veth_xdp") && kernel_at_least((5, 13)),
         }
     })
+}
+
+/// Whether the running kernel's release (`uname -r`) is `want` or newer.
+fn kernel_at_least(want: (u32, u32)) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    release_at_least(&release, want)
+}
+
+fn release_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut it = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    match (it.next(), it.next()) {
+        (Some(major), Some(minor)) => (major, minor) >= want,
+        // Unreadable: assume a current kernel (the probes decide the rest).
+        _ => true,
+    }
 }
 
 /// A tcx query on `lo` (every namespace has one): the kernel answers it from
@@ -113,4 +144,18 @@ pub fn pod_attach(wanted: PodAttach) -> PodAttach {
         return PodAttach::Tc;
     }
     wanted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(release_at_least("6.18.44-fc-v657\n", (5, 13)));
+        assert!(release_at_least("5.13.0", (5, 13)));
+        assert!(!release_at_least("5.10.0-32-amd64", (5, 13)));
+        assert!(!release_at_least("4.19.0-27-amd64", (5, 13)));
+        assert!(release_at_least("", (5, 13)));
+    }
 }

@@ -95,6 +95,7 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
         .and_then(|c| links::ifname_of(c.uplink_ifindex))
         .into_iter()
         .collect();
+    let mut steps = crate::timing::Steps::start();
     for spec in wanted() {
         let name = spec.name;
         let staged = root.progs_dir().join(format!("{name}-new"));
@@ -156,6 +157,8 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
                 e,
             )
         })?;
+        // (A step per program: which one the verifier spends its time on.)
+        steps.done(&format!("load {name}"));
     }
     sluice_maps::node::write_meta(
         root,

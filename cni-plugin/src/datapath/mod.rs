@@ -178,9 +178,12 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
 /// GRO'd skb before running, only to pass most of them on (measured:
 /// external->pod TCP at 0.75x of tc alone). The tc program's
 /// bpf_redirect_peer does the job.
+/// Before Linux 5.13 native XDP could not deliver into a pod (see
+/// `features::Features::veth_xdp`): tc does it, with no XDP.
 fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
     match xdp {
         XdpMode::Auto if uplink.is_veth => XdpMode::Off,
+        XdpMode::Auto | XdpMode::Native if !features::get().veth_xdp => XdpMode::Off,
         XdpMode::Auto => XdpMode::Native,
         other => other,
     }

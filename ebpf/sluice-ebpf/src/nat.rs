@@ -147,7 +147,9 @@ fn stale_reverse(cfg: &MasqConfig, rk: &NatKey) -> bool {
     crate::kernel::lazy_expiry() && free_if_stale(cfg, rk) != 0
 }
 
-#[inline(never)]
+// Inline: as a call of its own it made 5.10's verifier crash (a NULL
+// dereference in __mark_chain_precision backtracking through nested calls).
+#[inline(always)]
 fn free_if_stale(cfg: &MasqConfig, rk: &NatKey) -> u32 {
     // SAFETY: map values are only read.
     let Some(rev) = (unsafe { NAT_REV.get(rk) }) else {
@@ -350,63 +352,84 @@ fn allocate(k: &NatKey, cfg: &MasqConfig, pod_ifindex: u32, state: u8) -> Result
         pod_port: k.src_port,
         _pad: 0,
     };
-    // `i` counts attempts (the loop's bound), `j` the ports tried: a port freed
-    // from a dead flow (no sweeper) is tried again.
     let mut i = 0;
-    let mut j: u32 = 0;
     while i < PORT_TRIES {
-        i += 1;
-        // An index over both ranges, first then second.
-        let idx = h.wrapping_add(j) % range;
-        let port = if idx < n1 {
-            cfg.port_min.wrapping_add(idx as u16)
-        } else {
-            cfg.port2_min.wrapping_add((idx - n1) as u16)
-        };
-        let nat_port = port.to_be();
-        let rk = rev_key(k, cfg.addr, nat_port);
-        match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
-            Ok(()) => {
-                let t = now();
-                let e = NatEntry {
-                    nat_port,
-                    state,
-                    flags: if pod_ifindex == 0 { nat_flags::NODE } else { 0 },
-                    pod_ifindex,
-                    last_seen_ns: t,
-                    created_ns: t,
-                    nat_addr: cfg.addr,
-                    _pad: 0,
-                };
-                return match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
-                    Ok(()) => {
-                        count(reason::MASQ_NEW_FLOW);
-                        events::flow(event_kind::NAT_NEW, k, cfg.addr, nat_port, pod_ifindex);
-                        Ok(())
-                    }
-                    // Another CPU created the same flow meanwhile: use its port.
-                    Err(e) if e == -EEXIST => {
-                        let _ = NAT_REV.remove(rk);
-                        Ok(())
-                    }
-                    Err(_) => {
-                        let _ = NAT_REV.remove(rk);
-                        Err(reason::DROP_MASQ_MAP_FULL)
-                    }
-                };
-            }
-            // Without the sweeper the port may be held by a dead flow: freed,
-            // the same port is tried again.
-            Err(e) if e == -EEXIST => {
-                if stale_reverse(cfg, &rk) {
-                    continue;
-                }
-            }
-            Err(_) => return Err(reason::DROP_MASQ_MAP_FULL),
+        let nat_port = candidate_port(cfg, h.wrapping_add(i) % range, n1);
+        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+            return r;
         }
-        j += 1;
+        i += 1;
+    }
+    // Without the sweeper a port may be held by a dead flow until a packet
+    // meets it: the first candidate's holder is checked, once, after the loop.
+    // (Checked inside the loop, 5.10's verifier walked every iteration apart
+    // and gave up at a million instructions.)
+    let nat_port = candidate_port(cfg, h % range, n1);
+    if stale_reverse(cfg, &rev_key(k, cfg.addr, nat_port)) {
+        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+            return r;
+        }
     }
     Err(reason::DROP_MASQ_NO_PORT)
+}
+
+/// The port at index `idx` over both ranges (the first, then the second), in
+/// network byte order.
+#[inline(always)]
+fn candidate_port(cfg: &MasqConfig, idx: u32, n1: u32) -> u16 {
+    let port = if idx < n1 {
+        cfg.port_min.wrapping_add(idx as u16)
+    } else {
+        cfg.port2_min.wrapping_add((idx - n1) as u16)
+    };
+    port.to_be()
+}
+
+/// Takes `nat_port` for the flow `k` if no flow holds it: `None` when one does,
+/// else the outcome of creating the flow.
+#[inline(always)]
+fn claim(
+    k: &NatKey,
+    cfg: &MasqConfig,
+    nat_port: u16,
+    rev: NatRev,
+    pod_ifindex: u32,
+    state: u8,
+) -> Option<Result<(), u32>> {
+    let rk = rev_key(k, cfg.addr, nat_port);
+    match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            let t = now();
+            let e = NatEntry {
+                nat_port,
+                state,
+                flags: if pod_ifindex == 0 { nat_flags::NODE } else { 0 },
+                pod_ifindex,
+                last_seen_ns: t,
+                created_ns: t,
+                nat_addr: cfg.addr,
+                _pad: 0,
+            };
+            Some(match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+                Ok(()) => {
+                    count(reason::MASQ_NEW_FLOW);
+                    events::flow(event_kind::NAT_NEW, k, cfg.addr, nat_port, pod_ifindex);
+                    Ok(())
+                }
+                // Another CPU created the same flow meanwhile: use its port.
+                Err(e) if e == -EEXIST => {
+                    let _ = NAT_REV.remove(rk);
+                    Ok(())
+                }
+                Err(_) => {
+                    let _ = NAT_REV.remove(rk);
+                    Err(reason::DROP_MASQ_MAP_FULL)
+                }
+            })
+        }
+        Err(e) if e == -EEXIST => None,
+        Err(_) => Some(Err(reason::DROP_MASQ_MAP_FULL)),
+    }
 }
 
 /// The TCP state after a packet with `flags`; `reply` for the return direction.

@@ -1,0 +1,385 @@
+//! `cargo xtask vm-test`: the integration tests on Debian's kernels, each booted
+//! in qemu with this machine's userspace (the host's `/` read-only over 9p).
+//!
+//! Kernels come from Debian's archive (`kernels.rs`), the guest's first
+//! userspace from `initramfs.rs`, the boot from `qemu.rs`. In the guest a job
+//! script mounts what the tests need (bpffs, cgroup2, /run/netns), loads the
+//! modules a node has (veth, clsact, cls_bpf, fq, ...), runs each test binary
+//! built on the host and writes its output and exit status to a shared
+//! directory, around a leak check of its own (netns, links, bpffs). Everything
+//! is cached under `target/vm`.
+mod initramfs;
+mod kernels;
+mod qemu;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{bail, Result};
+
+use self::kernels::Kernel;
+use crate::{cli::VmTestArgs, host::fmt_duration, test::TestEnv, ws::Workspace};
+
+pub use qemu::Accel;
+
+/// The kernels of the matrix: Debian 11, 12, 13 and unstable.
+pub const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
+
+/// Modules a node has loaded (or auto-loads) that the guest loads up front; a
+/// missing one is not an error (built in, or absent from that kernel).
+const GUEST_MODULES: &[&str] = &[
+    "veth",
+    "sch_ingress",
+    "cls_bpf",
+    "act_bpf",
+    "sch_fq",
+    "sch_tbf",
+    "sch_htb",
+    "ifb",
+    "act_mirred",
+    "netkit",
+    "nf_conntrack",
+    "nf_nat",
+    "iptable_nat",
+    "iptable_filter",
+    "ip6table_nat",
+    "ip6table_filter",
+    "xt_MASQUERADE",
+    "xt_comment",
+    "xt_mark",
+    "xt_multiport",
+    "xt_addrtype",
+    "bridge",
+    "br_netfilter",
+    "tun",
+];
+
+pub fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
+    let env = TestEnv::build(ws)?;
+    let kernels: Vec<String> = if args.kernel.is_empty() {
+        MATRIX.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.kernel.clone()
+    };
+    let accel = detect_accel(ws, &kernels[0])?;
+    let plan = Plan {
+        kernels,
+        binaries: args.tests.clone(),
+        filter: args.filter.clone(),
+        threads: args.test_threads,
+        accel,
+        deadline: Duration::from_secs(u64::from(args.timeout_mins) * 60),
+    };
+    let report = matrix(ws, &env, &plan)?;
+    println!("{report}");
+    if report.ok() {
+        Ok(())
+    } else {
+        bail!("vm-test: {}", report.failures().join("; "))
+    }
+}
+
+/// How guests will run here: a probe boot of kernel `name` under KVM, if
+/// /dev/kvm is there (see `Accel::detect`).
+pub fn detect_accel(ws: &Workspace, name: &str) -> Result<Accel> {
+    let dir = ws.target.join("vm");
+    let kernel = kernels::fetch(&dir, &[name.to_string()])?.remove(0);
+    let kdir = dir.join("runs").join(&kernel.release);
+    fs::create_dir_all(&kdir)?;
+    let initrd = initramfs::build(&kernel, &kdir.join("initrd"))?;
+    let out = qemu::fresh_dir(&kdir.join("out"))?;
+    Ok(Accel::detect(&kernel, &initrd, &out))
+}
+
+/// What to run where.
+pub struct Plan {
+    pub kernels: Vec<String>,
+    /// Test binaries by name (`lifecycle`); empty: every one.
+    pub binaries: Vec<String>,
+    /// Passed to each binary (a test name filter).
+    pub filter: Vec<String>,
+    pub threads: u16,
+    pub accel: Accel,
+    /// Per kernel, boot to power-off.
+    pub deadline: Duration,
+}
+
+/// Runs `plan` with the binaries of `env`.
+pub fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
+    let dir = ws.target.join("vm");
+    let kernels = kernels::fetch(&dir, &plan.kernels)?;
+    let mut tests = env.test_executables(ws)?;
+    if !plan.binaries.is_empty() {
+        for b in &plan.binaries {
+            if !tests.iter().any(|(n, _)| n == b) {
+                let known: Vec<&str> = tests.iter().map(|(n, _)| n.as_str()).collect();
+                bail!(
+                    "no integration test binary {b:?}; there are: {}",
+                    known.join(", ")
+                );
+            }
+        }
+        tests.retain(|(n, _)| plan.binaries.contains(n));
+    }
+    println!(
+        "vm-test: {} kernel(s), {} test binaries, {:?}",
+        kernels.len(),
+        tests.len(),
+        plan.accel
+    );
+    let mut report = Report::default();
+    for kernel in &kernels {
+        let kdir = dir.join("runs").join(&kernel.release);
+        fs::create_dir_all(&kdir)?;
+        let initrd = initramfs::build(kernel, &kdir.join("initrd"))?;
+        let out = qemu::fresh_dir(&kdir.join("out"))?;
+        let job = kdir.join("job.sh");
+        fs::write(&job, job_script(ws, env, kernel, &tests, plan))?;
+        println!("==> {} ({})", kernel.name, kernel.release);
+        let console = qemu::Boot {
+            kernel,
+            initrd: &initrd,
+            job: &job.display().to_string(),
+            out: &out,
+            accel: plan.accel,
+            cpus: 2,
+            memory_mib: 4096,
+            deadline: plan.deadline,
+            prefix: format!("[{}] ", kernel.name),
+        }
+        .run()?;
+        report
+            .kernels
+            .push(KernelResult::read(kernel, &tests, &out, &console));
+    }
+    Ok(report)
+}
+
+/// The guest's job: mounts, modules, environment, each test binary with its
+/// log and exit status in /out, and a leak check around them.
+fn job_script(
+    ws: &Workspace,
+    env: &TestEnv,
+    kernel: &Kernel,
+    tests: &[(String, PathBuf)],
+    plan: &Plan,
+) -> String {
+    let mut s = String::from("#!/bin/sh\n# Written by cargo xtask vm-test; runs in the guest.\n");
+    s.push_str(
+        "mkdir -p /out && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out \
+         || { echo 'SLUICE-VM-ERROR out'; exit 1; }\n\
+         mount -t tmpfs tmpfs /run && mkdir -p /run/netns /run/lock\n\
+         mount -t tmpfs tmpfs /tmp\n\
+         mount -t bpf bpf /sys/fs/bpf\n\
+         mount -t cgroup2 cgroup2 /sys/fs/cgroup\n\
+         mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null\n\
+         mkdir -p /lib/modules\n",
+    );
+    let _ = writeln!(
+        s,
+        "ln -sfn {} /lib/modules/$(uname -r)",
+        kernel.modules.display()
+    );
+    let _ = writeln!(
+        s,
+        "for m in {}; do modprobe -q $m 2>/dev/null; done",
+        GUEST_MODULES.join(" ")
+    );
+    s.push_str(
+        "ip link set lo up\n\
+         hostname sluice-vm\n\
+         export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n",
+    );
+    for (key, value) in env.vars() {
+        let _ = writeln!(s, "export {key}='{}'", value.display());
+    }
+    let _ = writeln!(s, "cd '{}'", ws.root.display());
+    s.push_str(
+        "echo \"SLUICE-VM-KERNEL $(uname -r)\" | tee /out/kernel\n\
+         snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
+         snapshot | sort > /out/before\n",
+    );
+    let filter: Vec<String> = plan.filter.iter().map(|f| format!("'{f}'")).collect();
+    for (name, exe) in tests {
+        let _ = writeln!(
+            s,
+            "echo 'SLUICE-VM-TEST {name}'\n\
+             ( '{}' --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
+            exe.display(),
+            plan.threads,
+            filter.join(" ")
+        );
+    }
+    s.push_str(
+        "snapshot | sort > /out/after\n\
+         comm -13 /out/before /out/after > /out/leaks\n\
+         sync\n\
+         echo SLUICE-VM-DONE\n",
+    );
+    s
+}
+
+/// One test binary on one kernel.
+#[derive(Debug)]
+pub struct BinaryResult {
+    pub name: String,
+    /// Exit status, None when it never ended (killed, guest crashed).
+    pub status: Option<i32>,
+    pub passed: u32,
+    pub failed: Vec<String>,
+}
+
+/// One kernel's run.
+#[derive(Debug)]
+pub struct KernelResult {
+    pub name: String,
+    pub release: String,
+    pub booted: bool,
+    pub timed_out: bool,
+    pub took: Duration,
+    pub binaries: Vec<BinaryResult>,
+    pub leaks: Vec<String>,
+}
+
+impl KernelResult {
+    fn read(
+        kernel: &Kernel,
+        tests: &[(String, PathBuf)],
+        out: &Path,
+        console: &qemu::Console,
+    ) -> Self {
+        let binaries = tests
+            .iter()
+            .map(|(name, _)| {
+                let log = fs::read_to_string(out.join(format!("{name}.log"))).unwrap_or_default();
+                let status = fs::read_to_string(out.join(format!("{name}.rc")))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+                let (passed, failed) = parse_libtest(&log);
+                BinaryResult {
+                    name: name.clone(),
+                    status,
+                    passed,
+                    failed,
+                }
+            })
+            .collect();
+        let leaks = fs::read_to_string(out.join("leaks"))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_else(|_| vec!["(no leak check: the job did not finish)".to_string()]);
+        Self {
+            name: kernel.name.clone(),
+            release: kernel.release.clone(),
+            booted: console.booted(),
+            timed_out: console.timed_out,
+            took: console.took,
+            binaries,
+            leaks,
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.booted
+            && !self.timed_out
+            && self.leaks.is_empty()
+            && self
+                .binaries
+                .iter()
+                .all(|b| b.status == Some(0) && b.failed.is_empty())
+    }
+}
+
+/// Passed count and failed test names from libtest's output.
+fn parse_libtest(log: &str) -> (u32, Vec<String>) {
+    let mut passed = 0;
+    let mut failed = Vec::new();
+    for l in log.lines() {
+        if let Some(rest) = l.strip_prefix("test ") {
+            if rest.ends_with(" ... ok") {
+                passed += 1;
+            } else if let Some(name) = rest.strip_suffix(" ... FAILED") {
+                failed.push(name.to_string());
+            }
+        }
+    }
+    (passed, failed)
+}
+
+/// Every kernel's results.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub kernels: Vec<KernelResult>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        !self.kernels.is_empty() && self.kernels.iter().all(KernelResult::ok)
+    }
+
+    /// One line per problem: "5.10: hostport: external_tcp... failed".
+    pub fn failures(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for k in &self.kernels {
+            if !k.booted {
+                out.push(format!("{}: the guest did not boot", k.name));
+            }
+            if k.timed_out {
+                out.push(format!("{}: killed after {}", k.name, fmt_duration(k.took)));
+            }
+            for b in &k.binaries {
+                for f in &b.failed {
+                    out.push(format!("{}: {}: {f} failed", k.name, b.name));
+                }
+                match b.status {
+                    Some(0) => {}
+                    // The failed tests are named above.
+                    Some(_) if !b.failed.is_empty() => {}
+                    Some(rc) => out.push(format!("{}: {} exited with {rc}", k.name, b.name)),
+                    None => out.push(format!("{}: {} did not finish", k.name, b.name)),
+                }
+            }
+            if !k.leaks.is_empty() {
+                out.push(format!("{}: left behind: {}", k.name, k.leaks.join(", ")));
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "vm-test results:")?;
+        for k in &self.kernels {
+            let passed: u32 = k.binaries.iter().map(|b| b.passed).sum();
+            let failed: usize = k.binaries.iter().map(|b| b.failed.len()).sum();
+            writeln!(
+                f,
+                "  {:<5} {:<24} {} in {}: {passed} passed, {failed} failed",
+                k.name,
+                k.release,
+                if k.ok() { "ok    " } else { "FAILED" },
+                fmt_duration(k.took)
+            )?;
+        }
+        for line in self.failures() {
+            writeln!(f, "  - {line}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_output_counts() {
+        let log = "running 3 tests\ntest a ... ok\ntest b::c ... FAILED\ntest d ... ok\n\
+                   test result: FAILED. 2 passed; 1 failed; 0 ignored\n";
+        assert_eq!(parse_libtest(log), (2, vec!["b::c".to_string()]));
+    }
+}
