@@ -99,8 +99,9 @@ pub struct VmTestArgs {
     /// linux-image-*-amd64-unsigned package name) [default: 5.10,6.1,6.12,sid].
     #[arg(long, value_delimiter = ',', value_name = "K,...")]
     pub kernel: Vec<String>,
-    /// Integration test binaries to run (comma-separated: lifecycle, hostport, ...)
-    /// [default: all].
+    /// Integration test binaries to run (comma-separated: lifecycle, hostport, ...),
+    /// each optionally with test name filters of its own
+    /// (`masquerade:idle_flows|native`) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub tests: Vec<String>,
     /// Parallel tests inside each binary.

@@ -115,7 +115,7 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
 /// The integration tests on the kernel matrix (`cargo xtask vm-test`), in CI
 /// and whenever asked (`--kernels`). Under KVM every binary runs on every
 /// kernel; emulated (TCG, ~15x slower, the datapath's load alone ~13 s on 5.10)
-/// each kernel runs the binaries that exercise what it lacks (`TCG_PLAN`).
+/// each kernel runs every feature's main traffic tests (`TCG_MAIN_TESTS`).
 fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
     let kernels: Vec<String> = args
         .kernels
@@ -126,7 +126,7 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
     for kernel in &kernels {
         let binaries = match accel {
             vm::Accel::Kvm => Vec::new(),
-            vm::Accel::Tcg => tcg_binaries(kernel),
+            vm::Accel::Tcg => TCG_MAIN_TESTS.iter().map(|s| s.to_string()).collect(),
         };
         let plan = vm::Plan {
             kernels: vec![kernel.clone()],
@@ -150,18 +150,21 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
-/// Under emulation, the test binaries each kernel runs: 5.10 has every
-/// fallback (no tcx, sweeper, check_mtu, coarse clock, netns cookie, native
-/// XDP into veths); 6.1 has no tcx (cls_bpf uplink, upgrades of filters); 6.12
-/// and the newest kernel have everything.
-fn tcg_binaries(kernel: &str) -> Vec<String> {
-    let names: &[&str] = match kernel {
-        "5.10" => &["lifecycle", "masquerade", "hostport"],
-        "6.1" => &["lifecycle", "uplink", "upgrade"],
-        _ => &["lifecycle", "uplink"],
-    };
-    names.iter().map(|s| s.to_string()).collect()
-}
+/// Under emulation, what each kernel runs: every feature's main traffic
+/// tests (`binary:filter|filter`, libtest's substring filters). The host runs
+/// everything, churn, crash and fuzz included.
+const TCG_MAIN_TESTS: [&str; 10] = [
+    "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
+    "traffic",
+    "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack",
+    "uplink:xdp_native_carries|xdp_generic_carries|xdp_off_leaves",
+    "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire",
+    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports",
+    "bandwidth:a_single_tcp_stream_holds_10_mbit",
+    "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp",
+    "two_nodes:xdp_auto",
+    "gc_status:status_reports",
+];
 
 /// What the integration tests are given: the eBPF object and the binaries
 /// under test, as environment variables.

@@ -7,7 +7,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::cmd;
 
@@ -79,12 +79,13 @@ impl Apt {
         Ok(())
     }
 
-    /// Every `linux-image-*-amd64-unsigned` package name.
+    /// Every `linux-image-<release>-amd64[-unsigned]` package name (newer
+    /// suites ship only the signed image, which boots the same in qemu).
     fn kernel_packages(&self) -> Result<Vec<String>> {
         let out = cmd::stdout(self.command("apt-cache").args([
             "search",
             "--names-only",
-            "^linux-image-.*-amd64-unsigned$",
+            "^linux-image-[0-9].*-amd64(-unsigned)?$",
         ]))?;
         Ok(out
             .lines()
@@ -94,11 +95,52 @@ impl Apt {
     }
 }
 
-/// `linux-image-<release>-unsigned` -> `<release>` (`5.10.0-32-amd64`).
+impl Apt {
+    /// The packages that hold `package`'s kernel image and modules: itself, or
+    /// (since Debian 14's split) `linux-binary-unsigned-<release>` and
+    /// `linux-modules-<release>`, which the image package only depends on.
+    fn parts_of(&self, package: &str, release: &str) -> Result<Vec<String>> {
+        let quoted = release.replace('.', "\\.").replace('+', "\\+");
+        let out = cmd::stdout(self.command("apt-cache").args([
+            "search",
+            "--names-only",
+            &format!("^linux-(binary-unsigned|modules)-{quoted}$"),
+        ]))?;
+        let parts: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        Ok(if parts.len() == 2 {
+            parts
+        } else {
+            vec![package.to_string()]
+        })
+    }
+
+    /// `apt-get download package` into `dir`; the .deb's path.
+    fn download(&self, package: &str, dir: &Path) -> Result<PathBuf> {
+        cmd::run(
+            self.command("apt-get")
+                .current_dir(dir)
+                .args(["download", package]),
+        )?;
+        fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{package}_")))
+            })
+            .with_context(|| format!("apt-get download left no {package}_*.deb"))
+    }
+}
+
+/// `linux-image-<release>[-unsigned]` -> `<release>` (`5.10.0-32-amd64`).
 fn release_of(package: &str) -> Option<&str> {
-    package
-        .strip_prefix("linux-image-")?
-        .strip_suffix("-unsigned")
+    let rest = package.strip_prefix("linux-image-")?;
+    Some(rest.strip_suffix("-unsigned").unwrap_or(rest))
 }
 
 /// Version numbers of a release for ordering (`6.12.117+deb13-amd64` ->
@@ -128,12 +170,18 @@ pub fn resolve(name: &str, packages: &[String]) -> Result<String> {
             .filter(|p| release_of(p).is_some_and(|r| r.starts_with(&prefix)))
             .collect()
     };
+    // The newest release; of its two packages the unsigned one.
     candidates
         .into_iter()
-        .max_by_key(|p| version_key(release_of(p).unwrap_or_default()))
+        .max_by_key(|p| {
+            (
+                version_key(release_of(p).unwrap_or_default()),
+                p.ends_with("-unsigned"),
+            )
+        })
         .cloned()
         .with_context(|| {
-            format!("no linux-image-*-amd64-unsigned package for kernel {name:?} in {SUITES:?}")
+            format!("no linux-image-*-amd64 package for kernel {name:?} in {SUITES:?}")
         })
 }
 
@@ -160,29 +208,30 @@ pub fn fetch(dir: &Path, names: &[String]) -> Result<Vec<Kernel>> {
         if !modules.join("modules.dep").exists() {
             let debs = dir.join("debs");
             fs::create_dir_all(&debs)?;
-            cmd::run(
-                apt.command("apt-get")
-                    .current_dir(&debs)
-                    .args(["download", &package]),
-            )?;
-            let deb = fs::read_dir(&debs)?
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .find(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with(&format!("{package}_")))
-                })
-                .with_context(|| format!("apt-get download left no {package}_*.deb"))?;
             fs::create_dir_all(&root)?;
-            cmd::run(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
+            for part in apt.parts_of(&package, &release)? {
+                let deb = apt.download(&part, &debs)?;
+                cmd::run(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
+                fs::remove_file(&deb)?;
+            }
+            // Since trixie the modules are under usr/lib (merged /usr); depmod -b
+            // looks under lib/.
+            let lib = root.join("lib");
+            if !lib.exists() && root.join("usr/lib/modules").is_dir() {
+                std::os::unix::fs::symlink("usr/lib", &lib)
+                    .with_context(|| format!("linking {}", lib.display()))?;
+            }
             cmd::run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
-            fs::remove_file(&deb)?;
         }
-        let vmlinuz = root.join("boot").join(format!("vmlinuz-{release}"));
-        if !vmlinuz.exists() {
-            bail!("{} has no kernel image", package);
-        }
+        // boot/ until Debian 13; next to the modules in the split packages.
+        let vmlinuz = [
+            root.join("boot").join(format!("vmlinuz-{release}")),
+            modules.join("vmlinuz"),
+            modules.join("vmlinuz.unsigned"),
+        ]
+        .into_iter()
+        .find(|p| p.exists())
+        .with_context(|| format!("{package} has no kernel image"))?;
         out.push(Kernel {
             name: name.clone(),
             release,
@@ -207,6 +256,9 @@ mod tests {
             "linux-image-6.12.107+deb13-amd64-unsigned",
             "linux-image-6.12.117+deb13-amd64-unsigned",
             "linux-image-6.17.8+deb14-amd64-unsigned",
+            "linux-image-7.2.13+deb14-amd64",
+            "linux-image-7.2.13+deb14-cloud-amd64",
+            "linux-image-6.12.117+deb13-amd64",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -230,7 +282,11 @@ mod tests {
         );
         assert_eq!(
             resolve("sid", &p).unwrap(),
-            "linux-image-6.17.8+deb14-amd64-unsigned"
+            "linux-image-7.2.13+deb14-amd64"
+        );
+        assert_eq!(
+            release_of("linux-image-7.2.13+deb14-amd64"),
+            Some("7.2.13+deb14-amd64")
         );
         assert_eq!(
             resolve("linux-image-5.10.0-30-amd64-unsigned", &p).unwrap(),

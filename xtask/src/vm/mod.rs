@@ -98,9 +98,10 @@ pub fn detect_accel(ws: &Workspace, name: &str) -> Result<Accel> {
 /// What to run where.
 pub struct Plan {
     pub kernels: Vec<String>,
-    /// Test binaries by name (`lifecycle`); empty: every one.
+    /// Test binaries by name (`lifecycle`), each optionally with test name
+    /// filters of its own (`masquerade:idle_flows|tcp_udp`); empty: every one.
     pub binaries: Vec<String>,
-    /// Passed to each binary (a test name filter).
+    /// Passed to each binary (a test name filter), after its own.
     pub filter: Vec<String>,
     pub threads: u16,
     pub accel: Accel,
@@ -112,19 +113,41 @@ pub struct Plan {
 pub fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
     let dir = ws.target.join("vm");
     let kernels = kernels::fetch(&dir, &plan.kernels)?;
-    let mut tests = env.test_executables(ws)?;
-    if !plan.binaries.is_empty() {
-        for b in &plan.binaries {
-            if !tests.iter().any(|(n, _)| n == b) {
-                let known: Vec<&str> = tests.iter().map(|(n, _)| n.as_str()).collect();
+    let built = env.test_executables(ws)?;
+    let tests: Vec<Run> = if plan.binaries.is_empty() {
+        built
+            .into_iter()
+            .map(|(name, exe)| Run {
+                name,
+                exe,
+                filters: plan.filter.clone(),
+            })
+            .collect()
+    } else {
+        let mut runs = Vec::new();
+        for entry in &plan.binaries {
+            let (name, own) = entry.split_once(':').unwrap_or((entry, ""));
+            let Some((_, exe)) = built.iter().find(|(n, _)| n == name) else {
+                let known: Vec<&str> = built.iter().map(|(n, _)| n.as_str()).collect();
                 bail!(
-                    "no integration test binary {b:?}; there are: {}",
+                    "no integration test binary {name:?}; there are: {}",
                     known.join(", ")
                 );
-            }
+            };
+            let mut filters: Vec<String> = own
+                .split('|')
+                .filter(|f| !f.is_empty())
+                .map(str::to_string)
+                .collect();
+            filters.extend(plan.filter.iter().cloned());
+            runs.push(Run {
+                name: name.to_string(),
+                exe: exe.clone(),
+                filters,
+            });
         }
-        tests.retain(|(n, _)| plan.binaries.contains(n));
-    }
+        runs
+    };
     println!(
         "vm-test: {} kernel(s), {} test binaries, {:?}",
         kernels.len(),
@@ -159,13 +182,20 @@ pub fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
     Ok(report)
 }
 
+/// One test binary to run in the guest, with its test name filters.
+struct Run {
+    name: String,
+    exe: PathBuf,
+    filters: Vec<String>,
+}
+
 /// The guest's job: mounts, modules, environment, each test binary with its
 /// log and exit status in /out, and a leak check around them.
 fn job_script(
     ws: &Workspace,
     env: &TestEnv,
     kernel: &Kernel,
-    tests: &[(String, PathBuf)],
+    tests: &[Run],
     plan: &Plan,
 ) -> String {
     let mut s = String::from("#!/bin/sh\n# Written by cargo xtask vm-test; runs in the guest.\n");
@@ -203,8 +233,8 @@ fn job_script(
          snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
          snapshot | sort > /out/before\n",
     );
-    let filter: Vec<String> = plan.filter.iter().map(|f| format!("'{f}'")).collect();
-    for (name, exe) in tests {
+    for Run { name, exe, filters } in tests {
+        let filter: Vec<String> = filters.iter().map(|f| format!("'{f}'")).collect();
         let _ = writeln!(
             s,
             "echo 'SLUICE-VM-TEST {name}'\n\
@@ -246,15 +276,10 @@ pub struct KernelResult {
 }
 
 impl KernelResult {
-    fn read(
-        kernel: &Kernel,
-        tests: &[(String, PathBuf)],
-        out: &Path,
-        console: &qemu::Console,
-    ) -> Self {
+    fn read(kernel: &Kernel, tests: &[Run], out: &Path, console: &qemu::Console) -> Self {
         let binaries = tests
             .iter()
-            .map(|(name, _)| {
+            .map(|Run { name, .. }| {
                 let log = fs::read_to_string(out.join(format!("{name}.log"))).unwrap_or_default();
                 let status = fs::read_to_string(out.join(format!("{name}.rc")))
                     .ok()
