@@ -203,7 +203,6 @@ fn job_script(
         "mkdir -p /out && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out \
          || { echo 'SLUICE-VM-ERROR out'; exit 1; }\n\
          mount -t tmpfs tmpfs /run && mkdir -p /run/netns /run/lock\n\
-         mount -t tmpfs tmpfs /tmp\n\
          mount -t bpf bpf /sys/fs/bpf\n\
          mount -t cgroup2 cgroup2 /sys/fs/cgroup\n\
          mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null\n\
@@ -227,7 +226,13 @@ fn job_script(
     for (key, value) in env.vars() {
         let _ = writeln!(s, "export {key}='{}'", value.display());
     }
-    let _ = writeln!(s, "cd '{}'", ws.root.display());
+    // (The overlay root is writable already: no tmpfs on /tmp, which could hide
+    // a workspace cloned there.)
+    let _ = writeln!(
+        s,
+        "cd '{}' || {{ echo 'SLUICE-VM-ERROR workspace not visible'; exit 1; }}",
+        ws.root.display()
+    );
     s.push_str(
         "echo \"SLUICE-VM-KERNEL $(uname -r)\" | tee /out/kernel\n\
          snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
