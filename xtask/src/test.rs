@@ -122,25 +122,21 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
         .clone()
         .unwrap_or_else(|| vm::MATRIX.iter().map(|s| s.to_string()).collect());
     let accel = vm::detect_accel(ws, &kernels[0])?;
-    let mut report = vm::Report::default();
-    for kernel in &kernels {
-        let binaries = match accel {
+    let plan = vm::Plan {
+        kernels,
+        binaries: match accel {
             vm::Accel::Kvm => Vec::new(),
             vm::Accel::Tcg => TCG_MAIN_TESTS.iter().map(|s| s.to_string()).collect(),
-        };
-        let plan = vm::Plan {
-            kernels: vec![kernel.clone()],
-            binaries,
-            filter: args.filter.clone(),
-            threads: args.test_threads,
-            accel,
-            deadline: Duration::from_secs(match accel {
-                vm::Accel::Kvm => 20 * 60,
-                vm::Accel::Tcg => 25 * 60,
-            }),
-        };
-        report.kernels.extend(vm::matrix(ws, env, &plan)?.kernels);
-    }
+        },
+        filter: args.filter.clone(),
+        threads: args.test_threads,
+        accel,
+        deadline: Duration::from_secs(match accel {
+            vm::Accel::Kvm => 20 * 60,
+            vm::Accel::Tcg => 25 * 60,
+        }),
+    };
+    let report = vm::matrix(ws, env, &plan)?;
     println!("{report}");
     ensure!(
         report.ok(),

@@ -88,12 +88,20 @@ impl Features {
     }
 }
 
-/// The features of the running kernel.
+/// Whether this run takes `feature`'s fallback on any kernel
+/// (`SLUICE_DISABLE_FEATURES`).
+fn off(feature: &str) -> bool {
+    std::env::var("SLUICE_DISABLE_FEATURES")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == feature)
+}
+
+/// The features of the running kernel (probes that load programs: asked when
+/// the datapath is loaded or attached, not on every ADD).
 pub fn get() -> Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();
     *FEATURES.get_or_init(|| {
-        let disabled = std::env::var("SLUICE_DISABLE_FEATURES").unwrap_or_default();
-        let off = |name: &str| disabled.split(',').any(|d| d.trim() == name);
         let helper =
             |h: BpfHelper| is_helper_supported(ProgramType::SchedClassifier, h).unwrap_or(false);
         Features {
@@ -107,9 +115,16 @@ pub fn get() -> Features {
                 )
                 .unwrap_or(false)
                 && aya::features().bpf_perf_link(),
-            veth_xdp: !off("veth_xdp") && kernel_at_least((5, 13)),
+            veth_xdp: veth_xdp(),
         }
     })
+}
+
+/// [`Features::veth_xdp`] alone: a version check, no probe, so that every ADD
+/// with an uplink can ask it (the XDP mode it wants) without [`get`]'s probes.
+pub fn veth_xdp() -> bool {
+    static VETH_XDP: OnceLock<bool> = OnceLock::new();
+    *VETH_XDP.get_or_init(|| !off("veth_xdp") && kernel_at_least((5, 13)))
 }
 
 /// Whether the running kernel's release (`uname -r`) is `want` or newer.

@@ -183,7 +183,7 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
 fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
     match xdp {
         XdpMode::Auto if uplink.is_veth => XdpMode::Off,
-        XdpMode::Auto | XdpMode::Native if !features::get().veth_xdp => XdpMode::Off,
+        XdpMode::Auto | XdpMode::Native if !features::veth_xdp() => XdpMode::Off,
         XdpMode::Auto => XdpMode::Native,
         other => other,
     }
