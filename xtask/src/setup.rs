@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub const PACKAGES: [&str; 14] = [
+pub const PACKAGES: [&str; 17] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -39,6 +39,11 @@ pub const PACKAGES: [&str; 14] = [
     "kmod",
     "xz-utils",
     "zstd",
+    // The containerd CRI end-to-end test (tests/cri.rs): the runtime, its OCI
+    // runtime, and protoc for the CRI client's generated code (crate k8s-cri).
+    "containerd",
+    "runc",
+    "protobuf-compiler",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub const NIGHTLY: &str = "nightly";
