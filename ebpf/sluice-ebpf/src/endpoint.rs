@@ -3,10 +3,17 @@
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
     helpers::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
 };
-use sluice_common::Endpoint;
+use sluice_common::{reason, Endpoint, IpKey};
 
-use crate::{bandwidth, counters::count, l3::Headers, maps::ENDPOINT_STATS};
+use crate::{
+    bandwidth,
+    counters::count,
+    l3::Headers,
+    maps::{ENDPOINTS, ENDPOINT_STATS},
+    TCX_NEXT,
+};
 
 /// Counts a packet the pod on `ifindex` sent. Userspace creates the entry at ADD,
 /// so the hot path never inserts.
@@ -68,4 +75,25 @@ pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
     count(reason);
     // SAFETY: plain helper call.
     unsafe { bpf_redirect(ep.ifindex, 0) as u32 }
+}
+
+/// Delivers a packet masquerade or hostPort translated (`nat`, `hostport`) into the pod (or to the kernel, which routes it
+/// there, when the pod is not in the endpoint map).
+#[inline(always)]
+pub(crate) fn deliver_translated(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
+    // The translation's checksum helpers may have moved the packet: parse it
+    // again.
+    let Ok(h) = crate::l3::parse(ctx) else {
+        return TCX_NEXT;
+    };
+    // SAFETY: map values are only read.
+    match unsafe { ENDPOINTS.get(IpKey::v4(pod_ip)) } {
+        Some(ep) if h.ttl() > 1 => deliver_tc(
+            &h,
+            ep,
+            crate::bandwidth::wire_len(ctx),
+            reason::UPLINK_TO_POD,
+        ),
+        _ => TCX_NEXT,
+    }
 }

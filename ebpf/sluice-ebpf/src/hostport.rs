@@ -29,10 +29,14 @@ use sluice_common::{
 
 use crate::{
     counters::count,
+    csum,
+    endpoint::deliver_translated,
     events::{self, note_drop},
     l3::{Headers, L3},
+    l4::{
+        self, ipv4, is_fragment, rewrite, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    },
     maps::{HP_CONFIG, HP_CT, HP_SOCK, NODE_ADDRS, PORTS},
-    nat::{self, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
     packet::ptr_at,
 };
 
@@ -69,12 +73,12 @@ fn lookup(dst: [u8; 4], port: u16, proto: u8) -> Option<PortTarget> {
 /// A translatable packet: IPv4 TCP/UDP/SCTP, not a fragment.
 #[inline(always)]
 fn parse(ctx: &TcContext) -> Option<(Ipv4Hdr, L4)> {
-    let ip = nat::ipv4(ctx)?;
-    if !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || nat::is_fragment(&ip) {
+    let ip = ipv4(ctx)?;
+    if !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || is_fragment(&ip) {
         return None;
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
-    let l4 = nat::l4(ctx, ip.proto, l4_off, 0).ok()?;
+    let l4 = l4::l4(ctx, ip.proto, l4_off, 0).ok()?;
     Some((ip, l4))
 }
 
@@ -92,7 +96,7 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
             old_port: l4.sport,
             new_port: f.src_port,
         };
-        nat::rewrite(ctx, l4, &r)?;
+        rewrite(ctx, l4, &r)?;
     }
     if ip.dst_addr != f.dst_ip || l4.dport != f.dst_port {
         let r = Rewrite {
@@ -103,7 +107,7 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
             old_port: l4.dport,
             new_port: f.dst_port,
         };
-        nat::rewrite(ctx, l4, &r)?;
+        rewrite(ctx, l4, &r)?;
     }
     Ok(())
 }
@@ -169,7 +173,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(nat::deliver(ctx, t.pod_ip))
+    Some(deliver_translated(ctx, t.pod_ip))
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]
@@ -205,32 +209,16 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     let [sport, dport] = unsafe { *ports };
     let t = lookup(dst, dport, proto)?;
     remember_reply(&t, proto, src, dst, sport, dport);
-    let (od, nd) = (nat::words(dst), nat::words(t.pod_ip));
-    if proto != PROTO_SCTP {
-        let c: *mut u16 = ptr_at(ctx, csum_off)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            // UDP checksum 0: none to update.
-            if !(proto == PROTO_UDP && *c == 0) {
-                let nc = nat::csum_update(*c, [od[0], od[1], dport], [nd[0], nd[1], t.pod_port]);
-                *c = if proto == PROTO_UDP && nc == 0 {
-                    0xffff
-                } else {
-                    nc
-                };
-            }
-        }
-    }
-    // SAFETY: bounds checked by ptr_at / l3::parse.
+    let csum: Option<*mut u16> = if proto == PROTO_SCTP {
+        None
+    } else {
+        Some(ptr_at(ctx, csum_off)?)
+    };
+    // SAFETY: bounds checked by ptr_at / l3::parse; the destination port is the
+    // second of the two words checked.
     unsafe {
-        (*ports)[1] = t.pod_port;
-        (*ip).check = nat::csum_update(
-            u16::from_ne_bytes((*ip).check),
-            [od[0], od[1], 0],
-            [nd[0], nd[1], 0],
-        )
-        .to_ne_bytes();
-        (*ip).dst_addr = t.pod_ip;
+        let port = ports.cast::<u16>().add(1);
+        csum::set_dst(ip, proto, port, csum, t.pod_ip, t.pod_port);
     }
     count(reason::HOSTPORT_DNAT);
     Some(t.pod_ip)

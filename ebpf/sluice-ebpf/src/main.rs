@@ -20,12 +20,14 @@
 
 mod bandwidth;
 mod counters;
+mod csum;
 mod endpoint;
 mod events;
 mod forward;
 mod hostport;
 mod kernel;
 mod l3;
+mod l4;
 mod maps;
 mod nat;
 mod packet;

@@ -1,0 +1,78 @@
+//! Checksums by hand, for XDP (which has no checksum helpers), like Cilium's
+//! `bpf/lib/csum.h`: RFC 1624 incremental updates. Only right for complete
+//! checksums, which is why the XDP translations run in native mode only (a
+//! generic-XDP skb may carry a partial one; tc and its helpers handle those).
+use network_types::ip::Ipv4Hdr;
+
+use crate::l4::{PROTO_ICMP, PROTO_UDP};
+
+/// RFC 1624 incremental update of a checksum `check` (as stored) when 16-bit words
+/// `old` become `new` (as stored). Only valid for complete checksums.
+#[inline(always)]
+pub(crate) fn csum_update(check: u16, old: [u16; 3], new: [u16; 3]) -> u16 {
+    let mut sum = u32::from(!check);
+    let mut i = 0;
+    while i < 3 {
+        sum += u32::from(!old[i]) + u32::from(new[i]);
+        i += 1;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// The two 16-bit words of an address as stored.
+#[inline(always)]
+pub(crate) fn words(a: [u8; 4]) -> [u16; 2] {
+    [
+        u16::from_ne_bytes([a[0], a[1]]),
+        u16::from_ne_bytes([a[2], a[3]]),
+    ]
+}
+
+/// XDP: the destination of an IPv4 packet becomes `addr`, the port at `port`
+/// (destination port, or ICMP echo identifier) becomes `new_port`, with the IP
+/// header checksum and the L4 checksum at `csum` updated (`None`: SCTP, whose
+/// CRC32c covers no address). ICMP's checksum has no pseudo header; a UDP
+/// checksum 0 means none and stays 0, one that becomes 0 is sent as 0xffff.
+///
+/// # Safety
+/// `ip`, `port` and `csum` point into the frame and were bounds checked.
+#[inline(always)]
+pub(crate) unsafe fn set_dst(
+    ip: *mut Ipv4Hdr,
+    proto: u8,
+    port: *mut u16,
+    csum: Option<*mut u16>,
+    addr: [u8; 4],
+    new_port: u16,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (od, nd) = (words((*ip).dst_addr), words(addr));
+        let old_port = *port;
+        if let Some(c) = csum {
+            let cur = *c;
+            if !(proto == PROTO_UDP && cur == 0) {
+                let nc = if proto == PROTO_ICMP {
+                    csum_update(cur, [old_port, 0, 0], [new_port, 0, 0])
+                } else {
+                    csum_update(cur, [od[0], od[1], old_port], [nd[0], nd[1], new_port])
+                };
+                *c = if proto == PROTO_UDP && nc == 0 {
+                    0xffff
+                } else {
+                    nc
+                };
+            }
+        }
+        *port = new_port;
+        (*ip).check = csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [od[0], od[1], 0],
+            [nd[0], nd[1], 0],
+        )
+        .to_ne_bytes();
+        (*ip).dst_addr = addr;
+    }
+}

@@ -1,0 +1,152 @@
+//! Layer 4 of an IPv4 frame in a tc program, for the programs that translate
+//! addresses and ports (masquerade, hostPort), like Cilium's `bpf/lib/l4.h`:
+//! where a packet's ports and checksum are ([`l4`]), and rewriting an address
+//! and a port with the kernel's checksum helpers ([`rewrite`]:
+//! `bpf_l3_csum_replace`, and `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR`,
+//! which handle partial checksum offload).
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use network_types::ip::Ipv4Hdr;
+use sluice_common::reason;
+
+pub(crate) const ETH_LEN: usize = 14;
+const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+/// IPv4 header checksum offset.
+pub(crate) const IP_CSUM: usize = ETH_LEN + 10;
+pub(crate) const PROTO_ICMP: u8 = 1;
+pub(crate) const PROTO_TCP: u8 = 6;
+pub(crate) const PROTO_UDP: u8 = 17;
+/// SCTP: its CRC32c covers the ports but no pseudo header (RFC 4960 6.8), so
+/// addresses change without a checksum update; ports must not change.
+pub(crate) const PROTO_SCTP: u8 = 132;
+pub(crate) const ICMP_ECHO_REPLY: u8 = 0;
+pub(crate) const ICMP_DEST_UNREACH: u8 = 3;
+pub(crate) const ICMP_ECHO: u8 = 8;
+pub(crate) const ICMP_TIME_EXCEEDED: u8 = 11;
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
+
+/// Where the ports and the L4 checksum of a packet are.
+pub(crate) struct L4 {
+    /// Source port (ICMP echo: identifier).
+    pub sport_off: usize,
+    pub sport: u16,
+    /// Destination port (ICMP echo: none, 0).
+    pub dport_off: Option<usize>,
+    pub dport: u16,
+    csum_off: usize,
+    /// The checksum covers a pseudo header (TCP, UDP).
+    pseudo: bool,
+    /// UDP without a checksum (0): leave it alone.
+    no_csum: bool,
+    /// `BPF_F_MARK_MANGLED_0` for UDP: a checksum that becomes 0 is sent as 0xffff
+    /// (0 means "no checksum").
+    mangled: u64,
+}
+
+/// One address and one port to replace in a packet.
+pub(crate) struct Rewrite {
+    pub addr_off: usize,
+    pub old_addr: [u8; 4],
+    pub new_addr: [u8; 4],
+    pub port_off: usize,
+    pub old_port: u16,
+    pub new_port: u16,
+}
+
+/// The IPv4 header of a frame, if it is IPv4.
+#[inline(always)]
+pub(crate) fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
+    if ctx.load::<u16>(12).ok()? != ETH_P_IP_BE {
+        return None;
+    }
+    ctx.load::<Ipv4Hdr>(ETH_LEN).ok()
+}
+
+#[inline(always)]
+pub(crate) fn is_fragment(ip: &Ipv4Hdr) -> bool {
+    u16::from_be_bytes(ip.frags) & 0x3fff != 0
+}
+
+/// TCP/UDP ports, or an ICMP echo request/reply identifier, at `l4`.
+#[inline(always)]
+pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result<L4, u32> {
+    let bad = |_| reason::DROP_MASQ_MALFORMED;
+    match proto {
+        PROTO_TCP | PROTO_UDP => {
+            let csum_off = if proto == PROTO_TCP { l4 + 16 } else { l4 + 6 };
+            let csum: u16 = ctx.load(csum_off).map_err(bad)?;
+            Ok(L4 {
+                sport_off: l4,
+                sport: ctx.load(l4).map_err(bad)?,
+                dport_off: Some(l4 + 2),
+                dport: ctx.load(l4 + 2).map_err(bad)?,
+                csum_off,
+                pseudo: true,
+                no_csum: proto == PROTO_UDP && csum == 0,
+                mangled: if proto == PROTO_UDP {
+                    u64::from(BPF_F_MARK_MANGLED_0)
+                } else {
+                    0
+                },
+            })
+        }
+        PROTO_ICMP => {
+            let t: u8 = ctx.load(l4).map_err(bad)?;
+            if t != echo_type {
+                return Err(reason::DROP_MASQ_PROTO);
+            }
+            Ok(L4 {
+                sport_off: l4 + 4,
+                sport: ctx.load(l4 + 4).map_err(bad)?,
+                dport_off: None,
+                dport: 0,
+                csum_off: l4 + 2,
+                pseudo: false,
+                no_csum: false,
+                mangled: 0,
+            })
+        }
+        PROTO_SCTP => Ok(L4 {
+            sport_off: l4,
+            sport: ctx.load(l4).map_err(bad)?,
+            dport_off: Some(l4 + 2),
+            dport: ctx.load(l4 + 2).map_err(bad)?,
+            csum_off: l4 + 8,
+            pseudo: false,
+            no_csum: true,
+            mangled: 0,
+        }),
+        _ => Err(reason::DROP_MASQ_PROTO),
+    }
+}
+
+/// Rewrites an address and a port with their checksums.
+#[inline(always)]
+pub(crate) fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
+    let (oa, na) = (
+        u64::from(u32::from_ne_bytes(r.old_addr)),
+        u64::from(u32::from_ne_bytes(r.new_addr)),
+    );
+    let (op, np) = (u64::from(r.old_port), u64::from(r.new_port));
+    if !l4.no_csum {
+        if l4.pseudo {
+            ctx.l4_csum_replace(
+                l4.csum_off,
+                oa,
+                na,
+                u64::from(BPF_F_PSEUDO_HDR) | l4.mangled | 4,
+            )
+            .map_err(|_| ())?;
+        }
+        ctx.l4_csum_replace(l4.csum_off, op, np, l4.mangled | 2)
+            .map_err(|_| ())?;
+    }
+    ctx.l3_csum_replace(IP_CSUM, oa, na, 4).map_err(|_| ())?;
+    ctx.store(r.addr_off, &r.new_addr, 0).map_err(|_| ())?;
+    ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
+}

@@ -1,0 +1,319 @@
+//! The flow table: NAT ports taken without races (`BPF_NOEXIST` on the reverse
+//! entry), TCP states, idle timeouts, and the lazy expiry of kernels without
+//! the sweeper.
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+};
+use sluice_common::{
+    event_kind, nat_flags, nat_state, reason, MasqConfig, NatEntry, NatKey, NatRev,
+};
+
+use crate::{
+    counters::count,
+    events,
+    l4::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    maps::{NAT_FWD, NAT_REV},
+};
+
+const EEXIST: i32 = 17;
+/// Ports tried for a new flow before giving up.
+const PORT_TRIES: u32 = 32;
+/// `last_seen_ns` is refreshed at most this often (fewer writes to a shared line).
+const REFRESH_NS: u64 = 1_000_000_000;
+
+/// CLOCK_MONOTONIC: the coarse clock where the kernel has it (cheaper), else
+/// the fine one (ahead of the coarse one by less than a tick).
+#[inline(always)]
+pub(super) fn now() -> u64 {
+    if crate::kernel::ktime_coarse() {
+        // SAFETY: plain helper call.
+        unsafe { bpf_ktime_get_coarse_ns() }
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
+
+/// How long a flow in `state` may stay idle (seconds of the config, in ns).
+#[inline(always)]
+fn timeout_ns(cfg: &MasqConfig, state: u8) -> u64 {
+    // All five loaded first: matching on the state to pick a field made LLVM
+    // compute the field offset from the state, which the verifier cannot bound.
+    let (syn, est, closing, udp, icmp) = (
+        cfg.tcp_syn_secs,
+        cfg.tcp_established_secs,
+        cfg.tcp_closing_secs,
+        cfg.udp_secs,
+        cfg.icmp_secs,
+    );
+    let secs = match state {
+        nat_state::TCP_SYN => syn,
+        nat_state::TCP_ESTABLISHED => est,
+        nat_state::TCP_CLOSING => closing,
+        nat_state::ICMP => icmp,
+        _ => udp,
+    };
+    u64::from(secs) * 1_000_000_000
+}
+
+/// Whether a flow idle since `last_seen_ns` in `state` is past its timeout.
+#[inline(always)]
+pub(super) fn is_expired(cfg: &MasqConfig, state: u8, last_seen_ns: u64, now: u64) -> bool {
+    now.saturating_sub(last_seen_ns) > timeout_ns(cfg, state)
+}
+
+/// On a kernel without the sweeper, whether the flow `k` (value `e`) is past
+/// its timeout; if so it is removed (both entries), as the sweeper would have.
+/// The check is inline; the work a BPF-to-BPF call of its own (its locals stay
+/// off the caller's stack frame, and kernels with the sweeper never call it).
+#[inline(always)]
+pub(super) fn expired_now(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> bool {
+    crate::kernel::lazy_expiry() && expire_if_idle(cfg, k, e) != 0
+}
+
+#[inline(never)]
+fn expire_if_idle(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> u32 {
+    // SAFETY: a live map value; fields read one by one.
+    let (state, last_seen, flags, nat_addr, nat_port) = unsafe {
+        (
+            (*e).state,
+            (*e).last_seen_ns,
+            (*e).flags,
+            (*e).nat_addr,
+            (*e).nat_port,
+        )
+    };
+    if !is_expired(cfg, state, last_seen, now()) {
+        return 0;
+    }
+    if flags & nat_flags::INBOUND == 0 {
+        let _ = NAT_REV.remove(rev_key(k, nat_addr, nat_port));
+    }
+    let _ = NAT_FWD.remove(k);
+    count(reason::NAT_EXPIRED);
+    1
+}
+
+/// On a kernel without the sweeper, a reverse entry `rk` whose flow is gone or
+/// past its timeout is removed (with the flow); `true` then.
+#[inline(always)]
+pub(super) fn stale_reverse(cfg: &MasqConfig, rk: &NatKey) -> bool {
+    crate::kernel::lazy_expiry() && free_if_stale(cfg, rk) != 0
+}
+
+// Inline: as a call of its own it made 5.10's verifier crash (a NULL
+// dereference in __mark_chain_precision backtracking through nested calls).
+#[inline(always)]
+fn free_if_stale(cfg: &MasqConfig, rk: &NatKey) -> u32 {
+    // SAFETY: map values are only read.
+    let Some(rev) = (unsafe { NAT_REV.get(rk) }) else {
+        return 0;
+    };
+    let fk = NatKey::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
+    match NAT_FWD.get_ptr(fk) {
+        Some(e) => expire_if_idle(cfg, &fk, e),
+        None => {
+            let _ = NAT_REV.remove(rk);
+            1
+        }
+    }
+}
+
+/// The reverse key of a forward flow `k` that left with `addr`:`nat_port`.
+#[inline(always)]
+pub(super) fn rev_key(k: &NatKey, addr: [u8; 4], nat_port: u16) -> NatKey {
+    k.reverse(addr, nat_port)
+}
+
+#[inline(always)]
+fn flow_hash(k: &NatKey) -> u32 {
+    let a = u32::from_ne_bytes(k.src_ip);
+    let b = u32::from_ne_bytes(k.dst_ip);
+    let c = (u32::from(k.src_port) << 16) | u32::from(k.dst_port);
+    let mut h = a ^ b.rotate_left(11) ^ c.rotate_left(22) ^ u32::from(k.proto);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h.wrapping_mul(0x846c_a68b)
+}
+
+/// Takes a NAT port for a new flow: reverse entry first (BPF_NOEXIST makes the
+/// port ours), then the forward entry.
+#[inline(always)]
+pub(super) fn allocate(
+    k: &NatKey,
+    cfg: &MasqConfig,
+    pod_ifindex: u32,
+    state: u8,
+) -> Result<(), u32> {
+    let n1 = u32::from(cfg.port_max.saturating_sub(cfg.port_min)) + 1;
+    let n2 = if cfg.port2_min <= cfg.port2_max {
+        u32::from(cfg.port2_max - cfg.port2_min) + 1
+    } else {
+        0
+    };
+    let range = n1 + n2;
+    let h = flow_hash(k);
+    let rev = NatRev {
+        pod_ip: k.src_ip,
+        pod_port: k.src_port,
+        _pad: 0,
+    };
+    let mut i = 0;
+    while i < PORT_TRIES {
+        let nat_port = candidate_port(cfg, h.wrapping_add(i) % range, n1);
+        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+            return r;
+        }
+        i += 1;
+    }
+    // Without the sweeper a port may be held by a dead flow until a packet
+    // meets it: the first candidate's holder is checked, once, after the loop.
+    // (Checked inside the loop, 5.10's verifier walked every iteration apart
+    // and gave up at a million instructions.)
+    let nat_port = candidate_port(cfg, h % range, n1);
+    if stale_reverse(cfg, &rev_key(k, cfg.addr, nat_port)) {
+        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+            return r;
+        }
+    }
+    Err(reason::DROP_MASQ_NO_PORT)
+}
+
+/// The port at index `idx` over both ranges (the first, then the second), in
+/// network byte order.
+#[inline(always)]
+fn candidate_port(cfg: &MasqConfig, idx: u32, n1: u32) -> u16 {
+    let port = if idx < n1 {
+        cfg.port_min.wrapping_add(idx as u16)
+    } else {
+        cfg.port2_min.wrapping_add((idx - n1) as u16)
+    };
+    port.to_be()
+}
+
+/// Takes `nat_port` for the flow `k` if no flow holds it: `None` when one does,
+/// else the outcome of creating the flow.
+#[inline(always)]
+fn claim(
+    k: &NatKey,
+    cfg: &MasqConfig,
+    nat_port: u16,
+    rev: NatRev,
+    pod_ifindex: u32,
+    state: u8,
+) -> Option<Result<(), u32>> {
+    let rk = rev_key(k, cfg.addr, nat_port);
+    match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            let t = now();
+            let e = NatEntry {
+                nat_port,
+                state,
+                flags: if pod_ifindex == 0 { nat_flags::NODE } else { 0 },
+                pod_ifindex,
+                last_seen_ns: t,
+                created_ns: t,
+                nat_addr: cfg.addr,
+                _pad: 0,
+            };
+            Some(match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+                Ok(()) => {
+                    count(reason::MASQ_NEW_FLOW);
+                    events::flow(event_kind::NAT_NEW, k, cfg.addr, nat_port, pod_ifindex);
+                    Ok(())
+                }
+                // Another CPU created the same flow meanwhile: use its port.
+                Err(e) if e == -EEXIST => {
+                    let _ = NAT_REV.remove(rk);
+                    Ok(())
+                }
+                Err(_) => {
+                    let _ = NAT_REV.remove(rk);
+                    Err(reason::DROP_MASQ_MAP_FULL)
+                }
+            })
+        }
+        Err(e) if e == -EEXIST => None,
+        Err(_) => Some(Err(reason::DROP_MASQ_MAP_FULL)),
+    }
+}
+
+/// Takes a node echo's own identifier as its NAT identifier, if no flow holds it.
+#[inline(always)]
+pub(super) fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
+    let rk = rev_key(k, cfg.addr, k.src_port);
+    let rev = NatRev {
+        pod_ip: k.src_ip,
+        pod_port: k.src_port,
+        _pad: 0,
+    };
+    NAT_REV
+        .insert(rk, rev, u64::from(BPF_NOEXIST))
+        .map_err(|_| ())?;
+    let t = now();
+    let e = NatEntry {
+        nat_port: k.src_port,
+        state: nat_state::ICMP,
+        flags: nat_flags::NODE,
+        pod_ifindex: 0,
+        last_seen_ns: t,
+        created_ns: t,
+        nat_addr: cfg.addr,
+        _pad: 0,
+    };
+    match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            count(reason::MASQ_NEW_FLOW);
+            events::flow(event_kind::NAT_NEW, k, cfg.addr, k.src_port, 0);
+            Ok(())
+        }
+        // Map full (the echo leaves untracked), or another CPU made the flow.
+        Err(_) => {
+            let _ = NAT_REV.remove(rk);
+            Ok(())
+        }
+    }
+}
+
+/// The TCP state after a packet with `flags`; `reply` for the return direction.
+#[inline(always)]
+pub(super) fn next_state(cur: u8, proto: u8, flags: u8, reply: bool) -> u8 {
+    match proto {
+        PROTO_TCP if flags & (TCP_FIN | TCP_RST) != 0 => nat_state::TCP_CLOSING,
+        PROTO_TCP if cur == nat_state::TCP_SYN && reply => nat_state::TCP_ESTABLISHED,
+        // A SYN from the pod opens a connection: on a new flow, or on a flow the
+        // previous connection of the same 4-tuple left closing.
+        PROTO_TCP
+            if !reply
+                && (cur == 0 || cur == nat_state::TCP_CLOSING)
+                && flags & TCP_SYN != 0
+                && flags & TCP_ACK == 0 =>
+        {
+            nat_state::TCP_SYN
+        }
+        // A flow first seen mid-stream (after a restart or expiry) is established.
+        PROTO_TCP if cur == 0 => nat_state::TCP_ESTABLISHED,
+        PROTO_TCP => cur,
+        PROTO_UDP => nat_state::UDP,
+        _ => nat_state::ICMP,
+    }
+}
+
+/// Refreshes a flow's state and timestamp.
+#[inline(always)]
+pub(super) fn touch(e: *mut NatEntry, proto: u8, flags: u8, reply: bool) {
+    let t = now();
+    // SAFETY: a live map value; concurrent writers race benignly (last writer
+    // wins on a timestamp and a state that only moves forward in practice).
+    unsafe {
+        let s = next_state((*e).state, proto, flags, reply);
+        if s != (*e).state {
+            (*e).state = s;
+        }
+        if t.saturating_sub((*e).last_seen_ns) > REFRESH_NS {
+            (*e).last_seen_ns = t;
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! ICMP beyond echo flows: errors quoting a masqueraded packet, translated back
+//! into the pod ([`icmp_error`]), and the node's own echo requests, which share
+//! the identifier space with the pods' ([`node_echo`]).
+use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
+use network_types::ip::Ipv4Hdr;
+use sluice_common::{nat_state, reason, MasqConfig, NatKey};
+
+use super::{
+    flow::{allocate, reserve, touch},
+    is_nat_addr,
+};
+use crate::{
+    counters::count,
+    endpoint::deliver_translated as deliver,
+    events::note_drop,
+    l4::{l4, rewrite, Rewrite, ETH_LEN, ICMP_ECHO, IP_CSUM, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    maps::{NAT_FWD, NAT_REV},
+};
+
+/// The node's own ICMP echo requests. Echo identifiers are not split like ports
+/// (ping sockets hand out all 65535), so a node ping could use a pod flow's NAT
+/// identifier to the same destination and its reply would be delivered into the
+/// pod. So node echoes are flows too (`pod_ifindex` 0): a free identifier is
+/// reserved as it is, one a pod flow holds is translated like a pod's. Node
+/// traffic is never dropped here: without room in the maps it leaves untracked.
+#[inline(always)]
+pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
+    let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
+    let Ok(l4) = l4(ctx, PROTO_ICMP, l4_off, ICMP_ECHO) else {
+        return;
+    };
+    let key = NatKey {
+        src_ip: ip.src_addr,
+        dst_ip: ip.dst_addr,
+        src_port: l4.sport,
+        dst_port: 0,
+        proto: PROTO_ICMP,
+        _pad: [0; 3],
+    };
+    if NAT_FWD.get_ptr(key).is_none() && reserve(&key, cfg).is_err() {
+        let _ = allocate(&key, cfg, 0, nat_state::ICMP);
+    }
+    let Some(e) = NAT_FWD.get_ptr_mut(key) else {
+        return;
+    };
+    touch(e, PROTO_ICMP, 0, false);
+    // SAFETY: a live map value.
+    let nat_id = unsafe { (*e).nat_port };
+    if nat_id != l4.sport {
+        let r = Rewrite {
+            addr_off: ETH_LEN + 12,
+            old_addr: ip.src_addr,
+            new_addr: ip.src_addr,
+            port_off: l4.sport_off,
+            old_port: l4.sport,
+            new_port: nat_id,
+        };
+        if rewrite(ctx, &l4, &r).is_ok() {
+            count(reason::MASQ_SNAT);
+        }
+    }
+}
+
+/// An ICMP error quoting a masqueraded packet (its inner source is the masquerade
+/// address and NAT port): the inner source, the outer destination and the ICMP
+/// checksum are rewritten to the pod's. The inner IP header checksum is updated
+/// with it, which leaves the ICMP checksum unchanged for those two fields (a
+/// header with a correct checksum always sums to 0xffff); the inner L4 checksum is
+/// left alone, receivers do not check it.
+#[inline(always)]
+pub(super) fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Option<i32> {
+    let inner_off = l4_off + 8;
+    let inner: Ipv4Hdr = ctx.load(inner_off).ok()?;
+    if !is_nat_addr(cfg, inner.src_addr) {
+        return None;
+    }
+    let inner_l4 = inner_off + usize::from(inner.vihl & 0x0f) * 4;
+    let (sport_off, rk) = match inner.proto {
+        PROTO_TCP | PROTO_UDP => {
+            let sport: u16 = ctx.load(inner_l4).ok()?;
+            let dport: u16 = ctx.load(inner_l4 + 2).ok()?;
+            (
+                inner_l4,
+                NatKey {
+                    src_ip: inner.dst_addr,
+                    dst_ip: inner.src_addr,
+                    src_port: dport,
+                    dst_port: sport,
+                    proto: inner.proto,
+                    _pad: [0; 3],
+                },
+            )
+        }
+        PROTO_ICMP => {
+            let id: u16 = ctx.load(inner_l4 + 4).ok()?;
+            (
+                inner_l4 + 4,
+                NatKey {
+                    src_ip: inner.dst_addr,
+                    dst_ip: inner.src_addr,
+                    src_port: 0,
+                    dst_port: id,
+                    proto: PROTO_ICMP,
+                    _pad: [0; 3],
+                },
+            )
+        }
+        _ => return None,
+    };
+    // SAFETY: map values are only read.
+    let rev = *unsafe { NAT_REV.get(rk) }?;
+    let (old_a, new_a) = (
+        u64::from(u32::from_ne_bytes(inner.src_addr)),
+        u64::from(u32::from_ne_bytes(rev.pod_ip)),
+    );
+    let ok = ctx.l3_csum_replace(inner_off + 10, old_a, new_a, 4).is_ok()
+        && ctx.store(inner_off + 12, &rev.pod_ip, 0).is_ok()
+        && ctx
+            .l4_csum_replace(
+                l4_off + 2,
+                u64::from(rk.dst_port),
+                u64::from(rev.pod_port),
+                2,
+            )
+            .is_ok()
+        && ctx.store(sport_off, &rev.pod_port, 0).is_ok()
+        && ctx.l3_csum_replace(IP_CSUM, old_a, new_a, 4).is_ok()
+        && ctx.store(ETH_LEN + 16, &rev.pod_ip, 0).is_ok();
+    if !ok {
+        note_drop(reason::DROP_MASQ_MALFORMED, 0);
+        return Some(TC_ACT_SHOT);
+    }
+    count(reason::MASQ_ICMP_ERROR);
+    Some(deliver(ctx, rev.pod_ip))
+}

@@ -1,0 +1,109 @@
+//! Replies to masqueraded flows in native XDP, before an skb exists.
+use aya_ebpf::programs::XdpContext;
+use sluice_common::NatKey;
+
+use super::{
+    config,
+    flow::{stale_reverse, touch},
+    is_nat_addr,
+};
+use crate::{
+    csum,
+    l3::{Headers, L3},
+    l4::{ETH_LEN, ICMP_ECHO_REPLY, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    maps::{NAT_FWD, NAT_REV},
+    packet::ptr_at,
+};
+
+/// XDP: translates a TCP/UDP reply or ICMP echo reply to the masquerade address
+/// back to the pod and returns the pod's endpoint to deliver to. Native XDP only:
+/// there frames come from a NIC with complete checksums, which an incremental
+/// update keeps right; a generic-XDP skb may carry a partial checksum, which it
+/// would corrupt, so those go on to the tc program and its checksum helpers.
+#[inline(always)]
+pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
+    let cfg = config()?;
+    let L3::V4(ip) = h.l3 else {
+        return None;
+    };
+    // SAFETY: `ip` was bounds checked by l3::parse.
+    let (dst, src, proto, vihl, frags) = unsafe {
+        (
+            (*ip).dst_addr,
+            (*ip).src_addr,
+            (*ip).proto,
+            (*ip).vihl,
+            (*ip).frags,
+        )
+    };
+    if !is_nat_addr(cfg, dst) || u16::from_be_bytes(frags) & 0x3fff != 0 {
+        return None;
+    }
+    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    // Ports (or type/code and identifier) and the checksum, bounds checked.
+    let hdr: *mut [u16; 4] = ptr_at(ctx, l4_off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let w = unsafe { *hdr };
+    let (sport, dport, port_idx, csum_ptr): (u16, u16, usize, *mut u16) = match proto {
+        PROTO_TCP => {
+            let c: *mut u16 = ptr_at(ctx, l4_off + 16)?;
+            (w[0], w[1], 1, c)
+        }
+        PROTO_UDP => {
+            let c: *mut u16 = ptr_at(ctx, l4_off + 6)?;
+            (w[0], w[1], 1, c)
+        }
+        PROTO_ICMP => {
+            // Echo reply: type 0, code 0; the identifier is the third word.
+            if u16::from_be(w[0]) >> 8 != u16::from(ICMP_ECHO_REPLY) {
+                return None;
+            }
+            let c: *mut u16 = ptr_at(ctx, l4_off + 2)?;
+            (0, w[2], 2, c)
+        }
+        _ => return None,
+    };
+    let rk = NatKey {
+        src_ip: src,
+        dst_ip: dst,
+        src_port: sport,
+        dst_port: dport,
+        proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: map values are only read.
+    let rev = *unsafe { NAT_REV.get(rk) }?;
+    if stale_reverse(cfg, &rk) {
+        return None;
+    }
+    // A node echo's reply (see icmp::node_echo) is tc's: after XDP translated
+    // it, tc would look its identifier up again.
+    if rev.pod_ip == dst {
+        return None;
+    }
+    let fk = NatKey {
+        src_ip: rev.pod_ip,
+        dst_ip: src,
+        src_port: rev.pod_port,
+        dst_port: sport,
+        proto,
+        _pad: [0; 3],
+    };
+    if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
+        // The flags are byte 13 of the TCP header.
+        let flags = if proto == PROTO_TCP {
+            // SAFETY: bounds checked by ptr_at.
+            ptr_at::<u8>(ctx, l4_off + 13).map_or(0, |f| unsafe { *f })
+        } else {
+            0
+        };
+        touch(e, proto, flags, true);
+    }
+    // SAFETY: every pointer was bounds checked by ptr_at / l3::parse; the port
+    // is word `port_idx` (1 or 2) of the four just checked.
+    unsafe {
+        let port = hdr.cast::<u16>().add(port_idx);
+        csum::set_dst(ip, proto, port, Some(csum_ptr), rev.pod_ip, rev.pod_port);
+    }
+    Some(rev.pod_ip)
+}
