@@ -86,6 +86,40 @@ fn a_single_tcp_stream_holds_1_gbit_both_ways() {
     single_stream("10.96.3.0/24", G);
 }
 
+/// As [`single_stream`] with bursts of `burst_ms` of the rate given, as users of
+/// the reference plugin configure them (a tbf bucket of 10 ms): a policer with
+/// so little depth drops whole TCP windows, so the depth never goes below what
+/// a stream needs (`bw_limits::TCP_DEPTH_NS`) and the stream keeps the rate.
+fn single_stream_with_burst(subnet: &str, rate: u64, burst_ms: u64) {
+    let w = BwWorld::new(subnet).unwrap();
+    let burst = rate * burst_ms / 1000;
+    let conf = w.conf_runtime(&limits(Some(rate), Some(burst), Some(rate), Some(burst)));
+    let p = w.add("a", "bw-tcp-burst", &conf);
+    // The burst as configured, the depth the datapath uses (300 ms of rate).
+    let got = bw_list(&w.node).unwrap();
+    for dir in ["egress", "ingress"] {
+        assert_direction(&got[0][dir], Some((rate, burst)), dir);
+        assert_eq!(got[0][dir]["depth"], default_burst_bits(rate), "{dir}");
+    }
+    let label = format!("{} Mbit/s with a {burst_ms} ms burst", rate / M);
+    let eg = measure_egress(&w, &p, SECS, &[]).unwrap();
+    let ing = measure_ingress(&w, &p, SECS, &[]).unwrap();
+    assert_band(&format!("TCP egress at {label}"), &eg, rate);
+    assert_band(&format!("TCP ingress at {label}"), &ing, rate);
+    w.del(&p);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn a_10_ms_burst_still_holds_200_mbit_for_tcp() {
+    single_stream_with_burst("10.96.24.0/24", 200 * M, 10);
+}
+
+#[test]
+fn a_10_ms_burst_still_holds_10_mbit_for_tcp() {
+    single_stream_with_burst("10.96.25.0/24", 10 * M, 10);
+}
+
 /// UDP sent at twice the limit: what arrives is held to the limit (and the
 /// drops are counted where `sluicectl` shows them).
 #[test]
@@ -219,8 +253,9 @@ fn a_live_change_takes_effect_and_check_reports_it() {
 
 // --- 3. burst ------------------------------------------------------------------
 
-/// A 2 MB UDP blast at line rate: a pod with 10 Mbit/s and a 1 Mbit burst gets
-/// about burst + rate x time through; an unlimited pod gets (nearly) all of it.
+/// A 2 MB UDP blast at line rate: a pod with 10 Mbit/s and a 1 Mbit burst (the
+/// bucket's depth raised to 300 ms of the rate, 3 Mbit) gets about depth + rate
+/// x time through; an unlimited pod gets (nearly) all of it.
 #[test]
 fn a_small_burst_cuts_a_udp_blast() {
     const TOTAL: usize = 2 << 20;
@@ -254,20 +289,21 @@ fn a_small_burst_cuts_a_udp_blast() {
     .unwrap();
     println!("limited (10 Mbit/s, burst 1 Mbit): {lim:?}");
     println!("unlimited: {unl:?}");
-    // Bytes: the burst plus the rate over the blast (at least 200 ms), with room.
+    let depth = default_burst_bits(rate).max(burst);
+    // Bytes: the depth plus the rate over the blast (at least 200 ms), with room.
     let secs = lim.send_time.as_secs_f64().max(0.2);
-    let allowed = ((burst / 8) as f64 + (rate / 8) as f64 * secs) * 1.5;
+    let allowed = ((depth / 8) as f64 + (rate / 8) as f64 * secs) * 1.5;
     assert_eq!(lim.sent_bytes, TOTAL as u64, "{lim:?}");
     assert_eq!(unl.sent_bytes, TOTAL as u64, "{unl:?}");
     assert!(
         (lim.received_bytes as f64) <= allowed,
-        "the limited pod got {} bytes through in {:?}, more than 1.5 x (burst + rate x time) = {allowed:.0}",
+        "the limited pod got {} bytes through in {:?}, more than 1.5 x (depth + rate x time) = {allowed:.0}",
         lim.received_bytes,
         lim.send_time
     );
     assert!(
-        lim.received_bytes >= burst / 8 / 2,
-        "the limited pod got only {} bytes through: less than half its burst",
+        lim.received_bytes >= depth / 8 / 2,
+        "the limited pod got only {} bytes through: less than half its depth",
         lim.received_bytes
     );
     assert!(
@@ -674,7 +710,8 @@ fn sluicectl_bandwidth_list_get_and_set() {
     .unwrap();
     assert_eq!(
         out.trim(),
-        "ingress: 30000000 bit/s, burst 4000000 bit (was 10000000 bit/s, burst 2000000 bit)"
+        "ingress: 30000000 bit/s, burst 4000000 bit, depth 9000000 bit \
+         (was 10000000 bit/s, burst 2000000 bit, depth 3000000 bit)"
     );
     let g = bw_get(&w.node, &ip).unwrap();
     assert_pod_limits(&g, &a, ia, eg_a, Some((30 * M, 4 * M)));
@@ -706,7 +743,7 @@ fn sluicectl_bandwidth_list_get_and_set() {
         &"egress: 1000000000 bit/s, burst 300000000 bit (was 20000000 bit/s, burst 6000000 bit)"
     ), "{out}");
     assert!(
-        lines.contains(&"ingress: none (was 30000000 bit/s, burst 4000000 bit)"),
+        lines.contains(&"ingress: none (was 30000000 bit/s, burst 4000000 bit, depth 9000000 bit)"),
         "{out}"
     );
     let g = bw_get(&w.node, &ip).unwrap();

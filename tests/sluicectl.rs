@@ -38,6 +38,9 @@ use sluice_tests::{
 /// burst, so that a burst of [`BURST`] datagrams of [`SIZE`] bytes loses most.
 const RATE: u64 = 1_000_000;
 const BUCKET: u64 = 100_000;
+/// The depth the datapath gives [`BUCKET`] at [`RATE`]: the least any bucket
+/// gets (128 KiB, in bits).
+const DEPTH: u64 = 128 * 1024 * 8;
 /// Datagrams of a burst, and their payload size.
 const BURST: usize = 200;
 const SIZE: usize = 1000;
@@ -1848,7 +1851,7 @@ fn bandwidth_set_changes_a_running_pods_rate_and_clear_removes_it() {
     assert!(out.success(), "{out}");
     assert_eq!(
         out.stdout.trim(),
-        format!("egress: {RATE} bit/s, burst {BUCKET} bit (was none)")
+        format!("egress: {RATE} bit/s, burst {BUCKET} bit, depth {DEPTH} bit (was none)")
     );
     let g = w.ctl_json(&["bandwidth", "get", &ia, "--json"]);
     assert_eq!(g["egress"]["rate"], RATE, "{g:#}");
@@ -1874,7 +1877,7 @@ fn bandwidth_set_changes_a_running_pods_rate_and_clear_removes_it() {
     assert!(out.success(), "{out}");
     assert_eq!(
         out.stdout.trim(),
-        format!("egress: none (was {RATE} bit/s, burst {BUCKET} bit)")
+        format!("egress: none (was {RATE} bit/s, burst {BUCKET} bit, depth {DEPTH} bit)")
     );
     assert_eq!(pods_listed(), vec![b.cid.clone()]);
     let g = w.ctl_json(&["bandwidth", "get", &ia, "--json"]);

@@ -25,6 +25,7 @@ fn bucket_json(b: &Bucket) -> Value {
         Some((rate, burst)) => json!({
             "rate": rate,
             "burst": burst,
+            "depth": b.depth() * 8,
             "passed": b.passed,
             "dropped": b.dropped,
         }),
@@ -34,6 +35,10 @@ fn bucket_json(b: &Bucket) -> Value {
 fn bucket_text(b: &Bucket) -> String {
     match b.bits() {
         None => "none".into(),
+        Some((rate, burst)) if b.depth() * 8 != burst => format!(
+            "{rate} bit/s, burst {burst} bit, depth {} bit",
+            b.depth() * 8
+        ),
         Some((rate, burst)) => format!("{rate} bit/s, burst {burst} bit"),
     }
 }

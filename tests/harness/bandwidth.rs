@@ -36,8 +36,9 @@ pub fn ext_ip() -> Ipv4Addr {
     Ipv4Addr::from([192, 168, 50, 2])
 }
 
-/// The burst in bits a rate without one gets: 300 ms of the rate, at least
-/// 128 KiB, at most 4 GiB (whole bytes: the map keeps bytes).
+/// The burst in bits a rate without one gets, and the least depth of every
+/// bucket: 300 ms of the rate, at least 128 KiB, at most 4 GiB (whole bytes:
+/// the map keeps bytes).
 pub fn default_burst_bits(rate_bits: u64) -> u64 {
     let rate_bytes = (rate_bits / 8).max(1);
     let burst = (u128::from(rate_bytes) * 300 / 1000) as u64;
@@ -213,11 +214,14 @@ pub fn assert_direction(v: &Value, want: Option<(u64, u64)>, what: &str) {
             keys.sort_unstable();
             assert_eq!(
                 keys,
-                ["burst", "dropped", "passed", "rate"],
+                ["burst", "depth", "dropped", "passed", "rate"],
                 "{what}: {v:#}"
             );
             assert_eq!(o["rate"].as_u64(), Some(rate), "{what} rate: {v:#}");
             assert_eq!(o["burst"].as_u64(), Some(burst), "{what} burst: {v:#}");
+            // The bucket is never shallower than what TCP needs.
+            let depth = burst.max(default_burst_bits(rate));
+            assert_eq!(o["depth"].as_u64(), Some(depth), "{what} depth: {v:#}");
             assert!(o["passed"].is_u64(), "{what} passed: {v:#}");
             assert!(o["dropped"].is_u64(), "{what} dropped: {v:#}");
         }

@@ -26,15 +26,40 @@ mod tests {
     fn bits_become_bytes_and_a_missing_burst_gets_the_default() {
         let b = bucket(Some(1_000_000_000), Some(8_000_000), 5);
         assert_eq!((b.rate, b.burst), (125_000_000, 1_000_000));
-        // From MAX_DEFICIT below zero to full: (1e6 + 262144) B at 125e6 B/s.
-        assert_eq!(b.fill_ns, 10_097_152);
-        assert_eq!((b.tokens, b.last_ns), (1_000_000, 5));
+        // The depth is 300 ms of the rate (37.5 MB), more than that burst; from
+        // MAX_DEFICIT below zero to full: (37.5e6 + 262144) B at 125e6 B/s.
+        assert_eq!(b.fill_ns, 302_097_152);
+        assert_eq!((b.tokens, b.last_ns), (37_500_000, 5));
         // 1 Gbit/s: 300 ms is 37.5 MB.
         assert_eq!(bucket(Some(1_000_000_000), None, 0).burst, 37_500_000);
         // 10 Mbit/s: 375 KB; 1 Mbit/s: 37.5 KB, under two GSO packets: the minimum.
         assert_eq!(bucket(Some(10_000_000), None, 0).burst, 375_000);
         assert_eq!(bucket(Some(1_000_000), None, 0).burst, MIN_DEFAULT_BURST);
         assert_eq!(bucket(None, None, 0), Bucket::default());
+    }
+
+    /// A burst smaller than what TCP needs is kept as configured (CHECK and
+    /// sluicectl show it) and the bucket gets the larger depth.
+    #[test]
+    fn a_small_burst_gets_the_tcp_depth() {
+        // 200 Mbit/s with the reference's usual 10 ms: 250 KB; depth 7.5 MB.
+        let b = bucket(Some(200_000_000), Some(2_000_000), 0);
+        assert_eq!((b.rate, b.burst), (25_000_000, 250_000));
+        assert_eq!(b.depth(), 7_500_000);
+        assert_eq!(b.tokens, 7_500_000);
+        assert_eq!(b.bits(), Some((200_000_000, 2_000_000)));
+        assert_eq!(b.depth_bits(), Some(60_000_000));
+        // (7.5e6 + 262144) B at 25e6 B/s.
+        assert_eq!(b.fill_ns, 310_485_760);
+        // A larger burst is the depth.
+        let b = bucket(Some(200_000_000), Some(800_000_000), 0);
+        assert_eq!(b.depth(), 100_000_000);
+        // The u64-only tcp_depth agrees with 300 ms of the rate.
+        for rate in [1u64, 999, 125_000, 1_250_001, 125_000_000, 125_000_000_000] {
+            let exact = (u128::from(rate) * 300 / 1000) as u64;
+            let want = exact.clamp(MIN_DEFAULT_BURST, u64::from(u32::MAX));
+            assert_eq!(Bucket::tcp_depth(rate), want, "{rate}");
+        }
     }
 
     #[test]

@@ -31,14 +31,19 @@ pub mod bw_limits {
     pub const MAX_RATE_BITS: u64 = 1_000_000_000_000;
     /// 4 GiB (in bits): with it the programs' `elapsed * rate` stays below 2^64.
     pub const MAX_BURST_BITS: u64 = (u32::MAX as u64) * 8;
-    /// A rate without a burst gets `rate x DEFAULT_BURST_NS`, at least
-    /// [`MIN_DEFAULT_BURST`] bytes. Without a queue (no `sch_fq` for EDT) a
-    /// limit can only drop, and a TCP sender that loses the tail of a window
-    /// waits for its retransmission timer, 200 ms at least however short the
-    /// RTT: a bucket smaller than that much traffic never makes the idle time up
-    /// (measured at 100 Mbit/s: a 20 ms burst gave 10 Mbit/s, 100 ms 50, 300 ms
-    /// 104). 300 ms keeps a single stream within 10% of the rate while the first
-    /// second carries at most 1.3x the rate.
+    /// A bucket holds at least `rate x DEFAULT_BURST_NS` (and at least
+    /// [`MIN_DEFAULT_BURST`] bytes) whatever its burst: a rate without a burst
+    /// gets that as its burst, a smaller burst is kept as configured and the
+    /// datapath uses the larger depth ([`super::Bucket::depth`]). Without a
+    /// queue (no `sch_fq` for EDT) a limit can only drop, and a TCP sender that
+    /// loses the tail of a window waits for its retransmission timer, 200 ms at
+    /// least however short the RTT: a bucket smaller than that much traffic
+    /// never makes the idle time up (measured at 100 Mbit/s: a 20 ms bucket gave
+    /// 10 Mbit/s, 100 ms 50, 300 ms 104; at 200 Mbit/s the 10 ms users of the
+    /// reference plugin configure gave 10 Mbit/s). 300 ms keeps a single stream
+    /// within 10% of the rate while the first second carries at most 1.3x the
+    /// rate. The reference's tbf qdisc queues instead of dropping, which is why
+    /// a 10 ms bucket is enough there.
     pub const DEFAULT_BURST_NS: u64 = 300_000_000;
     /// Two 64 KiB GSO packets.
     pub const MIN_DEFAULT_BURST: u64 = 128 * 1024;
@@ -49,7 +54,7 @@ pub mod bw_limits {
 
 impl Bucket {
     /// The bucket for `rate_bits` bits/s and `burst_bits` bits (CNI units), in
-    /// bytes, full at `now_ns`; no rate: no limit.
+    /// bytes, full (at its [`Self::depth`]) at `now_ns`; no rate: no limit.
     pub fn from_bits(rate_bits: Option<u64>, burst_bits: Option<u64>, now_ns: u64) -> Self {
         let Some(rate_bits) = rate_bits else {
             return Self::default();
@@ -63,35 +68,69 @@ impl Bucket {
                     b / 8
                 }
             }
-            None => {
-                let d = (rate as u128 * bw_limits::DEFAULT_BURST_NS as u128 / 1_000_000_000) as u64;
-                if d < bw_limits::MIN_DEFAULT_BURST {
-                    bw_limits::MIN_DEFAULT_BURST
-                } else {
-                    d
-                }
-            }
+            None => Self::tcp_depth(rate),
         };
         let burst = if burst > u32::MAX as u64 {
             u32::MAX as u64
         } else {
             burst
         };
+        let depth = Self::depth_for(rate, burst);
         Self {
             rate,
             burst,
-            fill_ns: ((burst + bw_limits::MAX_DEFICIT) as u128 * 1_000_000_000 / rate as u128)
+            fill_ns: ((depth + bw_limits::MAX_DEFICIT) as u128 * 1_000_000_000 / rate as u128)
                 as u64,
-            tokens: burst as i64,
+            tokens: depth as i64,
             last_ns: now_ns,
             passed: 0,
             dropped: 0,
         }
     }
 
+    /// The least depth (bytes) of a bucket of `rate` bytes/s: what a single TCP
+    /// stream needs to keep the rate through a policer (see
+    /// [`bw_limits::DEFAULT_BURST_NS`]), at most 4 GiB. In u64 only: the eBPF
+    /// programs compute it too.
+    #[inline(always)]
+    pub const fn tcp_depth(rate: u64) -> u64 {
+        // rate <= 1 Tbit/s (1.25e11 B/s): x 300 fits in 64 bits.
+        let d = rate * (bw_limits::DEFAULT_BURST_NS / 1_000_000) / 1000;
+        if d < bw_limits::MIN_DEFAULT_BURST {
+            bw_limits::MIN_DEFAULT_BURST
+        } else if d > u32::MAX as u64 {
+            u32::MAX as u64
+        } else {
+            d
+        }
+    }
+
+    /// The depth the datapath gives a bucket of `rate` bytes/s and `burst`
+    /// bytes: the burst, or [`Self::tcp_depth`] if that is larger.
+    #[inline(always)]
+    pub const fn depth_for(rate: u64, burst: u64) -> u64 {
+        let floor = Self::tcp_depth(rate);
+        if burst > floor {
+            burst
+        } else {
+            floor
+        }
+    }
+
+    /// See [`Self::depth_for`].
+    #[inline(always)]
+    pub const fn depth(&self) -> u64 {
+        Self::depth_for(self.rate, self.burst)
+    }
+
     /// (rate bits/s, burst bits) as configured, or `None` without a limit.
     pub fn bits(&self) -> Option<(u64, u64)> {
         (self.rate != 0).then_some((self.rate * 8, self.burst * 8))
+    }
+
+    /// The depth in bits (see [`Self::depth`]), or `None` without a limit.
+    pub fn depth_bits(&self) -> Option<u64> {
+        (self.rate != 0).then_some(self.depth() * 8)
     }
 }
 

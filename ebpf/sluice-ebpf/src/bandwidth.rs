@@ -1,7 +1,8 @@
 //! Per-pod bandwidth limits (CNI `bandwidth`) as token buckets in `sl_bw`, with
-//! no qdisc and no ifb device. This kernel has no `sch_fq`, so EDT pacing
-//! (`skb->tstamp`) is not available: packets over the limit are dropped, which
-//! TCP reads as congestion.
+//! no qdisc and no ifb device: packets over the limit are dropped (a policer),
+//! which TCP reads as congestion. A bucket is never shallower than what a TCP
+//! stream needs to keep the rate through drops (`Bucket::depth_for`, 300 ms of
+//! the rate), whatever burst was configured.
 //!
 //! Egress (what the pod sends) is checked in `from_pod`; ingress (what it
 //! receives) wherever a packet is handed to the pod: `bpf_redirect_peer` and the
@@ -58,20 +59,21 @@ pub fn admit(ifindex: u32, len: u32, ingress: bool) -> bool {
         let now = bpf_ktime_get_ns();
         let last = (*b).last_ns;
         let tokens = &raw mut (*b).tokens;
+        // The burst, raised to what a TCP stream needs (Bucket::depth_for).
+        let depth = Bucket::depth_for((*b).rate, (*b).burst) as i64;
         if now > last {
             (*b).last_ns = now;
             let elapsed = (now - last).min((*b).fill_ns);
             let add = (elapsed * (*b).rate / 1_000_000_000) as i64;
             atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(tokens, add);
-            let burst = (*b).burst as i64;
-            if core::ptr::read_volatile(tokens) > burst {
-                core::ptr::write_volatile(tokens, burst);
+            if core::ptr::read_volatile(tokens) > depth {
+                core::ptr::write_volatile(tokens, depth);
             }
         }
         let t = core::ptr::read_volatile(tokens);
         // A packet needs its length in tokens (a GSO packet bigger than the
-        // burst passes on a full bucket).
-        if t < i64::from(len).min((*b).burst as i64) {
+        // depth passes on a full bucket).
+        if t < i64::from(len).min(depth) {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*b).dropped, 1);
             note_drop(
                 if ingress {
