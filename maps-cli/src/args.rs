@@ -22,7 +22,7 @@ Examples:
   sluicectl -n pods bandwidth set 10.22.0.5 --egress-rate 50000000
   sluicectl -n pods datapath detach-all        # says what it would do; --yes does it"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub target: Target,
     #[command(subcommand)]
@@ -31,7 +31,7 @@ pub struct Cli {
 
 /// Which network's datapath: by name (default pin root) or by pin root.
 #[derive(Args, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// Network name from the CNI config; the pin root is /sys/fs/bpf/sluice/<name>.
     #[arg(long, short = 'n', global = true, env = "SLUICE_NETWORK")]
     pub network: Option<String>,
@@ -41,7 +41,7 @@ pub struct Target {
 }
 
 #[derive(Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Datapath version, pin root, uplink and XDP mode, attachments, counters.
     Status(JsonArgs),
     /// List pod endpoints with their packet and byte counters.
@@ -87,7 +87,7 @@ Examples:
 
 impl Command {
     /// The name of a command that changes the datapath (`None`: it only reads).
-    pub fn write_name(&self) -> Option<&'static str> {
+    pub(crate) fn write_name(&self) -> Option<&'static str> {
         match self {
             Command::Ports(PortsCommand::Add(_)) => Some("ports add"),
             Command::Ports(PortsCommand::Del(_)) => Some("ports del"),
@@ -104,7 +104,7 @@ impl Command {
 }
 
 #[derive(Args)]
-pub struct CountersArgs {
+pub(crate) struct CountersArgs {
     /// Print JSON (stable field names) instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -128,7 +128,7 @@ pub struct CountersArgs {
 }
 
 #[derive(Args)]
-pub struct MonitorArgs {
+pub(crate) struct MonitorArgs {
     /// Print one JSON object per line (stable field names) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -159,12 +159,12 @@ pub struct MonitorArgs {
 }
 
 #[derive(Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
 #[derive(Subcommand)]
-pub enum BandwidthCommand {
+pub(crate) enum BandwidthCommand {
     /// Pods with bandwidth limits, with packets passed and dropped.
     List(BandwidthListArgs),
     /// One pod's limits.
@@ -174,7 +174,7 @@ pub enum BandwidthCommand {
 }
 
 #[derive(Args)]
-pub struct BandwidthListArgs {
+pub(crate) struct BandwidthListArgs {
     /// Print JSON (stable field names) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -184,7 +184,7 @@ pub struct BandwidthListArgs {
 }
 
 #[derive(Args)]
-pub struct BandwidthGetArgs {
+pub(crate) struct BandwidthGetArgs {
     /// The pod: an address, or a container id prefix.
     pub pod: String,
     /// Print JSON (stable field names) instead of text.
@@ -193,7 +193,7 @@ pub struct BandwidthGetArgs {
 }
 
 #[derive(Args)]
-pub struct BandwidthSetArgs {
+pub(crate) struct BandwidthSetArgs {
     /// The pod: an address, or a container id prefix.
     pub pod: String,
     /// Traffic into the pod, bits per second.
@@ -217,7 +217,7 @@ pub struct BandwidthSetArgs {
 }
 
 #[derive(Subcommand)]
-pub enum PortsCommand {
+pub(crate) enum PortsCommand {
     /// List hostPort mappings (host address:port -> pod address:port, owner).
     List(PortsListArgs),
     /// Map a host port to a pod's port (refused when the port is taken).
@@ -227,7 +227,7 @@ pub enum PortsCommand {
 }
 
 #[derive(Args)]
-pub struct PortsListArgs {
+pub(crate) struct PortsListArgs {
     /// Print JSON (stable field names) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -243,7 +243,7 @@ pub struct PortsListArgs {
 }
 
 #[derive(Args)]
-pub struct PortsAddArgs {
+pub(crate) struct PortsAddArgs {
     /// The port on the node.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub host_port: u16,
@@ -261,7 +261,7 @@ pub struct PortsAddArgs {
 }
 
 #[derive(Args)]
-pub struct PortsDelArgs {
+pub(crate) struct PortsDelArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub host_port: u16,
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
@@ -272,7 +272,7 @@ pub struct PortsDelArgs {
 }
 
 #[derive(Subcommand)]
-pub enum NatCommand {
+pub(crate) enum NatCommand {
     /// List masqueraded flows (pod side -> NAT address:port -> destination).
     List(NatListArgs),
     /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP open a
@@ -284,7 +284,7 @@ pub enum NatCommand {
 }
 
 #[derive(Args)]
-pub struct NatListArgs {
+pub(crate) struct NatListArgs {
     /// Print JSON (stable field names) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -303,7 +303,7 @@ pub struct NatListArgs {
 }
 
 #[derive(Args)]
-pub struct NatFlushArgs {
+pub(crate) struct NatFlushArgs {
     /// Only flows of this pod (its IP, or a container id prefix).
     #[arg(long, conflicts_with = "all")]
     pub pod: Option<String>,
@@ -313,14 +313,14 @@ pub struct NatFlushArgs {
 }
 
 #[derive(Args)]
-pub struct JsonArgs {
+pub(crate) struct JsonArgs {
     /// Print JSON (stable field names) instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Subcommand)]
-pub enum DatapathCommand {
+pub(crate) enum DatapathCommand {
     /// The pinned object's hash next to the one a `sluice` binary embeds.
     Version(SluiceBin),
     /// Load the programs a `sluice` binary embeds and move every attachment to them
@@ -335,7 +335,7 @@ pub enum DatapathCommand {
 }
 
 #[derive(Args)]
-pub struct DetachAllArgs {
+pub(crate) struct DetachAllArgs {
     #[command(flatten)]
     pub sluice: SluiceBin,
     /// Confirm: without it, only say what would be detached.
@@ -344,7 +344,7 @@ pub struct DetachAllArgs {
 }
 
 #[derive(Args)]
-pub struct SluiceBin {
+pub(crate) struct SluiceBin {
     /// The `sluice` plugin binary [default: first of /opt/cni/bin/sluice,
     /// /usr/lib/cni/sluice, sluice on PATH].
     #[arg(long, value_name = "PATH")]
@@ -352,7 +352,7 @@ pub struct SluiceBin {
 }
 
 #[derive(Args)]
-pub struct EndpointsArgs {
+pub(crate) struct EndpointsArgs {
     /// Print JSON (stable field names) instead of a table.
     #[arg(long)]
     pub json: bool,

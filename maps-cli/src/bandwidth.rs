@@ -10,7 +10,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, c: &BandwidthCommand) -> Result<()> {
+pub(crate) fn execute(t: &Target, c: &BandwidthCommand) -> Result<()> {
     let dp = Datapath::open(t)?;
     match c {
         BandwidthCommand::List(a) => list(&dp, a),

@@ -63,7 +63,7 @@ fn missing_for_write(mask: u64) -> Vec<&'static str> {
 }
 
 /// Refuses a write (`what`) unless the process may change the datapath.
-pub fn require_write(what: &str) -> Result<()> {
+pub(crate) fn require_write(what: &str) -> Result<()> {
     let missing = missing_for_write(effective()?);
     if !missing.is_empty() {
         bail!(

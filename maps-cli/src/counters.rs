@@ -32,7 +32,7 @@ struct Reading {
     endpoints: Vec<EndpointCounters>,
 }
 
-pub fn execute(t: &Target, a: &CountersArgs) -> Result<()> {
+pub(crate) fn execute(t: &Target, a: &CountersArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     let Some(every) = a.watch else {
         let r = read(&dp, a)?;

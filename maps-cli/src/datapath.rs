@@ -14,7 +14,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, c: &DatapathCommand) -> Result<()> {
+pub(crate) fn execute(t: &Target, c: &DatapathCommand) -> Result<()> {
     let dp = Datapath::open(t)?;
     match c {
         DatapathCommand::Version(b) => {

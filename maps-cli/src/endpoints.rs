@@ -8,7 +8,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, a: &EndpointsArgs) -> Result<()> {
+pub(crate) fn execute(t: &Target, a: &EndpointsArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     let rows: Vec<sluice_maps::endpoint::EndpointRow> =
         sluice_maps::endpoint::Endpoints::open(&dp.root)?

@@ -33,7 +33,7 @@ use crate::{
 /// How often the lease is renewed and the pod table re-read.
 const RENEW: Duration = Duration::from_secs(1);
 
-pub fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
+pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     if let Some(r) = &a.reason {
         let known = reason::NAMES.iter().position(|n| n == r);

@@ -11,7 +11,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, c: &NatCommand) -> Result<()> {
+pub(crate) fn execute(t: &Target, c: &NatCommand) -> Result<()> {
     let dp = Datapath::open(t)?;
     match c {
         NatCommand::List(a) => list(&dp, a),

@@ -15,7 +15,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, c: &PortsCommand) -> Result<()> {
+pub(crate) fn execute(t: &Target, c: &PortsCommand) -> Result<()> {
     let dp = Datapath::open(t)?;
     match c {
         PortsCommand::List(a) => list(&dp, a),
@@ -38,7 +38,7 @@ fn owner<'a>(eps: &'a [EndpointRow], t: &PortTarget) -> Option<&'a EndpointRow> 
 }
 
 /// The pod endpoints `pod` names: an IPv4 address or a container id prefix.
-pub fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointRow> {
+pub(crate) fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointRow> {
     let ip: Option<IpAddr> = pod.parse().ok();
     eps.iter()
         .filter(|r| match ip {
@@ -52,7 +52,7 @@ pub fn pod_endpoints<'a>(eps: &'a [EndpointRow], pod: &str) -> Vec<&'a EndpointR
 }
 
 /// [`pod_endpoints`] for a `--pod` filter: a `pod` naming none is refused.
-pub fn select_pods<'a>(eps: &'a [EndpointRow], pod: &str) -> Result<Vec<&'a EndpointRow>> {
+pub(crate) fn select_pods<'a>(eps: &'a [EndpointRow], pod: &str) -> Result<Vec<&'a EndpointRow>> {
     let v = pod_endpoints(eps, pod);
     if v.is_empty() {
         bail!("no pod with address or container id {pod:?} on this datapath");
@@ -61,7 +61,10 @@ pub fn select_pods<'a>(eps: &'a [EndpointRow], pod: &str) -> Result<Vec<&'a Endp
 }
 
 /// The host veths of the pods an optional `--pod` filter selects (`None`: all).
-pub fn selected_ifindexes(eps: &[EndpointRow], pod: Option<&str>) -> Result<Option<Vec<u32>>> {
+pub(crate) fn selected_ifindexes(
+    eps: &[EndpointRow],
+    pod: Option<&str>,
+) -> Result<Option<Vec<u32>>> {
     pod.map(|p| {
         Ok(select_pods(eps, p)?
             .iter()

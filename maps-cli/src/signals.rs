@@ -9,7 +9,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// Installs the handler for SIGINT and SIGTERM.
-pub fn install() {
+pub(crate) fn install() {
     let handler: extern "C" fn(libc::c_int) = on_signal;
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler is async-signal-safe (one atomic store).
@@ -17,12 +17,12 @@ pub fn install() {
     }
 }
 
-pub fn stop_requested() -> bool {
+pub(crate) fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
 /// Sleeps up to `d`, returning early (true) when a stop was requested.
-pub fn sleep(d: std::time::Duration) -> bool {
+pub(crate) fn sleep(d: std::time::Duration) -> bool {
     let end = std::time::Instant::now() + d;
     while !stop_requested() {
         let now = std::time::Instant::now();

@@ -9,7 +9,7 @@ use crate::{
     target::Datapath,
 };
 
-pub fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
+pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     let meta = sluice_maps::node::read_meta(&dp.root)?;
     let cfg = sluice_maps::node::config(&dp.root)?;

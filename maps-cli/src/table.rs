@@ -2,7 +2,7 @@
 use std::fmt::Write;
 
 /// Renders rows under a header with columns padded to their widest cell.
-pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -30,19 +30,19 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-pub fn mac(m: [u8; 6]) -> String {
+pub(crate) fn mac(m: [u8; 6]) -> String {
     format!(
         "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
         m[0], m[1], m[2], m[3], m[4], m[5]
     )
 }
 
-pub fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(sluice_common::from_cbuf(b)).into_owned()
 }
 
 /// An IP protocol number as the CLI names it (`--proto` values, JSON).
-pub fn proto_name(p: u8) -> &'static str {
+pub(crate) fn proto_name(p: u8) -> &'static str {
     match p {
         1 => "icmp",
         6 => "tcp",
@@ -54,7 +54,7 @@ pub fn proto_name(p: u8) -> &'static str {
 }
 
 /// A container id as tables show it (12 characters, like `docker ps`).
-pub fn short_id(id: &str) -> String {
+pub(crate) fn short_id(id: &str) -> String {
     id.chars().take(12).collect()
 }
 

@@ -11,14 +11,14 @@ use sluice_maps::PinRoot;
 use crate::args::Target;
 
 /// The pinned datapath of one network.
-pub struct Datapath {
+pub(crate) struct Datapath {
     pub root: PinRoot,
     pub pin_root: PathBuf,
 }
 
 impl Datapath {
     /// Resolves the target and checks that a datapath of our layout is pinned there.
-    pub fn open(t: &Target) -> Result<Self> {
+    pub(crate) fn open(t: &Target) -> Result<Self> {
         let pin_root = match (&t.pin_root, &t.network) {
             (Some(p), _) => p.clone(),
             (None, Some(n)) => sluice_common::user::default_pin_root(n),

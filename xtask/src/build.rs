@@ -14,12 +14,12 @@ use crate::{
 };
 
 /// Absolute paths of the built binaries.
-pub struct Binaries {
+pub(crate) struct Binaries {
     pub sluice: PathBuf,
     pub sluicectl: PathBuf,
 }
 
-pub fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
+pub(crate) fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
     let object = ebpf::build(ws)?;
     build_bins(ws, &object, args.release).map(drop)
 }
@@ -27,7 +27,11 @@ pub fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
 /// A second `sluice` embedding `next_object`, copied to `sluice-next` next to the
 /// normal one; the normal binary is rebuilt afterwards (only the plugin crate
 /// recompiles: its build script depends on `SLUICE_EBPF_OBJECT`).
-pub fn build_next_sluice(ws: &Workspace, next_object: &Path, object: &Path) -> Result<PathBuf> {
+pub(crate) fn build_next_sluice(
+    ws: &Workspace,
+    next_object: &Path,
+    object: &Path,
+) -> Result<PathBuf> {
     let plugin = |obj: &Path| -> Result<()> {
         cmd::run(
             Command::new("cargo")
@@ -46,7 +50,7 @@ pub fn build_next_sluice(ws: &Workspace, next_object: &Path, object: &Path) -> R
 }
 
 /// `cargo build --bin sluice --bin sluicectl` with `SLUICE_EBPF_OBJECT=object`.
-pub fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result<Binaries> {
+pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result<Binaries> {
     let mut c = Command::new("cargo");
     c.arg("build");
     if release {

@@ -9,13 +9,13 @@ use clap::{Args, Parser, Subcommand};
     bin_name = "cargo xtask",
     about = "Sluice developer tasks: toolchain setup, eBPF build, build, test"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Install what this machine lacks: Debian packages, nightly + rust-src,
     /// bpf-linker (against the nightly's LLVM), bpffs mount. Fast no-op when all is there.
     Setup(SetupArgs),
@@ -42,7 +42,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Default, Args)]
-pub struct SetupArgs {
+pub(crate) struct SetupArgs {
     /// Install bpf-linker under this root (`cargo install --root DIR`, binary in DIR/bin)
     /// instead of $CARGO_HOME; the check then looks only there.
     #[arg(long, value_name = "DIR")]
@@ -57,21 +57,21 @@ pub struct SetupArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct BuildEbpfArgs {
+pub(crate) struct BuildEbpfArgs {
     /// Run `cargo +nightly clippy -- -D warnings` on the eBPF crate instead of building it.
     #[arg(long)]
     pub check: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct BuildArgs {
+pub(crate) struct BuildArgs {
     /// Build the userspace binaries with the release profile.
     #[arg(long)]
     pub release: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct TestArgs {
+pub(crate) struct TestArgs {
     /// Skip `cargo fmt --check` and both clippy runs (refused when CI=true).
     #[arg(long)]
     pub no_lint: bool,
@@ -94,7 +94,7 @@ pub struct TestArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct VmTestArgs {
+pub(crate) struct VmTestArgs {
     /// Kernels to boot (comma-separated: 5.10, 6.1, 6.12, sid, or a full
     /// linux-image-*-amd64-unsigned package name) [default: 5.10,6.1,6.12,sid].
     #[arg(long, value_delimiter = ',', value_name = "K,...")]
@@ -117,10 +117,10 @@ pub struct VmTestArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {}
+pub(crate) struct DemoArgs {}
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Rounds of every traffic figure; the report shows the median.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub rounds: u32,
@@ -137,7 +137,7 @@ pub struct BenchArgs {
 
 /// The tables of `cargo xtask bench`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchTable {
+pub(crate) enum BenchTable {
     /// pod <-> pod and pod <-> external host, ADD/DEL latency.
     Routing,
     /// pod -> external host through masquerade.
@@ -149,7 +149,7 @@ pub enum BenchTable {
 }
 
 #[derive(Debug, Args)]
-pub struct ConnLoopArgs {
+pub(crate) struct ConnLoopArgs {
     #[arg(value_enum)]
     pub mode: ConnLoopMode,
     /// serve: the address to listen on; connect: the server's.
@@ -164,7 +164,7 @@ pub struct ConnLoopArgs {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum ConnLoopMode {
+pub(crate) enum ConnLoopMode {
     Serve,
     Connect,
 }

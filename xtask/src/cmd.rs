@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 /// The command as one could paste it into a shell: env vars it sets, program,
 /// arguments (quoted where needed) and the directory it runs in.
-pub fn describe(cmd: &Command) -> String {
+pub(crate) fn describe(cmd: &Command) -> String {
     let mut parts = Vec::new();
     for (key, value) in cmd.get_envs() {
         if let Some(value) = value {
@@ -36,7 +36,7 @@ fn quote(arg: &OsStr) -> String {
 }
 
 /// "exit status 101", or "killed by signal 9".
-pub fn status_text(status: ExitStatus) -> String {
+pub(crate) fn status_text(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
@@ -45,7 +45,7 @@ pub fn status_text(status: ExitStatus) -> String {
 }
 
 /// Runs the command with inherited stdio, echoing it first; fails unless it exits 0.
-pub fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let line = describe(cmd);
     eprintln!("$ {line}");
     let status = cmd
@@ -59,7 +59,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Runs the command quietly and returns what it printed, whatever its exit status;
 /// fails only when it cannot be started.
-pub fn capture(cmd: &mut Command) -> Result<Output> {
+pub(crate) fn capture(cmd: &mut Command) -> Result<Output> {
     cmd.stdin(Stdio::null())
         .output()
         .with_context(|| format!("could not start `{}`", describe(cmd)))
@@ -67,7 +67,7 @@ pub fn capture(cmd: &mut Command) -> Result<Output> {
 
 /// Runs the command quietly and returns its stdout; fails unless it exits 0,
 /// with its stderr in the error.
-pub fn stdout(cmd: &mut Command) -> Result<String> {
+pub(crate) fn stdout(cmd: &mut Command) -> Result<String> {
     let out = capture(cmd)?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -20,7 +20,7 @@ use crate::{
 const PREFIX: &str = "sldemo";
 const POD_CIDR: &str = "10.88.0.0/24";
 
-pub fn run(ws: &Workspace) -> Result<()> {
+pub(crate) fn run(ws: &Workspace) -> Result<()> {
     setup::run(&SetupArgs::default())?;
     let object = ebpf::build(ws)?;
     let bins = build::build_bins(ws, &object, true)?;

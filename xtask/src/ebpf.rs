@@ -9,7 +9,7 @@ use crate::{cli::BuildEbpfArgs, cmd, setup, ws::Workspace};
 /// Debug info makes bpf-linker emit BTF; `--btf` asks it to.
 const RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
 
-pub fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
+pub(crate) fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
     if args.check {
         clippy(ws)
     } else {
@@ -18,7 +18,7 @@ pub fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
 }
 
 /// Builds the object and returns its path.
-pub fn build(ws: &Workspace) -> Result<PathBuf> {
+pub(crate) fn build(ws: &Workspace) -> Result<PathBuf> {
     cmd::run(&mut nightly_cargo(
         ws,
         "build",
@@ -31,7 +31,7 @@ pub fn build(ws: &Workspace) -> Result<PathBuf> {
 /// Builds a second object from the same sources at another optimisation level:
 /// the same programs, different bytes, so a different hash. The upgrade test embeds it in a
 /// second `sluice` to replace the pinned programs under live traffic.
-pub fn build_variant(ws: &Workspace) -> Result<PathBuf> {
+pub(crate) fn build_variant(ws: &Workspace) -> Result<PathBuf> {
     let dir = ws.target.join("ebpf-next");
     cmd::run(&mut nightly_cargo(ws, "build", &dir, VARIANT_RUSTFLAGS)?)?;
     report(
@@ -55,7 +55,7 @@ fn report(object: PathBuf) -> Result<PathBuf> {
 }
 
 /// `cargo +nightly clippy ... -- -D warnings` on the eBPF crate.
-pub fn clippy(ws: &Workspace) -> Result<()> {
+pub(crate) fn clippy(ws: &Workspace) -> Result<()> {
     cmd::run(
         nightly_cargo(ws, "clippy", &ws.ebpf_target_dir(), RUSTFLAGS)?
             .args(["--", "-D", "warnings"]),

@@ -9,7 +9,7 @@ const DT_NULL: u64 = 0;
 const DT_NEEDED: u64 = 1;
 
 /// Sonames a 64-bit little-endian ELF file needs; empty when statically linked.
-pub fn needed_libs(path: &Path) -> Result<Vec<String>> {
+pub(crate) fn needed_libs(path: &Path) -> Result<Vec<String>> {
     let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     parse_needed(&data)
         .with_context(|| format!("reading ELF dynamic section of {}", path.display()))
@@ -95,7 +95,7 @@ fn c_str(strtab: &[u8], offset: u64) -> Result<String> {
 
 /// LLVM major version in a libLLVM file name or soname:
 /// `libLLVM.so.22.1-rust-1.97.0-nightly`, `libLLVM.so.22.1`, `libLLVM-22.so` -> 22.
-pub fn llvm_major_of(lib_name: &str) -> Option<u32> {
+pub(crate) fn llvm_major_of(lib_name: &str) -> Option<u32> {
     let rest = lib_name.strip_prefix("libLLVM")?;
     let rest = rest
         .strip_prefix(".so.")

@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context, Result};
 
 /// Whether the effective uid is 0 (read from /proc, no libc needed).
-pub fn is_root() -> Result<bool> {
+pub(crate) fn is_root() -> Result<bool> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let euid = status
         .lines()
@@ -19,24 +19,24 @@ pub fn is_root() -> Result<bool> {
 }
 
 /// `CI=true` (or `1`), as CI systems set it.
-pub fn is_ci() -> bool {
+pub(crate) fn is_ci() -> bool {
     env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
 /// The first executable file called `name` in `$PATH`.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     let path = env::var_os("PATH")?;
     env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|p| is_executable(p))
 }
 
-pub fn is_executable(path: &Path) -> bool {
+pub(crate) fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-pub fn home() -> Result<PathBuf> {
+pub(crate) fn home() -> Result<PathBuf> {
     env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
@@ -44,7 +44,7 @@ pub fn home() -> Result<PathBuf> {
 }
 
 /// `$CARGO_HOME`, else `~/.cargo`.
-pub fn cargo_home() -> Result<PathBuf> {
+pub(crate) fn cargo_home() -> Result<PathBuf> {
     match env::var_os("CARGO_HOME") {
         Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
         _ => Ok(home()?.join(".cargo")),
@@ -52,7 +52,7 @@ pub fn cargo_home() -> Result<PathBuf> {
 }
 
 /// Filesystem type of what is mounted (last, i.e. visible) on `mount_point`, if anything.
-pub fn mounted_fs_type(mount_point: &str) -> Result<Option<String>> {
+pub(crate) fn mounted_fs_type(mount_point: &str) -> Result<Option<String>> {
     let info =
         fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     Ok(parse_mountinfo_fs_type(&info, mount_point))
@@ -68,7 +68,7 @@ fn parse_mountinfo_fs_type(info: &str, mount_point: &str) -> Option<String> {
 }
 
 /// "850ms", "12.3s", "2m05s".
-pub fn fmt_duration(d: Duration) -> String {
+pub(crate) fn fmt_duration(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
         format!("{ms}ms")

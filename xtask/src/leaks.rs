@@ -19,7 +19,7 @@ const PIN_DEPTH: usize = 4;
 
 /// Objects by identity ("netns foo", "bpf link 42") -> how to show them.
 #[derive(Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     objects: BTreeMap<String, String>,
     counts: BTreeMap<&'static str, usize>,
     /// Why bpf links were not looked at, if they were not.
@@ -28,7 +28,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// With `require_bpftool`, a missing bpftool is an error instead of a note.
-    pub fn take(require_bpftool: bool) -> Result<Self> {
+    pub(crate) fn take(require_bpftool: bool) -> Result<Self> {
         let mut snap = Snapshot::default();
         let netns = cmd::stdout(Command::new("ip").args(["netns", "list"]))?;
         snap.add_all("netns", parse_netns(&netns), |n| format!("netns {n}"));
@@ -81,7 +81,7 @@ impl Snapshot {
     }
 
     /// What `after` has that `self` had not, ready to print.
-    pub fn new_in(&self, after: &Snapshot) -> Vec<String> {
+    pub(crate) fn new_in(&self, after: &Snapshot) -> Vec<String> {
         after
             .objects
             .iter()
@@ -91,7 +91,7 @@ impl Snapshot {
     }
 
     /// "3 netns, 12 interfaces, 4 bpf links, 2 bpffs entries"
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         self.counts
             .iter()
             .map(|(kind, n)| format!("{n} {kind}"))

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub const PACKAGES: [&str; 17] = [
+pub(crate) const PACKAGES: [&str; 17] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -46,7 +46,7 @@ pub const PACKAGES: [&str; 17] = [
     "protobuf-compiler",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
-pub const NIGHTLY: &str = "nightly";
+pub(crate) const NIGHTLY: &str = "nightly";
 /// rust-src for `-Z build-std=core`, clippy for `build-ebpf --check`.
 const NIGHTLY_COMPONENTS: [&str; 2] = ["rust-src", "clippy"];
 const BPFFS: &str = "/sys/fs/bpf";
@@ -54,7 +54,7 @@ const LINKER: &str = "bpf-linker";
 /// Written next to a bpf-linker this setup built: what it was built against.
 const MARKER_SUFFIX: &str = ".llvm";
 
-pub fn run(args: &SetupArgs) -> Result<()> {
+pub(crate) fn run(args: &SetupArgs) -> Result<()> {
     let started = Instant::now();
     step("Debian packages", debian_packages)?;
     step("nightly toolchain", nightly_toolchain)?;
@@ -276,7 +276,7 @@ fn install_reason(linker: &Linker, nightly_major: u32) -> Option<String> {
 }
 
 /// The bpf-linker builds use: first on `$PATH`, else in `$CARGO_HOME/bin`.
-pub fn find_bpf_linker() -> Result<Option<PathBuf>> {
+pub(crate) fn find_bpf_linker() -> Result<Option<PathBuf>> {
     if let Some(found) = host::which(LINKER) {
         return Ok(Some(found));
     }

@@ -24,7 +24,7 @@ use crate::{
 const CNI_PATH: &str = "/usr/lib/cni";
 const LINT_STAGES: [&str; 3] = ["fmt", "clippy", "ebpf-clippy"];
 
-pub fn run(ws: &Workspace, args: &TestArgs) -> Result<()> {
+pub(crate) fn run(ws: &Workspace, args: &TestArgs) -> Result<()> {
     let ci = host::is_ci();
     if ci {
         ensure!(
@@ -164,7 +164,7 @@ const TCG_MAIN_TESTS: [&str; 10] = [
 
 /// What the integration tests are given: the eBPF object and the binaries
 /// under test, as environment variables.
-pub struct TestEnv {
+pub(crate) struct TestEnv {
     pub object: PathBuf,
     pub bins: Binaries,
     pub next_sluice: PathBuf,
@@ -173,7 +173,7 @@ pub struct TestEnv {
 impl TestEnv {
     /// Builds everything the integration tests need (the eBPF object, the two
     /// binaries, the upgrade variant).
-    pub fn build(ws: &Workspace) -> Result<Self> {
+    pub(crate) fn build(ws: &Workspace) -> Result<Self> {
         let object = ebpf::build(ws)?;
         let bins = build::build_bins(ws, &object, false)?;
         let variant = ebpf::build_variant(ws)?;
@@ -185,7 +185,7 @@ impl TestEnv {
         })
     }
 
-    pub fn vars(&self) -> [(&'static str, &Path); 5] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 5] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
@@ -206,7 +206,7 @@ impl TestEnv {
     }
 
     /// Builds the integration test binaries; (name, executable) of each.
-    pub fn test_executables(&self, ws: &Workspace) -> Result<Vec<(String, PathBuf)>> {
+    pub(crate) fn test_executables(&self, ws: &Workspace) -> Result<Vec<(String, PathBuf)>> {
         let out = cmd::stdout(
             self.cargo_test(ws)
                 .args(["--no-run", "--message-format=json"]),

@@ -15,18 +15,18 @@ use serde_json::Value;
 use crate::cmd;
 
 /// One network namespace, removed on drop.
-pub struct Netns {
+pub(crate) struct Netns {
     pub name: String,
 }
 
 impl Netns {
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.name)
     }
 
     /// `nsenter --net=<ns> <program>`: runs in the namespace without remounting
     /// /sys (unlike `ip netns exec`), so bpffs stays visible.
-    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net={}", self.path().display()))
             .arg("--")
@@ -35,7 +35,7 @@ impl Netns {
     }
 
     /// `ip -n <ns> <args>`, failing on a non-zero exit.
-    pub fn ip(&self, args: &[&str]) -> Result<()> {
+    pub(crate) fn ip(&self, args: &[&str]) -> Result<()> {
         cmd::stdout(Command::new("ip").arg("-n").arg(&self.name).args(args)).map(drop)
     }
 }
@@ -50,7 +50,7 @@ impl Drop for Netns {
 }
 
 /// Everything of one run: namespaces, pin roots, scratch directories.
-pub struct Testbed {
+pub(crate) struct Testbed {
     prefix: String,
     pub dir: PathBuf,
     netns: Vec<Netns>,
@@ -59,7 +59,7 @@ pub struct Testbed {
 impl Testbed {
     /// A testbed whose names all start with `prefix` (short: netns and interface
     /// names are limited). Leftovers of an earlier interrupted run are removed.
-    pub fn new(prefix: &str) -> Result<Self> {
+    pub(crate) fn new(prefix: &str) -> Result<Self> {
         clean(prefix);
         let dir = std::env::temp_dir().join(format!("{prefix}-run"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -71,7 +71,7 @@ impl Testbed {
     }
 
     /// A new namespace `<prefix>-<name>` with loopback up.
-    pub fn netns(&mut self, name: &str) -> Result<usize> {
+    pub(crate) fn netns(&mut self, name: &str) -> Result<usize> {
         let full = format!("{}-{name}", self.prefix);
         cmd::stdout(Command::new("ip").args(["netns", "add", &full]))?;
         let ns = Netns { name: full };
@@ -80,17 +80,17 @@ impl Testbed {
         Ok(self.netns.len() - 1)
     }
 
-    pub fn ns(&self, i: usize) -> &Netns {
+    pub(crate) fn ns(&self, i: usize) -> &Netns {
         &self.netns[i]
     }
 
     /// A bpffs pin root for this run (no dots: bpffs refuses them).
-    pub fn pin_root(&self, name: &str) -> PathBuf {
+    pub(crate) fn pin_root(&self, name: &str) -> PathBuf {
         PathBuf::from("/sys/fs/bpf").join(format!("{}-{name}", self.prefix))
     }
 
     /// A veth "wire" between two namespaces with an address on each end.
-    pub fn wire(
+    pub(crate) fn wire(
         &self,
         a: usize,
         a_if: &str,
@@ -143,7 +143,7 @@ fn clean(prefix: &str) {
 }
 
 /// A CNI plugin run in a node namespace as a runtime runs it.
-pub struct Cni<'a> {
+pub(crate) struct Cni<'a> {
     pub node: &'a Netns,
     pub plugin: &'a Path,
     /// `CNI_PATH` (for delegated IPAM).
@@ -154,7 +154,7 @@ impl Cni<'_> {
     /// Runs `command` with the CNI environment and `conf` on stdin. Returns the
     /// parsed stdout (Null when empty); a non-zero exit is an error carrying the
     /// plugin's CNI error.
-    pub fn run(
+    pub(crate) fn run(
         &self,
         command: &str,
         conf: &Value,
@@ -190,7 +190,7 @@ fn run_cni(
 }
 
 /// What a plugin run gets: the CNI environment and its config.
-pub struct PluginRun<'a> {
+pub(crate) struct PluginRun<'a> {
     /// The plugin binary (named in errors).
     pub plugin: &'a Path,
     pub command: &'a str,
@@ -204,7 +204,7 @@ pub struct PluginRun<'a> {
 /// Runs the plugin `c` executes (directly, or through nsenter) with the CNI
 /// environment of `r` and its config on stdin. Returns the parsed stdout (Null
 /// when empty); a non-zero exit is an error carrying the plugin's CNI error.
-pub fn run_plugin(c: &mut Command, r: &PluginRun<'_>) -> Result<Value> {
+pub(crate) fn run_plugin(c: &mut Command, r: &PluginRun<'_>) -> Result<Value> {
     use std::io::Write;
     c.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -241,10 +241,10 @@ pub fn run_plugin(c: &mut Command, r: &PluginRun<'_>) -> Result<Value> {
 }
 
 /// A background process (a server), killed on drop.
-pub struct Background(Child);
+pub(crate) struct Background(Child);
 
 impl Background {
-    pub fn spawn(mut c: Command) -> Result<Self> {
+    pub(crate) fn spawn(mut c: Command) -> Result<Self> {
         let child = c
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -263,7 +263,7 @@ impl Drop for Background {
 
 /// Waits until something listens on TCP or UDP `port` inside `ns` (`ss`), for at
 /// most `limit`. No probe connection: a one-shot server would take it for a client.
-pub fn wait_listening(ns: &Netns, port: u16, limit: Duration) -> Result<()> {
+pub(crate) fn wait_listening(ns: &Netns, port: u16, limit: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
         let out = cmd::capture(ns.command("ss").args(["-Hltun"]))?;

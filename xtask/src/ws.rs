@@ -7,11 +7,11 @@ use std::{
 use anyhow::{Context, Result};
 
 /// Target triple of the eBPF programs.
-pub const EBPF_TARGET: &str = "bpfel-unknown-none";
+pub(crate) const EBPF_TARGET: &str = "bpfel-unknown-none";
 /// The userspace binaries `cargo xtask build` produces.
-pub const BINS: [&str; 2] = ["sluice", "sluicectl"];
+pub(crate) const BINS: [&str; 2] = ["sluice", "sluicectl"];
 
-pub struct Workspace {
+pub(crate) struct Workspace {
     /// The repository root (the workspace `Cargo.toml`).
     pub root: PathBuf,
     /// The userspace target directory (`$CARGO_TARGET_DIR` or `<root>/target`).
@@ -19,7 +19,7 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    pub fn locate() -> Result<Self> {
+    pub(crate) fn locate() -> Result<Self> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .context("xtask's manifest dir has no parent")?
@@ -32,23 +32,23 @@ impl Workspace {
     }
 
     /// The eBPF programs crate (its own workspace).
-    pub fn ebpf_crate(&self) -> PathBuf {
+    pub(crate) fn ebpf_crate(&self) -> PathBuf {
         self.root.join("ebpf").join("sluice-ebpf")
     }
 
     /// `<root>/target/ebpf`: where `cni-plugin/build.rs` looks by default.
-    pub fn ebpf_target_dir(&self) -> PathBuf {
+    pub(crate) fn ebpf_target_dir(&self) -> PathBuf {
         self.root.join("target").join("ebpf")
     }
 
-    pub fn ebpf_object(&self) -> PathBuf {
+    pub(crate) fn ebpf_object(&self) -> PathBuf {
         self.ebpf_target_dir()
             .join(EBPF_TARGET)
             .join("release")
             .join("sluice-ebpf")
     }
 
-    pub fn bin(&self, release: bool, name: &str) -> PathBuf {
+    pub(crate) fn bin(&self, release: bool, name: &str) -> PathBuf {
         let profile = if release { "release" } else { "debug" };
         self.target.join(profile).join(name)
     }

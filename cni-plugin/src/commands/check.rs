@@ -14,7 +14,7 @@ use crate::{
     state::{host_veth_name, StateStore},
 };
 
-pub async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
+pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let id = env.attachment()?;
     let netns_path = env
         .netns

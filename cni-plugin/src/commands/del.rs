@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
-pub async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
+pub(super) async fn del(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let id = env.attachment()?;
     // A runtime giving up on us mid-DEL must not leave half a pod behind
     // (netavark does the same): finish, then exit.
@@ -47,7 +47,7 @@ fn ignore_termination_signals() {
 /// pair, the address reservation and finally the record. Best effort: it goes on
 /// past errors and returns them all; the record stays while something failed, so
 /// a later DEL or GC can retry.
-pub async fn teardown(
+pub(super) async fn teardown(
     conf: &NetConf,
     id: &AttachmentId,
     ipam: &Ipam,
@@ -110,7 +110,10 @@ async fn teardown_node(
 
 /// Deletes our host veth (and with it the pod end and everything on both), and
 /// returns the index it had. Only a veth is ever deleted, whatever its name.
-pub async fn delete_host_veth(host_nl: &Netlink, host_ifname: &str) -> Result<Option<u32>, Error> {
+pub(super) async fn delete_host_veth(
+    host_nl: &Netlink,
+    host_ifname: &str,
+) -> Result<Option<u32>, Error> {
     if let Some(link) = host_nl.link_by_name(host_ifname).await? {
         if link.kind.as_deref() != Some("veth") {
             return Err(Error::netlink(

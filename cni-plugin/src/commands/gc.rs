@@ -13,7 +13,7 @@ use crate::{
     state::StateStore,
 };
 
-pub async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
+pub(super) async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let valid = conf
         .valid_attachments
         .as_ref()

@@ -10,7 +10,7 @@ use crate::{
     ipam::Ipam,
 };
 
-pub fn status(env: &Env, conf: &NetConf) -> Result<(), Error> {
+pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let unavailable = |reason: String| Error::NotAvailable { reason };
     let dp = Datapath::new(&conf.pin_root);
     if !datapath::has_object() {

@@ -35,11 +35,11 @@ use crate::{
 
 /// Prefix of the uplink's link pins (`uplink<ifindex>-<program>`); pod links
 /// start with the host veth name (`sl...`), so the two never mix.
-pub const UPLINK_LINK_PREFIX: &str = "uplink";
+pub(super) const UPLINK_LINK_PREFIX: &str = "uplink";
 /// Prefix of the socket hooks' link pins (`cgroup-<program>`).
-pub const HOOK_LINK_PREFIX: &str = "cgroup-";
+pub(super) const HOOK_LINK_PREFIX: &str = "cgroup-";
 /// Pin of the NAT sweeper's perf-event link.
-pub const SWEEP_LINK: &str = "nat_sweep";
+pub(super) const SWEEP_LINK: &str = "nat_sweep";
 /// How often the sweeper runs (CPU clock of CPU 0, which ticks while idle too).
 const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
 
@@ -53,7 +53,7 @@ fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send +
 }
 
 /// The tc hook of a pod or uplink program.
-pub fn tc_hook(kind: ProgKind) -> TcAttachType {
+pub(super) fn tc_hook(kind: ProgKind) -> TcAttachType {
     match kind {
         ProgKind::PodEgress | ProgKind::UplinkEgress => TcAttachType::Egress,
         _ => TcAttachType::Ingress,
@@ -103,7 +103,7 @@ fn pin_link(
 /// alone drops the link's reference only after an RCU grace period (bpffs frees
 /// its inodes with call_rcu), so a new attachment made right after would find the
 /// old one still there (tcx: EEXIST, XDP: EBUSY).
-pub fn detach_pinned(path: &Path) -> Result<(), Error> {
+pub(super) fn detach_pinned(path: &Path) -> Result<(), Error> {
     if !path.exists() {
         return Ok(());
     }
@@ -124,7 +124,7 @@ pub fn detach_pinned(path: &Path) -> Result<(), Error> {
 ///   owns them; no grace period is waited for.
 /// - `Tcx`: tcx links, pinned. Each first tcx attachment of a device and direction
 ///   waits for an RCU grace period (`tcx_entry_sync`), ~10 ms here.
-pub fn attach_pod(root: &PinRoot, host_ifname: &str, mode: PodAttach) -> Result<(), Error> {
+pub(super) fn attach_pod(root: &PinRoot, host_ifname: &str, mode: PodAttach) -> Result<(), Error> {
     if mode == PodAttach::Tc {
         add_clsact(host_ifname)?;
     }
@@ -200,7 +200,7 @@ fn attach_filter(
 
 /// Removes the pod programs from `host_ifname`, whichever way they were attached.
 /// Missing pins, filters or interface are fine (DEL deletes the veth anyway).
-pub fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
+pub(super) fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
     let mut errors = crate::error::Errors::new();
     for p in programs::POD {
         errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
@@ -219,7 +219,7 @@ pub fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
 }
 
 /// Kernel ids of the pinned pod programs: (name, ingress?, id).
-pub fn pod_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+pub(super) fn pod_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
     programs::POD
         .iter()
         .map(|p| {
@@ -231,7 +231,7 @@ pub fn pod_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>,
 
 /// Whether the pod programs are attached to `host_ifname` through pinned tcx links
 /// whose programs are attached to it (tcx query).
-pub fn check_pod_tcx(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
+pub(super) fn check_pod_tcx(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
     for p in programs::POD {
         let lp = pod_link_path(root, host_ifname, p.name);
         let pinned = PinnedLink::from_pin(&lp)
@@ -265,14 +265,14 @@ pub enum XdpAttached {
 
 /// Whether the uplink's tc programs are attached to interface `ifindex` as
 /// pinned tcx links (their pins exist).
-pub fn uplink_attached(root: &PinRoot, ifindex: u32) -> bool {
+pub(super) fn uplink_attached(root: &PinRoot, ifindex: u32) -> bool {
     programs::UPLINK_TC
         .iter()
         .all(|p| uplink_link_path(root, ifindex, p.name).exists())
 }
 
 /// Kernel ids of the pinned uplink tc programs: (name, ingress?, id).
-pub fn uplink_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
+pub(super) fn uplink_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32)>, Error> {
     programs::UPLINK_TC
         .iter()
         .map(|p| {
@@ -284,7 +284,7 @@ pub fn uplink_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool, u32
 
 /// How the uplink ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UplinkAttached {
+pub(super) struct UplinkAttached {
     pub xdp: XdpAttached,
     /// The tc programs are cls_bpf filters (no tcx), not pinned tcx links.
     pub filters: bool,
@@ -295,7 +295,7 @@ pub struct UplinkAttached {
 /// or as cls_bpf filters on a clsact qdisc on a kernel without tcx (before 6.6).
 /// Native XDP falls back to generic when the driver refuses it; an XDP failure
 /// leaves tc alone to do the job.
-pub fn attach_uplink(
+pub(super) fn attach_uplink(
     root: &PinRoot,
     ifname: &str,
     ifindex: u32,
@@ -338,7 +338,7 @@ pub fn attach_uplink(
 }
 
 /// Removes the uplink's cls_bpf filters (kernels without tcx); none is fine.
-pub fn detach_uplink_filters(ifname: &str) {
+pub(super) fn detach_uplink_filters(ifname: &str) {
     for p in programs::UPLINK_TC {
         if let Ok(link) = SchedClassifierLink::attached(
             ifname,
@@ -353,7 +353,7 @@ pub fn detach_uplink_filters(ifname: &str) {
 }
 
 /// The name of interface `ifindex` in this namespace.
-pub fn ifname_of(ifindex: u32) -> Option<String> {
+pub(super) fn ifname_of(ifindex: u32) -> Option<String> {
     let mut buf = [0u8; libc::IF_NAMESIZE];
     // SAFETY: a buffer of IF_NAMESIZE bytes, as if_indextoname requires.
     let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
@@ -411,13 +411,13 @@ fn attach_uplink_xdp(
 // --- the NAT sweeper --------------------------------------------------------------
 
 /// Whether the sweeper's link is pinned.
-pub fn sweeper_attached(root: &PinRoot) -> bool {
+pub(super) fn sweeper_attached(root: &PinRoot) -> bool {
     root.links_dir().join(SWEEP_LINK).exists()
 }
 
 /// Fires `prog` once a second on CPU 0 through a perf event whose link is pinned:
 /// the sweep runs with no process of ours alive.
-pub fn attach_sweeper(root: &PinRoot, prog: &mut PerfEvent) -> Result<(), Error> {
+pub(super) fn attach_sweeper(root: &PinRoot, prog: &mut PerfEvent) -> Result<(), Error> {
     let lp = root.links_dir().join(SWEEP_LINK);
     unpin(&lp)?;
     let id = prog
@@ -436,7 +436,7 @@ pub fn attach_sweeper(root: &PinRoot, prog: &mut PerfEvent) -> Result<(), Error>
 
 /// Attaches the pinned sweeper program (after an upgrade from a datapath
 /// without one, or when its link was removed).
-pub fn ensure_sweeper(root: &PinRoot) -> Result<(), Error> {
+pub(super) fn ensure_sweeper(root: &PinRoot) -> Result<(), Error> {
     let mut prog = PerfEvent::from_pin(root.progs_dir().join(prog_names::NAT_SWEEP))
         .map_err(|e| dp_err("open pinned program nat_sweep", e))?;
     attach_sweeper(root, &mut prog)
@@ -445,7 +445,7 @@ pub fn ensure_sweeper(root: &PinRoot) -> Result<(), Error> {
 // --- the hostPort socket hooks ---------------------------------------------------------
 
 /// Whether the socket hooks are attached (their link pins exist).
-pub fn hooks_attached(root: &PinRoot) -> bool {
+pub(super) fn hooks_attached(root: &PinRoot) -> bool {
     programs::SOCK_HOOKS
         .iter()
         .all(|p| hook_link_path(root, p.name).exists())
@@ -453,7 +453,7 @@ pub fn hooks_attached(root: &PinRoot) -> bool {
 
 /// Attaches the socket hooks to the cgroup v2 directory `cgroup` (opened) and
 /// pins their links, so they outlive the plugin. Attached ones stay.
-pub fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(), Error> {
+pub(super) fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(), Error> {
     for p in programs::SOCK_HOOKS {
         let ProgKind::SockAddr(hook) = p.kind else {
             continue;
@@ -486,7 +486,7 @@ pub fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(
 /// (v2), a UDP socket connects to `LEARN_ADDR` (no packet is sent), and the
 /// program records the socket's netns cookie under the socket's cookie
 /// (`SO_COOKIE`, 4.12). The program touches no other connect.
-pub fn learn_netns_cookie(root: &PinRoot) -> Result<u64, Error> {
+pub(super) fn learn_netns_cookie(root: &PinRoot) -> Result<u64, Error> {
     let op = "learn the node namespace's cookie (no SO_NETNS_COOKIE before Linux 5.14)";
     let own = own_cgroup2().ok_or_else(|| dp_err(op, "this process is in no cgroup v2"))?;
     let dir =
@@ -548,7 +548,7 @@ fn own_cgroup2() -> Option<PathBuf> {
 // --- upgrades: pointing attachments at new programs ------------------------------------
 
 /// Pinned links of program `prog` (`links/*-<prog>`).
-pub fn link_pins_of(root: &PinRoot, prog: &str) -> Result<Vec<PathBuf>, Error> {
+pub(super) fn link_pins_of(root: &PinRoot, prog: &str) -> Result<Vec<PathBuf>, Error> {
     let suffix = format!("-{prog}");
     Ok(root
         .pins(sluice_common::pin_dirs::LINKS)?
@@ -560,7 +560,7 @@ pub fn link_pins_of(root: &PinRoot, prog: &str) -> Result<Vec<PathBuf>, Error> {
 
 /// Points the pinned tcx link at `prog` without detaching it (`bpf_link_update`).
 /// A link whose interface is gone cannot be updated; its pin is dropped.
-pub fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(), Error> {
+pub(super) fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(), Error> {
     let pinned = PinnedLink::from_pin(link_path)
         .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
     let link: SchedClassifierLink = FdLink::from(pinned)
@@ -578,7 +578,7 @@ pub fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(
 }
 
 /// The same for an XDP link.
-pub fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), Error> {
+pub(super) fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), Error> {
     let pinned = PinnedLink::from_pin(link_path)
         .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
     let link: XdpLink = FdLink::from(pinned)
@@ -595,7 +595,7 @@ pub fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), Error> {
 
 /// The same for a cgroup link, through BPF_LINK_UPDATE (aya has no update for
 /// cgroup links).
-pub fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Result<(), Error> {
+pub(super) fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Result<(), Error> {
     use std::os::fd::AsRawFd;
     let fd = prog
         .fd()
@@ -611,7 +611,7 @@ pub fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Result<()
 /// Points Sluice's cls_bpf filter on `host_ifname` at `prog` in place (netlink
 /// replace of the same priority and handle: no packet sees no filter). A veth
 /// without that filter (tcx mode, or gone) is skipped.
-pub fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook: TcAttachType) {
+pub(super) fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook: TcAttachType) {
     let Ok(link) =
         SchedClassifierLink::attached(host_ifname, hook, FILTER_PRIORITY, FILTER_HANDLE, None)
     else {
@@ -639,7 +639,7 @@ fn drop_dead_link(link_path: &Path, e: &dyn std::fmt::Display) -> Result<(), Err
 /// programs (`pod_ifnames`) and every pinned link (uplink tc and XDP, hostPort
 /// socket hooks, NAT sweeper). Maps and programs stay pinned. Returns what was
 /// detached.
-pub fn detach_all(root: &PinRoot, pod_ifnames: &[String]) -> Result<Vec<String>, Error> {
+pub(super) fn detach_all(root: &PinRoot, pod_ifnames: &[String]) -> Result<Vec<String>, Error> {
     let mut gone = Vec::new();
     let present: Vec<&String> = pod_ifnames
         .iter()

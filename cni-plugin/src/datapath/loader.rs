@@ -27,7 +27,7 @@ pub fn object_hash() -> u64 {
 }
 
 /// Whether this binary carries an eBPF object.
-pub fn has_object() -> bool {
+pub(super) fn has_object() -> bool {
     !OBJECT.is_empty()
 }
 
@@ -41,7 +41,7 @@ fn wanted() -> impl Iterator<Item = &'static programs::ProgSpec> {
 }
 
 /// Whether every program this kernel runs is pinned.
-pub fn programs_pinned(root: &PinRoot) -> bool {
+pub(super) fn programs_pinned(root: &PinRoot) -> bool {
     wanted().all(|p| root.progs_dir().join(p.name).exists())
 }
 
@@ -53,7 +53,11 @@ fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send +
 /// existing attachment to the new programs atomically (`bpf_link_update`, cls_bpf
 /// filters replaced in place on `pod_ifnames`), and records the object's identity.
 /// Runs under the datapath's exclusive lock.
-pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> Result<(), Error> {
+pub(super) fn load_and_pin(
+    root: &PinRoot,
+    pod_ifnames: &[String],
+    nat_flows: u32,
+) -> Result<(), Error> {
     if OBJECT.is_empty() {
         return Err(dp_err(
             "load",
@@ -175,7 +179,7 @@ pub fn load_and_pin(root: &PinRoot, pod_ifnames: &[String], nat_flows: u32) -> R
 /// The map type of the NAT flow maps on this kernel: HASH with the sweeper
 /// (a full table refuses new flows, existing ones are safe), LRU_HASH without
 /// (no one else would ever remove a dead flow).
-pub fn nat_map_kind(sweeper: bool) -> MapKind {
+pub(super) fn nat_map_kind(sweeper: bool) -> MapKind {
     if sweeper {
         MapKind::Hash
     } else {

@@ -42,7 +42,7 @@ fn u32_pair(first: u32, second: u32) -> u64 {
 }
 
 /// A new fd of the BPF object pinned at `path` (BPF_OBJ_GET).
-pub fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
+pub(super) fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| Error::datapath(format!("open pin {}", path.display()), e))?;
@@ -57,7 +57,7 @@ pub fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
 
 /// Points the link pinned at `link_path` at program `prog_fd` in place
 /// (BPF_LINK_UPDATE, Linux 5.7; aya has no update for cgroup links).
-pub fn link_update(link_path: &Path, prog_fd: RawFd) -> std::io::Result<()> {
+pub(super) fn link_update(link_path: &Path, prog_fd: RawFd) -> std::io::Result<()> {
     let link_fd = obj_get(link_path).map_err(std::io::Error::other)?;
     // link_update: link_fd, new_prog_fd (u32 each, in the first word).
     let word = u32_pair(link_fd.as_raw_fd() as u32, prog_fd as u32);
@@ -66,7 +66,7 @@ pub fn link_update(link_path: &Path, prog_fd: RawFd) -> std::io::Result<()> {
 
 /// Detaches the link pinned at `link_path` now (BPF_LINK_DETACH, Linux 5.9),
 /// rather than when its last reference goes.
-pub fn link_detach(link_path: &Path) -> std::io::Result<()> {
+pub(super) fn link_detach(link_path: &Path) -> std::io::Result<()> {
     let fd = obj_get(link_path).map_err(std::io::Error::other)?;
     // `link_fd` is the first word of the attr.
     bpf_cmd(BPF_LINK_DETACH, &[u32_pair(fd.as_raw_fd() as u32, 0)]).map(drop)

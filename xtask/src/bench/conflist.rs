@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::{Map, Value};
 
-pub struct Conflist {
+pub(super) struct Conflist {
     pub name: String,
     pub cni_version: String,
     /// Each plugin's binary and its config object (without name/cniVersion).
@@ -23,7 +23,7 @@ pub struct Conflist {
 }
 
 /// One container's attachment: what ADD was given and returned, for DEL.
-pub struct Attachment {
+pub(super) struct Attachment {
     pub container_id: String,
     pub netns: PathBuf,
     pub runtime_config: Value,
@@ -55,7 +55,7 @@ impl Conflist {
 
     /// ADD of the whole list in `node`: the attachment and the time the plugins
     /// took, all of them one after the other, in ms.
-    pub fn add(
+    pub(super) fn add(
         &self,
         node: &Path,
         container_id: &str,
@@ -84,7 +84,7 @@ impl Conflist {
     }
 
     /// DEL of the whole list in `node`, plugins in reverse order; the time in ms.
-    pub fn del(&self, node: &Path, a: &Attachment) -> Result<f64> {
+    pub(super) fn del(&self, node: &Path, a: &Attachment) -> Result<f64> {
         in_netns(node, || {
             let started = Instant::now();
             for (plugin, conf) in self.plugins.iter().rev() {

@@ -17,7 +17,7 @@ use crate::cli::{ConnLoopArgs, ConnLoopMode};
 /// Per-connection limit: a connection that takes longer is counted as failed.
 const STEP: Duration = Duration::from_secs(2);
 
-pub fn run(a: &ConnLoopArgs) -> Result<()> {
+pub(super) fn run(a: &ConnLoopArgs) -> Result<()> {
     match a.mode {
         ConnLoopMode::Serve => serve(a.addr, a.secs),
         ConnLoopMode::Connect => {

@@ -25,14 +25,14 @@ use crate::{cmd, testbed::Netns};
 
 /// Mappings of the filler's ADD that the reference plugin writes itself: three
 /// of its multiport groups (15 ports each).
-pub const CNI_MAPPINGS: usize = 45;
+pub(crate) const CNI_MAPPINGS: usize = 45;
 
 /// (hostPort, containerPort) of a mapping.
-pub type Mapping = (u16, u16);
+pub(crate) type Mapping = (u16, u16);
 
 /// Appends to the node's nat table the reference portmap rules of `all[done..]`,
 /// the mappings of container `cid` whose first `done` the plugin wrote itself.
-pub fn extend_portmap(node: &Netns, cid: &str, all: &[Mapping], done: usize) -> Result<()> {
+pub(crate) fn extend_portmap(node: &Netns, cid: &str, all: &[Mapping], done: usize) -> Result<()> {
     ensure!(
         done > 0 && done < all.len(),
         "nothing to extend ({done} of {} mappings written)",
@@ -172,14 +172,14 @@ fn restore(node: &Netns, input: &str) -> Result<()> {
 /// moved into it (the figures' clients are on the external host), so rmdir
 /// removes it on drop; leftovers of runs whose process is gone are removed
 /// before a new one is made.
-pub struct Cgroup {
+pub(crate) struct Cgroup {
     pub path: PathBuf,
 }
 
 const CGROUP_PREFIX: &str = "slbench-";
 
 impl Cgroup {
-    pub fn new(tag: &str) -> Result<Self> {
+    pub(crate) fn new(tag: &str) -> Result<Self> {
         let root = cgroup2_root()?;
         clean_cgroups(&root);
         let path = root.join(format!("{CGROUP_PREFIX}{tag}-{}", std::process::id()));

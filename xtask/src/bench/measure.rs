@@ -18,7 +18,7 @@ use crate::{
 
 /// Both ends of every traffic figure run on this CPU: on a 2-vCPU VM a round trip
 /// across CPUs pays ~50 us of wakeup (IPI) noise (TOOLCHAIN.md, "Measuring").
-pub const CPU: &str = "1";
+pub(super) const CPU: &str = "1";
 
 fn pinned(ns: &Netns, program: &str) -> Command {
     let mut c = ns.command("taskset");
@@ -27,13 +27,13 @@ fn pinned(ns: &Netns, program: &str) -> Command {
 }
 
 /// TCP throughput client -> server in Gbit/s (iperf3, one stream).
-pub fn tcp_gbps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+pub(super) fn tcp_gbps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     tcp_gbps_via(client, server, (addr, IPERF_PORT), IPERF_PORT, secs)
 }
 
 /// The same through a port mapping: the client connects to `to` (address,
 /// port), the server listens on `listen_port`.
-pub fn tcp_gbps_via(
+pub(super) fn tcp_gbps_via(
     client: &Netns,
     server: &Netns,
     to: (&str, u16),
@@ -49,7 +49,7 @@ pub fn tcp_gbps_via(
 
 /// UDP packets per second received with 64-byte payloads, unlimited send rate
 /// (small packets show per-packet cost that big TCP segments hide).
-pub fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+pub(super) fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     let v = iperf(
         client,
         server,
@@ -132,13 +132,18 @@ fn busy_cpu_secs() -> Result<f64> {
 /// One rate-limited TCP stream client -> server (iperf3, one stream, `secs`
 /// seconds): the rate the server received in Mbit/s, the Gbit it received, and
 /// the machine's busy CPU seconds meanwhile.
-pub struct Limited {
+pub(super) struct Limited {
     pub mbps: f64,
     pub gbit: f64,
     pub cpu_secs: f64,
 }
 
-pub fn tcp_limited(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<Limited> {
+pub(super) fn tcp_limited(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+) -> Result<Limited> {
     let to = (addr, IPERF_PORT);
     let (v, cpu_secs) = iperf_cpu(client, server, to, IPERF_PORT, &["-t", &secs.to_string()])?;
     let r = &v["end"]["sum_received"];
@@ -157,7 +162,7 @@ pub fn tcp_limited(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Res
 
 /// UDP client -> server sent at `rate` bits/s (iperf3 -u, 1400-byte datagrams):
 /// Mbit/s received (datagrams that arrived, over the client's duration).
-pub fn udp_received_mbps(
+pub(super) fn udp_received_mbps(
     client: &Netns,
     server: &Netns,
     addr: &str,
@@ -189,11 +194,16 @@ pub fn udp_received_mbps(
 }
 
 /// UDP payload of the bandwidth table's UDP figure (fits a 1500-byte MTU).
-pub const UDP_LEN: usize = 1400;
+pub(super) const UDP_LEN: usize = 1400;
 
 /// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
 /// from sockperf ping-pong with --full-rtt.
-pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
+pub(super) fn tcp_rtt_us(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+) -> Result<(f64, f64)> {
     let to = (addr, SOCKPERF_PORT);
     sockperf_pp(client, server, to, to, &[], secs)
 }
@@ -202,7 +212,7 @@ pub fn tcp_rtt_us(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Resu
 /// listens on `listen` (address, port), with SO_REUSEADDR (`--uc-reuseaddr`):
 /// the port is the one iperf3's server used just before, whose closed
 /// connections wait in TIME_WAIT.
-pub fn tcp_rtt_us_via(
+pub(super) fn tcp_rtt_us_via(
     client: &Netns,
     server: &Netns,
     to: (&str, u16),
@@ -261,7 +271,7 @@ fn sockperf_pp(
 /// byte each way, the server closes first), at most `MAX_CONNS` per measurement:
 /// a masqueraded reference run leaves one nf_conntrack entry per connection for
 /// two minutes, and that table is shared with the host.
-pub fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     const MAX_CONNS: u64 = 20_000;
     let port = 5302;
     let exe = std::env::current_exe().context("locating the xtask binary")?;
@@ -291,7 +301,7 @@ pub fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> R
 }
 
 /// p50 and p99 of a sample, in the sample's unit.
-pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
+pub(super) fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return (f64::NAN, f64::NAN);
@@ -303,7 +313,7 @@ pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
 /// ADD then DEL of `n` pods (namespaces `<node>-l<i>`), each timed in ms: the
 /// plugin is spawned by a thread that entered the node's namespace, as a runtime
 /// in that namespace would run it (no nsenter in the timed path).
-pub fn add_del_ms(
+pub(super) fn add_del_ms(
     node: &Netns,
     plugin: &Path,
     conf: &Value,

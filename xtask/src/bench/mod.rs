@@ -10,7 +10,7 @@
 //! `--only <table>` runs one table's setups and figures alone.
 mod conflist;
 mod connloop;
-pub mod hostport;
+pub(crate) mod hostport;
 mod measure;
 mod report;
 mod topology;
@@ -34,11 +34,11 @@ use topology::{
     HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
 };
 
-pub fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
+pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
     connloop::run(args)
 }
 
-pub fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     setup::run(&SetupArgs::default())?;
     let object = ebpf::build(ws)?;
     let bins = build::build_bins(ws, &object, true)?;
@@ -307,7 +307,7 @@ fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Re
 
 /// Seconds of every bandwidth figure (whatever `--seconds` says: the limits'
 /// first burst is 300 ms, so shorter runs would overstate the rates).
-pub const BW_SECS: u32 = 4;
+pub(crate) const BW_SECS: u32 = 4;
 
 /// The bandwidth figures, reference then Sluice for each limit and direction:
 /// one TCP stream each (the CPU figure from the `BW_CPU_RATE` ones), then UDP at

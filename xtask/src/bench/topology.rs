@@ -18,7 +18,7 @@ use crate::{
 use anyhow::{Context, Result};
 
 /// Where traffic of each figure goes, for one setup.
-pub struct Setup {
+pub(super) struct Setup {
     /// Namespace indexes in the testbed.
     pub pod1: usize,
     pub pod2: usize,
@@ -30,14 +30,14 @@ pub struct Setup {
     pub cni: Option<CniSetup>,
 }
 
-pub struct CniSetup {
+pub(super) struct CniSetup {
     pub node: usize,
     pub conf: Value,
     pub plugin: std::path::PathBuf,
 }
 
 /// The bare veth pair: "pods" and "external host" are the two ends.
-pub fn limit(tb: &mut Testbed) -> Result<Setup> {
+pub(super) fn limit(tb: &mut Testbed) -> Result<Setup> {
     let a = tb.netns("lim-a")?;
     let b = tb.netns("lim-b")?;
     tb.wire(a, "eth0", "10.99.0.1/24", b, "eth0", "10.99.0.2/24")?;
@@ -110,13 +110,13 @@ fn node_with_pods(
 }
 
 /// bridge + host-local, as the reference plugins' users run them.
-pub fn reference(tb: &mut Testbed) -> Result<Setup> {
+pub(super) fn reference(tb: &mut Testbed) -> Result<Setup> {
     reference_with(tb, "ref", 81, false)
 }
 
 /// The same with `ipMasq: true`: the bridge plugin adds an iptables MASQUERADE
 /// chain in the node namespace, which nf_conntrack and nf_nat carry out.
-pub fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
+pub(super) fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
     reference_with(tb, "rmq", 83, true)
 }
 
@@ -152,13 +152,13 @@ fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setu
 }
 
 /// Sluice with its defaults (cls_bpf pod attachment, XDP auto on the uplink).
-pub fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
+pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
     sluice_with(tb, bins, "sl", 82, false)
 }
 
 /// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
 /// through its tc ingress (Sluice's own NAT maps, no nf_conntrack).
-pub fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
+pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
     sluice_with(tb, bins, "smq", 84, true)
 }
 
@@ -181,20 +181,20 @@ fn sluice_with(tb: &mut Testbed, bins: &Binaries, tag: &str, n: u8, masq: bool) 
 }
 
 /// Mappings on each port-mapping node, one node per count and plugin.
-pub const HP_SIZES: [usize; 3] = [1, 1_000, 10_000];
+pub(super) const HP_SIZES: [usize; 3] = [1, 1_000, 10_000];
 /// The measured pod's mapping (the servers listen on the container port).
-pub const HP_HOST_PORT: u16 = 30080;
-pub const HP_CONTAINER_PORT: u16 = 80;
+pub(super) const HP_HOST_PORT: u16 = 30080;
+pub(super) const HP_CONTAINER_PORT: u16 = 80;
 /// Pods whose ADD is timed on each port-mapping node of the reference and of
 /// Sluice (multiples of the number of sizes: each size is timed first as often).
-pub const HP_TIMED_PODS_REFERENCE: usize = 6;
-pub const HP_TIMED_PODS_SLUICE: usize = 24;
+pub(super) const HP_TIMED_PODS_REFERENCE: usize = 6;
+pub(super) const HP_TIMED_PODS_SLUICE: usize = 24;
 
 /// A node with `mappings` port mappings: an uplink to an external host, the
 /// measured pod with one mapping, and a filler container holding the other
 /// mappings. The external host has no route to the pods: it reaches the pod
 /// only through node address:hostPort.
-pub struct HpSetup {
+pub(super) struct HpSetup {
     pub tag: String,
     pub node: usize,
     pub ext: usize,
@@ -207,7 +207,7 @@ pub struct HpSetup {
 }
 
 /// A `portMappings` runtimeConfig entry list.
-pub fn port_mappings(m: &[Mapping]) -> Value {
+pub(super) fn port_mappings(m: &[Mapping]) -> Value {
     json!({
         "portMappings": m
             .iter()
@@ -303,7 +303,7 @@ fn hostport_node(
 /// without ipMasq, portmap with `capabilities: {portMappings: true}` (its
 /// defaults: SNAT for hairpin and localhost, iptables in the node namespace).
 /// `i` indexes `HP_SIZES`.
-pub fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> {
+pub(super) fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> {
     let tag = format!("rhp{i}");
     let n = 85 + u8::try_from(i)?;
     let list = Conflist {
@@ -325,7 +325,7 @@ pub fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> {
 
 /// Sluice with `capabilities: {portMappings: true}` and its socket hooks on
 /// `cgroup` (one made for this node).
-pub fn hostport_sluice(
+pub(super) fn hostport_sluice(
     tb: &mut Testbed,
     bins: &Binaries,
     cgroup: &std::path::Path,
@@ -358,15 +358,15 @@ pub fn hostport_sluice(
 
 /// The limits of the bandwidth table, bits per second: one pod per limit on
 /// each bandwidth node, limited to it both ways.
-pub const BW_RATES: [u64; 3] = [10_000_000, 100_000_000, 1_000_000_000];
+pub(super) const BW_RATES: [u64; 3] = [10_000_000, 100_000_000, 1_000_000_000];
 /// Sluice's default burst for a rate without one (rate x 300 ms), given to the
 /// reference plugin explicitly (it requires bursts).
-pub const BW_BURST_MS: u64 = 300;
+pub(super) const BW_BURST_MS: u64 = 300;
 
 /// A node with an uplink to an external host (which routes the pod subnet to
 /// the node) and one pod per `BW_RATES` limit, each with that limit on ingress
 /// and egress.
-pub struct BwSetup {
+pub(super) struct BwSetup {
     pub tag: String,
     pub node: usize,
     pub ext: usize,
@@ -444,7 +444,7 @@ fn bandwidth_node(
 /// ingress to an ifb device with a tbf qdisc (egress); all of it in the node
 /// namespace (the conflist runs every plugin from inside it), so the ifb goes
 /// with that namespace at the latest.
-pub fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
+pub(super) fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
     let (tag, n) = ("rbw", 91);
     let list = Conflist {
         name: format!("bench{tag}"),
@@ -465,7 +465,7 @@ pub fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
 
 /// Sluice with `capabilities: {bandwidth: true}`, rates without bursts (its
 /// default burst, rate x 300 ms).
-pub fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSetup> {
+pub(super) fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSetup> {
     let (tag, n) = ("sbw", 92);
     let list = Conflist {
         name: format!("bench{tag}"),
@@ -491,7 +491,7 @@ pub fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSetup> {
 
 /// DEL of every pod of a bandwidth node (the reference plugin removes its ifb
 /// and qdiscs); the namespaces go with the testbed.
-pub fn bandwidth_del(tb: &Testbed, s: &mut BwSetup) -> Result<()> {
+pub(super) fn bandwidth_del(tb: &Testbed, s: &mut BwSetup) -> Result<()> {
     for a in s.attached.drain(..).rev() {
         s.list
             .del(&tb.ns(s.node).path(), &a)

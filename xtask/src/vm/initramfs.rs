@@ -51,7 +51,7 @@ exec switch_root /mnt/root /bin/sh -c "echo SLUICE-VM-BOOTED; /bin/sh $job; powe
 /// The modules `wanted` need, dependencies first, from `modules.dep`
 /// (`kernel/a/b.ko: kernel/c.ko ...`): (module name, path relative to the
 /// modules directory). Built-in ones (absent from modules.dep) are skipped.
-pub fn closure(modules_dep: &str, wanted: &[&str]) -> Vec<(String, String)> {
+pub(super) fn closure(modules_dep: &str, wanted: &[&str]) -> Vec<(String, String)> {
     let name_of = |path: &str| -> String {
         let file = path.rsplit('/').next().unwrap_or(path);
         let base = file.split(".ko").next().unwrap_or(file);
@@ -183,7 +183,7 @@ fn module_bytes(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// Writes the initramfs for `kernel` to `path`.
-pub fn build(kernel: &Kernel, path: &Path) -> Result<PathBuf> {
+pub(super) fn build(kernel: &Kernel, path: &Path) -> Result<PathBuf> {
     let dep = fs::read_to_string(kernel.modules.join("modules.dep"))
         .with_context(|| format!("reading {}", kernel.modules.join("modules.dep").display()))?;
     let mods = closure(&dep, &ROOT_MODULES);

@@ -16,7 +16,7 @@ const SUITES: [&str; 4] = ["bullseye", "bookworm", "trixie", "sid"];
 
 /// An unpacked kernel.
 #[derive(Clone, Debug)]
-pub struct Kernel {
+pub(crate) struct Kernel {
     /// As asked for (`5.10`).
     pub name: String,
     /// `uname -r` of the kernel (`5.10.0-32-amd64`).
@@ -154,7 +154,7 @@ fn version_key(release: &str) -> Vec<u64> {
 
 /// The package `name` means among `packages`: a full package name as is; a
 /// series (`5.10`) its newest plain amd64 build; `sid` the newest of all.
-pub fn resolve(name: &str, packages: &[String]) -> Result<String> {
+pub(super) fn resolve(name: &str, packages: &[String]) -> Result<String> {
     if packages.iter().any(|p| p == name) {
         return Ok(name.to_string());
     }
@@ -187,7 +187,7 @@ pub fn resolve(name: &str, packages: &[String]) -> Result<String> {
 
 /// Fetches and unpacks the kernels `names` under `dir`; what is there already is
 /// reused.
-pub fn fetch(dir: &Path, names: &[String]) -> Result<Vec<Kernel>> {
+pub(super) fn fetch(dir: &Path, names: &[String]) -> Result<Vec<Kernel>> {
     let apt = Apt::new(&dir.join("apt"))?;
     let mut known: Option<Vec<String>> = None;
     let mut out = Vec::new();

@@ -24,10 +24,10 @@ use anyhow::{bail, Result};
 use self::kernels::Kernel;
 use crate::{cli::VmTestArgs, host::fmt_duration, test::TestEnv, ws::Workspace};
 
-pub use qemu::Accel;
+pub(crate) use qemu::Accel;
 
 /// The kernels of the matrix: Debian 11, 12, 13 and unstable.
-pub const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
+pub(crate) const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
 
 /// Modules a node has loaded (or auto-loads) that the guest loads up front; a
 /// missing one is not an error (built in, or absent from that kernel).
@@ -58,7 +58,7 @@ const GUEST_MODULES: &[&str] = &[
     "tun",
 ];
 
-pub fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
+pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
     let env = TestEnv::build(ws)?;
     let kernels: Vec<String> = if args.kernel.is_empty() {
         MATRIX.iter().map(|s| s.to_string()).collect()
@@ -85,7 +85,7 @@ pub fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
 
 /// How guests will run here: a probe boot of kernel `name` under KVM, if
 /// /dev/kvm is there (see `Accel::detect`).
-pub fn detect_accel(ws: &Workspace, name: &str) -> Result<Accel> {
+pub(crate) fn detect_accel(ws: &Workspace, name: &str) -> Result<Accel> {
     let dir = ws.target.join("vm");
     let kernel = kernels::fetch(&dir, &[name.to_string()])?.remove(0);
     let kdir = dir.join("runs").join(&kernel.release);
@@ -102,7 +102,7 @@ pub fn detect_accel(ws: &Workspace, name: &str) -> Result<Accel> {
 const HOST_ONLY: [&str; 1] = ["cri"];
 
 /// What to run where.
-pub struct Plan {
+pub(crate) struct Plan {
     pub kernels: Vec<String>,
     /// Test binaries by name (`lifecycle`), each optionally with test name
     /// filters of its own (`masquerade:idle_flows|tcp_udp`); empty: every one.
@@ -116,7 +116,7 @@ pub struct Plan {
 }
 
 /// Runs `plan` with the binaries of `env`.
-pub fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
+pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
     let dir = ws.target.join("vm");
     let kernels = kernels::fetch(&dir, &plan.kernels)?;
     let built = env.test_executables(ws)?;
@@ -267,7 +267,7 @@ fn job_script(
 
 /// One test binary on one kernel.
 #[derive(Debug)]
-pub struct BinaryResult {
+pub(crate) struct BinaryResult {
     pub name: String,
     /// Exit status, None when it never ended (killed, guest crashed).
     pub status: Option<i32>,
@@ -277,7 +277,7 @@ pub struct BinaryResult {
 
 /// One kernel's run.
 #[derive(Debug)]
-pub struct KernelResult {
+pub(crate) struct KernelResult {
     pub name: String,
     pub release: String,
     pub booted: bool,
@@ -319,7 +319,7 @@ impl KernelResult {
         }
     }
 
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.booted
             && !self.timed_out
             && self.leaks.is_empty()
@@ -348,17 +348,17 @@ fn parse_libtest(log: &str) -> (u32, Vec<String>) {
 
 /// Every kernel's results.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub kernels: Vec<KernelResult>,
 }
 
 impl Report {
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         !self.kernels.is_empty() && self.kernels.iter().all(KernelResult::ok)
     }
 
     /// One line per problem: "5.10: hostport: external_tcp... failed".
-    pub fn failures(&self) -> Vec<String> {
+    pub(crate) fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         for k in &self.kernels {
             if !k.booted {

@@ -19,7 +19,7 @@ use super::kernels::Kernel;
 
 /// How qemu executes the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accel {
+pub(crate) enum Accel {
     /// Hardware virtualisation (/dev/kvm opens read-write).
     Kvm,
     /// Software emulation: 10-20x slower, works everywhere.
@@ -31,7 +31,7 @@ impl Accel {
     /// userspace within 20 s; emulation otherwise. (Nested KVM inside another
     /// hypervisor can hang in early boot or abort on an MSR: seen on
     /// Firecracker hosts.) `SLUICE_VM_NO_KVM=1` forces emulation.
-    pub fn detect(kernel: &Kernel, initrd: &Path, out: &Path) -> Self {
+    pub(crate) fn detect(kernel: &Kernel, initrd: &Path, out: &Path) -> Self {
         let kvm = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -71,7 +71,7 @@ impl Accel {
 
 /// One boot of `kernel`: `job` is `probe` or a script path in the host's file
 /// system; `out` is shared read-write with the guest (9p tag `out`).
-pub struct Boot<'a> {
+pub(super) struct Boot<'a> {
     pub kernel: &'a Kernel,
     pub initrd: &'a Path,
     pub job: &'a str,
@@ -85,20 +85,20 @@ pub struct Boot<'a> {
 }
 
 /// What a boot printed, and whether it ended by itself.
-pub struct Console {
+pub(super) struct Console {
     pub lines: Vec<String>,
     pub timed_out: bool,
     pub took: Duration,
 }
 
 impl Console {
-    pub fn booted(&self) -> bool {
+    pub(super) fn booted(&self) -> bool {
         self.lines.iter().any(|l| l.contains("SLUICE-VM-BOOTED"))
     }
 }
 
 impl Boot<'_> {
-    pub fn command(&self) -> Command {
+    pub(super) fn command(&self) -> Command {
         let mut c = Command::new("qemu-system-x86_64");
         c.args(self.accel.args())
             .args(["-smp", &self.cpus.to_string()])
@@ -129,7 +129,7 @@ impl Boot<'_> {
     }
 
     /// Boots and waits for the guest to power off (or the deadline).
-    pub fn run(&self) -> Result<Console> {
+    pub(super) fn run(&self) -> Result<Console> {
         let mut cmd = self.command();
         let line = crate::cmd::describe(&cmd);
         let started = Instant::now();
@@ -203,7 +203,7 @@ impl Boot<'_> {
 }
 
 /// A fresh, empty output directory for one guest.
-pub fn fresh_dir(path: &Path) -> Result<PathBuf> {
+pub(super) fn fresh_dir(path: &Path) -> Result<PathBuf> {
     if path.exists() {
         fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))?;
     }
