@@ -11,9 +11,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SLUICE_EBPF_OBJECT");
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let default = manifest.join("../target/ebpf/bpfel-unknown-none/release/sluice-ebpf");
-    let src = env::var_os("SLUICE_EBPF_OBJECT")
-        .map(PathBuf::from)
-        .unwrap_or(default);
+    let src = env::var_os("SLUICE_EBPF_OBJECT").map_or(default, PathBuf::from);
     println!("cargo:rerun-if-changed={}", src.display());
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default()).join("sluice-ebpf.o");
     let bytes = fs::read(&src).unwrap_or_else(|_| {

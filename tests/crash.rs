@@ -7,7 +7,7 @@
 //!
 //! The ADD runs as the harness runs the plugin (`nsenter` into the node, the
 //! CNI environment, the config on stdin; a hostPort and a bandwidth limit, so a
-//! killed ADD may be writing any map family; cls_bpf filters or tcx links) and
+//! killed ADD may be writing any map family; `cls_bpf` filters or tcx links) and
 //! is killed:
 //! - after a delay drawn uniformly from [0, a typical ADD's time] (measured
 //!   first, per attach mode) by an xorshift generator whose seed is printed
@@ -127,7 +127,7 @@ impl Rng {
             .unwrap_or_else(|| {
                 let t = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64);
+                    .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 t ^ (u64::from(std::process::id()) << 32)
             });
         let seed = if seed == 0 {
@@ -173,7 +173,7 @@ fn strict() -> bool {
     !std::env::var("SLUICE_CRASH_LENIENT").is_ok_and(|v| v == "1")
 }
 
-/// The config of a trial's ADD: a hostPort and a bandwidth limit, cls_bpf
+/// The config of a trial's ADD: a hostPort and a bandwidth limit, `cls_bpf`
 /// filters or tcx links.
 fn trial_conf(w: &CtlWorld, tcx: bool) -> Value {
     let mut c = w.conf_with(&json!({
@@ -242,6 +242,10 @@ fn assert_ipam_store_sane(node: &Node, when: &str) {
 
 /// What an interrupted ADD had made when it died, in the order ADD makes it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one flag per thing looked at"
+)]
 struct Seen {
     reserved: bool,
     record: bool,
@@ -1048,8 +1052,10 @@ fn counters_of_an_add_killed_before_the_owner_entry_are_removed_by_del() {
         .iter()
         .filter(|l| call_of(l) == Some("bpf"))
         .position(|l| l.contains("BPF_MAP_UPDATE_ELEM") && l.contains(&format!("map_fd={fd},")))
-        .map(|i| i + 1)
-        .unwrap_or_else(|| panic!("no update of sl_ep_info (fd {fd}) in {lines:#?}"));
+        .map_or_else(
+            || panic!("no update of sl_ep_info (fd {fd}) in {lines:#?}"),
+            |i| i + 1,
+        );
     let pod = node.pod("p").unwrap();
     let inject = format!("inject=bpf:signal=KILL:when={n}");
     let out = node
@@ -1182,7 +1188,7 @@ fn del_after_a_first_add_killed_while_pinning_maps_succeeds() {
     panic!("no attempt killed the first ADD between the pins of sl_endpoints and its companions");
 }
 
-/// sl_endpoints is pinned and sl_ep_stats or sl_ep_info is not.
+/// `sl_endpoints` is pinned and `sl_ep_stats` or `sl_ep_info` is not.
 fn partly_pinned_for_del(node: &Node) -> bool {
     let maps = node.pin_root().join("maps");
     let (first, then) = DEL_NEEDS[0];

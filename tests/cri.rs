@@ -6,12 +6,12 @@
 //!
 //! Three pods: `web` with a hostPort (18080 -> 8080/tcp) running busybox httpd,
 //! `limited` with both bandwidth annotations (10M), `plain` with neither. What
-//! is checked: the CNI result reached containerd (PodSandboxStatus has the
+//! is checked: the CNI result reached containerd (`PodSandboxStatus` has the
 //! address); pod to pod (plain -> web, the server sees plain's address); to an
 //! external namespace, masqueraded (the external server sees the node's
 //! address); external to the hostPort (the pod sees the external client); the
 //! limited pod's rates both ways within a band around 10 Mbit/s while the plain
-//! pod is much faster; and that StopPodSandbox + RemovePodSandbox leave nothing:
+//! pod is much faster; and that `StopPodSandbox` + `RemovePodSandbox` leave nothing:
 //! pod namespaces, veths, records, reservations, endpoints, hostPort mappings,
 //! bandwidth entries.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
@@ -181,7 +181,7 @@ impl World {
     }
 
     /// `wget` of `url` from container `cid`: what the server answered. (No
-    /// `-T`: Debian's static busybox 1.35 crashes with it; ExecSync's timeout
+    /// `-T`: Debian's static busybox 1.35 crashes with it; `ExecSync`'s timeout
     /// bounds the wait.)
     #[track_caller]
     fn fetch_from(&self, cid: &str, url: &str) -> String {

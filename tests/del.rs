@@ -1,4 +1,4 @@
-//! DEL (spec section 2): idempotent, works without CNI_NETNS, without
+//! DEL (spec section 2): idempotent, works without `CNI_NETNS`, without
 //! prevResult and after the pod's namespace is gone, and always frees the
 //! address, which the same or another container can then request again.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).

@@ -6,6 +6,10 @@
 //! ones must arrive, and nothing may break: CHECK passes, `sluicectl` works,
 //! TCP still flows.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test packets and ports: values fit"
+)]
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddr},

@@ -21,7 +21,7 @@ fn lifecycle(version: &str) {
     lifecycle_with(version, None);
 }
 
-/// `pod_attach`: `podAttach` to set (the default, cls_bpf, when `None`).
+/// `pod_attach`: `podAttach` to set (the default, `cls_bpf`, when `None`).
 fn lifecycle_with(version: &str, pod_attach: Option<&str>) {
     let node = Node::new().unwrap();
     let pod = node.pod("a").unwrap();
@@ -121,7 +121,7 @@ fn lifecycle_1_1_0() {
     lifecycle("1.1.0");
 }
 
-/// The same with pinned tcx links instead of cls_bpf filters.
+/// The same with pinned tcx links instead of `cls_bpf` filters.
 #[test]
 fn lifecycle_1_1_0_tcx() {
     lifecycle_with("1.1.0", Some("tcx"));

@@ -8,6 +8,10 @@
 //! `sluicectl nat flush` remove flows; fragments and port-less protocols never
 //! leave untranslated; bad settings are refused with the right code.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test packets and ports: values fit"
+)]
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
@@ -76,7 +80,7 @@ struct World {
     conf: Value,
 }
 
-/// A pod ADDed to a [`World`].
+/// A pod `ADDed` to a [`World`].
 struct P {
     pod: Pod,
     cid: String,
@@ -221,7 +225,7 @@ fn capture_from(ext: &Host, src: Ipv4Addr) -> Capture {
         &ext.netns_path(),
         EXT_IF,
         usize::MAX,
-        Duration::from_secs(120),
+        Duration::from_mins(2),
         Box::new(move |f| ipv4_addrs(f).is_some_and(|(s, _)| s == src)),
     )
     .unwrap()
@@ -478,7 +482,7 @@ fn translated_checksums(subnet: &str, xdp: &str) {
             ns,
             dev,
             usize::MAX,
-            Duration::from_secs(120),
+            Duration::from_mins(2),
             Box::new(move |f| ipv4_addrs(f).is_some_and(|(s, _)| s == src)),
         )
         .unwrap()
@@ -1087,7 +1091,7 @@ fn so_error(s: &impl AsRawFd) -> i32 {
             libc::SOL_SOCKET,
             libc::SO_ERROR,
             std::ptr::from_mut(&mut e).cast(),
-            &mut len,
+            &raw mut len,
         )
     };
     assert_eq!(r, 0, "SO_ERROR: {}", std::io::Error::last_os_error());

@@ -32,12 +32,15 @@ fn parallel_adds_get_distinct_ips_and_parallel_dels_leave_nothing() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
 
-    let ips: BTreeSet<_> = added.iter().map(|a| a.ip()).collect();
+    let ips: BTreeSet<_> = added.iter().map(sluice_tests::schema::Added::ip).collect();
     assert_eq!(
         ips.len(),
         PODS,
         "duplicate addresses: {:?}",
-        added.iter().map(|a| a.ip()).collect::<Vec<_>>()
+        added
+            .iter()
+            .map(sluice_tests::schema::Added::ip)
+            .collect::<Vec<_>>()
     );
     let veths: BTreeSet<_> = added.iter().map(|a| a.host_veth.clone()).collect();
     assert_eq!(veths.len(), PODS);

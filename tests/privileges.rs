@@ -52,7 +52,7 @@ fn pins_records_and_reservations_are_root_only() {
     del(&node, &conf, "priv-a", &a);
 }
 
-/// Root without CAP_NET_ADMIN and CAP_BPF/CAP_SYS_ADMIN (a container's root, a
+/// Root without `CAP_NET_ADMIN` and `CAP_BPF/CAP_SYS_ADMIN` (a container's root, a
 /// `setpriv` shell) can open the 0600 pins, and a map fd needs no capability to
 /// be written: `sluicectl`'s write commands check the capabilities themselves
 /// and refuse, changing nothing. Reads still work.

@@ -46,7 +46,7 @@ fn endpoint_counters(eps: &[Value], ip: IpAddr) -> [u64; 4] {
 }
 
 /// The kernel counter of forwarded packets of `family` ("Ip.ForwDatagrams" or
-/// "Ip6OutForwDatagrams").
+/// "`Ip6OutForwDatagrams`").
 fn forwarded(node: &Node, counter: &str) -> u64 {
     let snmp = node.snmp().unwrap();
     match snmp.get(counter) {
@@ -154,14 +154,18 @@ fn v4_conf(subnet: &str) -> Value {
 
 #[test]
 fn pod_to_pod_tcp_is_redirected_past_the_host_stack() {
-    pod_to_pod(&v4_conf("10.90.0.0/24"), |a| a.ip(), "Ip.ForwDatagrams");
+    pod_to_pod(
+        &v4_conf("10.90.0.0/24"),
+        sluice_tests::schema::Added::ip,
+        "Ip.ForwDatagrams",
+    );
 }
 
 #[test]
 fn pod_to_pod_tcp_is_redirected_past_the_host_stack_with_tcx() {
     let mut conf = v4_conf("10.90.1.0/24");
     conf["podAttach"] = json!("tcx");
-    pod_to_pod(&conf, |a| a.ip(), "Ip.ForwDatagrams");
+    pod_to_pod(&conf, sluice_tests::schema::Added::ip, "Ip.ForwDatagrams");
 }
 
 #[test]
@@ -190,7 +194,7 @@ fn dual_stack_pods_route_ipv4_past_the_host_stack_too() {
             "ranges": [[{"subnet": "10.90.3.0/24"}], [{"subnet": "fd00:90:3::/64"}]],
         },
     });
-    pod_to_pod(&conf, |a| a.ip(), "Ip.ForwDatagrams");
+    pod_to_pod(&conf, sluice_tests::schema::Added::ip, "Ip.ForwDatagrams");
 }
 
 /// A pod talking to the node itself (its gateway address): the FIB says local,
@@ -270,7 +274,7 @@ fn unroutable_destinations_are_left_to_the_kernel() {
 
 /// A destination the node has no route to at all (no default route either):
 /// `bpf_fib_lookup` cannot tell that from a local destination (both are
-/// NOT_FWDED), so `from_pod` counts `from_pod_not_forwarded` and leaves it to the
+/// `NOT_FWDED`), so `from_pod` counts `from_pod_not_forwarded` and leaves it to the
 /// kernel, which answers the pod "network unreachable".
 #[test]
 fn destinations_without_any_route_are_left_to_the_kernel() {

@@ -8,6 +8,10 @@
 //! read from the kernel; errors (no datapath, another map layout, bad input, no
 //! privileges) exit 1 naming the problem.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "test packets and ports: values fit"
+)]
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     path::Path,
@@ -2332,7 +2336,7 @@ fn without_privileges_reads_and_writes_are_refused() {
     w.node.assert_clean(NETWORK);
 }
 
-/// The refusal must say why: root (CAP_BPF) is needed, not that there is no
+/// The refusal must say why: root (`CAP_BPF`) is needed, not that there is no
 /// datapath.
 #[test]
 fn without_privileges_the_refusal_says_root_is_needed() {

@@ -2,7 +2,7 @@
 //! another eBPF object (`SLUICE_NEXT_BIN`) replaces the programs, either through
 //! `sluice datapath reload` or through an ADD made by the new binary. The stream
 //! must end with every byte received and no error; afterwards the pinned object
-//! is the new one, the attachments run new programs (cls_bpf filters replaced in
+//! is the new one, the attachments run new programs (`cls_bpf` filters replaced in
 //! place, pinned tcx/XDP links updated keeping their ids), and the maps kept
 //! their contents.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
@@ -97,7 +97,7 @@ fn pinned_programs(node: &Node) -> BTreeMap<String, u64> {
     .collect()
 }
 
-/// (from_pod, to_pod) program ids attached to the pod's host veth.
+/// (`from_pod`, `to_pod`) program ids attached to the pod's host veth.
 fn attached(node: &Node, a: &Added) -> (u64, u64) {
     let ifindex = look::ifindex(node.name(), &a.host_veth).unwrap();
     pod_programs(node, &a.host_veth, ifindex)
@@ -427,7 +427,7 @@ fn uplink_across_an_upgrade(subnet: &str, xdp: &str, via_add: bool) {
         let Some(&(link1, prog1)) = links1.get(pin) else {
             panic!("{pin} is gone after the upgrade: {links1:?}");
         };
-        let name = pin.rsplit_once("-").map_or("", |(_, n)| n);
+        let name = pin.rsplit_once('-').map_or("", |(_, n)| n);
         assert_eq!(
             link1, *link0,
             "{pin}: the link was replaced instead of updated"

@@ -502,7 +502,7 @@ fn oversized_packets_to_an_unresolved_next_hop_are_left_to_the_kernel_for_frag_n
 }
 
 /// Dual-stack pods and an IPv6 uplink: IPv6 TCP between the external host and a
-/// pod goes through the uplink programs and from_pod's FIB lookup, and the node
+/// pod goes through the uplink programs and `from_pod`'s FIB lookup, and the node
 /// forwards nothing.
 #[test]
 fn ipv6_external_traffic_goes_through_the_uplink_programs() {

@@ -21,7 +21,7 @@ fn version_echoes_each_supported_version() {
         let r = out.result();
         assert_eq!(r["cniVersion"], v, "{out}");
         assert_eq!(r["supportedVersions"], supported(), "{out}");
-        assert_eq!(r.as_object().map(|o| o.len()), Some(2), "{out}");
+        assert_eq!(r.as_object().map(serde_json::Map::len), Some(2), "{out}");
     }
 }
 

@@ -174,7 +174,8 @@ impl Error {
             Self::IncompatibleVersion { .. } => 1,
             Self::UnsupportedField { .. } => 2,
             Self::UnknownContainer { .. } => 3,
-            Self::InvalidEnv { .. } => 4,
+            // A bad command line is a bad environment too.
+            Self::InvalidEnv { .. } | Self::Usage(_) => 4,
             Self::Io { .. } => 5,
             Self::Decode { .. } => 6,
             Self::InvalidConfig { .. } => 7,
@@ -187,7 +188,6 @@ impl Error {
             Self::Delegate { code, .. } => *code,
             Self::CheckFailed { .. } => 105,
             Self::PortConflict { .. } => 106,
-            Self::Usage(_) => 4,
             Self::Several(v) => v.first().map_or(999, Self::code),
         }
     }
@@ -318,7 +318,7 @@ mod tests {
             (
                 Error::InvalidEnv {
                     name: "CNI_IFNAME".into(),
-                    value: "".into(),
+                    value: String::new(),
                     reason: "x".into(),
                 },
                 4,

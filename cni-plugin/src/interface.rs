@@ -217,7 +217,7 @@ pub fn enable_gro(pod_ns: &Netns, ifname: &str) -> Result<(), Error> {
         // SAFETY: ifreq is plain data; zero is a valid initial value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
         for (dst, src) in ifr.ifr_name.iter_mut().zip(ifname.bytes().take(15)) {
-            *dst = src as libc::c_char;
+            *dst = libc::c_char::from_ne_bytes([src]);
         }
         ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
         // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a live ethtool_value.

@@ -58,13 +58,12 @@ impl Netns {
         // nsfs files report their type through the NS_GET_NSTYPE ioctl; checking
         // the filesystem magic is simpler and sufficient: NSFS_MAGIC = 0x6e736673.
         nix::sys::statfs::fstatfs(self.file.as_fd())
-            .map(|s| s.filesystem_type().0 as u64 == 0x6e73_6673)
-            .unwrap_or(false)
+            .is_ok_and(|s| s.filesystem_type().0 == 0x6e73_6673)
     }
 
     /// Inode number: identifies the namespace (same inode = same namespace).
     pub fn inode(&self) -> u64 {
-        self.file.metadata().map(|m| m.ino()).unwrap_or(0)
+        self.file.metadata().map_or(0, |m| m.ino())
     }
 
     pub fn path(&self) -> &Path {

@@ -278,7 +278,7 @@ pub(crate) enum NatCommand {
     /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP open a
     /// new flow with their next packet (its NAT port is chosen again by a hash of
     /// the flow, so it is usually the same port); a TCP connection in the middle
-    /// has no flow any more and its segments are dropped (drop_masq_no_flow)
+    /// has no flow any more and its segments are dropped (`drop_masq_no_flow`)
     /// until the application reconnects.
     Flush(NatFlushArgs),
 }

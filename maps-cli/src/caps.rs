@@ -2,8 +2,8 @@
 //! file permissions, and writing a map through its fd needs no capability at
 //! all, so a root process stripped of its capabilities (a container's root, a
 //! `setpriv --bounding-set` shell) could otherwise change the datapath. Writes
-//! change how the node handles packets: they need CAP_NET_ADMIN, and CAP_BPF
-//! (or CAP_SYS_ADMIN, which implied it before Linux 5.8), as `tc` and `bpftool`
+//! change how the node handles packets: they need `CAP_NET_ADMIN`, and `CAP_BPF`
+//! (or `CAP_SYS_ADMIN`, which implied it before Linux 5.8), as `tc` and `bpftool`
 //! would.
 use anyhow::{bail, Result};
 

@@ -37,7 +37,7 @@ pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
     if let Some(r) = &a.reason {
         let known = reason::NAMES.iter().position(|n| n == r);
-        if !known.is_some_and(|i| reason::is_drop(i as u32)) {
+        if !known.is_some_and(|i| u32::try_from(i).is_ok_and(reason::is_drop)) {
             bail!("{r:?} is not a drop reason; the drop_* names of `sluicectl counters --all` are");
         }
     }
@@ -258,17 +258,21 @@ fn addr(family: u8, a: &[u8; 16]) -> Option<IpAddr> {
     }
 }
 
-/// Wall-clock time of a `bpf_ktime_get_ns` (CLOCK_MONOTONIC) timestamp.
+/// Wall-clock time of a `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) timestamp.
 fn unix_time(ts_ns: u64) -> f64 {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
+        .map_or(0.0, |d| d.as_secs_f64());
     let age = monotonic_ns().saturating_sub(ts_ns) as f64 / 1e9;
     wall - age
 }
 
 /// HH:MM:SS.micro (UTC) of a unix time.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a timestamp of the kernel's clock: positive, far below 2^64 us"
+)]
 fn clock(unix: f64) -> String {
     let micros = (unix * 1e6) as u64;
     let secs = micros / 1_000_000;

@@ -1,4 +1,6 @@
 //! `sluicectl status`: the state of a network's datapath at a glance.
+use std::fmt::Write as _;
+
 use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_common::{config_flags, masq_flags, pin_dirs, MasqConfig};
@@ -159,11 +161,12 @@ fn masq_line(m: &MasqConfig, flows: usize) -> String {
         port_ranges(m).join(",")
     );
     if let Some(p) = addr(m.prev_addr) {
-        s.push_str(&format!(", replies to {p} still translated"));
+        let _ = write!(s, ", replies to {p} still translated");
     }
-    s.push_str(&format!(
+    let _ = write!(
+        s,
         "; timeouts tcp syn/est/closing {}/{}/{}s, udp {}s, icmp {}s",
         m.tcp_syn_secs, m.tcp_established_secs, m.tcp_closing_secs, m.udp_secs, m.icmp_secs
-    ));
+    );
     s
 }

@@ -8,7 +8,7 @@ use crate::{Error, PinRoot, Result};
 /// `sluice_common::reason`).
 pub fn read(root: &PinRoot) -> Result<Vec<u64>> {
     let arr: PerCpuArray<MapData, u64> = root.typed(&maps::COUNTERS)?;
-    (0..reason::COUNT as u32)
+    (0..u32::try_from(reason::COUNT).unwrap_or(u32::MAX))
         .map(|i| {
             arr.get(&i, 0)
                 .map(|v| v.iter().sum())

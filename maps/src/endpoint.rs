@@ -31,6 +31,7 @@ pub fn text(buf: &[u8]) -> String {
 }
 
 /// The endpoint maps, opened together (what ADD, DEL and CHECK touch).
+#[expect(clippy::struct_field_names, reason = "fields named after their maps")]
 pub struct Endpoints {
     root: PinRoot,
     endpoints: HashMap<MapData, IpKey, Endpoint>,
@@ -162,7 +163,7 @@ impl Endpoints {
     /// Every address with its owner and counters summed over CPUs, IPv4 first.
     pub fn rows(&self) -> Result<Vec<EndpointRow>> {
         let mut rows = Vec::new();
-        for item in self.endpoints.iter() {
+        for item in &self.endpoints {
             let (key, ep) = item.map_err(|e| Error::map("iterate", maps::ENDPOINTS.name, e))?;
             let stats = self
                 .stats

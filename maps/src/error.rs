@@ -93,7 +93,7 @@ pub(crate) fn is_not_found(e: &aya::maps::MapError) -> bool {
     }
 }
 
-/// Whether a map error says the key exists (BPF_NOEXIST).
+/// Whether a map error says the key exists (`BPF_NOEXIST`).
 pub(crate) fn is_exists(e: &aya::maps::MapError) -> bool {
     matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EEXIST))
 }

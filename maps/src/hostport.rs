@@ -12,7 +12,7 @@ use sluice_common::{
 
 use crate::{endpoint::text, error::is_exists, Error, PinRoot, Result};
 
-/// BPF_NOEXIST: insert only where the key is free.
+/// `BPF_NOEXIST`: insert only where the key is free.
 const BPF_NOEXIST: u64 = 1;
 
 /// `tcp`, `udp`, `sctp` or `?` for an IP protocol number.
@@ -70,11 +70,11 @@ pub fn owner(root: &PinRoot, t: &PortTarget) -> String {
     }
 }
 
-fn conflict(root: &PinRoot, k: &PortKey, t: &PortTarget) -> Error {
+fn conflict(root: &PinRoot, k: PortKey, t: PortTarget) -> Error {
     Error::PortConflict {
-        port: describe(k),
-        target: describe_target(t),
-        owner: owner(root, t),
+        port: describe(&k),
+        target: describe_target(&t),
+        owner: owner(root, &t),
     }
 }
 
@@ -91,7 +91,7 @@ pub fn overlapping(k: &PortKey, node_addrs: &[[u8; 4]]) -> Vec<PortKey> {
     }
 }
 
-/// Publishes `entries`, all or none: each key is taken with BPF_NOEXIST, so two
+/// Publishes `entries`, all or none: each key is taken with `BPF_NOEXIST`, so two
 /// ADDs (or an ADD and an operator) racing for one port cannot both win. A key
 /// the same pod holds already (a repeated ADD) is fine; a key overlapping
 /// another pod's mapping (wildcard vs. a node address) is a conflict naming
@@ -109,7 +109,7 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64)
         for o in overlapping(k, &node_addrs) {
             if let Ok(other) = map.get(&o, 0) {
                 if other.pod_ifindex != t.pod_ifindex {
-                    result = Err(conflict(root, &o, &other));
+                    result = Err(conflict(root, o, other));
                     break 'entries;
                 }
             }
@@ -119,7 +119,7 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64)
             Err(e) if is_exists(&e) => match map.get(k, 0) {
                 Ok(other) if other == *t => {}
                 Ok(other) => {
-                    result = Err(conflict(root, k, &other));
+                    result = Err(conflict(root, *k, other));
                     break;
                 }
                 Err(e) => {

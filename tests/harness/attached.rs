@@ -45,9 +45,9 @@ fn must<T>(r: crate::Result<T>) -> T {
     }
 }
 
-/// The programs attached to `host_veth`, read from the kernel: (from_pod id,
-/// to_pod id). Either pinned tcx links (`podAttach: tcx`; their interface and
-/// direction are checked against `host_ifindex`) or cls_bpf filters on the
+/// The programs attached to `host_veth`, read from the kernel: (`from_pod` id,
+/// `to_pod` id). Either pinned tcx links (`podAttach: tcx`; their interface and
+/// direction are checked against `host_ifindex`) or `cls_bpf` filters on the
 /// clsact hooks (`podAttach: tc`, the default).
 #[track_caller]
 pub fn pod_programs(node: &Node, host_veth: &str, host_ifindex: u64) -> (u64, u64) {
@@ -82,7 +82,7 @@ pub fn pod_programs(node: &Node, host_veth: &str, host_ifindex: u64) -> (u64, u6
     (one(true, "from_pod"), one(false, "to_pod"))
 }
 
-/// The tcx links pinned for `host_veth`: (from_pod, to_pod).
+/// The tcx links pinned for `host_veth`: (`from_pod`, `to_pod`).
 #[track_caller]
 pub fn tcx_links(node: &Node, host_veth: &str) -> (TcxLink, TcxLink) {
     let pin = |p: &str| {
@@ -104,7 +104,7 @@ pub fn tcx_links(node: &Node, host_veth: &str) -> (TcxLink, TcxLink) {
 ///   a /32 route and a permanent neighbour per pod address, `ip_forward` = 1;
 /// - datapath: maps and programs pinned; the pinned `from_pod`/`to_pod` programs
 ///   attached to the host veth (ingress, egress) after the plugin exited, as
-///   cls_bpf filters or pinned tcx links (see [`pod_programs`]); `sluicectl
+///   `cls_bpf` filters or pinned tcx links (see [`pod_programs`]); `sluicectl
 ///   endpoints` lists every address.
 #[track_caller]
 pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Option<u64>) {

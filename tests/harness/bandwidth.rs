@@ -41,7 +41,7 @@ pub fn ext_ip() -> Ipv4Addr {
 /// the map keeps bytes).
 pub fn default_burst_bits(rate_bits: u64) -> u64 {
     let rate_bytes = (rate_bits / 8).max(1);
-    let burst = (u128::from(rate_bytes) * 300 / 1000) as u64;
+    let burst = u64::try_from(u128::from(rate_bytes) * 300 / 1000).unwrap_or(u64::MAX);
     burst.clamp(128 * 1024, u64::from(u32::MAX)) * 8
 }
 
@@ -74,13 +74,13 @@ pub struct BwWorld {
     pub conf: Value,
 }
 
-/// A pod ADDed to a [`BwWorld`].
+/// A pod `ADDed` to a [`BwWorld`].
 pub struct BwPod {
     pub pod: Pod,
     pub cid: String,
     pub added: Added,
     pub ip: Ipv4Addr,
-    /// The config it was ADDed with (for CHECK and DEL).
+    /// The config it was `ADDed` with (for CHECK and DEL).
     pub conf: Value,
 }
 

@@ -6,7 +6,7 @@
 //! with a private config: root, state, socket, runc root, log and CNI conf and
 //! bin directories all under a directory of the test's, the pod cgroups under a
 //! parent of the test's, and `restrict_oom_score_adj` (processes here lack
-//! CAP_SYS_RESOURCE, so runc cannot lower `oom_score_adj`). The image of
+//! `CAP_SYS_RESOURCE`, so runc cannot lower `oom_score_adj`). The image of
 //! [`crate::oci`] is imported with `ctr` and serves as sandbox image as well.
 //!
 //! Dropping it removes every pod it still knows through the CRI API (so the CNI
@@ -46,9 +46,9 @@ const POD_NAMESPACE: &str = "sluice-test";
 /// containerd's namespace for CRI objects.
 const CTR_NAMESPACE: &str = "k8s.io";
 /// Longest wait for containerd to serve and to see its image and network.
-const READY: Duration = Duration::from_secs(60);
-/// Longest one CRI call may take (the first RunPodSandbox loads the datapath).
-const CALL: Duration = Duration::from_secs(120);
+const READY: Duration = Duration::from_mins(1);
+/// Longest one CRI call may take (the first `RunPodSandbox` loads the datapath).
+const CALL: Duration = Duration::from_mins(2);
 /// Longest containerd gets to stop on SIGTERM before SIGKILL.
 const STOP: Duration = Duration::from_secs(10);
 /// Longest the cleanup waits for a cgroup to empty.
@@ -181,7 +181,10 @@ impl Containerd {
             .enable_all()
             .build()?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let channel = rt.block_on(lazy_channel(sock.clone()))?;
+        let channel = {
+            let _in_runtime = rt.enter();
+            lazy_channel(sock.clone())?
+        };
         let mut c = Self {
             dir: dir.to_path_buf(),
             sock,
@@ -307,7 +310,7 @@ impl Containerd {
         }
     }
 
-    /// RunPodSandbox as the kubelet sends it for `spec`, then PodSandboxStatus
+    /// `RunPodSandbox` as the kubelet sends it for `spec`, then `PodSandboxStatus`
     /// (verbose) for its address and network namespace.
     pub fn run_pod(&self, spec: &PodSpec) -> Result<Sandbox> {
         let config = PodSandboxConfig {
@@ -396,7 +399,7 @@ impl Containerd {
         })
     }
 
-    /// CreateContainer + StartContainer of `command` in the image, in `sb`.
+    /// `CreateContainer` + `StartContainer` of `command` in the image, in `sb`.
     pub fn run_container(&self, sb: &Sandbox, name: &str, command: &[&str]) -> Result<String> {
         let mut rs = self.runtime();
         let id = self
@@ -430,7 +433,7 @@ impl Containerd {
         Ok(id)
     }
 
-    /// ExecSync `cmd` in container `id`, at most `timeout_secs`.
+    /// `ExecSync` `cmd` in container `id`, at most `timeout_secs`.
     pub fn exec(&self, id: &str, cmd: &[&str], timeout_secs: i64) -> Result<Exec> {
         let mut rs = self.runtime();
         let r = self.call(
@@ -448,7 +451,7 @@ impl Containerd {
         })
     }
 
-    /// StopPodSandbox then RemovePodSandbox, as the kubelet does when a pod goes.
+    /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet does when a pod goes.
     pub fn remove_pod(&self, sb: &Sandbox) -> Result<()> {
         self.remove_by_id(&sb.id)
     }
@@ -498,8 +501,9 @@ impl Containerd {
 }
 
 /// A channel to containerd's socket that connects on first use (the socket
-/// appears once containerd runs).
-async fn lazy_channel(sock: PathBuf) -> Result<Channel> {
+/// appears once containerd runs). Called within the runtime (its buffer task is
+/// spawned there).
+fn lazy_channel(sock: PathBuf) -> Result<Channel> {
     // The URI is required by tonic and ignored by the connector.
     let endpoint = Endpoint::try_from("http://[::]:50051").map_err(|e| err!("endpoint: {e}"))?;
     Ok(

@@ -90,7 +90,7 @@ pub struct CtlWorld {
     pub conf: Value,
 }
 
-/// A pod ADDed to a [`CtlWorld`].
+/// A pod `ADDed` to a [`CtlWorld`].
 pub struct CtlPod {
     pub pod: Pod,
     pub cid: String,
@@ -209,7 +209,7 @@ pub fn assert_refused(out: &Output, words: &[&str]) {
 
 /// Longest a monitor started by [`CtlChild::monitor`] runs, whatever the test
 /// does (its `--duration` unless the test gives its own).
-pub const MONITOR_LIFETIME: Duration = Duration::from_secs(60);
+pub const MONITOR_LIFETIME: Duration = Duration::from_mins(1);
 
 /// `sluicectl --pin-root <node's> args...` running in the node namespace as a
 /// child process (`monitor`, `counters --watch`), its stdout lines and stderr
@@ -494,7 +494,7 @@ pub fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 

@@ -12,7 +12,7 @@ use std::{
 use crate::{err, Result};
 
 /// Every program the harness runs is killed after this long.
-pub const TIMEOUT: Duration = Duration::from_secs(60);
+pub const TIMEOUT: Duration = Duration::from_mins(1);
 
 /// `PATH` of every program the harness runs (plugins run `iptables`, `tc`, ...).
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -75,7 +75,7 @@ pub fn wire(a: &str, a_if: &str, a_addr: &str, b: &str, b_if: &str, b_addr: &str
 
 /// `ethtool -K <dev> tx off` in the namespace at `netns` (one of the test's own):
 /// the stack then finishes TCP/UDP checksums before the frame leaves `dev`. A
-/// native-XDP veth on the other end drops the CHECKSUM_PARTIAL state a frame
+/// native-XDP veth on the other end drops the `CHECKSUM_PARTIAL` state a frame
 /// from its peer carries, so a test of native XDP on a veth turns this off on
 /// the sending side, as a physical NIC would deliver complete checksums.
 pub fn tx_checksum_off(netns: &Path, dev: &str) -> Result<()> {

@@ -285,7 +285,7 @@ pub struct HpWorld {
     pub conf: Value,
 }
 
-/// A pod ADDed to an [`HpWorld`], with the config it was ADDed with.
+/// A pod `ADDed` to an [`HpWorld`], with the config it was `ADDed` with.
 pub struct HpPod {
     pub pod: Pod,
     pub cid: String,
@@ -472,7 +472,7 @@ pub fn capture_from(netns: &Path, ifname: &str, src: Ipv4Addr) -> Result<Capture
         netns,
         ifname,
         usize::MAX,
-        Duration::from_secs(120),
+        Duration::from_mins(2),
         Box::new(move |f| ipv4_addrs(f).is_some_and(|(s, _)| s == src)),
     )
 }

@@ -1,5 +1,5 @@
 //! What the kernel under test offers, so that tests expect the attachment the
-//! plugin makes here: pinned tcx links (Linux 6.6+), or cls_bpf filters on a
+//! plugin makes here: pinned tcx links (Linux 6.6+), or `cls_bpf` filters on a
 //! clsact qdisc where tcx is missing or the run disables it
 //! (`SLUICE_DISABLE_FEATURES=tcx`, passed on to the plugin by [`crate::exec`]).
 use std::path::Path;
@@ -56,7 +56,7 @@ pub fn tcx() -> bool {
 
 /// The programs on `dev`'s tc hooks in `node` that are the pinned `ingress` and
 /// `egress` programs: tcx links pinned as `<prefix>-<program>` (checked against
-/// the interface and direction), or Sluice's cls_bpf filters. Returns their
+/// the interface and direction), or Sluice's `cls_bpf` filters. Returns their
 /// program ids.
 pub fn tc_programs(
     node: &Node,
@@ -98,7 +98,7 @@ pub fn tc_programs(
     Ok((one(true, ingress)?, one(false, egress)?))
 }
 
-/// Removes Sluice's cls_bpf filters from `dev` (what a tcx link pin's removal
+/// Removes Sluice's `cls_bpf` filters from `dev` (what a tcx link pin's removal
 /// is to tcx).
 pub fn remove_tc_filters(netns: &Path, dev: &str) -> Result<()> {
     for hook in ["ingress", "egress"] {

@@ -14,6 +14,10 @@
 //! Functions that can fail for reasons outside the test's control return
 //! [`Result`]; the `expect_*`/`assert_*` helpers panic with the whole context
 //! (command, exit code, stdout, stderr) when what they check does not hold.
+// Test packets, socket options and payloads are built from small lengths and
+// values that fit the fields they go into.
+#![expect(clippy::cast_possible_truncation, reason = "test packets: values fit")]
+
 pub mod attached;
 pub mod bandwidth;
 pub mod cni;

@@ -131,7 +131,7 @@ pub fn bpf_link_pinned(pin: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&out)?)
 }
 
-/// The cls_bpf filters on `dev`'s ingress (`true`) or egress hook in `netns`
+/// The `cls_bpf` filters on `dev`'s ingress (`true`) or egress hook in `netns`
 /// (`tc -j filter show`): (program name, program id).
 pub fn tc_bpf_filters(netns: &Path, dev: &str, ingress: bool) -> Result<Vec<(String, u64)>> {
     let hook = if ingress { "ingress" } else { "egress" };
@@ -269,12 +269,12 @@ struct QueryAttr {
 
 const BPF_PROG_QUERY: libc::c_long = 16;
 
-/// The cgroup sock_addr attach types of the hostPort hooks: connect4,
+/// The cgroup `sock_addr` attach types of the hostPort hooks: connect4,
 /// sendmsg4, recvmsg4, getpeername4 (include/uapi/linux/bpf.h).
 const SOCK_ADDR_ATTACH_TYPES: [u32; 4] = [10, 14, 19, 29];
 
 /// Names of the programs attached to cgroup `dir` at the hostPort hooks'
-/// attach types (not inherited ones), through BPF_PROG_QUERY: `bpftool
+/// attach types (not inherited ones), through `BPF_PROG_QUERY`: `bpftool
 /// cgroup show` gives up on kernels that lack attach types it knows.
 pub fn cgroup_sock_programs(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
     use std::os::fd::AsRawFd;

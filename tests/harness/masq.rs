@@ -39,9 +39,9 @@ pub const ROUTER_FAR_IP: &str = "192.168.51.1";
 pub const FAR_IP: &str = "192.168.51.2";
 
 /// Longest an [`EchoServer`] runs, whatever the test does.
-pub const SERVER_LIFETIME: Duration = Duration::from_secs(240);
+pub const SERVER_LIFETIME: Duration = Duration::from_mins(4);
 /// An echo connection that sees nothing for this long is closed by the server.
-const CONN_IDLE: Duration = Duration::from_secs(60);
+const CONN_IDLE: Duration = Duration::from_mins(1);
 
 /// An external host wired to `node` as [`crate::fixtures::external_host`] does
 /// (the node's `up0` 192.168.50.1/24 with a default route via the host's `ext0`
@@ -289,7 +289,7 @@ pub fn tcp_accept(l: &TcpListener) -> Result<TcpStream> {
     Ok(s)
 }
 
-/// Closes `s` with a reset (`SO_LINGER` 0): no FIN, no TIME_WAIT.
+/// Closes `s` with a reset (`SO_LINGER` 0): no FIN, no `TIME_WAIT`.
 pub fn tcp_abort(s: TcpStream) -> Result<()> {
     let l = libc::linger {
         l_onoff: 1,
@@ -365,7 +365,7 @@ pub fn path_mtu(s: &impl AsRawFd) -> Result<u32> {
             libc::IPPROTO_IP,
             libc::IP_MTU,
             std::ptr::from_mut(&mut mtu).cast(),
-            &mut len,
+            &raw mut len,
         )
     };
     if r < 0 {

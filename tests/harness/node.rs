@@ -396,8 +396,11 @@ impl Node {
 
     /// Attachment records of `network` (file names).
     pub fn records(&self, network: &str) -> Result<Vec<String>> {
-        look::files(&self.state_dir().join(network).join("attachments"))
-            .map(|v| v.into_iter().filter(|f| f.ends_with(".json")).collect())
+        look::files(&self.state_dir().join(network).join("attachments")).map(|v| {
+            v.into_iter()
+                .filter(|f| Path::new(f).extension().is_some_and(|e| e == "json"))
+                .collect()
+        })
     }
 
     /// Addresses reserved for `network` in [`Self::ipam_dir`] (one file per IP,

@@ -16,7 +16,7 @@ use crate::{err, traffic::enter_netns, Result};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
-/// IEEE 802 "local experimental" EtherType: certainly not IP.
+/// IEEE 802 "local experimental" `EtherType`: certainly not IP.
 pub const ETH_P_EXPERIMENTAL: u16 = 0x88b5;
 pub const IPPROTO_UDP: u8 = 17;
 /// IPv4 "more fragments" flag in the flags/offset field.
@@ -35,7 +35,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
     Ok(mac)
 }
 
-/// An Ethernet frame: `dst`, `src`, EtherType, payload (no padding, no FCS).
+/// An Ethernet frame: `dst`, `src`, `EtherType`, payload (no padding, no FCS).
 pub fn ethernet(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(14 + payload.len());
     f.extend_from_slice(&dst);
@@ -255,15 +255,14 @@ impl UdpReceiver {
             }
             Ok(got)
         });
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Some(addr)) => Ok(Self {
+        if let Ok(Some(addr)) = rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Self {
                 addr,
                 handle: Some(handle),
-            }),
-            _ => {
-                let why = handle.join();
-                Err(err!("the UDP receiver did not start: {why:?}"))
-            }
+            })
+        } else {
+            let why = handle.join();
+            Err(err!("the UDP receiver did not start: {why:?}"))
         }
     }
 
@@ -343,7 +342,7 @@ impl Capture {
                         buf.len(),
                         0,
                         std::ptr::from_mut(&mut sa).cast(),
-                        &mut sa_len,
+                        &raw mut sa_len,
                     )
                 };
                 let Ok(n) = usize::try_from(n) else {
@@ -362,15 +361,14 @@ impl Capture {
             }
             Ok(got)
         });
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(true) => Ok(Self {
+        if let Ok(true) = rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Self {
                 handle: Some(handle),
                 stop,
-            }),
-            _ => {
-                let why = handle.join();
-                Err(err!("the capture did not start: {why:?}"))
-            }
+            })
+        } else {
+            let why = handle.join();
+            Err(err!("the capture did not start: {why:?}"))
         }
     }
 

@@ -144,7 +144,7 @@ pub fn check_add_result(result: &Value, version: &str, ifname: &str, pod: &Pod) 
         if let Some(gw) = ip["gateway"].as_str() {
             match gw.parse() {
                 Ok(g) => gateways.push(g),
-                Err(_) => panic!("ips[].gateway {gw:?} is not an address"),
+                Err(e) => panic!("ips[].gateway {gw:?} is not an address: {e}"),
             }
         }
         out_ips.push((addr, prefix));

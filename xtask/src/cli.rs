@@ -44,7 +44,7 @@ pub(crate) enum Command {
 #[derive(Debug, Default, Args)]
 pub(crate) struct SetupArgs {
     /// Install bpf-linker under this root (`cargo install --root DIR`, binary in DIR/bin)
-    /// instead of $CARGO_HOME; the check then looks only there.
+    /// instead of $`CARGO_HOME`; the check then looks only there.
     #[arg(long, value_name = "DIR")]
     pub bpf_linker_root: Option<PathBuf>,
     /// Directory whose lib/ gets the symlinks to the nightly's libLLVM that

@@ -1,6 +1,7 @@
 //! Running external commands with errors that show the command line and how it ended.
 use std::{
     ffi::OsStr,
+    fmt::Write as _,
     os::unix::process::ExitStatusExt,
     process::{Command, ExitStatus, Output, Stdio},
 };
@@ -20,7 +21,7 @@ pub(crate) fn describe(cmd: &Command) -> String {
     parts.extend(cmd.get_args().map(quote));
     let mut line = parts.join(" ");
     if let Some(dir) = cmd.get_current_dir() {
-        line.push_str(&format!("  (in {})", dir.display()));
+        let _ = write!(line, "  (in {})", dir.display());
     }
     line
 }

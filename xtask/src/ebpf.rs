@@ -43,7 +43,7 @@ pub(crate) fn build_variant(ws: &Workspace) -> Result<PathBuf> {
 
 /// What [`build_variant`] changes: the optimisation level. (Not the debug info:
 /// the NAT sweeper's `bpf_for_each_map_elem` callback needs the full BTF
-/// func_info that only `debuginfo=2` gives.)
+/// `func_info` that only `debuginfo=2` gives.)
 const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C opt-level=2";
 
 fn report(object: PathBuf) -> Result<PathBuf> {

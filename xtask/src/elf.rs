@@ -1,4 +1,4 @@
-//! Just enough ELF to list a binary's DT_NEEDED libraries (what `readelf -d` shows
+//! Just enough ELF to list a binary's `DT_NEEDED` libraries (what `readelf -d` shows
 //! as NEEDED), so setup can tell which libLLVM an installed bpf-linker links.
 use std::{fs, path::Path};
 

@@ -470,9 +470,9 @@ fn install(root: &Path, prefix: &Path, nightly: &NightlyLlvm) -> Result<()> {
 fn force_symlink(target: &Path, link: &Path) -> Result<()> {
     match fs::read_link(link) {
         Ok(existing) if existing == target => return Ok(()),
-        Ok(_) => fs::remove_file(link),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(_) => fs::remove_file(link), // a regular file in the way
+        // Another link, or a regular file in the way.
+        Ok(_) | Err(_) => fs::remove_file(link),
     }
     .with_context(|| format!("removing {}", link.display()))?;
     symlink(target, link)

@@ -3,6 +3,7 @@
 //! setup, build-ebpf, fmt, clippy, eBPF clippy, unit tests, binaries, then the
 //! privileged integration tests between two snapshots of the node (leak check).
 use std::{
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
@@ -20,7 +21,7 @@ use crate::{
     ws::Workspace,
 };
 
-/// The reference plugins (containernetworking-plugins), given to the tests as SLUICE_CNI_PATH.
+/// The reference plugins (containernetworking-plugins), given to the tests as `SLUICE_CNI_PATH`.
 const CNI_PATH: &str = "/usr/lib/cni";
 const LINT_STAGES: [&str; 3] = ["fmt", "clippy", "ebpf-clippy"];
 
@@ -117,16 +118,21 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
 /// kernel; emulated (TCG, ~15x slower, the datapath's load alone ~13 s on 5.10)
 /// each kernel runs every feature's main traffic tests (`TCG_MAIN_TESTS`).
 fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
-    let kernels: Vec<String> = args
-        .kernels
-        .clone()
-        .unwrap_or_else(|| vm::MATRIX.iter().map(|s| s.to_string()).collect());
+    let kernels: Vec<String> = args.kernels.clone().unwrap_or_else(|| {
+        vm::MATRIX
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect()
+    });
     let accel = vm::detect_accel(ws, &kernels[0])?;
     let plan = vm::Plan {
         kernels,
         binaries: match accel {
             vm::Accel::Kvm => Vec::new(),
-            vm::Accel::Tcg => TCG_MAIN_TESTS.iter().map(|s| s.to_string()).collect(),
+            vm::Accel::Tcg => TCG_MAIN_TESTS
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
         },
         filter: args.filter.clone(),
         threads: args.test_threads,
@@ -337,7 +343,7 @@ impl Stages {
                 .iter()
                 .map(|(name, why)| format!("{name} ({why})"))
                 .collect();
-            line.push_str(&format!(" | skipped: {}", skipped.join(", ")));
+            let _ = write!(line, " | skipped: {}", skipped.join(", "));
         }
         line
     }

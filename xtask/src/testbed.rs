@@ -143,6 +143,7 @@ fn clean(prefix: &str) {
 }
 
 /// A CNI plugin run in a node namespace as a runtime runs it.
+#[expect(clippy::struct_field_names, reason = "CNI_PATH's name")]
 pub(crate) struct Cni<'a> {
     pub node: &'a Netns,
     pub plugin: &'a Path,

@@ -37,7 +37,7 @@ pub enum XdpMode {
 /// How the pod programs attach to a host veth (config `podAttach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodAttach {
-    /// cls_bpf filters on a clsact qdisc through netlink (the default): no RCU
+    /// `cls_bpf` filters on a clsact qdisc through netlink (the default): no RCU
     /// grace period per ADD. A clsact qdisc excludes an `ingress` qdisc, which the
     /// reference `bandwidth` plugin adds for pod egress limits.
     Tc,
@@ -103,29 +103,28 @@ impl Default for MasqSettings {
 
 impl MasqSettings {
     fn parse(o: &json::Object) -> Result<Self, Error> {
-        let non_masq = match o.get("nonMasqueradeCIDRs").filter(|v| !v.is_null()) {
-            None => None,
-            Some(_) => {
-                let mut v = Vec::new();
-                for (i, c) in array(o, "nonMasqueradeCIDRs", "")?.iter().enumerate() {
-                    let key = format!("nonMasqueradeCIDRs[{i}]");
-                    let s = c
-                        .as_str()
-                        .ok_or_else(|| Error::config(&key, c, "must be a string"))?;
-                    match super::parse_cidr(s) {
-                        Some(ipnetwork::IpNetwork::V4(n)) => v.push(n),
-                        Some(ipnetwork::IpNetwork::V6(_)) => {
-                            return Err(Error::UnsupportedField {
-                                key,
-                                value: s.to_string(),
-                                reason: "masquerade is IPv4 only".into(),
-                            })
-                        }
-                        None => return Err(Error::config(&key, s, "must be a CIDR")),
+        let non_masq = if o.get("nonMasqueradeCIDRs").is_none_or(Value::is_null) {
+            None
+        } else {
+            let mut v = Vec::new();
+            for (i, c) in array(o, "nonMasqueradeCIDRs", "")?.iter().enumerate() {
+                let key = format!("nonMasqueradeCIDRs[{i}]");
+                let s = c
+                    .as_str()
+                    .ok_or_else(|| Error::config(&key, c, "must be a string"))?;
+                match super::parse_cidr(s) {
+                    Some(ipnetwork::IpNetwork::V4(n)) => v.push(n),
+                    Some(ipnetwork::IpNetwork::V6(_)) => {
+                        return Err(Error::UnsupportedField {
+                            key,
+                            value: s.to_string(),
+                            reason: "masquerade is IPv4 only".into(),
+                        })
                     }
+                    None => return Err(Error::config(&key, s, "must be a CIDR")),
                 }
-                Some(v)
             }
+            Some(v)
         };
         let address =
             match string(o, "masqueradeAddress", "")? {
@@ -632,6 +631,7 @@ mod tests {
 
     use super::*;
 
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
     fn parse(v: Value) -> Result<NetConf, Error> {
         NetConf::parse(v.to_string().as_bytes())
     }

@@ -1,4 +1,4 @@
-//! The CNI protocol: environment, network config, CNI_ARGS, results and versions.
+//! The CNI protocol: environment, network config, `CNI_ARGS`, results and versions.
 pub mod args;
 pub mod config;
 pub mod env;

@@ -267,7 +267,7 @@ impl IpConfig {
                     "does not match the address family",
                 ));
             }
-        } else if version.is_some_and(|v| v.ips_have_version()) {
+        } else if version.is_some_and(super::version::Version::ips_have_version) {
             return Err(bad(
                 &format!("{what}.version"),
                 &Value::Null,

@@ -149,7 +149,7 @@ impl Bandwidth {
             let rate = rate.filter(|r| *r != 0);
             let burst = burst.filter(|b| !RUNTIME_UNSET_BURSTS.contains(b));
             match (rate, burst) {
-                (None, None | Some(0)) => continue,
+                (None, None | Some(0)) => {}
                 (None, Some(bu)) => {
                     return Err(Error::config(
                         burst_key,
@@ -420,7 +420,7 @@ mod tests {
                 {"hostPort": 8000, "containerPort": 8001, "protocol": "UDP", "hostIP": "192.0.2.1"},
                 {"hostPort": 9000, "containerPort": 9000}
             ],
-            "bandwidth": {"ingressRate": 1000000, "ingressBurst": 80000, "egressRate": 2000000},
+            "bandwidth": {"ingressRate": 1_000_000, "ingressBurst": 80_000, "egressRate": 2_000_000},
             "ipRanges": [[{"subnet": "10.9.0.0/24"}]],
             "mac": "02:42:ac:11:00:02",
             "ips": ["10.9.0.7/24", "fd00::7"],
@@ -563,7 +563,7 @@ mod tests {
                 "1e+30",
             ),
             (
-                json!({"bandwidth": {"ingressRate": 1000, "ingressBurst": 40000000000u64}}),
+                json!({"bandwidth": {"ingressRate": 1000, "ingressBurst": 40_000_000_000_u64}}),
                 "runtimeConfig.bandwidth.ingressBurst",
                 "40000000000",
             ),

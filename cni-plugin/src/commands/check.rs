@@ -99,7 +99,7 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         )));
     }
 
-    let ips: Vec<IpAddr> = record.ips.iter().map(|n| n.ip()).collect();
+    let ips: Vec<IpAddr> = record.ips.iter().map(ipnetwork::IpNetwork::ip).collect();
     Datapath::new(&conf.pin_root)
         .check(
             &host_nl,

@@ -56,7 +56,7 @@ mod tests {
         assert_eq!(b.depth(), 100_000_000);
         // The u64-only tcp_depth agrees with 300 ms of the rate.
         for rate in [1u64, 999, 125_000, 1_250_001, 125_000_000, 125_000_000_000] {
-            let exact = (u128::from(rate) * 300 / 1000) as u64;
+            let exact = u64::try_from(u128::from(rate) * 300 / 1000).unwrap();
             let want = exact.clamp(MIN_DEFAULT_BURST, u64::from(u32::MAX));
             assert_eq!(Bucket::tcp_depth(rate), want, "{rate}");
         }

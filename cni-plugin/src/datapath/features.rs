@@ -5,7 +5,7 @@
 //!
 //! | feature | since | without it |
 //! | --- | --- | --- |
-//! | tcx links | 6.6 | cls_bpf filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
+//! | tcx links | 6.6 | `cls_bpf` filters on a clsact qdisc, for the uplink and for `podAttach: tcx` pods |
 //! | `bpf_ktime_get_coarse_ns` | 5.11 | `bpf_ktime_get_ns` (the same clock, a little dearer) |
 //! | `bpf_check_mtu` | 5.12 | a packet whose next hop is not resolved yet goes to the kernel, which resolves it and checks the MTU |
 //! | a veth taking XDP frames when its NAPI runs (GRO on) | 5.13 | no native XDP (`xdp: native` and `auto` act as `off`): before 5.13 a veth accepts redirected XDP frames only with an XDP program on its peer, so native XDP could not deliver into pods; tc does |
@@ -26,6 +26,7 @@ use crate::cni::config::PodAttach;
 
 /// What the kernel has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[expect(clippy::struct_excessive_bools, reason = "one flag per kernel feature")]
 pub struct Features {
     /// tcx links (Linux 6.6).
     pub tcx: bool,
@@ -35,7 +36,7 @@ pub struct Features {
     pub check_mtu: bool,
     /// The NAT sweeper can run with no process of ours alive: its program
     /// walks the flow table with `bpf_for_each_map_elem` (5.13) and its perf
-    /// event is kept by a pinned bpf_link (5.15).
+    /// event is kept by a pinned `bpf_link` (5.15).
     pub sweeper: bool,
     /// A veth takes redirected XDP frames once GRO turns its NAPI on (5.13,
     /// "veth: allow enabling NAPI even without XDP"); before, only with an XDP
@@ -152,7 +153,7 @@ fn probe_tcx() -> bool {
 }
 
 /// How pods are attached on this kernel: `podAttach: tcx` needs tcx, and
-/// falls back to cls_bpf filters (`tc`) without it.
+/// falls back to `cls_bpf` filters (`tc`) without it.
 pub fn pod_attach(wanted: PodAttach) -> PodAttach {
     if wanted == PodAttach::Tcx && !get().tcx {
         eprintln!("sluice: this kernel has no tcx (Linux 6.6+); podAttach tcx falls back to tc");

@@ -58,7 +58,7 @@ pub fn entries(
         .collect())
 }
 
-/// Whether `dir` is on a cgroup2 file system (statfs magic CGROUP2_SUPER_MAGIC).
+/// Whether `dir` is on a cgroup2 file system (statfs magic `CGROUP2_SUPER_MAGIC`).
 // `f_type`'s integer type differs between architectures.
 #[allow(clippy::useless_conversion)]
 fn is_cgroup2(dir: &fs::File) -> bool {

@@ -1,5 +1,5 @@
 //! Every attachment of the datapath's programs, and its replacement by an
-//! upgrade: the pod programs on host veths (cls_bpf filters through netlink,
+//! upgrade: the pod programs on host veths (`cls_bpf` filters through netlink,
 //! or pinned tcx links), the uplink's tc programs and XDP program, the NAT
 //! sweeper's perf event and the hostPort socket hooks (pinned links).
 //!
@@ -43,7 +43,7 @@ pub(super) const SWEEP_LINK: &str = "nat_sweep";
 /// How often the sweeper runs (CPU clock of CPU 0, which ticks while idle too).
 const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
 
-/// Priority and handle of Sluice's cls_bpf filters on a pod's host veth: fixed,
+/// Priority and handle of Sluice's `cls_bpf` filters on a pod's host veth: fixed,
 /// so an upgrade can replace them in place and DEL can find them.
 const FILTER_PRIORITY: u16 = 1;
 const FILTER_HANDLE: TcHandle = TcHandle::new(0, 1);
@@ -101,7 +101,7 @@ fn pin_link(
 
 /// Detaches the link pinned at `path` now and removes the pin. Removing a pin
 /// alone drops the link's reference only after an RCU grace period (bpffs frees
-/// its inodes with call_rcu), so a new attachment made right after would find the
+/// its inodes with `call_rcu`), so a new attachment made right after would find the
 /// old one still there (tcx: EEXIST, XDP: EBUSY).
 pub(super) fn detach_pinned(path: &Path) -> Result<(), Error> {
     if !path.exists() {
@@ -120,7 +120,7 @@ pub(super) fn detach_pinned(path: &Path) -> Result<(), Error> {
 
 /// Attaches the pod programs to `host_ifname` (resolved in this thread's
 /// namespace, the node's) so that the attachment outlives this process:
-/// - `Tc`: cls_bpf filters on a clsact qdisc, made through netlink. The qdisc
+/// - `Tc`: `cls_bpf` filters on a clsact qdisc, made through netlink. The qdisc
 ///   owns them; no grace period is waited for.
 /// - `Tcx`: tcx links, pinned. Each first tcx attachment of a device and direction
 ///   waits for an RCU grace period (`tcx_entry_sync`), ~10 ms here.
@@ -162,9 +162,9 @@ fn add_clsact(ifname: &str) -> Result<(), Error> {
     }
 }
 
-/// A cls_bpf filter of `prog` on `ifname`'s `hook` at Sluice's priority and
+/// A `cls_bpf` filter of `prog` on `ifname`'s `hook` at Sluice's priority and
 /// handle; one already there (the programs of a datapath whose pins were lost)
-/// is pointed at `prog` in place (aya creates filters with NLM_F_EXCL). The
+/// is pointed at `prog` in place (aya creates filters with `NLM_F_EXCL`). The
 /// filter stays when this process exits.
 fn attach_filter(
     prog: &mut SchedClassifier,
@@ -286,13 +286,13 @@ pub(super) fn uplink_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bo
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct UplinkAttached {
     pub xdp: XdpAttached,
-    /// The tc programs are cls_bpf filters (no tcx), not pinned tcx links.
+    /// The tc programs are `cls_bpf` filters (no tcx), not pinned tcx links.
     pub filters: bool,
 }
 
 /// Attaches `uplink_in` (tc ingress), `uplink_out` (tc egress) and, unless `xdp`
 /// is off, `uplink_xdp` to the uplink. The tc programs go in as pinned tcx links,
-/// or as cls_bpf filters on a clsact qdisc on a kernel without tcx (before 6.6).
+/// or as `cls_bpf` filters on a clsact qdisc on a kernel without tcx (before 6.6).
 /// Native XDP falls back to generic when the driver refuses it; an XDP failure
 /// leaves tc alone to do the job.
 pub(super) fn attach_uplink(
@@ -337,7 +337,7 @@ pub(super) fn attach_uplink(
     })
 }
 
-/// Removes the uplink's cls_bpf filters (kernels without tcx); none is fine.
+/// Removes the uplink's `cls_bpf` filters (kernels without tcx); none is fine.
 pub(super) fn detach_uplink_filters(ifname: &str) {
     for p in programs::UPLINK_TC {
         if let Ok(link) = SchedClassifierLink::attached(
@@ -518,8 +518,8 @@ fn socket_cookie(s: &std::net::UdpSocket) -> std::io::Result<u64> {
     use std::os::fd::AsRawFd;
     const SO_COOKIE: libc::c_int = 57;
     let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+    let mut len: libc::socklen_t = 8; // size_of::<u64>()
+                                      // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
     let rc = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
@@ -593,7 +593,7 @@ pub(super) fn replace_xdp_link(prog: &mut Xdp, link_path: &Path) -> Result<(), E
     }
 }
 
-/// The same for a cgroup link, through BPF_LINK_UPDATE (aya has no update for
+/// The same for a cgroup link, through `BPF_LINK_UPDATE` (aya has no update for
 /// cgroup links).
 pub(super) fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Result<(), Error> {
     use std::os::fd::AsRawFd;
@@ -608,7 +608,7 @@ pub(super) fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Re
     }
 }
 
-/// Points Sluice's cls_bpf filter on `host_ifname` at `prog` in place (netlink
+/// Points Sluice's `cls_bpf` filter on `host_ifname` at `prog` in place (netlink
 /// replace of the same priority and handle: no packet sees no filter). A veth
 /// without that filter (tcx mode, or gone) is skipped.
 pub(super) fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook: TcAttachType) {

@@ -50,7 +50,7 @@ fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send +
 }
 
 /// Loads the embedded object (reusing pinned maps), pins its programs, moves every
-/// existing attachment to the new programs atomically (`bpf_link_update`, cls_bpf
+/// existing attachment to the new programs atomically (`bpf_link_update`, `cls_bpf`
 /// filters replaced in place on `pod_ifnames`), and records the object's identity.
 /// Runs under the datapath's exclusive lock.
 pub(super) fn load_and_pin(
@@ -177,7 +177,7 @@ pub(super) fn load_and_pin(
 }
 
 /// The map type of the NAT flow maps on this kernel: HASH with the sweeper
-/// (a full table refuses new flows, existing ones are safe), LRU_HASH without
+/// (a full table refuses new flows, existing ones are safe), `LRU_HASH` without
 /// (no one else would ever remove a dead flow).
 pub(super) fn nat_map_kind(sweeper: bool) -> MapKind {
     if sweeper {

@@ -173,11 +173,11 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
 }
 
 /// `xdp` made concrete for `uplink`. On a veth, no XDP pays: native turns skbs
-/// into XDP frames, losing the CHECKSUM_PARTIAL state a veth peer leaves (the pod
+/// into XDP frames, losing the `CHECKSUM_PARTIAL` state a veth peer leaves (the pod
 /// drops the segment as a bad checksum); generic has to linearize (copy) every
 /// GRO'd skb before running, only to pass most of them on (measured:
 /// external->pod TCP at 0.75x of tc alone). The tc program's
-/// bpf_redirect_peer does the job.
+/// `bpf_redirect_peer` does the job.
 /// Before Linux 5.13 native XDP could not deliver into a pod (see
 /// `features::Features::veth_xdp`): tc does it, with no XDP.
 fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
@@ -202,8 +202,7 @@ fn want_flags(xdp: XdpMode) -> u32 {
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Whether this binary carries an eBPF object (STATUS).
@@ -312,7 +311,7 @@ impl Datapath {
 
     /// The uplink's programs are attached as the settings ask: to that interface,
     /// with that XDP mode (so a changed `xdp` takes effect at the next ADD). Pinned
-    /// tcx links are found by their pins; cls_bpf filters (kernels without tcx)
+    /// tcx links are found by their pins; `cls_bpf` filters (kernels without tcx)
     /// are looked for on the interface, so filters someone removed are attached
     /// again.
     async fn uplink_current(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
@@ -534,7 +533,7 @@ impl Datapath {
         errors.finish()
     }
 
-    /// CHECK of one pod: its programs on its host veth (cls_bpf filters of the
+    /// CHECK of one pod: its programs on its host veth (`cls_bpf` filters of the
     /// pinned programs, or tcx links), its counters and addresses, hostPort
     /// mappings and bandwidth limits.
     pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
@@ -572,7 +571,7 @@ impl Datapath {
         Ok(())
     }
 
-    /// The pinned pod programs are the cls_bpf filters of the host veth's hooks.
+    /// The pinned pod programs are the `cls_bpf` filters of the host veth's hooks.
     async fn check_filters(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
         for (name, ingress, id) in links::pod_program_ids(&self.root)? {
             let filters = host_nl.bpf_filters(pod.host_ifindex, ingress).await?;

@@ -4,7 +4,7 @@
 //! (if still attached) use maps nobody pins any more, and the new maps know
 //! nothing of them. The attachment records in the state directory say who they
 //! are; each one whose host veth still exists is attached to the new datapath
-//! like a new pod (cls_bpf filters replaced in place, or attached anew;
+//! like a new pod (`cls_bpf` filters replaced in place, or attached anew;
 //! hostPort mappings; bandwidth limits).
 use std::net::IpAddr;
 
@@ -63,7 +63,7 @@ async fn reattach_one(
         // Same name, another interface: not the pod's veth.
         return Ok(false);
     }
-    let ips: Vec<IpAddr> = rec.ips.iter().map(|n| n.ip()).collect();
+    let ips: Vec<IpAddr> = rec.ips.iter().map(ipnetwork::IpNetwork::ip).collect();
     // The pod's MAC: the permanent neighbour ADD made for its address.
     let neighbours = host_nl.permanent_neighbours(link.index).await?;
     let pod_mac = ips

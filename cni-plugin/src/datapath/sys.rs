@@ -1,6 +1,6 @@
 //! The few bpf(2) commands aya does not expose: opening a pin as an fd
-//! (BPF_OBJ_GET), pointing a link at another program (BPF_LINK_UPDATE) and
-//! detaching a link now (BPF_LINK_DETACH).
+//! (`BPF_OBJ_GET`), pointing a link at another program (`BPF_LINK_UPDATE`) and
+//! detaching a link now (`BPF_LINK_DETACH`).
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::Path,
@@ -41,7 +41,7 @@ fn u32_pair(first: u32, second: u32) -> u64 {
     u64::from_ne_bytes(b)
 }
 
-/// A new fd of the BPF object pinned at `path` (BPF_OBJ_GET).
+/// A new fd of the BPF object pinned at `path` (`BPF_OBJ_GET`).
 pub(super) fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
@@ -56,18 +56,23 @@ pub(super) fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
 }
 
 /// Points the link pinned at `link_path` at program `prog_fd` in place
-/// (BPF_LINK_UPDATE, Linux 5.7; aya has no update for cgroup links).
+/// (`BPF_LINK_UPDATE`, Linux 5.7; aya has no update for cgroup links).
 pub(super) fn link_update(link_path: &Path, prog_fd: RawFd) -> std::io::Result<()> {
     let link_fd = obj_get(link_path).map_err(std::io::Error::other)?;
     // link_update: link_fd, new_prog_fd (u32 each, in the first word).
-    let word = u32_pair(link_fd.as_raw_fd() as u32, prog_fd as u32);
+    // File descriptors are never negative.
+    let word = u32_pair(link_fd.as_raw_fd().cast_unsigned(), prog_fd.cast_unsigned());
     bpf_cmd(BPF_LINK_UPDATE, &[word]).map(drop)
 }
 
-/// Detaches the link pinned at `link_path` now (BPF_LINK_DETACH, Linux 5.9),
+/// Detaches the link pinned at `link_path` now (`BPF_LINK_DETACH`, Linux 5.9),
 /// rather than when its last reference goes.
 pub(super) fn link_detach(link_path: &Path) -> std::io::Result<()> {
     let fd = obj_get(link_path).map_err(std::io::Error::other)?;
     // `link_fd` is the first word of the attr.
-    bpf_cmd(BPF_LINK_DETACH, &[u32_pair(fd.as_raw_fd() as u32, 0)]).map(drop)
+    bpf_cmd(
+        BPF_LINK_DETACH,
+        &[u32_pair(fd.as_raw_fd().cast_unsigned(), 0)],
+    )
+    .map(drop)
 }

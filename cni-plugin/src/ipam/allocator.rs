@@ -91,7 +91,7 @@ pub fn exhausted_sets<S: Store + ?Sized>(
 fn assign_requested(sets: &[RangeSet], requested: &[IpAddr]) -> Result<Vec<Option<IpAddr>>, Error> {
     let mut out: Vec<Option<IpAddr>> = vec![None; sets.len()];
     let mut seen = HashSet::new();
-    for ip in requested.iter().map(|ip| ip.to_canonical()) {
+    for ip in requested.iter().map(std::net::IpAddr::to_canonical) {
         if !seen.insert(ip) {
             continue;
         }

@@ -221,6 +221,7 @@ mod tests {
     use crate::ipam::range::tests::ip;
     use crate::ipam::store::tests::att;
 
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
     fn ipam(data_dir: &Path, extra: Value) -> BuiltinIpam {
         let mut cfg = json!({
             "type": "sluice",

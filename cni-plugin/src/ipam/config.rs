@@ -131,7 +131,11 @@ pub fn parse_resolv_conf(text: &str) -> Dns {
         let [key, first, rest @ ..] = words.as_slice() else {
             continue;
         };
-        let all = || std::iter::once(first).chain(rest).map(|s| s.to_string());
+        let all = || {
+            std::iter::once(first)
+                .chain(rest)
+                .map(std::string::ToString::to_string)
+        };
         match *key {
             "nameserver" => dns.nameservers.push(first.to_string()),
             "domain" => dns.domain = Some(first.to_string()),
@@ -326,6 +330,7 @@ mod tests {
     use super::*;
     use crate::ipam::range::tests::ip;
 
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
     fn parse(ipam: Value) -> Result<HostLocalConfig, Error> {
         HostLocalConfig::parse(&ipam, None)
     }

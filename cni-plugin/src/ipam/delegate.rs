@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// A delegated plugin that has not answered after this long is killed.
-pub const DELEGATE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DELEGATE_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// Most a delegated plugin may print.
 const MAX_OUTPUT: u64 = 4 << 20;

@@ -35,7 +35,8 @@ pub(crate) fn to_u128(ip: IpAddr) -> u128 {
 /// The address `value` in the family of `like`; IPv4 keeps the low 32 bits.
 pub(crate) fn from_u128(value: u128, like: IpAddr) -> IpAddr {
     match like {
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(value as u32)),
+        // An IPv4 value is below 2^32.
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(u32::try_from(value).unwrap_or(u32::MAX))),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(value)),
     }
 }

@@ -13,8 +13,8 @@ use crate::error::Error;
 
 impl Netlink {
     /// Adds `addr/prefix` to link `index`. `no_prefix_route` keeps the kernel from
-    /// adding the subnet route (IFA_F_NOPREFIXROUTE): pods route their subnet via
-    /// the gateway. IPv6 addresses skip DAD (IFA_F_NODAD): the address is ours alone
+    /// adding the subnet route (`IFA_F_NOPREFIXROUTE)`: pods route their subnet via
+    /// the gateway. IPv6 addresses skip DAD (`IFA_F_NODAD)`: the address is ours alone
     /// on a point-to-point veth and must be usable at once.
     pub async fn add_address(
         &self,

@@ -5,7 +5,7 @@ use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 use super::{errno, nl_err, Netlink};
 use crate::error::Error;
 
-/// A cls_bpf filter: its program's name and kernel id.
+/// A `cls_bpf` filter: its program's name and kernel id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BpfFilter {
     pub prog_name: String,
@@ -13,7 +13,7 @@ pub struct BpfFilter {
 }
 
 impl Netlink {
-    /// The cls_bpf filters on the ingress (`true`) or egress hook of link `index`
+    /// The `cls_bpf` filters on the ingress (`true`) or egress hook of link `index`
     /// (`tc filter show dev X ingress|egress`). No clsact qdisc: none.
     pub async fn bpf_filters(&self, index: u32, ingress: bool) -> Result<Vec<BpfFilter>, Error> {
         let idx = i32::try_from(index).map_err(|e| Error::netlink("list filters", e))?;
@@ -37,7 +37,7 @@ impl Netlink {
                     for o in opts {
                         match o {
                             TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => {
-                                f.prog_name.clone_from(n)
+                                f.prog_name.clone_from(n);
                             }
                             TcOption::Bpf(TcFilterBpfOption::ProgId(i)) => f.prog_id = *i,
                             _ => {}

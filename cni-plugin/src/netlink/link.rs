@@ -20,9 +20,9 @@ pub struct LinkInfo {
     pub mac: Option<[u8; 6]>,
     pub mtu: u32,
     pub up: bool,
-    /// `veth`, `bridge`, ... (IFLA_INFO_KIND), if any.
+    /// `veth`, `bridge`, ... (`IFLA_INFO_KIND`), if any.
     pub kind: Option<String>,
-    /// For a veth: ifindex of the peer (IFLA_LINK), in the peer's namespace.
+    /// For a veth: ifindex of the peer (`IFLA_LINK`), in the peer's namespace.
     pub peer_index: Option<u32>,
 }
 

@@ -49,6 +49,10 @@ fn errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "used as map_err(|e| nl_err(.., e)), which owns the error"
+)]
 fn nl_err(op: impl Into<String>, e: rtnetlink::Error) -> Error {
     let detail = match &e {
         rtnetlink::Error::NetlinkError(m) => m.to_io().to_string(),

@@ -18,7 +18,7 @@ pub struct Bucket {
     pub fill_ns: u64,
     /// Tokens now (bytes), changed by the programs.
     pub tokens: i64,
-    /// When tokens were last added (CLOCK_MONOTONIC ns).
+    /// When tokens were last added (`CLOCK_MONOTONIC` ns).
     pub last_ns: u64,
     /// Packets passed and dropped by this limit.
     pub passed: u64,
@@ -70,8 +70,8 @@ impl Bucket {
             }
             None => Self::tcp_depth(rate),
         };
-        let burst = if burst > u32::MAX as u64 {
-            u32::MAX as u64
+        let burst = if burst > u64::from(u32::MAX) {
+            u64::from(u32::MAX)
         } else {
             burst
         };
@@ -79,9 +79,13 @@ impl Bucket {
         Self {
             rate,
             burst,
-            fill_ns: ((depth + bw_limits::MAX_DEFICIT) as u128 * 1_000_000_000 / rate as u128)
-                as u64,
-            tokens: depth as i64,
+            // At most (4 GiB + 256 KiB) x 1e9 ns: fits.
+            fill_ns: u64::try_from(
+                u128::from(depth + bw_limits::MAX_DEFICIT) * 1_000_000_000 / u128::from(rate),
+            )
+            .unwrap_or(u64::MAX),
+            // At most 4 GiB: fits.
+            tokens: depth.cast_signed(),
             last_ns: now_ns,
             passed: 0,
             dropped: 0,

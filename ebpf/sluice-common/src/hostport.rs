@@ -93,7 +93,7 @@ pub struct SockOrig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HostPortConfig {
-    /// The node namespace's cookie (SO_NETNS_COOKIE): the socket hooks act only
+    /// The node namespace's cookie (`SO_NETNS_COOKIE)`: the socket hooks act only
     /// on sockets there, whatever cgroup they run in.
     pub netns_cookie: u64,
     /// Non-zero once a mapping was added (until then the pod programs skip the

@@ -7,6 +7,9 @@
 //! change: bump [`LAYOUT_VERSION`] so that the plugin and `sluicectl` notice a pinned
 //! datapath of another layout instead of misreading it.
 #![no_std]
+// The eBPF programs call these helpers: there a call that is not inlined is a
+// BPF-to-BPF call the verifier follows apart (see sluice-ebpf's nat/flow.rs).
+#![expect(clippy::inline_always, reason = "shared with the eBPF programs")]
 
 pub mod bandwidth;
 pub mod endpoint;
@@ -163,7 +166,7 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(reason::COUNT as u32, reason::DROP_SPOOFED + 1);
+        assert_eq!(u32::try_from(reason::COUNT), Ok(reason::DROP_SPOOFED + 1));
         assert_eq!(
             size_of::<Event>(),
             8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 4 + 4 + 4
@@ -190,7 +193,7 @@ mod tests {
     fn drop_reasons_are_named_drop() {
         for (i, name) in reason::NAMES.iter().enumerate() {
             assert_eq!(
-                reason::is_drop(i as u32),
+                reason::is_drop(u32::try_from(i).unwrap()),
                 name.starts_with("drop_"),
                 "{name}"
             );

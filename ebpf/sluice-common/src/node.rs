@@ -25,7 +25,7 @@ pub mod config_flags {
     pub const XDP_WANT_NATIVE: u32 = 1 << 3;
     /// The config asked for generic XDP.
     pub const XDP_WANT_GENERIC: u32 = 1 << 4;
-    /// The uplink's tc programs are cls_bpf filters on a clsact qdisc (a kernel
+    /// The uplink's tc programs are `cls_bpf` filters on a clsact qdisc (a kernel
     /// without tcx, before 6.6), not pinned tcx links.
     pub const UPLINK_TC_FILTERS: u32 = 1 << 5;
 }

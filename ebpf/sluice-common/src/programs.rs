@@ -20,7 +20,7 @@ pub enum ProgKind {
     SockAddr(SockHook),
 }
 
-/// The cgroup sock_addr attach points of the hostPort socket hooks.
+/// The cgroup `sock_addr` attach points of the hostPort socket hooks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SockHook {
     Connect4,

@@ -23,6 +23,7 @@ macro_rules! reasons {
         }
 
         // The list is in index order, and drops (only drops) are named `drop_...`.
+        #[allow(clippy::cast_sign_loss, reason = "indexes are small and positive; try_from is not const")]
         const _: () = {
             let idx = [$($idx),*];
             let drop = [$(reasons!(@drop $kind)),*];
@@ -51,7 +52,7 @@ reasons! {
     /// from-pod: forwarded by FIB lookup with `bpf_redirect_neigh`.
     count FROM_POD_FIB_NEIGH = 2 "from_pod_fib_neigh";
     /// from-pod: the FIB does not forward it: the node itself is the destination,
-    /// or no route matches (`bpf_fib_lookup` maps -ENETUNREACH to NOT_FWDED, so the
+    /// or no route matches (`bpf_fib_lookup` maps `-ENETUNREACH` to `NOT_FWDED`, so the
     /// two cannot be told apart); the kernel delivers it or answers unreachable.
     count FROM_POD_NOT_FORWARDED = 3 "from_pod_not_forwarded";
     /// from-pod: the FIB could not forward for another reason (forwarding off,

@@ -20,7 +20,7 @@ pub fn default_pin_root(network: &str) -> PathBuf {
     PathBuf::from(crate::DEFAULT_PIN_BASE).join(pin_dir_name(network))
 }
 
-/// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE,
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`,
 /// Linux 5.14): the hostPort socket hooks act only on sockets whose namespace
 /// has the cookie written in `sl_hp_config`.
 /// `SLUICE_DISABLE_FEATURES=netns_cookie` makes it fail as before 5.14 (so the
@@ -35,8 +35,8 @@ pub fn netns_cookie() -> std::io::Result<u64> {
     let s = std::net::UdpSocket::bind("0.0.0.0:0")
         .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
     let mut cookie: u64 = 0;
-    let mut len = core::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+    let mut len: libc::socklen_t = 8; // size_of::<u64>()
+                                      // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
     let rc = unsafe {
         libc::getsockopt(
             std::os::fd::AsRawFd::as_raw_fd(&s),
@@ -52,7 +52,7 @@ pub fn netns_cookie() -> std::io::Result<u64> {
     Ok(cookie)
 }
 
-/// CLOCK_MONOTONIC in ns: the programs' clock (`bpf_ktime_get_ns`), with
+/// `CLOCK_MONOTONIC` in ns: the programs' clock (`bpf_ktime_get_ns`), with
 /// which flows and token buckets are stamped.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

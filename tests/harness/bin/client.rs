@@ -34,7 +34,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BYTES: usize = 16 << 20;
 
 fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i * 7 + 3) % 251) as u8).collect()
+    (0..len)
+        .map(|i| u8::try_from((i * 7 + 3) % 251).unwrap_or(0))
+        .collect()
 }
 
 fn io_err(out: &mut Map<String, Value>, what: &str, e: &std::io::Error) {

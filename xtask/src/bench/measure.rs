@@ -106,7 +106,7 @@ fn iperf_cpu(
 
 /// CPU time the whole machine has spent busy since boot, in seconds: the
 /// `cpu` line of /proc/stat, user + nice + system + irq + softirq (guest time
-/// is already in user; idle, iowait and steal left out), in USER_HZ ticks,
+/// is already in user; idle, iowait and steal left out), in `USER_HZ` ticks,
 /// which the kernel fixes at 100 per second for /proc/stat.
 fn busy_cpu_secs() -> Result<f64> {
     const USER_HZ: f64 = 100.0;
@@ -209,9 +209,9 @@ pub(super) fn tcp_rtt_us(
 }
 
 /// The same through a port mapping: the client connects to `to`, the server
-/// listens on `listen` (address, port), with SO_REUSEADDR (`--uc-reuseaddr`):
+/// listens on `listen` (address, port), with `SO_REUSEADDR` (`--uc-reuseaddr`):
 /// the port is the one iperf3's server used just before, whose closed
-/// connections wait in TIME_WAIT.
+/// connections wait in `TIME_WAIT`.
 pub(super) fn tcp_rtt_us_via(
     client: &Netns,
     server: &Netns,
@@ -269,7 +269,7 @@ fn sockperf_pp(
 
 /// New TCP connections per second client -> server (`cargo xtask conn-loop`: one
 /// byte each way, the server closes first), at most `MAX_CONNS` per measurement:
-/// a masqueraded reference run leaves one nf_conntrack entry per connection for
+/// a masqueraded reference run leaves one `nf_conntrack` entry per connection for
 /// two minutes, and that table is shared with the host.
 pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     const MAX_CONNS: u64 = 20_000;
@@ -306,6 +306,11 @@ pub(super) fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     if v.is_empty() {
         return (f64::NAN, f64::NAN);
     }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "an index between 0 and len - 1"
+    )]
     let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     (at(0.5), at(0.99))
 }

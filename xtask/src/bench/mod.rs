@@ -262,9 +262,9 @@ fn hostport_round(tb: &Testbed, hp: &[(usize, HpSetup)], secs: u32, r: &mut Repo
 
 /// ADD latency of a pod with one mapping on every port-mapping node: Sluice's
 /// nodes first, then the reference's, each plugin's nodes in turn for every pod
-/// (interleaved, the order rotated from pod to pod); then all of them DELeted.
+/// (interleaved, the order rotated from pod to pod); then all of them `DELeted`.
 /// Not plugin by plugin for every pod: a reference ADD on 10,000 mappings
-/// leaves the kernel ~1 s of nf_tables work that lands on the next ADD (on 2
+/// leaves the kernel ~1 s of `nf_tables` work that lands on the next ADD (on 2
 /// vCPUs it added ~15% to the Sluice ADD timed right after it). More pods for
 /// Sluice (its ADD takes a few ms): on a VM shared with other work, the p50 of
 /// six moves by ~10% between runs.

@@ -419,7 +419,7 @@ impl Report {
         (first != 0.0).then(|| (last / first - 1.0) * 100.0)
     }
 
-    fn header(&self, t: &Table) -> Vec<String> {
+    fn header(t: &Table) -> Vec<String> {
         let mut h = vec!["figure".to_string()];
         if t.by_size {
             h.push("mappings".into());
@@ -614,7 +614,7 @@ impl Report {
         let mut out = String::new();
         for t in self.tables() {
             let rows = self.rows(t);
-            let header = self.header(t);
+            let header = Self::header(t);
             let mut widths: Vec<usize> = header.iter().map(String::len).collect();
             for r in &rows {
                 for (w, c) in widths.iter_mut().zip(r) {
@@ -658,7 +658,7 @@ impl Report {
         );
         let _ = writeln!(md, "Machine: {}\n", machine());
         for t in self.tables() {
-            let header = self.header(t);
+            let header = Self::header(t);
             let _ = writeln!(md, "## {}\n", t.title);
             let _ = writeln!(md, "| {} |", header.join(" | "));
             let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
@@ -690,7 +690,7 @@ fn thousands(n: usize) -> String {
     out
 }
 
-/// 10_000_000 -> "10 Mbit/s", 1_000_000_000 -> "1 Gbit/s".
+/// `10_000_000` -> "10 Mbit/s", `1_000_000_000` -> "1 Gbit/s".
 fn rate_text(bps: u64) -> String {
     if bps >= 1_000_000_000 && bps.is_multiple_of(1_000_000_000) {
         format!("{} Gbit/s", bps / 1_000_000_000)
@@ -838,14 +838,13 @@ limit.
 
 fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
         .find(|l| l.starts_with("model name"))
         .and_then(|l| l.split(':').nth(1))
-        .map(str::trim)
-        .unwrap_or("unknown CPU")
+        .map_or("unknown CPU", str::trim)
         .to_string();
     format!("Linux {}, {cpus} vCPUs ({model})", kernel.trim())
 }

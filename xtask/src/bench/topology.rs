@@ -115,7 +115,7 @@ pub(super) fn reference(tb: &mut Testbed) -> Result<Setup> {
 }
 
 /// The same with `ipMasq: true`: the bridge plugin adds an iptables MASQUERADE
-/// chain in the node namespace, which nf_conntrack and nf_nat carry out.
+/// chain in the node namespace, which `nf_conntrack` and `nf_nat` carry out.
 pub(super) fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
     reference_with(tb, "rmq", 83, true)
 }
@@ -151,13 +151,13 @@ fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setu
     )
 }
 
-/// Sluice with its defaults (cls_bpf pod attachment, XDP auto on the uplink).
+/// Sluice with its defaults (`cls_bpf` pod attachment, XDP auto on the uplink).
 pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
     sluice_with(tb, bins, "sl", 82, false)
 }
 
 /// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
-/// through its tc ingress (Sluice's own NAT maps, no nf_conntrack).
+/// through its tc ingress (Sluice's own NAT maps, no `nf_conntrack`).
 pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
     sluice_with(tb, bins, "smq", 84, true)
 }

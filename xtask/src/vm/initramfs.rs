@@ -70,6 +70,7 @@ pub(super) fn closure(modules_dep: &str, wanted: &[&str]) -> Vec<(String, String
         .collect();
     let mut out: Vec<(String, String)> = Vec::new();
     let mut seen = BTreeSet::new();
+    #[expect(clippy::items_after_statements, reason = "this function's own helper")]
     fn visit(
         name: &str,
         deps: &[(String, String, Vec<String>)],

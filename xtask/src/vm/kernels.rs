@@ -39,7 +39,7 @@ impl Apt {
         }
         let sources: String = SUITES
             .iter()
-            .map(|s| format!("deb http://deb.debian.org/debian {s} main\n"))
+            .flat_map(|s| ["deb http://deb.debian.org/debian ", s, " main\n"])
             .collect();
         fs::write(dir.join("sources.list"), sources)?;
         Ok(Self {
@@ -192,12 +192,11 @@ pub(super) fn fetch(dir: &Path, names: &[String]) -> Result<Vec<Kernel>> {
     let mut known: Option<Vec<String>> = None;
     let mut out = Vec::new();
     for name in names {
-        let packages = match &known {
-            Some(p) => p,
-            None => {
-                apt.update()?;
-                known.insert(apt.kernel_packages()?)
-            }
+        let packages = if let Some(p) = &known {
+            p
+        } else {
+            apt.update()?;
+            known.insert(apt.kernel_packages()?)
         };
         let package = resolve(name, packages)?;
         let release = release_of(&package)
@@ -261,7 +260,7 @@ mod tests {
             "linux-image-6.12.117+deb13-amd64",
         ]
         .iter()
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .collect()
     }
 

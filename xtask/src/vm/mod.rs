@@ -4,7 +4,7 @@
 //! Kernels come from Debian's archive (`kernels.rs`), the guest's first
 //! userspace from `initramfs.rs`, the boot from `qemu.rs`. In the guest a job
 //! script mounts what the tests need (bpffs, cgroup2, /run/netns), loads the
-//! modules a node has (veth, clsact, cls_bpf, fq, ...), runs each test binary
+//! modules a node has (veth, clsact, `cls_bpf`, fq, ...), runs each test binary
 //! built on the host and writes its output and exit status to a shared
 //! directory, around a leak check of its own (netns, links, bpffs). Everything
 //! is cached under `target/vm`.
@@ -61,7 +61,10 @@ const GUEST_MODULES: &[&str] = &[
 pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
     let env = TestEnv::build(ws)?;
     let kernels: Vec<String> = if args.kernel.is_empty() {
-        MATRIX.iter().map(|s| s.to_string()).collect()
+        MATRIX
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect()
     } else {
         args.kernel.clone()
     };
@@ -305,9 +308,10 @@ impl KernelResult {
                 }
             })
             .collect();
-        let leaks = fs::read_to_string(out.join("leaks"))
-            .map(|s| s.lines().map(str::to_string).collect())
-            .unwrap_or_else(|_| vec!["(no leak check: the job did not finish)".to_string()]);
+        let leaks = fs::read_to_string(out.join("leaks")).map_or_else(
+            |_| vec!["(no leak check: the job did not finish)".to_string()],
+            |s| s.lines().map(str::to_string).collect(),
+        );
         Self {
             name: kernel.name.clone(),
             release: kernel.release.clone(),
@@ -357,7 +361,7 @@ impl Report {
         !self.kernels.is_empty() && self.kernels.iter().all(KernelResult::ok)
     }
 
-    /// One line per problem: "5.10: hostport: external_tcp... failed".
+    /// One line per problem: "5.10: hostport: `external_tcp`... failed".
     pub(crate) fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         for k in &self.kernels {
