@@ -71,8 +71,9 @@ const HP_SPARE: u16 = 31082;
 /// (no ICMP errors): where the limited pod's burst goes.
 const SINK_PORT: u16 = 9999;
 /// Datagrams of the limited pod's burst, and their size: far more than its
-/// bucket holds, so most are dropped (`drop_bw_egress`, in `sl_ep_drops`).
-const BURST: usize = 100;
+/// bucket holds (its depth: at least 128 KiB, whatever the burst), so many are
+/// dropped (`drop_bw_egress`, in `sl_ep_drops`).
+const BURST: usize = 400;
 const BURST_SIZE: usize = 1000;
 /// The external echo server is replaced before its built-in lifetime (240 s).
 const EXT_SERVER_AGE: Duration = Duration::from_secs(150);
@@ -96,7 +97,7 @@ fn runtime_of(i: usize) -> Value {
             "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64,
             "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
         }}),
-        // 1 Mbit/s with a 100 kbit bucket: the burst drops.
+        // 1 Mbit/s with a 100 kbit burst (a 128 KiB bucket): the burst drops.
         4 => json!({"bandwidth": {"egressRate": 1_000_000u64, "egressBurst": 100_000u64}}),
         _ => json!({}),
     }

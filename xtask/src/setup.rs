@@ -2,7 +2,7 @@
 //!
 //! Every step first checks and only installs what is missing, so a second run is a
 //! quick no-op. bpf-linker is built against the libLLVM shipped inside the nightly
-//! toolchain ("route B" of TOOLCHAIN.md), so it always matches the nightly's LLVM.
+//! toolchain (docs/development.md, "Toolchain"), so it always matches the nightly's LLVM.
 use std::{
     fs, io,
     os::unix::fs::symlink,
@@ -444,7 +444,7 @@ fn install(root: &Path, prefix: &Path, nightly: &NightlyLlvm) -> Result<()> {
     let started = Instant::now();
     cmd::run(
         Command::new("cargo")
-            // 0.13.0 is the release TOOLCHAIN.md verified against LLVM 22.
+            // 0.13.0: the release verified against LLVM 22 (docs/development.md).
             .args([
                 "install",
                 LINKER,

@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Both ends of every traffic figure run on this CPU: on a 2-vCPU VM a round trip
-/// across CPUs pays ~50 us of wakeup (IPI) noise (TOOLCHAIN.md, "Measuring").
+/// across CPUs pays ~50 us of wakeup (IPI) noise (docs/development.md, "Benchmarks").
 pub(super) const CPU: &str = "1";
 
 fn pinned(ns: &Netns, program: &str) -> Command {
