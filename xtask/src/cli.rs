@@ -144,7 +144,7 @@ pub(crate) enum BenchTable {
     Masquerade,
     /// external host -> node address:hostPort with 1, 1,000 and 10,000 mappings.
     Hostport,
-    /// pods with bandwidth limits (10 Mbit/s, 100 Mbit/s, 1 Gbit/s) both ways.
+    /// pods with bandwidth limits (10 Mbit/s, 100 Mbit/s, 1 Gbit/s; bursts of 10, 100, 300 ms) both ways.
     Bandwidth,
 }
 

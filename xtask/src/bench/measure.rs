@@ -136,6 +136,8 @@ pub(super) struct Limited {
     pub mbps: f64,
     pub gbit: f64,
     pub cpu_secs: f64,
+    /// The sender's TCP retransmissions over the run.
+    pub retransmits: f64,
 }
 
 pub(super) fn tcp_limited(
@@ -157,6 +159,9 @@ pub(super) fn tcp_limited(
         mbps: bps / 1e6,
         gbit: bytes * 8.0 / 1e9,
         cpu_secs,
+        retransmits: v["end"]["sum_sent"]["retransmits"]
+            .as_f64()
+            .context("iperf3 reported no retransmissions")?,
     })
 }
 

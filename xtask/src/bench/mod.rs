@@ -30,8 +30,8 @@ use report::{
     SLUICE_BW, SLUICE_HP, SLUICE_MASQ,
 };
 use topology::{
-    BwSetup, HpSetup, Setup, BW_RATES, HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES,
-    HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
+    bw_pod, BwSetup, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES, HP_CONTAINER_PORT,
+    HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
 };
 
 pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
@@ -309,24 +309,31 @@ fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Re
 /// first burst is 300 ms, so shorter runs would overstate the rates).
 pub(crate) const BW_SECS: u32 = 4;
 
-/// The bandwidth figures, reference then Sluice for each limit and direction:
-/// one TCP stream each (the CPU figure from the `BW_CPU_RATE` ones), then UDP at
-/// twice the `BW_UDP_RATE` limit.
+/// The bandwidth figures, reference then Sluice for each limit, burst and
+/// direction: one TCP stream each, its rate and retransmissions (the CPU figure
+/// from the `BW_CPU_RATE` ones at the default burst), then UDP at twice the
+/// `BW_UDP_RATE` limit.
 fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Result<()> {
     let ns = |i| tb.ns(i);
     for rate in 0..BW_RATES.len() {
-        for ingress in [false, true] {
-            for (k, s) in bw {
-                let (pod, pod_ip) = &s.pods[rate];
-                let t = if ingress {
-                    measure::tcp_limited(ns(s.ext), ns(*pod), pod_ip, BW_SECS)
-                } else {
-                    measure::tcp_limited(ns(*pod), ns(s.ext), &s.ext_ip, BW_SECS)
-                }
-                .map_err(|e| e.context(format!("{} TCP, limit {rate}", s.tag)))?;
-                r.add(Figure::BwTcpMbps { rate, ingress }, *k, t.mbps);
-                if rate == BW_CPU_RATE && t.gbit > 0.0 {
-                    r.add(Figure::BwCpuPerGbit { ingress }, *k, t.cpu_secs / t.gbit);
+        for burst in 0..BW_BURSTS_MS.len() {
+            for ingress in [false, true] {
+                for (k, s) in bw {
+                    let (pod, pod_ip) = &s.pods[bw_pod(rate, burst)];
+                    let t = if ingress {
+                        measure::tcp_limited(ns(s.ext), ns(*pod), pod_ip, BW_SECS)
+                    } else {
+                        measure::tcp_limited(ns(*pod), ns(s.ext), &s.ext_ip, BW_SECS)
+                    }
+                    .map_err(|e| {
+                        e.context(format!("{} TCP, limit {rate}, burst {burst}", s.tag))
+                    })?;
+                    let at = (rate, burst, ingress);
+                    r.add(Figure::BwTcpMbps(at), *k, t.mbps);
+                    r.add(Figure::BwTcpRetransmits(at), *k, t.retransmits);
+                    if rate == BW_CPU_RATE && burst == BW_DEFAULT_BURST && t.gbit > 0.0 {
+                        r.add(Figure::BwCpuPerGbit { ingress }, *k, t.cpu_secs / t.gbit);
+                    }
                 }
             }
         }
@@ -334,7 +341,7 @@ fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Res
     let udp_rate = 2 * BW_RATES[BW_UDP_RATE];
     for ingress in [false, true] {
         for (k, s) in bw {
-            let (pod, pod_ip) = &s.pods[BW_UDP_RATE];
+            let (pod, pod_ip) = &s.pods[bw_pod(BW_UDP_RATE, BW_DEFAULT_BURST)];
             let v = if ingress {
                 measure::udp_received_mbps(ns(s.ext), ns(*pod), pod_ip, udp_rate, BW_SECS)
             } else {

@@ -7,7 +7,10 @@ use crate::cli::{BenchArgs, BenchTable};
 use super::{
     measure::CPU,
     measure::UDP_LEN,
-    topology::{BW_BURST_MS, BW_RATES, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE},
+    topology::{
+        BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES, HP_SIZES, HP_TIMED_PODS_REFERENCE,
+        HP_TIMED_PODS_SLUICE,
+    },
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,11 +36,11 @@ pub(super) enum Figure {
     HpRttP99,
     HpAddP50,
     /// Received Mbit/s of one TCP stream to or from the pod limited to
-    /// `BW_RATES[rate]` (ingress: external host -> pod).
-    BwTcpMbps {
-        rate: usize,
-        ingress: bool,
-    },
+    /// `BW_RATES[rate]` with `BW_BURSTS_MS[burst]` (ingress: external host ->
+    /// pod): (rate, burst, ingress).
+    BwTcpMbps(BwAt),
+    /// The sender's retransmissions in that run.
+    BwTcpRetransmits(BwAt),
     /// Received Mbit/s of UDP sent at twice the `BW_UDP_RATE` limit.
     BwUdpMbps {
         ingress: bool,
@@ -48,6 +51,10 @@ pub(super) enum Figure {
         ingress: bool,
     },
 }
+
+/// Where a bandwidth figure was measured: (index into `BW_RATES`, index into
+/// `BW_BURSTS_MS`, ingress).
+pub(super) type BwAt = (usize, usize, bool);
 
 /// The limit (index into `BW_RATES`) of the UDP figure and of the CPU figure.
 pub(super) const BW_UDP_RATE: usize = 1;
@@ -104,10 +111,8 @@ struct Table {
 
 /// The bandwidth table's figures (rows per limit and direction instead).
 const BW_FIGURES: &[Figure] = &[
-    Figure::BwTcpMbps {
-        rate: 0,
-        ingress: false,
-    },
+    Figure::BwTcpMbps((0, 0, false)),
+    Figure::BwTcpRetransmits((0, 0, false)),
     Figure::BwUdpMbps { ingress: false },
     Figure::BwCpuPerGbit { ingress: false },
 ];
@@ -197,7 +202,8 @@ impl Figure {
             Self::HpRttP50 => "TCP RTT median (us)",
             Self::HpRttP99 => "TCP RTT p99 (us)",
             Self::HpAddP50 => "ADD latency p50, pod with 1 mapping (ms)",
-            Self::BwTcpMbps { .. } => "TCP, one stream, received (Mbit/s)",
+            Self::BwTcpMbps(_) => "TCP, one stream, received (Mbit/s)",
+            Self::BwTcpRetransmits(_) => "TCP, one stream, retransmissions per run",
             Self::BwUdpMbps { .. } => "UDP sent at 2x the limit, received (Mbit/s)",
             Self::BwCpuPerGbit { .. } => "CPU per Gbit/s, TCP (CPU-seconds per Gbit)",
         }
@@ -208,6 +214,7 @@ impl Figure {
         match self {
             // Fractions of a CPU: the usual one decimal would hide the range.
             Self::BwCpuPerGbit { .. } => (3, 3),
+            Self::BwTcpRetransmits(_) => (0, 0),
             _ => (2, 1),
         }
     }
@@ -222,7 +229,7 @@ impl Figure {
                 | Self::MasqGbps
                 | Self::MasqConnsPerSec
                 | Self::HpGbps
-                | Self::BwTcpMbps { .. }
+                | Self::BwTcpMbps(_)
                 | Self::BwUdpMbps { .. }
         )
     }
@@ -367,24 +374,25 @@ impl Report {
         rows
     }
 
-    /// Rows of the bandwidth table: per figure, one row per limit and direction
-    /// (TCP: every limit; UDP and CPU: `BW_UDP_RATE`, `BW_CPU_RATE`), the
-    /// cells, each column's ratio to the limit (rates only), then Sluice's
-    /// ratio to the reference.
+    /// Rows of the bandwidth table: per figure, one row per limit, burst and
+    /// direction (TCP: every limit and burst; UDP and CPU: `BW_UDP_RATE`,
+    /// `BW_CPU_RATE` at the default burst), the cells, each column's ratio to
+    /// the limit (rates only), then Sluice's ratio to the reference.
     fn bw_rows(&self, t: &Table) -> Vec<Vec<String>> {
         let mut rows = Vec::new();
-        let mut push = |f: Figure, rate: usize, ingress: bool| {
+        let mut push = |f: Figure, (rate, burst, ingress): BwAt| {
             let limit_mbps = BW_RATES[rate] as f64 / 1e6;
             let mut row = vec![
                 with_direction(f),
                 format!(
-                    "{} {}",
+                    "{}, {} ms burst, {}",
                     rate_text(BW_RATES[rate]),
+                    BW_BURSTS_MS[burst],
                     if ingress { "ingress" } else { "egress" }
                 ),
             ];
             row.extend(t.columns.iter().map(|s| self.cell(f, *s)));
-            let is_rate = !matches!(f, Figure::BwCpuPerGbit { .. });
+            let is_rate = matches!(f, Figure::BwTcpMbps(_) | Figure::BwUdpMbps { .. });
             row.extend(t.columns.iter().map(|s| match self.value(f, *s) {
                 Some(v) if is_rate => format!("{:.3}", v / limit_mbps),
                 _ => String::new(),
@@ -397,16 +405,25 @@ impl Report {
             }));
             rows.push(row);
         };
-        for rate in 0..BW_RATES.len() {
-            for ingress in [false, true] {
-                push(Figure::BwTcpMbps { rate, ingress }, rate, ingress);
-            }
+        let all = || {
+            (0..BW_RATES.len()).flat_map(|rate| {
+                (0..BW_BURSTS_MS.len())
+                    .flat_map(move |burst| [false, true].map(|ingress| (rate, burst, ingress)))
+            })
+        };
+        for at in all() {
+            push(Figure::BwTcpMbps(at), at);
+        }
+        for at in all() {
+            push(Figure::BwTcpRetransmits(at), at);
         }
         for ingress in [false, true] {
-            push(Figure::BwUdpMbps { ingress }, BW_UDP_RATE, ingress);
+            let at = (BW_UDP_RATE, BW_DEFAULT_BURST, ingress);
+            push(Figure::BwUdpMbps { ingress }, at);
         }
         for ingress in [false, true] {
-            push(Figure::BwCpuPerGbit { ingress }, BW_CPU_RATE, ingress);
+            let at = (BW_CPU_RATE, BW_DEFAULT_BURST, ingress);
+            push(Figure::BwCpuPerGbit { ingress }, at);
         }
         rows
     }
@@ -535,25 +552,28 @@ impl Report {
         ]
     }
 
-    /// Issue 6: one TCP stream through a Sluice limit receives the limit within
-    /// ±10%, at every limit and in both directions; the reference alongside.
+    /// Issues 6 and 16: one TCP stream through a Sluice limit receives the
+    /// limit within ±10%, at every limit, burst and direction; the reference
+    /// alongside.
     fn bandwidth_targets(&self) -> Vec<String> {
         let ratios = |setup: usize| -> (Vec<String>, usize, usize) {
             let (mut parts, mut ok, mut all) = (Vec::new(), 0, 0);
             for (rate, limit) in BW_RATES.iter().enumerate() {
-                for ingress in [false, true] {
-                    all += 1;
-                    let dir = if ingress { "ingress" } else { "egress" };
-                    let f = Figure::BwTcpMbps { rate, ingress };
-                    match self.value(f, setup) {
-                        Some(v) => {
-                            let r = v * 1e6 / *limit as f64;
-                            if (0.9..=1.1).contains(&r) {
-                                ok += 1;
+                for (burst, ms) in BW_BURSTS_MS.iter().enumerate() {
+                    for ingress in [false, true] {
+                        all += 1;
+                        let dir = if ingress { "in" } else { "eg" };
+                        let what = format!("{}/{ms}ms/{dir}", rate_text(*limit));
+                        match self.value(Figure::BwTcpMbps((rate, burst, ingress)), setup) {
+                            Some(v) => {
+                                let r = v * 1e6 / *limit as f64;
+                                if (0.9..=1.1).contains(&r) {
+                                    ok += 1;
+                                }
+                                parts.push(format!("{what} {r:.3}"));
                             }
-                            parts.push(format!("{} {dir} {r:.3}", rate_text(*limit)));
+                            None => parts.push(format!("{what} -")),
                         }
-                        None => parts.push(format!("{} {dir} -", rate_text(*limit))),
                     }
                 }
             }
@@ -564,7 +584,7 @@ impl Report {
         vec![
             format!(
                 "bandwidth: Sluice one TCP stream within ±10% of the limit (received/limit 0.9-1.1) at \
-                 every limit and direction: {}; {sl_ok} of {all} within, {}",
+                 every limit, burst and direction: {}; {sl_ok} of {all} within, {}",
                 sl.join(", "),
                 if sl_ok == all { "met" } else { "NOT met" }
             ),
@@ -720,12 +740,13 @@ fn bandwidth_method() -> String {
          protocol (a conflist run as a runtime runs it, runtimeConfig.bandwidth for plugins with \
          capabilities.bandwidth): the reference is bridge + host-local + the reference `bandwidth` \
          plugin (tbf qdiscs: on the host veth for ingress, on an ifb device fed from the host \
-         veth's ingress for egress, all in the node namespace), given ingressRate/egressRate and \
-         ingressBurst/egressBurst = rate x {BW_BURST_MS} ms, because it requires bursts and that \
-         is the burst Sluice uses by default; Sluice gets the same rates without bursts (its \
-         default, rate x {BW_BURST_MS} ms: a token-bucket policer in its tc programs, no qdisc); \
-         every figure {secs} s whatever --seconds says, reference then Sluice for each limit and \
-         direction; egress is pod -> external host, ingress external host -> pod; \
+         veth's ingress for egress, all in the node namespace); one pod per limit and burst \
+         ({bursts} ms of the rate: the 10 ms users of the reference configure, and 300 ms, \
+         Sluice's default), both plugins given the same ingressRate/egressRate and \
+         ingressBurst/egressBurst (Sluice: a token-bucket policer in its tc programs, no qdisc, \
+         whose depth is never below 300 ms of the rate, whatever the burst); every figure \
+         {secs} s whatever --seconds says, reference then Sluice for each limit, burst and \
+         direction; retransmissions are the sender's (iperf3's sum_sent.retransmits); egress is pod -> external host, ingress external host -> pod; \
          received rates are iperf3's (payload bytes the receiver got over the run, so the \
          first burst's worth counts, and headers do not: the limits count whole frames, \
          ~4.5% more than the payload of a full-size TCP segment); UDP: iperf3 -u -l {UDP_LEN} \
@@ -737,6 +758,7 @@ fn bandwidth_method() -> String {
          kept busy per Gbit/s; it includes both iperf3 ends and anything else running on the \
          machine meanwhile",
         secs = super::BW_SECS,
+        bursts = BW_BURSTS_MS.map(|b| b.to_string()).join(", "),
         udp = rate_text(BW_RATES[BW_UDP_RATE]),
         cpu = rate_text(BW_RATES[BW_CPU_RATE]),
     )

@@ -356,46 +356,47 @@ pub(super) fn hostport_sluice(
     hostport_node(tb, tag, n, list, HP_SIZES[i], false)
 }
 
-/// The limits of the bandwidth table, bits per second: one pod per limit on
-/// each bandwidth node, limited to it both ways.
+/// The limits of the bandwidth table, bits per second: one pod per limit and
+/// burst on each bandwidth node, limited to it both ways.
 pub(super) const BW_RATES: [u64; 3] = [10_000_000, 100_000_000, 1_000_000_000];
-/// Sluice's default burst for a rate without one (rate x 300 ms), given to the
-/// reference plugin explicitly (it requires bursts).
-pub(super) const BW_BURST_MS: u64 = 300;
+/// The bursts of the bandwidth table, in ms of the rate: the 10 ms users of
+/// the reference plugin configure (a tbf bucket), 100 ms, and 300 ms (Sluice's
+/// default, and the least depth it gives any bucket).
+pub(super) const BW_BURSTS_MS: [u64; 3] = [10, 100, 300];
+/// The burst (index into `BW_BURSTS_MS`) of the UDP and CPU figures.
+pub(super) const BW_DEFAULT_BURST: usize = 2;
+
+/// Index into `BwSetup::pods` of the pod limited to `BW_RATES[rate]` with
+/// `BW_BURSTS_MS[burst]`.
+pub(super) const fn bw_pod(rate: usize, burst: usize) -> usize {
+    rate * BW_BURSTS_MS.len() + burst
+}
 
 /// A node with an uplink to an external host (which routes the pod subnet to
-/// the node) and one pod per `BW_RATES` limit, each with that limit on ingress
-/// and egress.
+/// the node) and one pod per `BW_RATES` limit and `BW_BURSTS_MS` burst, each
+/// with that limit and burst on ingress and egress.
 pub(super) struct BwSetup {
     pub tag: String,
     pub node: usize,
     pub ext: usize,
     pub ext_ip: String,
-    /// (namespace, address) of the pod of each `BW_RATES` limit.
+    /// (namespace, address) of each pod, by [`bw_pod`].
     pub pods: Vec<(usize, String)>,
     pub list: Conflist,
     pub attached: Vec<super::conflist::Attachment>,
 }
 
-/// The `runtimeConfig` of a pod limited to `rate` both ways, with bursts (the
-/// reference) or without (Sluice's default).
-fn bandwidth_runtime(rate: u64, bursts: bool) -> Value {
-    let mut b = json!({"ingressRate": rate, "egressRate": rate});
-    if bursts {
-        let burst = rate * BW_BURST_MS / 1000;
-        b["ingressBurst"] = json!(burst);
-        b["egressBurst"] = json!(burst);
-    }
-    json!({ "bandwidth": b })
+/// The `runtimeConfig` of a pod limited to `rate` both ways with bursts of
+/// `burst_ms` of the rate (bits, as the CNI conventions count them).
+fn bandwidth_runtime(rate: u64, burst_ms: u64) -> Value {
+    let burst = rate * burst_ms / 1000;
+    json!({ "bandwidth": {
+        "ingressRate": rate, "egressRate": rate,
+        "ingressBurst": burst, "egressBurst": burst,
+    }})
 }
 
-fn bandwidth_node(
-    tb: &mut Testbed,
-    tag: &str,
-    n: u8,
-    list: Conflist,
-    bursts: bool,
-) -> Result<BwSetup> {
+fn bandwidth_node(tb: &mut Testbed, tag: &str, n: u8, list: Conflist) -> Result<BwSetup> {
     let node = tb.netns(&format!("{tag}-node"))?;
     let ext = tb.netns(&format!("{tag}-ext"))?;
     let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
@@ -420,20 +421,23 @@ fn bandwidth_node(
         list,
         attached: Vec::new(),
     };
-    for (i, rate) in BW_RATES.iter().enumerate() {
-        let pod = tb.netns(&format!("{tag}-p{i}"))?;
-        let (a, _) = s.list.add(
-            &tb.ns(node).path(),
-            &format!("{tag}-p{i}"),
-            &tb.ns(pod).path(),
-            bandwidth_runtime(*rate, bursts),
-        )?;
-        let ip = a.result["ips"][0]["address"]
-            .as_str()
-            .context("ADD result without an address")?;
-        s.pods
-            .push((pod, ip.split('/').next().unwrap_or(ip).to_string()));
-        s.attached.push(a);
+    for (r, rate) in BW_RATES.iter().enumerate() {
+        for (b, burst_ms) in BW_BURSTS_MS.iter().enumerate() {
+            let i = bw_pod(r, b);
+            let pod = tb.netns(&format!("{tag}-p{i}"))?;
+            let (a, _) = s.list.add(
+                &tb.ns(node).path(),
+                &format!("{tag}-p{i}"),
+                &tb.ns(pod).path(),
+                bandwidth_runtime(*rate, *burst_ms),
+            )?;
+            let ip = a.result["ips"][0]["address"]
+                .as_str()
+                .context("ADD result without an address")?;
+            s.pods
+                .push((pod, ip.split('/').next().unwrap_or(ip).to_string()));
+            s.attached.push(a);
+        }
     }
     Ok(s)
 }
@@ -460,11 +464,10 @@ pub(super) fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
             ),
         ],
     };
-    bandwidth_node(tb, tag, n, list, true)
+    bandwidth_node(tb, tag, n, list)
 }
 
-/// Sluice with `capabilities: {bandwidth: true}`, rates without bursts (its
-/// default burst, rate x 300 ms).
+/// Sluice with `capabilities: {bandwidth: true}`, the same rates and bursts.
 pub(super) fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSetup> {
     let (tag, n) = ("sbw", 92);
     let list = Conflist {
@@ -486,7 +489,7 @@ pub(super) fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSe
             }),
         )],
     };
-    bandwidth_node(tb, tag, n, list, false)
+    bandwidth_node(tb, tag, n, list)
 }
 
 /// DEL of every pod of a bandwidth node (the reference plugin removes its ifb
