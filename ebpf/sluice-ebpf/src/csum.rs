@@ -30,43 +30,53 @@ pub(crate) fn words(a: [u8; 4]) -> [u16; 2] {
     ]
 }
 
-/// XDP: the destination of an IPv4 packet becomes `addr`, the port at `port`
-/// (destination port, or ICMP echo identifier) becomes `new_port`, with the IP
-/// header checksum and the L4 checksum at `csum` updated (`None`: SCTP, whose
-/// CRC32c covers no address). ICMP's checksum has no pseudo header; a UDP
+/// XDP: the L4 checksum at `csum` after the destination address `old_addr`
+/// became `new_addr` and the port (destination port, or ICMP echo identifier)
+/// `old_port` became `new_port`. ICMP's checksum has no pseudo header; a UDP
 /// checksum 0 means none and stays 0, one that becomes 0 is sent as 0xffff.
 ///
+/// Callers get `csum` from `ptr_at` on the path that uses it (SCTP has none):
+/// a pointer chosen or spilled on a merged path is a scalar to 5.10's verifier.
+///
 /// # Safety
-/// `ip`, `port` and `csum` point into the frame and were bounds checked.
+/// `csum` points into the frame and was bounds checked.
 #[inline(always)]
-pub(crate) unsafe fn set_dst(
-    ip: *mut Ipv4Hdr,
+pub(crate) unsafe fn l4_replace(
+    csum: *mut u16,
     proto: u8,
-    port: *mut u16,
-    csum: Option<*mut u16>,
-    addr: [u8; 4],
-    new_port: u16,
+    (old_addr, new_addr): ([u8; 4], [u8; 4]),
+    (old_port, new_port): (u16, u16),
 ) {
+    let (od, nd) = (words(old_addr), words(new_addr));
+    // SAFETY: the caller's contract.
+    unsafe {
+        let cur = *csum;
+        if proto == PROTO_UDP && cur == 0 {
+            return;
+        }
+        let nc = if proto == PROTO_ICMP {
+            csum_update(cur, [old_port, 0, 0], [new_port, 0, 0])
+        } else {
+            csum_update(cur, [od[0], od[1], old_port], [nd[0], nd[1], new_port])
+        };
+        *csum = if proto == PROTO_UDP && nc == 0 {
+            0xffff
+        } else {
+            nc
+        };
+    }
+}
+
+/// XDP: the destination address of the IPv4 header at `ip` becomes `addr`,
+/// with the header checksum updated.
+///
+/// # Safety
+/// `ip` points into the frame and was bounds checked.
+#[inline(always)]
+pub(crate) unsafe fn set_dst_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
     // SAFETY: the caller's contract.
     unsafe {
         let (od, nd) = (words((*ip).dst_addr), words(addr));
-        let old_port = *port;
-        if let Some(c) = csum {
-            let cur = *c;
-            if !(proto == PROTO_UDP && cur == 0) {
-                let nc = if proto == PROTO_ICMP {
-                    csum_update(cur, [old_port, 0, 0], [new_port, 0, 0])
-                } else {
-                    csum_update(cur, [od[0], od[1], old_port], [nd[0], nd[1], new_port])
-                };
-                *c = if proto == PROTO_UDP && nc == 0 {
-                    0xffff
-                } else {
-                    nc
-                };
-            }
-        }
-        *port = new_port;
         (*ip).check = csum_update(
             u16::from_ne_bytes((*ip).check),
             [od[0], od[1], 0],

@@ -209,16 +209,15 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     let [sport, dport] = unsafe { *ports };
     let t = lookup(dst, dport, proto)?;
     remember_reply(&t, proto, src, dst, sport, dport);
-    let csum: Option<*mut u16> = if proto == PROTO_SCTP {
-        None
-    } else {
-        Some(ptr_at(ctx, csum_off)?)
-    };
-    // SAFETY: bounds checked by ptr_at / l3::parse; the destination port is the
-    // second of the two words checked.
+    if proto != PROTO_SCTP {
+        let c: *mut u16 = ptr_at(ctx, csum_off)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { csum::l4_replace(c, proto, (dst, t.pod_ip), (dport, t.pod_port)) };
+    }
+    // SAFETY: bounds checked by ptr_at / l3::parse.
     unsafe {
-        let port = ports.cast::<u16>().add(1);
-        csum::set_dst(ip, proto, port, csum, t.pod_ip, t.pod_port);
+        (*ports)[1] = t.pod_port;
+        csum::set_dst_addr(ip, t.pod_ip);
     }
     count(reason::HOSTPORT_DNAT);
     Some(t.pod_ip)

@@ -99,11 +99,12 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
         };
         touch(e, proto, flags, true);
     }
-    // SAFETY: every pointer was bounds checked by ptr_at / l3::parse; the port
-    // is word `port_idx` (1 or 2) of the four just checked.
+    // SAFETY: every pointer was bounds checked by ptr_at / l3::parse.
     unsafe {
-        let port = hdr.cast::<u16>().add(port_idx);
-        csum::set_dst(ip, proto, port, Some(csum_ptr), rev.pod_ip, rev.pod_port);
+        let old_port = (*hdr)[port_idx];
+        csum::l4_replace(csum_ptr, proto, (dst, rev.pod_ip), (old_port, rev.pod_port));
+        (*hdr)[port_idx] = rev.pod_port;
+        csum::set_dst_addr(ip, rev.pod_ip);
     }
     Some(rev.pod_ip)
 }
