@@ -216,8 +216,7 @@ fn unmapped(answer: &str) -> String {
 fn wait_listening(netns: &Path, port: u16) {
     let deadline = Instant::now() + LISTEN_WAIT;
     loop {
-        let out = exec::tool(Some(netns), "ss", &["-Hltn", &format!("sport = :{port}")]).unwrap();
-        if !out.trim().is_empty() {
+        if look::listening(netns, port).unwrap() {
             return;
         }
         assert!(

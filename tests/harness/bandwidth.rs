@@ -335,12 +335,7 @@ impl Iperf3Server {
         let mut s = Self { child };
         let deadline = Instant::now() + LISTEN_WAIT;
         loop {
-            let out = exec::tool(
-                Some(netns),
-                "ss",
-                &["-Hltn", &format!("sport = :{IPERF_PORT}")],
-            )?;
-            if !out.trim().is_empty() {
+            if crate::look::listening(netns, IPERF_PORT)? {
                 return Ok(s);
             }
             if let Ok(Some(st)) = s.child.try_wait() {

@@ -116,14 +116,7 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
 /// back (to `dst`:`dport`, what the client sent to).
 #[inline(always)]
 fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) {
-    let key = NatKey {
-        src_ip: t.pod_ip,
-        dst_ip: src,
-        src_port: t.pod_port,
-        dst_port: sport,
-        proto,
-        _pad: [0; 3],
-    };
+    let key = NatKey::new(t.pod_ip, src, t.pod_port, sport, proto);
     let f = HpFlow {
         src_ip: dst,
         dst_ip: src,
@@ -136,14 +129,7 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
     if unsafe { HP_CT.get(key) } != Some(&f) {
         let _ = HP_CT.insert(key, f, 0);
         // client -> node:hostPort, translated to pod:containerPort.
-        let outside = NatKey {
-            src_ip: src,
-            dst_ip: dst,
-            src_port: sport,
-            dst_port: dport,
-            proto,
-            _pad: [0; 3],
-        };
+        let outside = NatKey::new(src, dst, sport, dport, proto);
         events::flow(
             event_kind::HOSTPORT_NEW,
             &outside,
@@ -242,14 +228,7 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     let Some((ip, l4)) = parse(ctx) else {
         return Translated::No;
     };
-    let key = NatKey {
-        src_ip: ip.src_addr,
-        dst_ip: ip.dst_addr,
-        src_port: l4.sport,
-        dst_port: l4.dport,
-        proto: ip.proto,
-        _pad: [0; 3],
-    };
+    let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
     // SAFETY: map values are only read.
     if let Some(f) = unsafe { HP_CT.get(key) }.copied() {
         if apply(ctx, &ip, &l4, &f).is_err() {
@@ -297,14 +276,7 @@ fn hairpin(k: &NatKey, t: &PortTarget) -> Option<HpFlow> {
                 .wrapping_add(i.wrapping_mul(0x85eb_ca6b));
             ((1024 + h % 64_512) as u16).to_be()
         };
-        let rk = NatKey {
-            src_ip: t.pod_ip,
-            dst_ip: k.dst_ip,
-            src_port: t.pod_port,
-            dst_port: port,
-            proto: k.proto,
-            _pad: [0; 3],
-        };
+        let rk = NatKey::new(t.pod_ip, k.dst_ip, t.pod_port, port, k.proto);
         let back = HpFlow {
             src_ip: k.dst_ip,
             dst_ip: k.src_ip,

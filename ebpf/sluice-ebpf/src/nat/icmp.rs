@@ -29,14 +29,7 @@ pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
     let Ok(l4) = l4(ctx, PROTO_ICMP, l4_off, ICMP_ECHO) else {
         return;
     };
-    let key = NatKey {
-        src_ip: ip.src_addr,
-        dst_ip: ip.dst_addr,
-        src_port: l4.sport,
-        dst_port: 0,
-        proto: PROTO_ICMP,
-        _pad: [0; 3],
-    };
+    let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, 0, PROTO_ICMP);
     if NAT_FWD.get_ptr(key).is_none() && reserve(&key, cfg).is_err() {
         let _ = allocate(&key, cfg, 0, nat_state::ICMP);
     }
@@ -81,28 +74,14 @@ pub(super) fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Op
             let dport: u16 = ctx.load(inner_l4 + 2).ok()?;
             (
                 inner_l4,
-                NatKey {
-                    src_ip: inner.dst_addr,
-                    dst_ip: inner.src_addr,
-                    src_port: dport,
-                    dst_port: sport,
-                    proto: inner.proto,
-                    _pad: [0; 3],
-                },
+                NatKey::new(inner.dst_addr, inner.src_addr, dport, sport, inner.proto),
             )
         }
         PROTO_ICMP => {
             let id: u16 = ctx.load(inner_l4 + 4).ok()?;
             (
                 inner_l4 + 4,
-                NatKey {
-                    src_ip: inner.dst_addr,
-                    dst_ip: inner.src_addr,
-                    src_port: 0,
-                    dst_port: id,
-                    proto: PROTO_ICMP,
-                    _pad: [0; 3],
-                },
+                NatKey::new(inner.dst_addr, inner.src_addr, 0, id, PROTO_ICMP),
             )
         }
         _ => return None,

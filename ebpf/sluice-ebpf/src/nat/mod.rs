@@ -134,14 +134,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
     } else {
         0
     };
-    let key = NatKey {
-        src_ip: ip.src_addr,
-        dst_ip: ip.dst_addr,
-        src_port: l4.sport,
-        dst_port: l4.dport,
-        proto: ip.proto,
-        _pad: [0; 3],
-    };
+    let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
     let live = match NAT_FWD.get_ptr(key) {
         Some(e) => !expired_now(cfg, &key, e),
         None => false,
@@ -235,14 +228,7 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
     };
     // SAFETY: bounds checked by ptr_at.
     let [sport, dport] = unsafe { *ports };
-    let key = NatKey {
-        src_ip: dst,
-        dst_ip: src,
-        src_port: dport,
-        dst_port: sport,
-        proto,
-        _pad: [0; 3],
-    };
+    let key = NatKey::new(dst, src, dport, sport, proto);
     if NAT_FWD.get_ptr(key).is_some() {
         return;
     }
@@ -264,14 +250,7 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
     if NAT_FWD.insert(key, e, u64::from(BPF_NOEXIST)).is_ok() {
         count(reason::MASQ_INBOUND_FLOW);
         // Described as the outside sees it: client -> pod.
-        let outside = NatKey {
-            src_ip: src,
-            dst_ip: dst,
-            src_port: sport,
-            dst_port: dport,
-            proto,
-            _pad: [0; 3],
-        };
+        let outside = NatKey::new(src, dst, sport, dport, proto);
         events::flow(event_kind::NAT_INBOUND, &outside, [0; 4], 0, pod_ifindex);
     }
 }
@@ -305,23 +284,9 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     let l4 = l4(ctx, ip.proto, l4_off, ICMP_ECHO_REPLY).ok()?;
     // Replies carry the NAT port as destination (ICMP: the identifier).
     let rk = if ip.proto == PROTO_ICMP {
-        NatKey {
-            src_ip: ip.src_addr,
-            dst_ip: ip.dst_addr,
-            src_port: 0,
-            dst_port: l4.sport,
-            proto: ip.proto,
-            _pad: [0; 3],
-        }
+        NatKey::new(ip.src_addr, ip.dst_addr, 0, l4.sport, ip.proto)
     } else {
-        NatKey {
-            src_ip: ip.src_addr,
-            dst_ip: ip.dst_addr,
-            src_port: l4.sport,
-            dst_port: l4.dport,
-            proto: ip.proto,
-            _pad: [0; 3],
-        }
+        NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto)
     };
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
@@ -329,14 +294,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
         // Past its timeout: the kernel answers as it would after a sweep.
         return None;
     }
-    let fk = NatKey {
-        src_ip: rev.pod_ip,
-        dst_ip: ip.src_addr,
-        src_port: rev.pod_port,
-        dst_port: rk.src_port,
-        proto: ip.proto,
-        _pad: [0; 3],
-    };
+    let fk = NatKey::new(rev.pod_ip, ip.src_addr, rev.pod_port, rk.src_port, ip.proto);
     if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
         let flags: u8 = if ip.proto == PROTO_TCP {
             ctx.load(l4_off + 13).unwrap_or(0)

@@ -63,14 +63,7 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
         }
         _ => return None,
     };
-    let rk = NatKey {
-        src_ip: src,
-        dst_ip: dst,
-        src_port: sport,
-        dst_port: dport,
-        proto,
-        _pad: [0; 3],
-    };
+    let rk = NatKey::new(src, dst, sport, dport, proto);
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
     if stale_reverse(cfg, &rk) {
@@ -81,14 +74,7 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     if rev.pod_ip == dst {
         return None;
     }
-    let fk = NatKey {
-        src_ip: rev.pod_ip,
-        dst_ip: src,
-        src_port: rev.pod_port,
-        dst_port: sport,
-        proto,
-        _pad: [0; 3],
-    };
+    let fk = NatKey::new(rev.pod_ip, src, rev.pod_port, sport, proto);
     if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
         // The flags are byte 13 of the TCP header.
         let flags = if proto == PROTO_TCP {
