@@ -515,25 +515,8 @@ pub(super) fn learn_netns_cookie(root: &PinRoot) -> Result<u64, Error> {
 
 /// `SO_COOKIE` of a socket.
 fn socket_cookie(s: &std::net::UdpSocket) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
     const SO_COOKIE: libc::c_int = 57;
-    let mut cookie: u64 = 0;
-    let mut len: libc::socklen_t = 8; // size_of::<u64>()
-                                      // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(cookie)
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    sluice_common::user::sockopt_u64(s, SO_COOKIE)
 }
 
 /// This process's cgroup v2 directory (`0::<path>` of /proc/self/cgroup under

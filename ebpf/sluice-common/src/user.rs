@@ -34,22 +34,28 @@ pub fn netns_cookie() -> std::io::Result<u64> {
     }
     let s = std::net::UdpSocket::bind("0.0.0.0:0")
         .or_else(|_| std::net::UdpSocket::bind("127.0.0.1:0"))?;
-    let mut cookie: u64 = 0;
-    let mut len: libc::socklen_t = 8; // size_of::<u64>()
-                                      // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
+    sockopt_u64(&s, SO_NETNS_COOKIE)
+}
+
+/// A 64-bit `SOL_SOCKET` option of a socket (`SO_COOKIE`, `SO_NETNS_COOKIE`).
+pub fn sockopt_u64(s: &impl std::os::fd::AsRawFd, opt: libc::c_int) -> std::io::Result<u64> {
+    let mut value: u64 = 0;
+    // size_of::<u64>()
+    let mut len: libc::socklen_t = 8;
+    // SAFETY: a valid socket fd, an 8-byte out buffer and its length.
     let rc = unsafe {
         libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&s),
+            s.as_raw_fd(),
             libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
+            opt,
+            (&raw mut value).cast(),
             &raw mut len,
         )
     };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(cookie)
+    Ok(value)
 }
 
 /// `CLOCK_MONOTONIC` in ns: the programs' clock (`bpf_ktime_get_ns`), with
