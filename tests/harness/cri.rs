@@ -17,7 +17,7 @@
 use std::{
     fs,
     net::IpAddr,
-    os::unix::{fs::symlink, process::CommandExt},
+    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -165,15 +165,7 @@ impl Containerd {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
-        // SAFETY: prctl is async-signal-safe; nothing else runs before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        exec::die_with_parent(&mut cmd);
         let process = cmd
             .spawn()
             .map_err(|e| err!("cannot start containerd (package containerd): {e}"))?;

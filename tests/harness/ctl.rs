@@ -9,7 +9,7 @@
 use std::{
     io::{BufRead, BufReader, Read},
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    os::{fd::AsRawFd, unix::process::CommandExt},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -301,16 +301,7 @@ impl CtlChild {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: prctl is async-signal-safe; nothing else runs in the child
-        // before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        exec::die_with_parent(&mut cmd);
         let mut child = cmd
             .spawn()
             .map_err(|e| err!("cannot start `{what}`: {e}"))?;

@@ -7,10 +7,11 @@ use std::{
 };
 
 use serde_json::Value;
+use sluice_testbed::Uplink;
 
 use crate::{
     err,
-    host::{self, Host},
+    host::Host,
     look,
     schema::{check_add_result, Added},
     with_prev_result, Node, Pod, Result,
@@ -56,7 +57,7 @@ pub fn ipv6(a: &Added) -> IpAddr {
 }
 
 /// The node's uplink in [`external_host`]'s topology.
-pub const UPLINK: &str = "up0";
+pub const UPLINK: &str = sluice_testbed::world::NODE_IF;
 /// The external host's end of the wire.
 pub const EXT_IF: &str = "ext0";
 /// The node's address on the wire.
@@ -64,22 +65,19 @@ pub const NODE_IP: &str = "192.168.50.1";
 /// The external host's address.
 pub const EXT_IP: &str = "192.168.50.2";
 
+/// The uplink of the tests' nodes: the node's `up0` at [`NODE_IP`]/24 to
+/// [`EXT_IF`] at [`EXT_IP`]/24 (`ext_if` names the other end).
+pub fn uplink(ext_if: &str) -> Uplink {
+    Uplink::subnet(50, ext_if)
+}
+
 /// An external host wired to `node`: the node's `up0` (192.168.50.1/24, default
 /// route via the host) to the host's `ext0` (192.168.50.2/24, a route to
 /// `pod_cidr` via the node). Made before the first ADD, so that the plugin finds
 /// the uplink.
 pub fn external_host(node: &Node, pod_cidr: &str) -> Result<Host> {
     let ext = Host::new()?;
-    host::wire(
-        node.name(),
-        UPLINK,
-        &format!("{NODE_IP}/24"),
-        ext.name(),
-        EXT_IF,
-        &format!("{EXT_IP}/24"),
-    )?;
-    host::ip(node.name(), &["route", "add", "default", "via", EXT_IP])?;
-    ext.ip(&["route", "add", pod_cidr, "via", NODE_IP])?;
+    uplink(EXT_IF).connect(node.name(), ext.name(), Some(pod_cidr))?;
     Ok(ext)
 }
 

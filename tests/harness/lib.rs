@@ -24,7 +24,6 @@ pub mod cni;
 pub mod counters;
 pub mod cri;
 pub mod ctl;
-pub mod exec;
 pub mod fixtures;
 pub mod host;
 pub mod hostport;
@@ -39,7 +38,7 @@ pub mod schema;
 pub mod stream;
 pub mod traffic;
 
-use std::{fmt, path::PathBuf};
+use std::path::PathBuf;
 
 pub use cni::{with_prev_result, CniError, CniOutput};
 pub use counters::Counters;
@@ -49,43 +48,9 @@ pub use node::{Node, Pod, NETWORK};
 /// Every CNI version Sluice supports, oldest first.
 pub const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// A harness failure: what was being done and why it failed.
-#[derive(Debug)]
-pub struct Error(pub String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Self {
-        Self(format!("I/O error: {e}"))
-    }
-}
-
-impl From<nix::Error> for Error {
-    fn from(e: nix::Error) -> Self {
-        Self(format!("system call failed: {e}"))
-    }
-}
-
-impl From<serde_json::Error> for Error {
-    fn from(e: serde_json::Error) -> Self {
-        Self(format!("JSON: {e}"))
-    }
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Builds an [`Error`] from a format string.
-#[macro_export]
-macro_rules! err {
-    ($($t:tt)*) => { $crate::Error(format!($($t)*)) };
-}
+// One error type with the testbed the harness is built on: its `Result`, its
+// `err!`, its program runner.
+pub use sluice_testbed::{err, exec, Error, Result};
 
 /// An absolute path from a required environment variable.
 fn binary_from_env(var: &str, what: &str) -> Result<PathBuf> {
@@ -125,20 +90,10 @@ pub fn sluice_next_bin() -> Result<PathBuf> {
 
 /// Directory of the reference CNI plugins (`SLUICE_CNI_PATH`, default `/usr/lib/cni`).
 pub fn cni_path() -> PathBuf {
-    std::env::var_os("SLUICE_CNI_PATH")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from("/usr/lib/cni"), PathBuf::from)
+    sluice_testbed::cni::reference_dir()
 }
 
 /// A reference plugin from [`cni_path`].
 pub fn reference_plugin(name: &str) -> Result<PathBuf> {
-    let p = cni_path().join(name);
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(err!(
-            "reference plugin {} not found; install containernetworking-plugins or set SLUICE_CNI_PATH",
-            p.display()
-        ))
-    }
+    sluice_testbed::cni::reference_plugin(name)
 }

@@ -6,11 +6,7 @@ use serde_json::Value;
 
 use crate::{err, exec, Result};
 
-/// Whether a TCP socket listens on `port` in the namespace at `netns` (`ss`).
-pub fn listening(netns: &Path, port: u16) -> Result<bool> {
-    let out = exec::tool(Some(netns), "ss", &["-Hltn", &format!("sport = :{port}")])?;
-    Ok(!out.trim().is_empty())
-}
+pub use sluice_testbed::netns::listening;
 
 /// Runs `ip -n <netns> -j args...` and parses its JSON.
 pub fn ip_json(netns: &str, args: &[&str]) -> Result<Vec<Value>> {

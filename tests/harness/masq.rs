@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::{
     err, exec,
-    fixtures::{EXT_IF, EXT_IP, NODE_IP, UPLINK},
+    fixtures::{uplink, EXT_IF},
     host::{self, Host},
     raw::checksum,
     traffic::{enter_netns, IO_TIMEOUT},
@@ -49,15 +49,7 @@ const CONN_IDLE: Duration = Duration::from_mins(1);
 /// masquerade brings them.
 pub fn masq_external_host(node: &Node) -> Result<Host> {
     let ext = Host::new()?;
-    host::wire(
-        node.name(),
-        UPLINK,
-        &format!("{NODE_IP}/24"),
-        ext.name(),
-        EXT_IF,
-        &format!("{EXT_IP}/24"),
-    )?;
-    host::ip(node.name(), &["route", "add", "default", "via", EXT_IP])?;
+    uplink(EXT_IF).connect(node.name(), ext.name(), None)?;
     Ok(ext)
 }
 
@@ -76,14 +68,7 @@ pub struct Routed {
 pub fn routed_external_host(node: &Node, far_mtu: u32) -> Result<Routed> {
     let router = Host::new()?;
     let far = Host::new()?;
-    host::wire(
-        node.name(),
-        UPLINK,
-        &format!("{NODE_IP}/24"),
-        router.name(),
-        "r0",
-        &format!("{ROUTER_IP}/24"),
-    )?;
+    uplink("r0").connect(node.name(), router.name(), None)?;
     host::wire(
         router.name(),
         ROUTER_FAR_IF,
@@ -96,7 +81,6 @@ pub fn routed_external_host(node: &Node, far_mtu: u32) -> Result<Routed> {
     router.ip(&["link", "set", ROUTER_FAR_IF, "mtu", &mtu])?;
     far.ip(&["link", "set", EXT_IF, "mtu", &mtu])?;
     sysctl(&router.netns_path(), "net.ipv4.ip_forward", "1")?;
-    host::ip(node.name(), &["route", "add", "default", "via", ROUTER_IP])?;
     far.ip(&[
         "route",
         "add",

@@ -14,6 +14,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
+use sluice_testbed::cni::Invocation;
 use tempfile::TempDir;
 
 use crate::{
@@ -56,9 +57,7 @@ pub struct Node {
     pods: Mutex<BTreeSet<String>>,
 }
 
-pub(crate) fn netns_path(name: &str) -> PathBuf {
-    Path::new("/run/netns").join(name)
-}
+pub(crate) use sluice_testbed::netns_path;
 
 /// A name no other namespace of this machine has: `slt<pid><tag><n>`.
 pub(crate) fn unique_name(tag: char) -> String {
@@ -66,16 +65,7 @@ pub(crate) fn unique_name(tag: char) -> String {
     format!("slt{}{tag}{n}", std::process::id())
 }
 
-pub(crate) fn add_netns(name: &str) -> Result<()> {
-    // A namespace of this name can only be left over by a dead process whose pid
-    // this one reuses.
-    if netns_path(name).exists() {
-        let _ = exec::tool(None, "ip", &["netns", "del", name]);
-    }
-    exec::tool(None, "ip", &["netns", "add", name])?;
-    exec::tool(None, "ip", &["-n", name, "link", "set", "lo", "up"])?;
-    Ok(())
-}
+pub(crate) use sluice_testbed::netns::add as add_netns;
 
 /// The `CNI_*` environment of one invocation; see [`Node::cni`].
 fn cni_env(
@@ -85,17 +75,13 @@ fn cni_env(
     netns: Option<&Pod>,
     extra_env: &[(&str, &str)],
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = vec![("CNI_COMMAND".into(), cmd.into())];
-    if !container_id.is_empty() {
-        env.push(("CNI_CONTAINERID".into(), container_id.into()));
+    let mut env = Invocation {
+        command: cmd,
+        container_id,
+        ifname,
+        netns: netns.map(|p| p.path.as_path()),
     }
-    if !ifname.is_empty() {
-        env.push(("CNI_IFNAME".into(), ifname.into()));
-    }
-    if let Some(p) = netns {
-        env.push(("CNI_NETNS".into(), p.netns()));
-    }
-    env.push(("CNI_PATH".into(), crate::cni_path().display().to_string()));
+    .env();
     for (k, v) in extra_env {
         env.retain(|(key, _)| key != k);
         env.push(((*k).into(), (*v).into()));
@@ -186,7 +172,7 @@ impl Node {
         if let Ok(mut pods) = self.pods.lock() {
             pods.remove(&pod.name);
         }
-        exec::tool(None, "ip", &["netns", "del", &pod.name]).map(drop)
+        sluice_testbed::netns::delete(&pod.name)
     }
 
     /// A config for `sluice` with the built-in IPAM on `subnet`, this node's pin
@@ -473,16 +459,12 @@ impl Drop for Node {
             Err(p) => p.into_inner().iter().cloned().collect(),
         };
         for p in pods {
-            if netns_path(&p).exists() {
-                if let Err(e) = exec::tool(None, "ip", &["netns", "del", &p]) {
-                    eprintln!("cleanup: deleting pod netns {p}: {e}");
-                }
+            if let Err(e) = sluice_testbed::netns::delete(&p) {
+                eprintln!("cleanup: deleting pod netns {p}: {e}");
             }
         }
-        if self.netns_path().exists() {
-            if let Err(e) = exec::tool(None, "ip", &["netns", "del", &self.name]) {
-                eprintln!("cleanup: deleting node netns {}: {e}", self.name);
-            }
+        if let Err(e) = sluice_testbed::netns::delete(&self.name) {
+            eprintln!("cleanup: deleting node netns {}: {e}", self.name);
         }
         // bpffs directories and pins go like files; the kernel drops a tcx link
         // once its pin is its last reference.

@@ -8,12 +8,13 @@ use std::{process::Command, time::Duration};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
+use sluice_testbed::{exec::Background, netns::wait_listening};
 
 use crate::{
     build::{self, Binaries},
     cli::SetupArgs,
     cmd, ebpf, setup,
-    testbed::{wait_listening, Background, Cni, Testbed},
+    testbed::Testbed,
     ws::Workspace,
 };
 
@@ -37,22 +38,9 @@ fn step(s: &str) {
 
 fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     step("testbed: node (uplink up0) <-> external host; two pod namespaces");
-    let node = tb.netns("node")?;
-    let ext = tb.netns("ext")?;
+    let (node, ext, up) = tb.node_with_uplink("demo", 77, Some(POD_CIDR))?;
     let web = tb.netns("web")?;
     let db = tb.netns("db")?;
-    tb.wire(
-        node,
-        "up0",
-        "192.168.77.1/24",
-        ext,
-        "eth0",
-        "192.168.77.2/24",
-    )?;
-    tb.ns(node)
-        .ip(&["route", "add", "default", "via", "192.168.77.2"])?;
-    tb.ns(ext)
-        .ip(&["route", "add", POD_CIDR, "via", "192.168.77.1"])?;
 
     let pin_root = tb.pin_root("demo");
     // The hostPort socket hooks go on a cgroup of this demo, not the node's root.
@@ -74,10 +62,8 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         },
     });
     println!("network config:\n{}", serde_json::to_string_pretty(&conf)?);
-    let cni = Cni {
-        node: tb.ns(node),
-        plugin: &bins.sluice,
-        cni_path: "/usr/lib/cni",
+    let cni = |command: &str, conf: &Value, id: &str, pod: Option<usize>| {
+        tb.cni(node, &bins.sluice, command, conf, id, pod)
     };
 
     step("ADD: the runtime executes sluice for each pod");
@@ -95,7 +81,7 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     };
     for (pod, id) in [(web, "web"), (db, "db")] {
         let started = std::time::Instant::now();
-        let r = cni.run("ADD", &pod_conf(id), id, "eth0", Some(tb.ns(pod)))?;
+        let r = cni("ADD", &pod_conf(id), id, Some(pod))?;
         println!(
             "{id}: {} in {:.1} ms",
             r["ips"][0]["address"].as_str().unwrap_or("?"),
@@ -135,12 +121,13 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         "traffic: web ({web_ip}) -> db ({db_ip}), TCP for 2 s (iperf3)"
     ));
     iperf(tb, web, db, &db_ip)?;
-    step("traffic: web -> external host 192.168.77.2, TCP for 2 s, masqueraded (ipMasq: it leaves with the node's address 192.168.77.1 and a NAT port; no iptables, no conntrack)");
-    iperf(tb, web, ext, "192.168.77.2")?;
+    let (node_ip, ext_ip) = (up.node_ip.as_str(), up.ext_ip.as_str());
+    step(&format!("traffic: web -> external host {ext_ip}, TCP for 2 s, masqueraded (ipMasq: it leaves with the node's address {node_ip} and a NAT port; no iptables, no conntrack)"));
+    iperf(tb, web, ext, ext_ip)?;
     step("traffic: external host -> db, TCP for 2 s (the external host routes the pod range to the node: an inbound flow, answered from db's own address)");
     iperf(tb, ext, db, &db_ip)?;
-    step("traffic: external host -> node 192.168.77.1:8080, db's hostPort (DNAT to db:5201 in eBPF, no iptables), TCP for 2 s");
-    iperf_port(tb, ext, db, "192.168.77.1", 8080)?;
+    step(&format!("traffic: external host -> node {node_ip}:8080, db's hostPort (DNAT to db:5201 in eBPF, no iptables), TCP for 2 s"));
+    iperf_port(tb, ext, db, node_ip, 8080)?;
     ctl(&["ports", "list"])?;
     step("the NAT flows: web's two connections (iperf3 control and data) as masqueraded flows, db's as inbound");
     ctl(&["nat", "list"])?;
@@ -158,7 +145,7 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         .context("starting sluicectl monitor")?;
     // Its first lease reaches the programs within a few ms; a second is plenty.
     std::thread::sleep(Duration::from_secs(1));
-    iperf(tb, web, ext, "192.168.77.2")?;
+    iperf(tb, web, ext, ext_ip)?;
     let out = monitor
         .wait_with_output()
         .context("waiting for sluicectl monitor")?;
@@ -176,12 +163,12 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     for ((pod, id), r) in [(web, "web"), (db, "db")].into_iter().zip(&results) {
         let mut with_prev = pod_conf(id);
         with_prev["prevResult"] = r.clone();
-        cni.run("CHECK", &with_prev, id, "eth0", Some(tb.ns(pod)))?;
+        cni("CHECK", &with_prev, id, Some(pod))?;
         println!("CHECK {id}: ok");
     }
     for (pod, id) in [(web, "web"), (db, "db")] {
-        cni.run("DEL", &pod_conf(id), id, "eth0", Some(tb.ns(pod)))?;
-        cni.run("DEL", &pod_conf(id), id, "eth0", None)?;
+        cni("DEL", &pod_conf(id), id, Some(pod))?;
+        cni("DEL", &pod_conf(id), id, None)?;
         println!("DEL {id}: ok");
     }
     ctl(&["endpoints"])?;
@@ -199,7 +186,7 @@ fn iperf_port(tb: &Testbed, client: usize, server: usize, addr: &str, port: u16)
     let mut s = tb.ns(server).command("iperf3");
     s.args(["-s", "-1", "-p", "5201"]);
     let _server = Background::spawn(s)?;
-    wait_listening(tb.ns(server), 5201, Duration::from_secs(5))?;
+    wait_listening(&tb.ns(server).path(), 5201, Duration::from_secs(5))?;
     let out = cmd::stdout(tb.ns(client).command("timeout").args([
         "20",
         "iperf3",

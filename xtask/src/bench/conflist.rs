@@ -8,12 +8,12 @@
 //! sysctls) is the node namespace's, and the timed path has no nsenter in it.
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::Instant,
 };
 
 use anyhow::{Context, Result};
 use serde_json::{Map, Value};
+use sluice_testbed::cni::Invocation;
 
 pub(super) struct Conflist {
     pub name: String,
@@ -115,16 +115,12 @@ fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> Result<T> + Send) -> Result<
 
 /// One plugin run, from the calling thread (already in the node namespace).
 fn exec(plugin: &Path, command: &str, conf: &Value, cid: &str, netns: &Path) -> Result<Value> {
-    crate::testbed::run_plugin(
-        &mut Command::new(plugin),
-        &crate::testbed::PluginRun {
-            plugin,
-            command,
-            conf,
-            container_id: cid,
-            ifname: "eth0",
-            cni_path: "/usr/lib/cni",
-            netns: Some(netns),
-        },
-    )
+    let run = Invocation {
+        command,
+        container_id: cid,
+        ifname: "eth0",
+        netns: Some(netns),
+    };
+    run.run(None, plugin, conf)
+        .with_context(|| format!("{} {command} {cid}", plugin.display()))
 }

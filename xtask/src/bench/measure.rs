@@ -2,19 +2,17 @@
 //! namespaces, both ends pinned to one CPU, or CNI ADD/DEL timed the way a runtime
 //! runs a plugin (spawned from a process already in the node's namespace).
 use std::{
-    io::Write,
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::{
-    cmd,
-    testbed::{wait_listening, Background, Netns},
-};
+use sluice_testbed::{cni::Invocation, exec::Background, netns::wait_listening};
+
+use crate::{cmd, testbed::Netns};
 
 /// Both ends of every traffic figure run on this CPU: on a 2-vCPU VM a round trip
 /// across CPUs pays ~50 us of wakeup (IPI) noise (docs/development.md, "Benchmarks").
@@ -91,7 +89,7 @@ fn iperf_cpu(
     let mut s = pinned(server, "iperf3");
     s.args(["-s", "-1", "-p", &listen_port.to_string()]);
     let _server = Background::spawn(s)?;
-    wait_listening(server, listen_port, Duration::from_secs(5))?;
+    wait_listening(&server.path(), listen_port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
     c.args(["60", "iperf3", "-c", addr, "-p", &port.to_string(), "-J"])
         .args(args);
@@ -246,7 +244,7 @@ fn sockperf_pp(
     ])
     .args(server_args);
     let _server = Background::spawn(s)?;
-    wait_listening(server, listen_port, Duration::from_secs(5))?;
+    wait_listening(&server.path(), listen_port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
     c.args([
         "60",
@@ -285,7 +283,7 @@ pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u3
     s.args(["conn-loop", "serve", "--addr", &target, "--secs"])
         .arg(secs.to_string());
     let _server = Background::spawn(s)?;
-    wait_listening(server, port, Duration::from_secs(5))?;
+    wait_listening(&server.path(), port, Duration::from_secs(5))?;
     let mut c = pinned(client, "timeout");
     c.arg("90")
         .arg(&exe)
@@ -330,47 +328,28 @@ pub(super) fn add_del_ms(
     n: usize,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let pods: Vec<Netns> = (0..n)
-        .map(|i| {
-            let name = format!("{}-l{i}", node.name);
-            cmd::stdout(Command::new("ip").args(["netns", "add", &name]))?;
-            Ok(Netns { name })
-        })
+        .map(|i| Ok(Netns::add(format!("{}-l{i}", node.name()))?))
         .collect::<Result<_>>()?;
     let node_path = node.path();
     let plugin = plugin.to_path_buf();
-    let conf = conf.to_string();
+    let conf = conf.clone();
     let pod_paths: Vec<_> = pods.iter().map(Netns::path).collect();
     let handle = std::thread::spawn(move || -> Result<(Vec<f64>, Vec<f64>)> {
         let ns = std::fs::File::open(&node_path)?;
         nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
             .context("entering the node namespace")?;
-        let run = |cmd: &str, i: usize, netns: &Path| -> Result<f64> {
+        let run = |command: &str, i: usize, netns: &Path| -> Result<f64> {
+            let id = format!("bench{i}");
             let started = Instant::now();
-            let mut child = Command::new(&plugin)
-                .env_clear()
-                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .env("CNI_COMMAND", cmd)
-                .env("CNI_CONTAINERID", format!("bench{i}"))
-                .env("CNI_NETNS", netns)
-                .env("CNI_IFNAME", "eth0")
-                .env("CNI_PATH", "/usr/lib/cni")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            if let Some(mut s) = child.stdin.take() {
-                s.write_all(conf.as_bytes())?;
+            Invocation {
+                command,
+                container_id: &id,
+                ifname: "eth0",
+                netns: Some(netns),
             }
-            let out = child.wait_with_output()?;
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            if !out.status.success() {
-                bail!(
-                    "{} {cmd} bench{i} failed: {}",
-                    plugin.display(),
-                    String::from_utf8_lossy(&out.stdout)
-                );
-            }
-            Ok(ms)
+            .run(None, &plugin, &conf)
+            .with_context(|| format!("{} {command} {id}", plugin.display()))?;
+            Ok(started.elapsed().as_secs_f64() * 1e3)
         };
         let adds = pod_paths
             .iter()

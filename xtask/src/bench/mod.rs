@@ -371,7 +371,7 @@ fn check_ifbs(tb: &Testbed, bw: &[(usize, BwSetup)], host_before: &[String]) -> 
             bail!(
                 "{} ifb devices in {} ({want} expected)",
                 n,
-                tb.ns(s.node).name
+                tb.ns(s.node).name()
             );
         }
     }
@@ -387,7 +387,7 @@ fn host_ifbs() -> Result<Vec<String>> {
 fn ifbs(ns: Option<&crate::testbed::Netns>) -> Result<Vec<String>> {
     let mut c = std::process::Command::new("ip");
     if let Some(ns) = ns {
-        c.args(["-n", &ns.name]);
+        c.args(["-n", ns.name()]);
     }
     let out = crate::cmd::stdout(c.args(["-o", "link", "show", "type", "ifb"]))?;
     Ok(out

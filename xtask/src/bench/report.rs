@@ -595,39 +595,22 @@ impl Report {
         ]
     }
 
-    fn method(&self, args: &BenchArgs) -> String {
-        let mut m = format!(
-            "{} rounds, each figure measured for every setup in turn (interleaved), median of the rounds \
-             with the range over rounds in parentheses; \
-             traffic figures run {} s each with both ends pinned to CPU {CPU} (taskset); \
-             TCP throughput: iperf3, one stream; RTT: sockperf ping-pong, 64-byte messages, full round trip",
-            args.rounds, args.seconds
-        );
-        for t in self.tables() {
-            match t.which {
-                BenchTable::Routing => {
-                    let _ = write!(
-                        m,
-                        "; UDP: iperf3 -u -l 64 -b 0, packets received per second; \
-                         ADD/DEL: {} pods, each plugin run spawned from a thread inside the node namespace \
-                         (as a runtime in that namespace runs it), on a node whose network is already up",
-                        args.pods
-                    );
-                }
-                BenchTable::Masquerade => m.push_str(
-                    "; new connections: `cargo xtask conn-loop` (connect, one byte each way, the server \
-                     closes first, one connection at a time, at most 20000 per measurement)",
-                ),
-                BenchTable::Hostport => {
-                    let _ = write!(m, "; port mapping: {}", hostport_method());
-                }
-                BenchTable::Bandwidth => {
-                    let _ = write!(m, "; bandwidth: {}", bandwidth_method());
-                }
-            }
-        }
-        m.push('.');
-        m
+    /// The method text of the tables that ran, from the template
+    /// `bench/method.md` (one paragraph each).
+    fn method(&self, args: &BenchArgs) -> Vec<String> {
+        let mut names = vec!["all"];
+        names.extend(self.tables().map(|t| match t.which {
+            BenchTable::Routing => "routing",
+            BenchTable::Masquerade => "masquerade",
+            BenchTable::Hostport => "hostport",
+            BenchTable::Bandwidth => "bandwidth",
+        }));
+        let vars = method_vars(args);
+        names
+            .into_iter()
+            .filter_map(|n| method_section(n))
+            .map(|text| fill(text, &vars))
+            .collect()
     }
 
     pub(super) fn render(&self, args: &BenchArgs) -> String {
@@ -660,7 +643,10 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(out, "  {t}");
         }
-        let _ = writeln!(out, "\nmethod: {}", self.method(args));
+        let _ = writeln!(out, "\nmethod:");
+        for p in self.method(args) {
+            let _ = writeln!(out, "  {p}");
+        }
         out
     }
 
@@ -691,7 +677,10 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
         }
-        let _ = writeln!(md, "\n## Method\n\n{}", self.method(args));
+        md.push_str("\n## Method\n");
+        for p in self.method(args) {
+            let _ = writeln!(md, "\n{p}");
+        }
         md.push_str(PATHS);
         md
     }
@@ -732,70 +721,44 @@ fn with_direction(f: Figure) -> String {
     )
 }
 
-fn bandwidth_method() -> String {
-    let rates = BW_RATES.map(rate_text).join(", ");
-    format!(
-        "one node per plugin with an uplink to an external host (which routes the pod subnet to \
-         the node) and one pod per limit ({rates}), each limited to it both ways through the CNI \
-         protocol (a conflist run as a runtime runs it, runtimeConfig.bandwidth for plugins with \
-         capabilities.bandwidth): the reference is bridge + host-local + the reference `bandwidth` \
-         plugin (tbf qdiscs: on the host veth for ingress, on an ifb device fed from the host \
-         veth's ingress for egress, all in the node namespace); one pod per limit and burst \
-         ({bursts} ms of the rate: the 10 ms users of the reference configure, and 300 ms, \
-         Sluice's default), both plugins given the same ingressRate/egressRate and \
-         ingressBurst/egressBurst (Sluice: a token-bucket policer in its tc programs, no qdisc, \
-         whose depth is never below 300 ms of the rate, whatever the burst); every figure \
-         {secs} s whatever --seconds says, reference then Sluice for each limit, burst and \
-         direction; retransmissions are the sender's (iperf3's sum_sent.retransmits); egress is pod -> external host, ingress external host -> pod; \
-         received rates are iperf3's (payload bytes the receiver got over the run, so the \
-         first burst's worth counts, and headers do not: the limits count whole frames, \
-         ~4.5% more than the payload of a full-size TCP segment); UDP: iperf3 -u -l {UDP_LEN} \
-         -b 2x the {udp} limit, datagrams received x {UDP_LEN} B over the run, so ~1.0 \
-         means the limit held (the excess dropped), below means it cut into the limited \
-         rate; CPU: busy time of the whole machine (all CPUs: user + nice + system + irq + \
-         softirq from /proc/stat, idle, iowait and steal left out) from the iperf3 client's \
-         start to its exit during the {cpu} TCP runs, divided by the Gbit received, i.e. CPUs \
-         kept busy per Gbit/s; it includes both iperf3 ends and anything else running on the \
-         machine meanwhile",
-        secs = super::BW_SECS,
-        bursts = BW_BURSTS_MS.map(|b| b.to_string()).join(", "),
-        udp = rate_text(BW_RATES[BW_UDP_RATE]),
-        cpu = rate_text(BW_RATES[BW_CPU_RATE]),
-    )
+/// The method text: `[name]` sections (`all`, then one per table) of one
+/// paragraph each, with `{placeholders}` for the run's parameters.
+const METHOD: &str = include_str!("method.md");
+
+/// The paragraph of section `name` of [`METHOD`].
+fn method_section(name: &str) -> Option<&'static str> {
+    let start = METHOD.find(&format!("[{name}]\n"))? + name.len() + 3;
+    let rest = &METHOD[start..];
+    Some(rest[..rest.find("\n[").unwrap_or(rest.len())].trim())
 }
 
-fn hostport_method() -> String {
-    let sizes = HP_SIZES.map(thousands).join(", ");
-    format!(
-        "one node per plugin and number of mappings ({sizes}), each with the measured pod (one \
-         mapping, hostPort {hp} -> containerPort {cp}) and a filler container holding the other \
-         mappings, both added through the CNI protocol (a conflist run as a runtime runs it: \
-         each plugin spawned from a thread inside the node namespace, results chained as \
-         prevResult, runtimeConfig.portMappings for plugins with capabilities.portMappings); \
-         the reference's filler ADD writes its first {cni} mappings itself and the rest of its \
-         rules are appended with iptables-restore in the node namespace, made from its own \
-         rules (checked line by line against what it wrote), because its one-iptables-run-per-rule \
-         ADD takes ~55 s for 1,000 mappings and about an hour for 10,000; the external host \
-         connects to node address:{hp}, with no route to the pods; \
-         ADD latency: {pods_sl} pods per Sluice node and {pods_ref} per reference node (an ADD \
-         there takes up to 1.5 s), each with one mapping of its own, Sluice's nodes \
-         first, then the reference's, each plugin's nodes taken in turn for each pod (interleaved, \
-         the order rotated from pod to pod; a reference ADD on 10,000 mappings leaves the kernel \
-         nf_tables work that slows whatever runs next), all DELeted afterwards, p50 over each node's pods. \
-         Targets: \
-         \"flat\" is judged on the growth from the fewest to the most mappings (a fall passes); \
-         RTT median within +5% (a median over some 10^5 round trips, stable to a few percent \
-         between rounds); ADD within +10%, because an ADD is a process start, netlink work and \
-         map updates of a few ms whose p50 moves by up to ~10% between nodes in the same state on a \
-         2-vCPU VM shared with other work, so 5% would flag noise, while the growth this \
-         target is about (a lookup or copy per existing mapping) shows as tens of percent or more \
-         at 10,000",
-        hp = super::topology::HP_HOST_PORT,
-        cp = super::topology::HP_CONTAINER_PORT,
-        cni = super::hostport::CNI_MAPPINGS,
-        pods_sl = HP_TIMED_PODS_SLUICE,
-        pods_ref = HP_TIMED_PODS_REFERENCE,
-    )
+/// The values of [`METHOD`]'s placeholders for this run.
+fn method_vars(args: &BenchArgs) -> Vec<(&'static str, String)> {
+    vec![
+        ("rounds", args.rounds.to_string()),
+        ("seconds", args.seconds.to_string()),
+        ("pods", args.pods.to_string()),
+        ("cpu", CPU.to_string()),
+        ("sizes", HP_SIZES.map(thousands).join(", ")),
+        ("hp", super::topology::HP_HOST_PORT.to_string()),
+        ("cp", super::topology::HP_CONTAINER_PORT.to_string()),
+        ("cni", super::hostport::CNI_MAPPINGS.to_string()),
+        ("pods_sl", HP_TIMED_PODS_SLUICE.to_string()),
+        ("pods_ref", HP_TIMED_PODS_REFERENCE.to_string()),
+        ("rates", BW_RATES.map(rate_text).join(", ")),
+        ("bursts", BW_BURSTS_MS.map(|b| b.to_string()).join(", ")),
+        ("bw_secs", super::BW_SECS.to_string()),
+        ("udp_len", UDP_LEN.to_string()),
+        ("udp", rate_text(BW_RATES[BW_UDP_RATE])),
+        ("cpu_rate", rate_text(BW_RATES[BW_CPU_RATE])),
+    ]
+}
+
+/// `text` with every `{name}` of `vars` replaced by its value.
+fn fill(text: &str, vars: &[(&str, String)]) -> String {
+    vars.iter().fold(text.to_string(), |t, (k, v)| {
+        t.replace(&format!("{{{k}}}"), v)
+    })
 }
 
 const PATHS: &str = "
@@ -874,6 +837,26 @@ fn machine() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_method_template_has_every_section_and_no_unfilled_placeholder() {
+        let args = BenchArgs {
+            rounds: 3,
+            seconds: 3,
+            pods: 50,
+            only: None,
+        };
+        for name in ["all", "routing", "masquerade", "hostport", "bandwidth"] {
+            let text = method_section(name).unwrap_or_else(|| panic!("no [{name}] section"));
+            let filled = fill(text, &method_vars(&args));
+            assert!(
+                !filled.contains('{') && !filled.contains('['),
+                "{name}: {filled}"
+            );
+            assert!(filled.len() > 80, "{name}: {filled}");
+        }
+        assert!(method_section("nosuch").is_none());
+    }
 
     #[test]
     fn rate_texts() {

@@ -10,10 +10,7 @@ use super::{
     conflist::Conflist,
     hostport::{self, Mapping},
 };
-use crate::{
-    build::Binaries,
-    testbed::{Cni, Testbed},
-};
+use crate::{build::Binaries, testbed::Testbed};
 
 use anyhow::{Context, Result};
 
@@ -62,33 +59,13 @@ fn node_with_pods(
     conf: Value,
     masq: bool,
 ) -> Result<Setup> {
-    let node = tb.netns(&format!("{tag}-node"))?;
-    let ext = tb.netns(&format!("{tag}-ext"))?;
+    let pods = format!("10.{n}.0.0/24");
+    let (node, ext, up) = tb.node_with_uplink(tag, n, (!masq).then_some(pods.as_str()))?;
     let pod1 = tb.netns(&format!("{tag}-p1"))?;
     let pod2 = tb.netns(&format!("{tag}-p2"))?;
-    let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
-    tb.wire(
-        node,
-        "up0",
-        &format!("{node_ip}/24"),
-        ext,
-        "eth0",
-        &format!("{ext_ip}/24"),
-    )?;
-    tb.ns(node)
-        .ip(&["route", "add", "default", "via", &ext_ip])?;
-    if !masq {
-        tb.ns(ext)
-            .ip(&["route", "add", &format!("10.{n}.0.0/24"), "via", &node_ip])?;
-    }
-    let cni = Cni {
-        node: tb.ns(node),
-        plugin,
-        cni_path: "/usr/lib/cni",
-    };
     let mut ips = Vec::new();
     for (i, pod) in [pod1, pod2].into_iter().enumerate() {
-        let r = cni.run("ADD", &conf, &format!("{tag}{i}"), "eth0", Some(tb.ns(pod)))?;
+        let r = tb.cni(node, plugin, "ADD", &conf, &format!("{tag}{i}"), Some(pod))?;
         let a = r["ips"][0]["address"]
             .as_str()
             .context("ADD result without an address")?;
@@ -100,7 +77,7 @@ fn node_with_pods(
         pod1_ip: ips[0].clone(),
         pod2_ip: ips[1].clone(),
         ext,
-        ext_ip,
+        ext_ip: up.ext_ip,
         cni: Some(CniSetup {
             node,
             conf,
@@ -151,6 +128,27 @@ fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setu
     )
 }
 
+/// Sluice's config (without name/cniVersion) for node `tag`: its own pin
+/// root, state and IPAM directories, the built-in IPAM on 10.`n`.0.0/24 with a
+/// default route, and the keys of `extra`.
+fn sluice_conf(tb: &Testbed, tag: &str, n: u8, extra: Value) -> Value {
+    let mut conf = json!({
+        "type": "sluice",
+        "pinRoot": tb.pin_root(tag),
+        "stateDir": tb.dir.join(format!("{tag}-state")),
+        "ipam": {
+            "type": "sluice",
+            "subnet": format!("10.{n}.0.0/24"),
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": tb.dir.join(format!("{tag}-ipam")),
+        },
+    });
+    if let (Some(c), Value::Object(extra)) = (conf.as_object_mut(), extra) {
+        c.extend(extra);
+    }
+    conf
+}
+
 /// Sluice with its defaults (`cls_bpf` pod attachment, XDP auto on the uplink).
 pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
     sluice_with(tb, bins, "sl", 82, false)
@@ -163,20 +161,9 @@ pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
 }
 
 fn sluice_with(tb: &mut Testbed, bins: &Binaries, tag: &str, n: u8, masq: bool) -> Result<Setup> {
-    let conf = json!({
-        "cniVersion": "1.1.0",
-        "name": format!("bench{tag}"),
-        "type": "sluice",
-        "ipMasq": masq,
-        "pinRoot": tb.pin_root(tag),
-        "stateDir": tb.dir.join(format!("{tag}-state")),
-        "ipam": {
-            "type": "sluice",
-            "subnet": format!("10.{n}.0.0/24"),
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": tb.dir.join(format!("{tag}-ipam")),
-        },
-    });
+    let mut conf = sluice_conf(tb, tag, n, json!({"ipMasq": masq}));
+    conf["cniVersion"] = json!("1.1.0");
+    conf["name"] = json!(format!("bench{tag}"));
     node_with_pods(tb, tag, n, &bins.sluice, conf, masq)
 }
 
@@ -235,21 +222,9 @@ fn hostport_node(
     mappings: usize,
     reference: bool,
 ) -> Result<HpSetup> {
-    let node = tb.netns(&format!("{tag}-node"))?;
-    let ext = tb.netns(&format!("{tag}-ext"))?;
+    let (node, ext, up) = tb.node_with_uplink(&tag, n, None)?;
     let pod = tb.netns(&format!("{tag}-pod"))?;
     let fill = tb.netns(&format!("{tag}-fill"))?;
-    let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
-    tb.wire(
-        node,
-        "up0",
-        &format!("{node_ip}/24"),
-        ext,
-        "eth0",
-        &format!("{ext_ip}/24"),
-    )?;
-    tb.ns(node)
-        .ip(&["route", "add", "default", "via", &ext_ip])?;
     let node_path = tb.ns(node).path();
     let fillers = filler_mappings(mappings);
     let fill_id = format!("{tag}-fill");
@@ -292,7 +267,7 @@ fn hostport_node(
         node,
         ext,
         pod,
-        node_ip,
+        node_ip: up.node_ip,
         pod_ip: ip.split('/').next().unwrap_or(ip).to_string(),
         list,
         reference,
@@ -338,19 +313,12 @@ pub(super) fn hostport_sluice(
         cni_version: "1.1.0".into(),
         plugins: vec![(
             bins.sluice.clone(),
-            json!({
-                "type": "sluice",
-                "capabilities": {"portMappings": true},
-                "pinRoot": tb.pin_root(&tag),
-                "stateDir": tb.dir.join(format!("{tag}-state")),
-                "hostPortCgroup": cgroup,
-                "ipam": {
-                    "type": "sluice",
-                    "subnet": format!("10.{n}.0.0/24"),
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": tb.dir.join(format!("{tag}-ipam")),
-                },
-            }),
+            sluice_conf(
+                tb,
+                &tag,
+                n,
+                json!({"capabilities": {"portMappings": true}, "hostPortCgroup": cgroup}),
+            ),
         )],
     };
     hostport_node(tb, tag, n, list, HP_SIZES[i], false)
@@ -397,26 +365,13 @@ fn bandwidth_runtime(rate: u64, burst_ms: u64) -> Value {
 }
 
 fn bandwidth_node(tb: &mut Testbed, tag: &str, n: u8, list: Conflist) -> Result<BwSetup> {
-    let node = tb.netns(&format!("{tag}-node"))?;
-    let ext = tb.netns(&format!("{tag}-ext"))?;
-    let (node_ip, ext_ip) = (format!("192.168.{n}.1"), format!("192.168.{n}.2"));
-    tb.wire(
-        node,
-        "up0",
-        &format!("{node_ip}/24"),
-        ext,
-        "eth0",
-        &format!("{ext_ip}/24"),
-    )?;
-    tb.ns(node)
-        .ip(&["route", "add", "default", "via", &ext_ip])?;
-    tb.ns(ext)
-        .ip(&["route", "add", &format!("10.{n}.0.0/24"), "via", &node_ip])?;
+    let pods = format!("10.{n}.0.0/24");
+    let (node, ext, up) = tb.node_with_uplink(tag, n, Some(&pods))?;
     let mut s = BwSetup {
         tag: tag.to_string(),
         node,
         ext,
-        ext_ip,
+        ext_ip: up.ext_ip,
         pods: Vec::new(),
         list,
         attached: Vec::new(),
@@ -475,18 +430,7 @@ pub(super) fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSe
         cni_version: "1.1.0".into(),
         plugins: vec![(
             bins.sluice.clone(),
-            json!({
-                "type": "sluice",
-                "capabilities": {"bandwidth": true},
-                "pinRoot": tb.pin_root(tag),
-                "stateDir": tb.dir.join(format!("{tag}-state")),
-                "ipam": {
-                    "type": "sluice",
-                    "subnet": format!("10.{n}.0.0/24"),
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": tb.dir.join(format!("{tag}-ipam")),
-                },
-            }),
+            sluice_conf(tb, tag, n, json!({"capabilities": {"bandwidth": true}})),
         )],
     };
     bandwidth_node(tb, tag, n, list)

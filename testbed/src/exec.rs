@@ -4,7 +4,8 @@ use std::{
     fmt,
     io::{Read, Write},
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
@@ -151,23 +152,7 @@ pub fn run(
             .map(|s| Box::new(s) as Box<dyn Read + Send>),
     );
 
-    let start = Instant::now();
-    let (status, timed_out) = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break (st.code(), false),
-            Ok(None) if start.elapsed() > TIMEOUT => {
-                let _ = child.kill();
-                let st = child.wait().ok().and_then(|s| s.code());
-                break (st, true);
-            }
-            Ok(None) => thread::sleep(Duration::from_millis(5)),
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(err!("waiting for `{what}`: {e}"));
-            }
-        }
-    };
+    let (status, timed_out) = wait_until(&mut child, TIMEOUT, &what)?;
     let _ = writer.join();
     let out = Output {
         what,
@@ -184,6 +169,62 @@ pub fn run(
     Ok(out)
 }
 
+/// Waits for `child` to end, at most `timeout` (then kills it): its exit code
+/// (`None` when a signal ended it) and whether the deadline killed it. A thread
+/// blocks in `waitid(WEXITED | WNOWAIT)`, which returns the moment the child
+/// ends without reaping it (so its pid cannot be reused before a kill here):
+/// no polling interval adds to the time a run takes, which the benchmarks
+/// measure.
+fn wait_until(child: &mut Child, timeout: Duration, what: &str) -> Result<(Option<i32>, bool)> {
+    use nix::{
+        errno::Errno,
+        sys::wait::{waitid, Id, WaitPidFlag},
+        unistd::Pid,
+    };
+    let pid = i32::try_from(child.id()).map_err(|_| err!("`{what}` has pid {}", child.id()))?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        while let Err(Errno::EINTR) = waitid(
+            Id::Pid(Pid::from_raw(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        ) {}
+        let _ = tx.send(());
+    });
+    let timed_out = rx.recv_timeout(timeout).is_err();
+    if timed_out {
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| err!("waiting for `{what}`: {e}"))?;
+    Ok((status.code(), timed_out))
+}
+
+/// A background process (a server) started from a prepared [`Command`] with
+/// its output discarded; killed and reaped when dropped, and killed by the
+/// kernel when this process dies (`PR_SET_PDEATHSIG`).
+pub struct Background(Child);
+
+impl Background {
+    pub fn spawn(mut c: Command) -> Result<Self> {
+        die_with_parent(&mut c);
+        let child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| err!("cannot start `{c:?}`: {e}"))?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs a helper tool (`ip`, `bpftool`, ...) with no input and requires success.
 pub fn tool(netns: Option<&Path>, program: &str, args: &[&str]) -> Result<String> {
     let out = run(netns, Path::new(program), args, &[], b"")?;
@@ -191,6 +232,22 @@ pub fn tool(netns: Option<&Path>, program: &str, args: &[&str]) -> Result<String
         Ok(out.stdout)
     } else {
         Err(err!("{out}"))
+    }
+}
+
+/// Makes the kernel kill the process `c` starts when this one dies
+/// (`PR_SET_PDEATHSIG`): no server or plugin outlives a killed test run.
+pub fn die_with_parent(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs in the child before
+    // exec.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 
@@ -216,21 +273,11 @@ pub fn spawn(
     env: &[(String, String)],
     stdin: &[u8],
 ) -> Result<Running> {
-    use std::os::unix::process::CommandExt;
     let (mut cmd, what) = command(netns, program, args, env);
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: prctl is async-signal-safe; nothing else runs in the child before
-    // exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    die_with_parent(&mut cmd);
     let started = Instant::now();
     let mut child = cmd
         .spawn()
@@ -304,23 +351,7 @@ impl Running {
         let Some(mut child) = self.child.take() else {
             return Err(err!("`{}` was reaped already", self.what));
         };
-        let start = Instant::now();
-        let (status, timed_out) = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break (st.code(), false),
-                Ok(None) if start.elapsed() > timeout => {
-                    let _ = child.kill();
-                    let st = child.wait().ok().and_then(|s| s.code());
-                    break (st, true);
-                }
-                Ok(None) => thread::sleep(Duration::from_millis(2)),
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(err!("waiting for `{}`: {e}", self.what));
-                }
-            }
-        };
+        let (status, timed_out) = wait_until(&mut child, timeout, &self.what)?;
         let mut texts = self.readers.drain(..).map(|r| r.join().unwrap_or_default());
         let out = Output {
             what: self.what.clone(),
