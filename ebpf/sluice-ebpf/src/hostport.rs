@@ -32,7 +32,7 @@ use crate::{
     csum,
     endpoint::deliver_translated,
     events::{self, note_drop},
-    l3::{Headers, L3},
+    l3::Headers,
     l4::{
         self, ipv4, is_fragment, rewrite, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
     },
@@ -167,23 +167,12 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
 #[inline(always)]
 pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     config()?;
-    let L3::V4(ip) = h.l3 else {
-        return None;
-    };
-    // SAFETY: `ip` was bounds checked by l3::parse.
-    let (src, dst, proto, vihl, frags) = unsafe {
-        (
-            (*ip).src_addr,
-            (*ip).dst_addr,
-            (*ip).proto,
-            (*ip).vihl,
-            (*ip).frags,
-        )
-    };
-    if u16::from_be_bytes(frags) & 0x3fff != 0 {
+    let v4 = h.v4_fields()?;
+    let (ip, src, dst, proto) = (v4.hdr, v4.src, v4.dst, v4.proto);
+    if v4.fragment() {
         return None;
     }
-    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    let l4_off = v4.l4_off();
     let csum_off = match proto {
         PROTO_TCP => l4_off + 16,
         PROTO_UDP => l4_off + 6,

@@ -5,7 +5,10 @@ use network_types::{
 };
 use sluice_common::{reason, IpKey};
 
-use crate::packet::{ptr_at, Packet};
+use crate::{
+    l4::ETH_LEN,
+    packet::{ptr_at, Packet},
+};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86DD;
@@ -98,7 +101,62 @@ pub fn parse(p: &impl Packet) -> Result<Headers, Verdict> {
     }
 }
 
+/// The IPv4 header fields the translation paths (masquerade, hostPort) read,
+/// copied out of the packet.
+#[derive(Clone, Copy)]
+pub struct V4Fields {
+    /// The header itself, for the rewrites.
+    pub hdr: *mut Ipv4Hdr,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub proto: u8,
+    /// Version and header length, as in the header.
+    pub vihl: u8,
+    /// Flags and fragment offset, as in the header.
+    pub frags: [u8; 2],
+}
+
+impl V4Fields {
+    /// Offset of the L4 header from the frame's start (options included).
+    #[inline(always)]
+    pub fn l4_off(&self) -> usize {
+        ETH_LEN + usize::from(self.vihl & 0x0f) * 4
+    }
+
+    /// A fragment (more-fragments set or an offset): no L4 header to read.
+    #[inline(always)]
+    pub fn fragment(&self) -> bool {
+        u16::from_be_bytes(self.frags) & 0x3fff != 0
+    }
+}
+
 impl Headers {
+    /// The IPv4 fields of [`V4Fields`]; `None` for IPv6.
+    #[inline(always)]
+    pub fn v4_fields(&self) -> Option<V4Fields> {
+        let L3::V4(ip) = self.l3 else {
+            return None;
+        };
+        // SAFETY: bounds checked by `parse`.
+        let (src, dst, proto, vihl, frags) = unsafe {
+            (
+                (*ip).src_addr,
+                (*ip).dst_addr,
+                (*ip).proto,
+                (*ip).vihl,
+                (*ip).frags,
+            )
+        };
+        Some(V4Fields {
+            hdr: ip,
+            src,
+            dst,
+            proto,
+            vihl,
+            frags,
+        })
+    }
+
     /// The destination as a map key.
     #[inline(always)]
     pub fn dst_key(&self) -> IpKey {

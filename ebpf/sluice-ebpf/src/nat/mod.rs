@@ -49,7 +49,7 @@ use crate::{
     counters::count,
     endpoint::deliver_translated as deliver,
     events::{self, note_drop},
-    l3::{Headers, L3},
+    l3::Headers,
     l4::{
         ipv4, is_fragment, l4, rewrite, Rewrite, ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO,
         ICMP_ECHO_REPLY, ICMP_TIME_EXCEEDED, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP, TCP_ACK,
@@ -194,23 +194,14 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
     let Some(_cfg) = config() else {
         return;
     };
-    let L3::V4(ip) = h.l3 else {
+    let Some(v4) = h.v4_fields() else {
         return;
     };
-    // SAFETY: `ip` was bounds checked by l3::parse.
-    let (src, dst, proto, vihl, frags) = unsafe {
-        (
-            (*ip).src_addr,
-            (*ip).dst_addr,
-            (*ip).proto,
-            (*ip).vihl,
-            (*ip).frags,
-        )
-    };
-    if (proto != PROTO_TCP && proto != PROTO_UDP) || u16::from_be_bytes(frags) & 0x3fff != 0 {
+    let (src, dst, proto) = (v4.src, v4.dst, v4.proto);
+    if (proto != PROTO_TCP && proto != PROTO_UDP) || v4.fragment() {
         return;
     }
-    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    let l4_off = v4.l4_off();
     if proto == PROTO_TCP {
         let Some(f) = ptr_at::<u8>(p, l4_off + 13) else {
             return;

@@ -9,8 +9,8 @@ use super::{
 };
 use crate::{
     csum,
-    l3::{Headers, L3},
-    l4::{ETH_LEN, ICMP_ECHO_REPLY, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    l3::Headers,
+    l4::{ICMP_ECHO_REPLY, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     maps::{NAT_FWD, NAT_REV},
     packet::ptr_at,
 };
@@ -23,23 +23,12 @@ use crate::{
 #[inline(always)]
 pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     let cfg = config()?;
-    let L3::V4(ip) = h.l3 else {
-        return None;
-    };
-    // SAFETY: `ip` was bounds checked by l3::parse.
-    let (dst, src, proto, vihl, frags) = unsafe {
-        (
-            (*ip).dst_addr,
-            (*ip).src_addr,
-            (*ip).proto,
-            (*ip).vihl,
-            (*ip).frags,
-        )
-    };
-    if !is_nat_addr(cfg, dst) || u16::from_be_bytes(frags) & 0x3fff != 0 {
+    let v4 = h.v4_fields()?;
+    let (ip, src, dst, proto) = (v4.hdr, v4.src, v4.dst, v4.proto);
+    if !is_nat_addr(cfg, dst) || v4.fragment() {
         return None;
     }
-    let l4_off = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    let l4_off = v4.l4_off();
     // Ports (or type/code and identifier) and the checksum, bounds checked.
     let hdr: *mut [u16; 4] = ptr_at(ctx, l4_off)?;
     // SAFETY: bounds checked by ptr_at.
