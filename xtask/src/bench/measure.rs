@@ -196,6 +196,37 @@ pub(super) fn udp_received_mbps(
     Ok((sent - lost) * UDP_LEN as f64 * 8.0 / seconds / 1e6)
 }
 
+/// TCP round trip (as [`tcp_rtt_us`]) client -> server while one bulk TCP
+/// stream (iperf3, not pinned) goes the same way and fills the limit: the
+/// latency the limit adds under load (queueing in a shaper, losses and their
+/// retransmissions in a policer). The ping starts half a second after the
+/// stream and ends before it.
+pub(super) fn tcp_rtt_loaded_us(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+) -> Result<(f64, f64)> {
+    let mut s = server.command("iperf3");
+    s.args(["-s", "-1", "-p", &IPERF_PORT.to_string()]);
+    let _server = Background::spawn(s)?;
+    wait_listening(&server.path(), IPERF_PORT, Duration::from_secs(5))?;
+    let mut c = client.command("timeout");
+    c.args([
+        &(secs + 10).to_string(),
+        "iperf3",
+        "-c",
+        addr,
+        "-p",
+        &IPERF_PORT.to_string(),
+        "-t",
+        &(secs + 2).to_string(),
+    ]);
+    let _bulk = Background::spawn(c)?;
+    std::thread::sleep(Duration::from_millis(500));
+    tcp_rtt_us(client, server, addr, secs)
+}
+
 /// UDP payload of the bandwidth table's UDP figure (fits a 1500-byte MTU).
 pub(super) const UDP_LEN: usize = 1400;
 

@@ -311,8 +311,8 @@ pub(crate) const BW_SECS: u32 = 4;
 
 /// The bandwidth figures, reference then Sluice for each limit, burst and
 /// direction: one TCP stream each, its rate and retransmissions (the CPU figure
-/// from the `BW_CPU_RATE` ones at the default burst), then UDP at twice the
-/// `BW_UDP_RATE` limit.
+/// from the `BW_CPU_RATE` ones at the default burst), the RTT through the
+/// `BW_UDP_RATE` limit under load for each burst, then UDP at twice that limit.
 fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Result<()> {
     let ns = |i| tb.ns(i);
     for rate in 0..BW_RATES.len() {
@@ -335,6 +335,22 @@ fn bandwidth_round(tb: &Testbed, bw: &[(usize, BwSetup)], r: &mut Report) -> Res
                         r.add(Figure::BwCpuPerGbit { ingress }, *k, t.cpu_secs / t.gbit);
                     }
                 }
+            }
+        }
+    }
+    for burst in 0..BW_BURSTS_MS.len() {
+        for ingress in [false, true] {
+            for (k, s) in bw {
+                let (pod, pod_ip) = &s.pods[bw_pod(BW_UDP_RATE, burst)];
+                let (p50, p99) = if ingress {
+                    measure::tcp_rtt_loaded_us(ns(s.ext), ns(*pod), pod_ip, BW_SECS)
+                } else {
+                    measure::tcp_rtt_loaded_us(ns(*pod), ns(s.ext), &s.ext_ip, BW_SECS)
+                }
+                .map_err(|e| e.context(format!("{} RTT under load, burst {burst}", s.tag)))?;
+                let at = (BW_UDP_RATE, burst, ingress);
+                r.add(Figure::BwLoadedRttP50(at), *k, p50);
+                r.add(Figure::BwLoadedRttP99(at), *k, p99);
             }
         }
     }

@@ -41,6 +41,11 @@ pub(super) enum Figure {
     BwTcpMbps(BwAt),
     /// The sender's retransmissions in that run.
     BwTcpRetransmits(BwAt),
+    /// TCP RTT median (us) through the pod's limit while one TCP stream fills
+    /// it (at `BW_UDP_RATE`).
+    BwLoadedRttP50(BwAt),
+    /// Its p99.
+    BwLoadedRttP99(BwAt),
     /// Received Mbit/s of UDP sent at twice the `BW_UDP_RATE` limit.
     BwUdpMbps {
         ingress: bool,
@@ -113,6 +118,8 @@ struct Table {
 const BW_FIGURES: &[Figure] = &[
     Figure::BwTcpMbps((0, 0, false)),
     Figure::BwTcpRetransmits((0, 0, false)),
+    Figure::BwLoadedRttP50((0, 0, false)),
+    Figure::BwLoadedRttP99((0, 0, false)),
     Figure::BwUdpMbps { ingress: false },
     Figure::BwCpuPerGbit { ingress: false },
 ];
@@ -204,6 +211,8 @@ impl Figure {
             Self::HpAddP50 => "ADD latency p50, pod with 1 mapping (ms)",
             Self::BwTcpMbps(_) => "TCP, one stream, received (Mbit/s)",
             Self::BwTcpRetransmits(_) => "TCP, one stream, retransmissions per run",
+            Self::BwLoadedRttP50(_) => "TCP RTT median under load (us)",
+            Self::BwLoadedRttP99(_) => "TCP RTT p99 under load (us)",
             Self::BwUdpMbps { .. } => "UDP sent at 2x the limit, received (Mbit/s)",
             Self::BwCpuPerGbit { .. } => "CPU per Gbit/s, TCP (CPU-seconds per Gbit)",
         }
@@ -416,6 +425,14 @@ impl Report {
         }
         for at in all() {
             push(Figure::BwTcpRetransmits(at), at);
+        }
+        for f in [Figure::BwLoadedRttP50, Figure::BwLoadedRttP99] {
+            for burst in 0..BW_BURSTS_MS.len() {
+                for ingress in [false, true] {
+                    let at = (BW_UDP_RATE, burst, ingress);
+                    push(f(at), at);
+                }
+            }
         }
         for ingress in [false, true] {
             let at = (BW_UDP_RATE, BW_DEFAULT_BURST, ingress);
