@@ -288,11 +288,18 @@ fn status_json_describes_the_live_datapath() {
             "endpoints",
             "masquerade",
             "hostPort",
+            "bandwidth",
             "counters"
         ]),
         "{st:#}"
     );
     assert_eq!(st["pinRoot"], root.display().to_string(), "{st:#}");
+    // No pod of this test has a limit.
+    assert_eq!(
+        st["bandwidth"],
+        json!({"pods": 0, "egressEdt": 0, "egressPolicer": 0}),
+        "{st:#}"
+    );
     assert_eq!(st["layoutVersion"], 1, "{st:#}");
     // The object hash is the one `sluice datapath version` reports as pinned.
     let hash = st["objectHash"].as_str().unwrap_or_default();

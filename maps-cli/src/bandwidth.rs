@@ -43,8 +43,15 @@ fn bucket_text(b: &Bucket) -> String {
     }
 }
 
-/// One pod's row: its endpoint rows (addresses) and state.
-fn pod_json(eps: &[sluice_maps::endpoint::EndpointRow], ifindex: u32, s: &BwState) -> Value {
+/// One pod's row: its endpoint rows (addresses), state, and how its egress
+/// limit is enforced (`edt`: departure times and fq on the pod's eth0;
+/// `policer`: the bucket drops).
+fn pod_json(
+    dp: &Datapath,
+    eps: &[sluice_maps::endpoint::EndpointRow],
+    ifindex: u32,
+    s: &BwState,
+) -> Value {
     let mine: Vec<&sluice_maps::endpoint::EndpointRow> = eps
         .iter()
         .filter(|r| r.endpoint.ifindex == ifindex)
@@ -56,6 +63,9 @@ fn pod_json(eps: &[sluice_maps::endpoint::EndpointRow], ifindex: u32, s: &BwStat
         "podIps": mine.iter().map(|r| r.ip.to_string()).collect::<Vec<_>>(),
         "hostIfindex": ifindex,
         "egress": bucket_json(&s.egress),
+        // How the egress limit is enforced (null without one).
+        "egressMode": (s.egress.rate != 0)
+            .then(|| sluice_maps::bandwidth::egress_mode(&dp.root, ifindex).as_str()),
         "ingress": bucket_json(&s.ingress),
     })
 }
@@ -66,7 +76,7 @@ fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
     let rows: Vec<Value> = sluice_maps::bandwidth::list(&dp.root)?
         .iter()
         .filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i)))
-        .map(|(i, s)| pod_json(&eps, *i, s))
+        .map(|(i, s)| pod_json(dp, &eps, *i, s))
         .collect();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -95,13 +105,17 @@ fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
                     })
                     .unwrap_or_default(),
                 dir(&r["egress"]),
+                r["egressMode"].as_str().unwrap_or("-").to_string(),
                 dir(&r["ingress"]),
             ]
         })
         .collect();
     print!(
         "{}",
-        table::render(&["CONTAINER", "POD", "EGRESS", "INGRESS"], &table_rows)
+        table::render(
+            &["CONTAINER", "POD", "EGRESS", "EGRESS-MODE", "INGRESS"],
+            &table_rows
+        )
     );
     Ok(())
 }
@@ -133,10 +147,15 @@ fn get(dp: &Datapath, a: &BandwidthGetArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&pod_json(&eps, ifindex, &s))?
+            serde_json::to_string_pretty(&pod_json(dp, &eps, ifindex, &s))?
         );
     } else {
-        println!("egress:  {}", bucket_text(&s.egress));
+        let mode = sluice_maps::bandwidth::egress_mode(&dp.root, ifindex);
+        if s.egress.rate == 0 {
+            println!("egress:  {}", bucket_text(&s.egress));
+        } else {
+            println!("egress:  {} ({})", bucket_text(&s.egress), mode.as_str());
+        }
         println!("ingress: {}", bucket_text(&s.ingress));
     }
     Ok(())

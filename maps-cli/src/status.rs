@@ -51,6 +51,12 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .collect();
     let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
     let flows = sluice_maps::nat::flows(&dp.root)?.len();
+    // Pods with an egress limit, by how it is enforced.
+    let egress_limited = sluice_maps::bandwidth::list(&dp.root)?
+        .iter()
+        .filter(|(_, s)| s.egress.rate != 0)
+        .count();
+    let edt = sluice_maps::bandwidth::edt_list(&dp.root)?.len();
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -69,6 +75,11 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
             "mappings": mappings,
             "nodeAddresses": node_addrs,
             "socketHooks": hooks,
+        },
+        "bandwidth": {
+            "pods": sluice_maps::bandwidth::list(&dp.root)?.len(),
+            "egressEdt": edt,
+            "egressPolicer": egress_limited.saturating_sub(edt),
         },
         "counters": counters.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
@@ -107,6 +118,11 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         } else {
             format!("attached ({})", hooks.len())
         }
+    );
+    println!(
+        "bandwidth:  {} pods limited; egress: {edt} EDT (fq on the pod's eth0), {} policer",
+        v["bandwidth"]["pods"],
+        egress_limited.saturating_sub(edt)
     );
     for p in &programs {
         println!(

@@ -1,6 +1,7 @@
-//! Bandwidth limits: each pod's two token buckets (`sl_bw`).
+//! Bandwidth limits: each pod's two token buckets (`sl_bw`), and which pods EDT
+//! shapes (`sl_edt`).
 use aya::maps::{HashMap, MapData};
-use sluice_common::{maps, BwState};
+use sluice_common::{maps, BwState, EdtSlot};
 
 use crate::{Error, PinRoot, Result};
 
@@ -66,4 +67,73 @@ pub fn check(root: &PinRoot, ifindex: u32, want: Option<&BwState>) -> Result<()>
             Ok(())
         }
     }
+}
+
+// --- EDT egress (`sl_edt`) -------------------------------------------------------
+
+/// How a pod's egress limit is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EgressMode {
+    /// The token bucket in `from_pod` drops what exceeds it.
+    Policer,
+    /// `pod_edt` stamps departure times and `fq` on the pod's `eth0` holds
+    /// packets until then.
+    Edt,
+}
+
+impl EgressMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Policer => "policer",
+            Self::Edt => "edt",
+        }
+    }
+}
+
+fn edt_map(root: &PinRoot) -> Result<HashMap<MapData, u32, EdtSlot>> {
+    root.typed(&maps::EDT)
+}
+
+/// Shapes the egress of the pod on host veth `ifindex` with EDT; its `eth0` has
+/// index `pod_ifindex` in its namespace (its clock starts now).
+pub fn enable_edt(root: &PinRoot, ifindex: u32, pod_ifindex: u32) -> Result<()> {
+    let slot = EdtSlot {
+        last_ns: 0,
+        pod_ifindex,
+        _pad: 0,
+    };
+    edt_map(root)?
+        .insert(ifindex, slot, 0)
+        .map_err(|e| Error::map(format!("write ifindex {ifindex}"), maps::EDT.name, e))
+}
+
+/// Back to the policer for the pod on `ifindex` (none is fine; a datapath
+/// pinned before `sl_edt` existed has none).
+pub fn disable_edt(root: &PinRoot, ifindex: u32) -> Result<()> {
+    if !root.has(&maps::EDT) {
+        return Ok(());
+    }
+    let _ = edt_map(root)?.remove(&ifindex);
+    Ok(())
+}
+
+/// The egress mode of the pod on `ifindex`.
+pub fn egress_mode(root: &PinRoot, ifindex: u32) -> EgressMode {
+    match edt_map(root).ok().and_then(|m| m.get(&ifindex, 0).ok()) {
+        Some(_) => EgressMode::Edt,
+        None => EgressMode::Policer,
+    }
+}
+
+/// Every pod with EDT egress: (host veth ifindex, its slot), sorted.
+pub fn edt_list(root: &PinRoot) -> Result<Vec<(u32, EdtSlot)>> {
+    if !root.has(&maps::EDT) {
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<(u32, EdtSlot)> = edt_map(root)?
+        .iter()
+        .filter_map(std::result::Result::ok)
+        .collect();
+    v.sort_by_key(|(i, _)| *i);
+    Ok(v)
 }

@@ -248,6 +248,7 @@ pub fn assert_pod_limits(
         [
             "containerId",
             "egress",
+            "egressMode",
             "hostIfindex",
             "ifname",
             "ingress",
@@ -259,6 +260,12 @@ pub fn assert_pod_limits(
     assert_eq!(o["ifname"], "eth0", "{v:#}");
     assert_eq!(o["podIps"], json!([p.ip_string()]), "{v:#}");
     assert_eq!(o["hostIfindex"].as_u64(), Some(ifindex), "{v:#}");
+    // EDT only for an egress limit, and only where the kernel has sch_fq.
+    match (o["egressMode"].as_str(), egress) {
+        (None, None) | (Some("policer"), Some(_)) => {}
+        (Some("edt"), Some(_)) => assert!(crate::kernel::has_sch_fq(), "EDT without sch_fq: {v:#}"),
+        (other, _) => panic!("egressMode {other:?} for egress {egress:?}: {v:#}"),
+    }
     assert_direction(&o["egress"], egress, "egress");
     assert_direction(&o["ingress"], ingress, "ingress");
 }

@@ -6,6 +6,29 @@ use std::path::Path;
 
 use crate::{exec, look, Node, Result};
 
+/// Whether this kernel can make `fq` a root qdisc (`sch_fq` built in or
+/// loadable), found by trying it on a veth in a namespace of the test's own
+/// (the way the plugin finds it: its ADD tries the same). Asked once.
+pub fn has_sch_fq() -> bool {
+    static FQ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FQ.get_or_init(|| {
+        let probe = || -> Result<bool> {
+            let ns = crate::Host::new()?;
+            ns.ip(&["link", "add", "fq0", "type", "veth", "peer", "name", "fq1"])?;
+            Ok(exec::tool(
+                Some(&ns.netns_path()),
+                "tc",
+                &["qdisc", "replace", "dev", "fq0", "root", "fq"],
+            )
+            .is_ok())
+        };
+        match probe() {
+            Ok(fq) => fq,
+            Err(e) => panic!("cannot probe for sch_fq: {e}"),
+        }
+    })
+}
+
 /// (major, minor) of the running kernel.
 pub fn version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

@@ -162,7 +162,7 @@ const TCG_MAIN_TESTS: [&str; 10] = [
     "uplink:xdp_native_carries|xdp_generic_carries|xdp_off_leaves",
     "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports",
-    "bandwidth:a_single_tcp_stream_holds_10_mbit",
+    "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt",
     "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp",
     "two_nodes:xdp_auto",
     "gc_status:status_reports",

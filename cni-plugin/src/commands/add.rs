@@ -14,7 +14,7 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{self, masquerade, Datapath, NodeSettings, PodSpec},
+    datapath::{self, masquerade, Datapath, NodeSettings, PodDevice, PodSpec},
     error::Error,
     interface,
     ipam::Ipam,
@@ -210,6 +210,20 @@ async fn add_steps(
         }
     };
 
+    // EDT egress shaping needs fq on the pod's own interface; a kernel without
+    // sch_fq leaves the pod's egress limit to the policer (docs/bandwidth.md).
+    let fq = if conf.bandwidth.is_some_and(|b| b.egress_rate.is_some()) {
+        let fq = pod_nl.replace_root_fq(pair.pod.index).await?;
+        if !fq {
+            eprintln!(
+                "sluice: this kernel has no sch_fq; the egress limit of {} is a policer",
+                id.container_id
+            );
+        }
+        fq
+    } else {
+        false
+    };
     steps.done("addressing");
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();
@@ -234,6 +248,13 @@ async fn add_steps(
             attach: conf.pod_attach,
             port_mappings: &conf.runtime.port_mappings,
             bandwidth: conf.bandwidth.as_ref(),
+            device: Some(PodDevice {
+                ns: pod_ns,
+                nl: pod_nl,
+                ifname: &id.ifname,
+                ifindex: pair.pod.index,
+                fq,
+            }),
         },
     )?;
     steps.done("datapath attach");

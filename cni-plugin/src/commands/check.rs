@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use crate::{
     cni::{config::NetConf, env::Env, result::Interface, runtime_config::Mac},
-    datapath::{Datapath, PodSpec},
+    datapath::{Datapath, PodDevice, PodSpec},
     error::Error,
     ipam::Ipam,
     netlink::{LinkInfo, Netlink},
@@ -115,6 +115,13 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
                 attach: conf.pod_attach,
                 port_mappings: &conf.runtime.port_mappings,
                 bandwidth: conf.bandwidth.as_ref(),
+                device: Some(PodDevice {
+                    ns: &pod_ns,
+                    nl: &pod_nl,
+                    ifname: &id.ifname,
+                    ifindex: pod_link.index,
+                    fq: false,
+                }),
             },
         )
         .await?;

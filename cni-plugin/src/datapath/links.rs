@@ -55,7 +55,7 @@ fn dp_err(op: impl Into<String>, e: impl Into<Box<dyn std::error::Error + Send +
 /// The tc hook of a pod or uplink program.
 pub(super) fn tc_hook(kind: ProgKind) -> TcAttachType {
     match kind {
-        ProgKind::PodEgress | ProgKind::UplinkEgress => TcAttachType::Egress,
+        ProgKind::PodEgress | ProgKind::PodDevice | ProgKind::UplinkEgress => TcAttachType::Egress,
         _ => TcAttachType::Ingress,
     }
 }
@@ -198,10 +198,85 @@ fn attach_filter(
     Ok(())
 }
 
+/// Attaches `pod_edt` to the tc egress of the pod's own interface `pod_ifname`
+/// inside its namespace `ns` (aya resolves the name and talks netlink in the
+/// calling thread's namespace): a pinned tcx link `<host veth>-pod_edt`, or a
+/// `cls_bpf` filter on a clsact qdisc, which goes with the device.
+pub(super) fn attach_pod_device(
+    root: &PinRoot,
+    ns: &crate::netns::Netns,
+    host_ifname: &str,
+    pod_ifname: &str,
+    mode: PodAttach,
+) -> Result<(), Error> {
+    let name = programs::POD_DEVICE.name;
+    let mut prog = open_tc(root, name)?;
+    let hook = tc_hook(programs::POD_DEVICE.kind);
+    let lp = pod_link_path(root, host_ifname, name);
+    ns.run(|| match mode {
+        PodAttach::Tc => {
+            add_clsact(pod_ifname)?;
+            attach_filter(&mut prog, name, pod_ifname, hook)
+        }
+        PodAttach::Tcx => {
+            detach_pinned(&lp)?;
+            let id = prog
+                .attach_with_options(
+                    pod_ifname,
+                    hook,
+                    TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
+                )
+                .map_err(|e| dp_err(format!("attach {name} to the pod's {pod_ifname}"), e))?;
+            let link = prog
+                .take_link(id)
+                .map_err(|e| dp_err(format!("take link of {name} on the pod's {pod_ifname}"), e))?;
+            pin_link(link, &lp)
+        }
+    })?
+}
+
+/// Whether `pod_edt` is attached to the egress of the pod's `pod_ifname` (in
+/// `ns`) through its pinned tcx link (the `cls_bpf` case is checked through the
+/// pod's netlink, as the host veth's filters are).
+pub(super) fn check_pod_device_tcx(
+    root: &PinRoot,
+    ns: &crate::netns::Netns,
+    host_ifname: &str,
+    pod_ifname: &str,
+) -> Result<(), Error> {
+    let name = programs::POD_DEVICE.name;
+    let lp = pod_link_path(root, host_ifname, name);
+    let pinned = PinnedLink::from_pin(&lp)
+        .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
+    let want = FdLink::from(pinned)
+        .info()
+        .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?
+        .program_id();
+    let hook = tc_hook(programs::POD_DEVICE.kind);
+    let attached: Vec<u32> = ns.run(|| {
+        SchedClassifier::query_tcx(pod_ifname, hook)
+            .map(|(_, progs)| progs.iter().map(aya::programs::ProgramInfo::id).collect())
+            .map_err(|e| Error::check(format!("cannot query tcx programs of {pod_ifname}: {e}")))
+    })??;
+    if attached.contains(&want) {
+        Ok(())
+    } else {
+        Err(Error::check(format!(
+            "{name} (program id {want}) is not attached to the egress of the pod's {pod_ifname} (found {attached:?})"
+        )))
+    }
+}
+
 /// Removes the pod programs from `host_ifname`, whichever way they were attached.
 /// Missing pins, filters or interface are fine (DEL deletes the veth anyway).
 pub(super) fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
     let mut errors = crate::error::Errors::new();
+    // The pod device's program goes with the pod's eth0; only its pin stays.
+    errors.note(unpin(&pod_link_path(
+        root,
+        host_ifname,
+        programs::POD_DEVICE.name,
+    )));
     for p in programs::POD {
         errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
         if let Ok(link) = SchedClassifierLink::attached(

@@ -136,6 +136,7 @@ pub(super) fn load_and_pin(
             }
             ProgKind::PodIngress
             | ProgKind::PodEgress
+            | ProgKind::PodDevice
             | ProgKind::UplinkIngress
             | ProgKind::UplinkEgress => {
                 let prog: &mut SchedClassifier = prog.try_into().map_err(verified)?;
@@ -146,6 +147,11 @@ pub(super) fn load_and_pin(
                 }
                 let filtered: &[String] = match spec.kind {
                     ProgKind::PodIngress | ProgKind::PodEgress => pod_ifnames,
+                    // A pod device's `cls_bpf` filter lives in the pod's
+                    // namespace; it keeps the program it was attached with
+                    // (sharing the maps) until the pod goes. tcx links (6.6+)
+                    // are replaced above like the others. docs/bandwidth.md.
+                    ProgKind::PodDevice => &[],
                     _ => &uplink_filters,
                 };
                 for ifname in filtered {

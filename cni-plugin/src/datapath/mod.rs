@@ -47,6 +47,7 @@ use crate::{
     error::{Error, Errors},
     lock::FileLock,
     netlink::Netlink,
+    netns::Netns,
 };
 
 /// Where the runtime passes port mappings (CNI conventions): names the list in
@@ -117,9 +118,30 @@ pub struct PodSpec<'a> {
     pub attach: PodAttach,
     pub port_mappings: &'a [PortMapping],
     pub bandwidth: Option<&'a Bandwidth>,
+    /// The pod's own interface, where EDT shapes an egress limit; `None`: the
+    /// policer only (e.g. a repair, which does not enter pods).
+    pub device: Option<PodDevice<'a>>,
+}
+
+/// A pod's own interface (its `eth0`), inside its namespace.
+pub struct PodDevice<'a> {
+    pub ns: &'a Netns,
+    /// A netlink socket in the pod's namespace.
+    pub nl: &'a Netlink,
+    pub ifname: &'a str,
+    pub ifindex: u32,
+    /// `fq` is its root qdisc (ADD made it so; false where the kernel has no
+    /// `sch_fq`).
+    pub fq: bool,
 }
 
 impl PodSpec<'_> {
+    /// EDT for this pod: an egress limit and `fq` on its interface.
+    fn edt_device(&self) -> Option<&PodDevice<'_>> {
+        let egress = self.bandwidth.is_some_and(|b| b.egress_rate.is_some());
+        self.device.as_ref().filter(|d| egress && d.fq)
+    }
+
     fn ports(&self) -> Result<Vec<(sluice_common::PortKey, sluice_common::PortTarget)>, Error> {
         hostport::entries(
             self.port_mappings,
@@ -477,6 +499,19 @@ impl Datapath {
             )?,
             None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
         }
+        match pod.edt_device() {
+            Some(d) => {
+                links::attach_pod_device(
+                    &self.root,
+                    d.ns,
+                    pod.host_ifname,
+                    d.ifname,
+                    features::pod_attach(pod.attach),
+                )?;
+                sluice_maps::bandwidth::enable_edt(&self.root, pod.host_ifindex, d.ifindex)?;
+            }
+            None => sluice_maps::bandwidth::disable_edt(&self.root, pod.host_ifindex)?,
+        }
         if !ports.is_empty() {
             let cookie = match sluice_maps::hostport::node_netns_cookie(&self.root)? {
                 Some(c) => c,
@@ -526,6 +561,7 @@ impl Datapath {
         errors.note(sluice_maps::hostport::forget_pods(&self.root, &v4).map_err(Error::from));
         for idx in ifindexes {
             errors.note(sluice_maps::bandwidth::remove(&self.root, idx).map_err(Error::from));
+            errors.note(sluice_maps::bandwidth::disable_edt(&self.root, idx).map_err(Error::from));
             for e in eps.remove_interface(idx) {
                 errors.push(e.into());
             }
@@ -568,7 +604,44 @@ impl Datapath {
         sluice_maps::hostport::check(&self.root, &pod.ports()?)?;
         let want = pod.bandwidth.map(|b| bandwidth::state(b, 0));
         sluice_maps::bandwidth::check(&self.root, pod.host_ifindex, want.as_ref())?;
-        Ok(())
+        self.check_edt(pod).await
+    }
+
+    /// A pod in EDT mode has `fq` as its interface's root qdisc and `pod_edt`
+    /// on its egress; one in policer mode needs nothing there.
+    async fn check_edt(&self, pod: &PodSpec<'_>) -> Result<(), Error> {
+        use sluice_maps::bandwidth::{egress_mode, EgressMode};
+        if egress_mode(&self.root, pod.host_ifindex) == EgressMode::Policer {
+            return Ok(());
+        }
+        let Some(d) = &pod.device else {
+            return Ok(());
+        };
+        let root = d.nl.root_qdisc(d.ifindex).await?;
+        if root.as_deref() != Some(crate::netlink::FQ) {
+            return Err(Error::check(format!(
+                "{} of the pod has root qdisc {} instead of fq (its egress is EDT)",
+                d.ifname,
+                root.as_deref().unwrap_or("none")
+            )));
+        }
+        match features::pod_attach(pod.attach) {
+            PodAttach::Tcx => {
+                links::check_pod_device_tcx(&self.root, d.ns, pod.host_ifname, d.ifname)
+            }
+            PodAttach::Tc => {
+                let id = sluice_maps::programs::id(&self.root, sluice_common::prog_names::POD_EDT)?;
+                let filters = d.nl.bpf_filters(d.ifindex, false).await?;
+                if filters.iter().any(|f| f.prog_id == id) {
+                    Ok(())
+                } else {
+                    Err(Error::check(format!(
+                        "pod_edt (program id {id}) is not attached to the egress of the pod's {} (filters: {filters:?})",
+                        d.ifname
+                    )))
+                }
+            }
+        }
     }
 
     /// The pinned pod programs are the `cls_bpf` filters of the host veth's hooks.

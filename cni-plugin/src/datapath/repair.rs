@@ -107,6 +107,8 @@ async fn reattach_one(
             attach: conf.pod_attach,
             port_mappings: &rec.port_mappings,
             bandwidth: rec.bandwidth.as_ref(),
+            // A repaired pod's egress limit is the policer (its fq qdisc stays).
+            device: None,
         },
     )?;
     Ok(true)

@@ -5,12 +5,14 @@ mod addr;
 mod filter;
 mod link;
 mod neigh;
+mod qdisc;
 mod route;
 
 use rtnetlink::Handle;
 
 pub use filter::BpfFilter;
 pub use link::{LinkInfo, VethSpec};
+pub use qdisc::FQ;
 pub use route::RouteSpec;
 
 use crate::{error::Error, netns::Netns};

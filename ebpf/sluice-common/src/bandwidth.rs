@@ -146,3 +146,29 @@ pub struct BwState {
     pub egress: Bucket,
     pub ingress: Bucket,
 }
+
+/// A pod's EDT egress clock (`sl_edt`, keyed like `sl_bw` by the host veth's
+/// ifindex): present when the pod's `eth0` has an `fq` qdisc and the `pod_edt`
+/// program, which then shapes its egress instead of `from_pod`'s bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EdtSlot {
+    /// The departure time given to the pod's last packet (`CLOCK_MONOTONIC` ns).
+    pub last_ns: u64,
+    /// The pod's `eth0` ifindex in its own namespace: only packets leaving by
+    /// it use this clock (a pod sending with another pod's address must not
+    /// spend that pod's rate).
+    pub pod_ifindex: u32,
+    pub _pad: u32,
+}
+
+/// How far ahead of now EDT may schedule a packet; later ones are dropped
+/// (Cilium's default drop horizon; `fq`'s own is 10 s).
+pub const EDT_HORIZON_NS: u64 = 2_000_000_000;
+/// Packets `fq` on a pod's `eth0` holds in all and per flow (`limit`,
+/// `flow_limit`; its defaults are 10,000 and 100). A sender's socket buffer
+/// normally bounds what it queues (the packets stay charged to it until they
+/// leave), but `fq` drops what exceeds a flow's limit *after* the program charged
+/// it to the pod's clock, which then runs ahead of what leaves: the flow limit
+/// is raised to the total so that only the horizon drops.
+pub const EDT_FQ_LIMIT: u32 = 10_000;

@@ -72,6 +72,7 @@ mod pod {
     unsafe impl aya::Pod for super::SockOrig {}
     unsafe impl aya::Pod for super::HostPortConfig {}
     unsafe impl aya::Pod for super::BwState {}
+    unsafe impl aya::Pod for super::EdtSlot {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::EpDropKey {}
     unsafe impl aya::Pod for super::DropNote {}
@@ -175,6 +176,7 @@ mod tests {
         assert_eq!(size_of::<DropNote>(), 8);
         assert_eq!(size_of::<Bucket>(), 56);
         assert_eq!(size_of::<BwState>(), 112);
+        assert_eq!(size_of::<EdtSlot>(), 16);
         assert_eq!(size_of::<PortKey>(), 8);
         assert_eq!(size_of::<PortTarget>(), 12);
         assert_eq!(size_of::<HpFlow>(), 16);

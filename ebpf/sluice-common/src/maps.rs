@@ -7,9 +7,9 @@
 use core::mem::size_of;
 
 use crate::{
-    BwState, DatapathMeta, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey,
-    HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey,
-    PortTarget, SockKey, SockOrig,
+    BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry,
+    FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
+    PortKey, PortTarget, SockKey, SockOrig,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -96,6 +96,8 @@ pub const HP_SOCK: MapSpec = spec::<SockKey, SockOrig>("sl_hp_sock", MapKind::Lr
 pub const HP_CONFIG: MapSpec = spec::<u32, HostPortConfig>("sl_hp_config", MapKind::Array);
 /// Host veth ifindex -> [`BwState`]: a pod's bandwidth limits and their buckets.
 pub const BANDWIDTH: MapSpec = spec::<u32, BwState>("sl_bw", MapKind::Hash);
+/// Host veth ifindex -> [`EdtSlot`]: pods whose egress is shaped by EDT.
+pub const EDT: MapSpec = spec::<u32, EdtSlot>("sl_edt", MapKind::Hash);
 /// Ring buffer of [`crate::Event`]s (drops, new flows) for `sluicectl monitor`.
 pub const EVENTS: MapSpec = MapSpec {
     name: "sl_events",
@@ -113,7 +115,7 @@ pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 21] = [
+pub const ALL: [MapSpec; 22] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_INFO,
@@ -135,6 +137,7 @@ pub const ALL: [MapSpec; 21] = [
     MONITOR,
     EP_DROPS,
     HP_LEARN,
+    EDT,
 ];
 
 /// The map names, for code that wants a name only.
@@ -160,6 +163,7 @@ pub mod map_names {
     pub const MONITOR: &str = super::MONITOR.name;
     pub const EP_DROPS: &str = super::EP_DROPS.name;
     pub const HP_LEARN: &str = super::HP_LEARN.name;
+    pub const EDT: &str = super::EDT.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -181,7 +185,7 @@ pub mod map_sizes {
     pub const HP_CT: u32 = 65_536;
     pub const NODE_ADDRS: u32 = 256;
     pub const HP_SOCK: u32 = 16_384;
-    /// Pods with bandwidth limits.
+    /// Pods with bandwidth limits (and with EDT egress).
     pub const BANDWIDTH: u32 = 8_192;
     /// (endpoint, drop reason) pairs with a count.
     pub const EP_DROPS: u32 = 16_384;

@@ -8,6 +8,8 @@ pub enum ProgKind {
     PodIngress,
     /// tc egress of a pod's host veth.
     PodEgress,
+    /// tc egress of the pod's own `eth0`, inside its namespace (EDT).
+    PodDevice,
     /// tc ingress of the node's uplink.
     UplinkIngress,
     /// tc egress of the node's uplink.
@@ -42,6 +44,9 @@ pub mod prog_names {
     pub const FROM_POD: &str = "from_pod";
     /// tc egress of a host veth: packets going to the pod.
     pub const TO_POD: &str = "to_pod";
+    /// tc egress of a pod's own `eth0` (in its namespace, with `fq` as its
+    /// root qdisc): EDT departure times for the pod's egress limit.
+    pub const POD_EDT: &str = "pod_edt";
     /// tc ingress of the node's uplink.
     pub const UPLINK_IN: &str = "uplink_in";
     /// tc egress of the node's uplink (masquerade).
@@ -78,6 +83,9 @@ pub const POD: [ProgSpec; 2] = [
     prog(prog_names::TO_POD, ProgKind::PodEgress),
 ];
 
+/// The EDT program, attached to a limited pod's own `eth0`.
+pub const POD_DEVICE: ProgSpec = prog(prog_names::POD_EDT, ProgKind::PodDevice);
+
 /// The uplink's tc programs.
 pub const UPLINK_TC: [ProgSpec; 2] = [
     prog(prog_names::UPLINK_IN, ProgKind::UplinkIngress),
@@ -105,9 +113,10 @@ pub const SOCK_HOOKS: [ProgSpec; 4] = [
 ];
 
 /// Every program of the object, in load order.
-pub const ALL: [ProgSpec; 11] = [
+pub const ALL: [ProgSpec; 12] = [
     POD[0],
     POD[1],
+    POD_DEVICE,
     UPLINK_TC[0],
     UPLINK_TC[1],
     prog(prog_names::UPLINK_XDP, ProgKind::UplinkXdp),

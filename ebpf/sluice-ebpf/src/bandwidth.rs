@@ -4,7 +4,8 @@
 //! stream needs to keep the rate through drops (`Bucket::depth_for`, 300 ms of
 //! the rate), whatever burst was configured.
 //!
-//! Egress (what the pod sends) is checked in `from_pod`; ingress (what it
+//! Egress (what the pod sends) is checked in `from_pod`, unless EDT shapes it
+//! (`edt`, on kernels with `sch_fq`); ingress (what it
 //! receives) wherever a packet is handed to the pod: `bpf_redirect_peer` and the
 //! XDP redirect skip the host veth's egress hook, so `endpoint::deliver_*` check
 //! it, and `to_pod` for what the kernel routes.
@@ -18,7 +19,10 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{reason, Bucket};
 
-use crate::{events::note_drop, maps::BANDWIDTH};
+use crate::{
+    events::note_drop,
+    maps::{BANDWIDTH, EDT},
+};
 
 /// Headers each segment of a GSO packet carries on the wire: Ethernet, IPv4 and
 /// TCP with timestamps (14 + 20 + 32).
@@ -41,6 +45,10 @@ pub fn admit(ifindex: u32, len: u32, ingress: bool) -> bool {
     let Some(s) = BANDWIDTH.get_ptr_mut(ifindex) else {
         return true;
     };
+    // EDT shapes this pod's egress on its own eth0 (see `edt`).
+    if !ingress && EDT.get_ptr(ifindex).is_some() {
+        return true;
+    }
     // SAFETY: a live map value; fields are only touched through atomics or
     // plain racy stores whose loss is harmless (see the module doc).
     let b: *mut Bucket = unsafe {

@@ -157,6 +157,16 @@ impl Headers {
         })
     }
 
+    /// The source as a map key.
+    #[inline(always)]
+    pub fn src_key(&self) -> IpKey {
+        // SAFETY: the pointers were bounds checked by `parse`.
+        match self.l3 {
+            L3::V4(ip) => IpKey::v4(unsafe { (*ip).src_addr }),
+            L3::V6(ip) => IpKey::v6(unsafe { (*ip).src_addr }),
+        }
+    }
+
     /// The destination as a map key.
     #[inline(always)]
     pub fn dst_key(&self) -> IpKey {

@@ -4,6 +4,8 @@
 //!   `bpf_redirect_peer` into it; otherwise FIB lookup and redirect out of the
 //!   egress device, or pass to the kernel where the FIB says local.
 //! - `to_pod` (tc egress of a host veth): what the kernel sends into a pod.
+//! - `pod_edt` (tc egress of a limited pod's own `eth0`, in its namespace): EDT
+//!   departure times for the pod's egress limit, which `fq` there enforces.
 //! - `uplink_in` (tc ingress of the node's uplink): packets for local pods go
 //!   straight into them.
 //! - `uplink_xdp` (XDP on the uplink): the same, earlier; what it does not
@@ -21,6 +23,7 @@
 mod bandwidth;
 mod counters;
 mod csum;
+mod edt;
 mod endpoint;
 mod events;
 mod forward;
@@ -174,6 +177,14 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
         );
     }
     forward::forward(ctx, &h, ifindex)
+}
+
+/// tc egress of a limited pod's own `eth0` (in its namespace): EDT departure
+/// times (see `edt`).
+#[classifier]
+pub fn pod_edt(ctx: TcContext) -> i32 {
+    let (v, ifindex) = edt::stamp(&ctx);
+    tc_exit(&ctx, v, ifindex)
 }
 
 #[classifier]

@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    map_sizes, monitor_slot, reason, BwState, DatapathMeta, DropNote, Endpoint, EndpointInfo,
-    EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig,
-    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
+    map_sizes, monitor_slot, reason, BwState, DatapathMeta, DropNote, EdtSlot, Endpoint,
+    EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey,
+    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -64,6 +64,10 @@ pub static HP_CONFIG: Array<HostPortConfig> = Array::pinned(1, 0);
 
 #[map(name = "sl_bw")]
 pub static BANDWIDTH: HashMap<u32, BwState> = HashMap::pinned(map_sizes::BANDWIDTH, 0);
+
+/// Pods whose egress EDT shapes (see `edt`); written by userspace at ADD.
+#[map(name = "sl_edt")]
+pub static EDT: HashMap<u32, EdtSlot> = HashMap::pinned(map_sizes::BANDWIDTH, 0);
 
 /// Drops and new flows for `sluicectl monitor` (see `events`).
 #[map(name = "sl_events")]
