@@ -133,25 +133,39 @@ pub(super) fn attach_pod(root: &PinRoot, host_ifname: &str, mode: PodAttach) -> 
         let hook = tc_hook(p.kind);
         match mode {
             PodAttach::Tc => attach_filter(&mut prog, p.name, host_ifname, hook)?,
-            PodAttach::Tcx => {
-                let lp = pod_link_path(root, host_ifname, p.name);
-                // A pin left by a crashed ADD of the same attachment.
-                detach_pinned(&lp)?;
-                let id = prog
-                    .attach_with_options(
-                        host_ifname,
-                        hook,
-                        TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
-                    )
-                    .map_err(|e| dp_err(format!("attach {} to {host_ifname}", p.name), e))?;
-                let link = prog
-                    .take_link(id)
-                    .map_err(|e| dp_err(format!("take link of {} on {host_ifname}", p.name), e))?;
-                pin_link(link, &lp)?;
-            }
+            PodAttach::Tcx => attach_tcx_pinned(
+                &mut prog,
+                p.name,
+                host_ifname,
+                hook,
+                &pod_link_path(root, host_ifname, p.name),
+            )?,
         }
     }
     Ok(())
+}
+
+/// `prog` on `ifname`'s `hook` as a tcx link pinned at `lp` (a pin left there
+/// by a crashed ADD of the same attachment is detached first).
+fn attach_tcx_pinned(
+    prog: &mut SchedClassifier,
+    name: &str,
+    ifname: &str,
+    hook: TcAttachType,
+    lp: &Path,
+) -> Result<(), Error> {
+    detach_pinned(lp)?;
+    let id = prog
+        .attach_with_options(
+            ifname,
+            hook,
+            TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
+        )
+        .map_err(|e| dp_err(format!("attach {name} to {ifname}"), e))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| dp_err(format!("take link of {name} on {ifname}"), e))?;
+    pin_link(link, lp)
 }
 
 fn add_clsact(ifname: &str) -> Result<(), Error> {
@@ -218,20 +232,7 @@ pub(super) fn attach_pod_device(
             add_clsact(pod_ifname)?;
             attach_filter(&mut prog, name, pod_ifname, hook)
         }
-        PodAttach::Tcx => {
-            detach_pinned(&lp)?;
-            let id = prog
-                .attach_with_options(
-                    pod_ifname,
-                    hook,
-                    TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default()),
-                )
-                .map_err(|e| dp_err(format!("attach {name} to the pod's {pod_ifname}"), e))?;
-            let link = prog
-                .take_link(id)
-                .map_err(|e| dp_err(format!("take link of {name} on the pod's {pod_ifname}"), e))?;
-            pin_link(link, &lp)
-        }
+        PodAttach::Tcx => attach_tcx_pinned(&mut prog, name, pod_ifname, hook, &lp),
     })?
 }
 
