@@ -173,7 +173,7 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
         let job = kdir.join("job.sh");
         fs::write(&job, job_script(ws, env, kernel, &tests, plan))?;
         println!("==> {} ({})", kernel.name, kernel.release);
-        let console = qemu::Boot {
+        let boot = qemu::Boot {
             kernel,
             initrd: &initrd,
             job: &job.display().to_string(),
@@ -183,8 +183,19 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
             memory_mib: 4096,
             deadline: plan.deadline,
             prefix: format!("[{}] ", kernel.name),
+        };
+        let mut console = boot.run()?;
+        // A guest that dies before its userspace starts ran none of our code: seen
+        // once, Debian's 7.2 panicking in its own boot-time crypto self-test
+        // under emulation (TCG). It gets one more boot; a second failure stands.
+        if !console.booted() && !console.timed_out {
+            println!(
+                "vm: {} died before its userspace started; booting it once more",
+                kernel.name
+            );
+            qemu::fresh_dir(&out)?;
+            console = boot.run()?;
         }
-        .run()?;
         report
             .kernels
             .push(KernelResult::read(kernel, &tests, &out, &console));
