@@ -2,6 +2,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use sluice_common::{bw_limits, Bucket, BwState};
+use sluice_maps::bandwidth::EgressMode;
 
 use crate::{
     args::{BandwidthCommand, BandwidthGetArgs, BandwidthListArgs, BandwidthSetArgs, Target},
@@ -47,10 +48,10 @@ fn bucket_text(b: &Bucket) -> String {
 /// limit is enforced (`edt`: departure times and fq on the pod's eth0;
 /// `policer`: the bucket drops).
 fn pod_json(
-    dp: &Datapath,
     eps: &[sluice_maps::endpoint::EndpointRow],
     ifindex: u32,
     s: &BwState,
+    mode: EgressMode,
 ) -> Value {
     let mine: Vec<&sluice_maps::endpoint::EndpointRow> = eps
         .iter()
@@ -64,8 +65,7 @@ fn pod_json(
         "hostIfindex": ifindex,
         "egress": bucket_json(&s.egress),
         // How the egress limit is enforced (null without one).
-        "egressMode": (s.egress.rate != 0)
-            .then(|| sluice_maps::bandwidth::egress_mode(&dp.root, ifindex).as_str()),
+        "egressMode": (s.egress.rate != 0).then(|| mode.as_str()),
         "ingress": bucket_json(&s.ingress),
     })
 }
@@ -73,10 +73,22 @@ fn pod_json(
 fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
     let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let only = selected_ifindexes(&eps, a.pod.as_deref())?;
+    // sl_edt read once, not per pod.
+    let edt: Vec<u32> = sluice_maps::bandwidth::edt_list(&dp.root)?
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
     let rows: Vec<Value> = sluice_maps::bandwidth::list(&dp.root)?
         .iter()
         .filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i)))
-        .map(|(i, s)| pod_json(dp, &eps, *i, s))
+        .map(|(i, s)| {
+            let mode = if edt.contains(i) {
+                EgressMode::Edt
+            } else {
+                EgressMode::Policer
+            };
+            pod_json(&eps, *i, s, mode)
+        })
         .collect();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -144,13 +156,13 @@ fn get(dp: &Datapath, a: &BandwidthGetArgs) -> Result<()> {
         .find(|(i, _)| *i == ifindex)
         .map(|(_, s)| s)
         .unwrap_or_default();
+    let mode = sluice_maps::bandwidth::egress_mode(&dp.root, ifindex);
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&pod_json(dp, &eps, ifindex, &s))?
+            serde_json::to_string_pretty(&pod_json(&eps, ifindex, &s, mode))?
         );
     } else {
-        let mode = sluice_maps::bandwidth::egress_mode(&dp.root, ifindex);
         if s.egress.rate == 0 {
             println!("egress:  {}", bucket_text(&s.egress));
         } else {

@@ -51,12 +51,25 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .collect();
     let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
     let flows = sluice_maps::nat::flows(&dp.root)?.len();
-    // Pods with an egress limit, by how it is enforced.
-    let egress_limited = sluice_maps::bandwidth::list(&dp.root)?
-        .iter()
-        .filter(|(_, s)| s.egress.rate != 0)
-        .count();
-    let edt = sluice_maps::bandwidth::edt_list(&dp.root)?.len();
+    // Limited pods, and those with an egress limit by how it is enforced (an
+    // sl_edt entry counts only while its pod has an egress limit, as in
+    // `bandwidth list`).
+    let limited = sluice_maps::bandwidth::list(&dp.root)?;
+    let edt_pods: Vec<u32> = sluice_maps::bandwidth::edt_list(&dp.root)?
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    let (edt, policer) =
+        limited
+            .iter()
+            .filter(|(_, s)| s.egress.rate != 0)
+            .fold((0, 0), |(e, p), (i, _)| {
+                if edt_pods.contains(i) {
+                    (e + 1, p)
+                } else {
+                    (e, p + 1)
+                }
+            });
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -77,9 +90,9 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
             "socketHooks": hooks,
         },
         "bandwidth": {
-            "pods": sluice_maps::bandwidth::list(&dp.root)?.len(),
+            "pods": limited.len(),
             "egressEdt": edt,
-            "egressPolicer": egress_limited.saturating_sub(edt),
+            "egressPolicer": policer,
         },
         "counters": counters.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
@@ -120,9 +133,8 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         }
     );
     println!(
-        "bandwidth:  {} pods limited; egress: {edt} EDT (fq on the pod's eth0), {} policer",
-        v["bandwidth"]["pods"],
-        egress_limited.saturating_sub(edt)
+        "bandwidth:  {} pods limited; egress: {edt} EDT (fq on the pod's eth0), {policer} policer",
+        limited.len()
     );
     for p in &programs {
         println!(

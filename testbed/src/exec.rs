@@ -130,27 +130,7 @@ pub fn run(
         }
         drop(child_stdin);
     });
-    let reader = |s: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(s) = s {
-                let _ = s.take(MAX_OUTPUT).read_to_end(&mut out);
-            }
-            String::from_utf8_lossy(&out).into_owned()
-        })
-    };
-    let out_thread = reader(
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
-    let err_thread = reader(
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
+    let [out_thread, err_thread] = read_output(&mut child);
 
     let (status, timed_out) = wait_until(&mut child, TIMEOUT, &what)?;
     let _ = writer.join();
@@ -167,6 +147,34 @@ pub fn run(
         ));
     }
     Ok(out)
+}
+
+/// Reads the child's stdout and stderr, each on a thread of its own (at most
+/// [`MAX_OUTPUT`] bytes each), so that no pipe fills up and stalls it.
+fn read_output(child: &mut Child) -> [thread::JoinHandle<String>; 2] {
+    let read = |s: Option<Box<dyn Read + Send>>| {
+        thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(s) = s {
+                let _ = s.take(MAX_OUTPUT).read_to_end(&mut out);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+    };
+    [
+        read(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+        read(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+    ]
 }
 
 /// Waits for `child` to end, at most `timeout` (then kills it): its exit code
@@ -282,29 +290,7 @@ pub fn spawn(
     let mut child = cmd
         .spawn()
         .map_err(|e| err!("cannot start `{what}`: {e}"))?;
-    let read = |s: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(s) = s {
-                let _ = s.take(MAX_OUTPUT).read_to_end(&mut out);
-            }
-            String::from_utf8_lossy(&out).into_owned()
-        })
-    };
-    let readers = vec![
-        read(
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ),
-        read(
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ),
-    ];
+    let readers = read_output(&mut child).into();
     let running = Running {
         child: Some(child),
         what,
