@@ -35,6 +35,10 @@ pub(crate) enum Command {
     /// Benchmarks: Sluice, the reference plugins and a bare veth pair on one
     /// namespace testbed, interleaved, as ratios; writes docs/benchmarks.md (root).
     Bench(BenchArgs),
+    /// The bandwidth benchmark (`bench --only bandwidth`) inside Debian's
+    /// kernels in qemu, whose `sch_fq` gives Sluice EDT egress; writes
+    /// docs/benchmarks-kernels.md (as root).
+    VmBench(VmBenchArgs),
     /// The connection loop `bench` runs inside a namespace (one side of the
     /// new-connections-per-second figure).
     #[command(hide = true)]
@@ -133,6 +137,27 @@ pub(crate) struct BenchArgs {
     /// Run one table alone (quicker; docs/benchmarks.md is then left as it is).
     #[arg(long, value_enum, value_name = "TABLE")]
     pub only: Option<BenchTable>,
+    /// Take `sluice` and `sluicectl` from $`SLUICE_BIN` and $`SLUICECTL_BIN`
+    /// instead of setting up and building (how `vm-bench` runs it in a guest).
+    #[arg(long, hide = true)]
+    pub prebuilt: bool,
+    /// Also write the results (`results.md`: machine, tables, targets) and the
+    /// method (`method.md`) as markdown into DIR (how `vm-bench` collects them).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub markdown_parts: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct VmBenchArgs {
+    /// Kernels to boot (comma-separated, as for vm-test) [default: 5.10,6.1,6.12,sid].
+    #[arg(long, value_delimiter = ',', value_name = "K,...")]
+    pub kernel: Vec<String>,
+    /// Rounds of every figure in each guest; the report shows the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    /// Each kernel's run is killed after this many minutes.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=240))]
+    pub timeout_mins: u32,
 }
 
 /// The tables of `cargo xtask bench`.

@@ -15,10 +15,10 @@ mod measure;
 mod report;
 mod topology;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::{
-    build,
+    build::{self, Binaries},
     cli::{BenchArgs, BenchTable, SetupArgs},
     ebpf, setup,
     testbed::Testbed,
@@ -39,9 +39,13 @@ pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
 }
 
 pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
-    setup::run(&SetupArgs::default())?;
-    let object = ebpf::build(ws)?;
-    let bins = build::build_bins(ws, &object, true)?;
+    let bins = if args.prebuilt {
+        prebuilt()?
+    } else {
+        setup::run(&SetupArgs::default())?;
+        let object = ebpf::build(ws)?;
+        build::build_bins(ws, &object, true)?
+    };
     let want = |t| args.only.is_none_or(|o| o == t);
     // Made before the testbed, so removed after it (the hooks go with the pins).
     let cgroups = if want(BenchTable::Hostport) {
@@ -97,6 +101,9 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         check_ifbs(&tb, &bw, before)?;
     }
     let mut report = Report::new(args.only);
+    if let Some((_, s)) = bw.iter().find(|(k, _)| *k == SLUICE_BW) {
+        report.sluice_egress = Some(sluice_egress(&tb, &bins, s)?);
+    }
     for round in 0..args.rounds {
         eprintln!("bench: round {} of {}", round + 1, args.rounds);
         if !routing.is_empty() {
@@ -134,6 +141,11 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     }
     let text = report.render(args);
     print!("{text}");
+    if let Some(dir) = &args.markdown_parts {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("results.md"), report.markdown_results("###"))?;
+        std::fs::write(dir.join("method.md"), report.markdown_method(args, "###"))?;
+    }
     if args.only.is_some() {
         println!("(one table only: docs/benchmarks.md left as it is)");
         return Ok(());
@@ -303,6 +315,41 @@ fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Re
         r.add(Figure::HpAddP50, *index, measure::p50_p99(t).0);
     }
     Ok(())
+}
+
+/// `sluice` and `sluicectl` as $`SLUICE_BIN` and $`SLUICECTL_BIN` name them.
+fn prebuilt() -> Result<Binaries> {
+    let var = |key: &str| -> Result<std::path::PathBuf> {
+        let path = std::env::var_os(key)
+            .map(std::path::PathBuf::from)
+            .with_context(|| format!("--prebuilt: ${key} is not set"))?;
+        if !path.is_file() {
+            bail!("--prebuilt: ${key} is {}, not a file", path.display());
+        }
+        Ok(path)
+    };
+    Ok(Binaries {
+        sluice: var("SLUICE_BIN")?,
+        sluicectl: var("SLUICECTL_BIN")?,
+    })
+}
+
+/// What `sluicectl status` says of the Sluice bandwidth node's pods: how
+/// many send through EDT and how many through the policer.
+fn sluice_egress(tb: &Testbed, bins: &Binaries, s: &BwSetup) -> Result<String> {
+    let mut c = std::process::Command::new(&bins.sluicectl);
+    c.args(["--pin-root", &tb.pin_root(&s.tag).display().to_string()])
+        .args(["status", "--json"]);
+    let out = crate::cmd::stdout(&mut c)?;
+    let status: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("sluicectl status: {out}"))?;
+    let count = |key: &str| status["bandwidth"][key].as_u64().unwrap_or(0);
+    let (edt, policer) = (count("egressEdt"), count("egressPolicer"));
+    Ok(match (edt, policer) {
+        (0, p) => format!("the policer for all {p} pods (no sch_fq in this kernel)"),
+        (e, 0) => format!("EDT (sch_fq) for all {e} pods"),
+        (e, p) => format!("EDT for {e} pods and the policer for {p} (mixed: see ADD's stderr)"),
+    })
 }
 
 /// Seconds of every bandwidth figure (whatever `--seconds` says: the limits'

@@ -247,6 +247,9 @@ impl Figure {
 pub(super) struct Report {
     only: Option<BenchTable>,
     values: Vec<(Figure, usize, f64)>,
+    /// How Sluice's bandwidth pods sent (EDT or the policer), as `sluicectl
+    /// status` said after their ADD.
+    pub sluice_egress: Option<String>,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -262,6 +265,7 @@ impl Report {
         Self {
             only,
             values: Vec::new(),
+            sluice_egress: None,
         }
     }
 
@@ -598,7 +602,30 @@ impl Report {
         };
         let (sl, sl_ok, all) = ratios(SLUICE_BW);
         let (rf, rf_ok, _) = ratios(REFERENCE_BW);
+        // Retransmissions summed over every limit and burst, per direction.
+        let retransmits = |setup: usize, ingress: bool| -> f64 {
+            (0..BW_RATES.len())
+                .flat_map(|rate| (0..BW_BURSTS_MS.len()).map(move |burst| (rate, burst)))
+                .filter_map(|(rate, burst)| {
+                    self.value(Figure::BwTcpRetransmits((rate, burst, ingress)), setup)
+                })
+                .sum()
+        };
+        let sums = |ingress: bool| {
+            format!(
+                "{}: Sluice {:.0}, reference {:.0}",
+                if ingress { "ingress" } else { "egress" },
+                retransmits(SLUICE_BW, ingress),
+                retransmits(REFERENCE_BW, ingress)
+            )
+        };
         vec![
+            format!(
+                "bandwidth: TCP retransmissions, summed over every limit and burst (Sluice's egress: {}): {}; {}",
+                self.sluice_egress.as_deref().unwrap_or("not measured"),
+                sums(false),
+                sums(true)
+            ),
             format!(
                 "bandwidth: Sluice one TCP stream within ±10% of the limit (received/limit 0.9-1.1) at \
                  every limit, burst and direction: {}; {sl_ok} of {all} within, {}",
@@ -622,7 +649,7 @@ impl Report {
             BenchTable::Hostport => "hostport",
             BenchTable::Bandwidth => "bandwidth",
         }));
-        let vars = method_vars(args);
+        let vars = method_vars(args, self.sluice_egress.as_deref());
         names
             .into_iter()
             .filter_map(|n| method_section(n))
@@ -679,10 +706,17 @@ impl Report {
              run on the same namespace testbed in one run. Absolute numbers drift by 30% or more \
              between runs on these VMs; compare the ratios.\n\n",
         );
-        let _ = writeln!(md, "Machine: {}\n", machine());
+        md.push_str(&self.markdown_results("##"));
+        md.push_str(&self.markdown_method(args, "##"));
+        md
+    }
+
+    /// The machine, the tables and the targets, sections at heading `level`.
+    pub(super) fn markdown_results(&self, level: &str) -> String {
+        let mut md = format!("Machine: {}\n\n", machine());
         for t in self.tables() {
             let header = Self::header(t);
-            let _ = writeln!(md, "## {}\n", t.title);
+            let _ = writeln!(md, "{level} {}\n", t.title);
             let _ = writeln!(md, "| {} |", header.join(" | "));
             let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
             for r in self.rows(t) {
@@ -690,15 +724,23 @@ impl Report {
             }
             md.push('\n');
         }
-        md.push_str("## Targets (issues: routing datapath, masquerade, hostPort, bandwidth)\n\n");
+        let _ = writeln!(
+            md,
+            "{level} Targets (issues: routing datapath, masquerade, hostPort, bandwidth)\n"
+        );
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
         }
-        md.push_str("\n## Method\n");
+        md
+    }
+
+    /// The method and what the packets go through, sections at heading `level`.
+    pub(super) fn markdown_method(&self, args: &BenchArgs, level: &str) -> String {
+        let mut md = format!("\n{level} Method\n");
         for p in self.method(args) {
             let _ = writeln!(md, "\n{p}");
         }
-        md.push_str(PATHS);
+        md.push_str(&PATHS.replace("\n## ", &format!("\n{level} ")));
         md
     }
 }
@@ -750,8 +792,12 @@ fn method_section(name: &str) -> Option<&'static str> {
 }
 
 /// The values of [`METHOD`]'s placeholders for this run.
-fn method_vars(args: &BenchArgs) -> Vec<(&'static str, String)> {
+fn method_vars(args: &BenchArgs, sluice_egress: Option<&str>) -> Vec<(&'static str, String)> {
     vec![
+        (
+            "sluice_egress",
+            sluice_egress.unwrap_or("not measured").to_string(),
+        ),
         ("rounds", args.rounds.to_string()),
         ("seconds", args.seconds.to_string()),
         ("pods", args.pods.to_string()),
@@ -815,8 +861,11 @@ const PATHS: &str = "
   ifb device and waits in a tbf qdisc there (a shaper: packets queue up to
   25 ms of rate beyond the burst, then drop).
 - **sluice** (bandwidth table): as sluice, plus a token bucket per pod and direction
-  in `sl_bw`, checked by `from_pod` (egress) and at every delivery into the pod
-  (ingress): a packet without enough tokens is dropped (a policer, no queue).
+  in `sl_bw`, checked at every delivery into the pod (ingress) and, on kernels
+  without `sch_fq`, by `from_pod` (egress): a packet without enough tokens is dropped
+  (a policer, no queue). With `sch_fq` (the method says which this run had), egress
+  is EDT: `pod_edt` on the pod's own `eth0` stamps each packet's departure time from
+  the pod's clock in `sl_edt`, and an `fq` qdisc there holds it until then.
 
 ## Reading the targets
 
@@ -862,10 +911,12 @@ mod tests {
             seconds: 3,
             pods: 50,
             only: None,
+            prebuilt: false,
+            markdown_parts: None,
         };
         for name in ["all", "routing", "masquerade", "hostport", "bandwidth"] {
             let text = method_section(name).unwrap_or_else(|| panic!("no [{name}] section"));
-            let filled = fill(text, &method_vars(&args));
+            let filled = fill(text, &method_vars(&args, Some("EDT")));
             assert!(
                 !filled.contains('{') && !filled.contains('['),
                 "{name}: {filled}"

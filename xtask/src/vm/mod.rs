@@ -8,6 +8,7 @@
 //! built on the host and writes its output and exit status to a shared
 //! directory, around a leak check of its own (netns, links, bpffs). Everything
 //! is cached under `target/vm`.
+pub(crate) mod bench;
 mod initramfs;
 mod kernels;
 mod qemu;
@@ -166,41 +167,56 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
     );
     let mut report = Report::default();
     for kernel in &kernels {
-        let kdir = dir.join("runs").join(&kernel.release);
-        fs::create_dir_all(&kdir)?;
-        let initrd = initramfs::build(kernel, &kdir.join("initrd"))?;
-        let out = qemu::fresh_dir(&kdir.join("out"))?;
-        let job = kdir.join("job.sh");
-        fs::write(&job, job_script(ws, env, kernel, &tests, plan))?;
-        println!("==> {} ({})", kernel.name, kernel.release);
-        let boot = qemu::Boot {
-            kernel,
-            initrd: &initrd,
-            job: &job.display().to_string(),
-            out: &out,
-            accel: plan.accel,
-            cpus: 2,
-            memory_mib: 4096,
-            deadline: plan.deadline,
-            prefix: format!("[{}] ", kernel.name),
-        };
-        let mut console = boot.run()?;
-        // A guest that dies before its userspace starts ran none of our code: seen
-        // once, Debian's 7.2 panicking in its own boot-time crypto self-test
-        // under emulation (TCG). It gets one more boot; a second failure stands.
-        if !console.booted() && !console.timed_out {
-            println!(
-                "vm: {} died before its userspace started; booting it once more",
-                kernel.name
-            );
-            qemu::fresh_dir(&out)?;
-            console = boot.run()?;
-        }
+        let (out, console) = boot_job(&dir, kernel, plan.accel, plan.deadline, |k| {
+            job_script(ws, env, k, &tests, plan)
+        })?;
         report
             .kernels
             .push(KernelResult::read(kernel, &tests, &out, &console));
     }
     Ok(report)
+}
+
+/// Boots `kernel` with the job `job` writes, under `target/vm/runs/<release>`;
+/// returns the guest's output directory and its console.
+fn boot_job(
+    dir: &Path,
+    kernel: &Kernel,
+    accel: Accel,
+    deadline: Duration,
+    job: impl Fn(&Kernel) -> String,
+) -> Result<(PathBuf, qemu::Console)> {
+    let kdir = dir.join("runs").join(&kernel.release);
+    fs::create_dir_all(&kdir)?;
+    let initrd = initramfs::build(kernel, &kdir.join("initrd"))?;
+    let out = qemu::fresh_dir(&kdir.join("out"))?;
+    let script = kdir.join("job.sh");
+    fs::write(&script, job(kernel))?;
+    println!("==> {} ({})", kernel.name, kernel.release);
+    let boot = qemu::Boot {
+        kernel,
+        initrd: &initrd,
+        job: &script.display().to_string(),
+        out: &out,
+        accel,
+        cpus: 2,
+        memory_mib: 4096,
+        deadline,
+        prefix: format!("[{}] ", kernel.name),
+    };
+    let mut console = boot.run()?;
+    // A guest that dies before its userspace starts ran none of our code: seen
+    // once, Debian's 7.2 panicking in its own boot-time crypto self-test
+    // under emulation (TCG). It gets one more boot; a second failure stands.
+    if !console.booted() && !console.timed_out {
+        println!(
+            "vm: {} died before its userspace started; booting it once more",
+            kernel.name
+        );
+        qemu::fresh_dir(&out)?;
+        console = boot.run()?;
+    }
+    Ok((out, console))
 }
 
 /// One test binary to run in the guest, with its test name filters.
@@ -210,8 +226,8 @@ struct Run {
     filters: Vec<String>,
 }
 
-/// The guest's job: mounts, modules, environment, each test binary with its
-/// log and exit status in /out, and a leak check around them.
+/// The guest's job: the prelude, each test binary with its log and exit
+/// status in /out, and a leak check around them.
 fn job_script(
     ws: &Workspace,
     env: &TestEnv,
@@ -219,7 +235,36 @@ fn job_script(
     tests: &[Run],
     plan: &Plan,
 ) -> String {
-    let mut s = String::from("#!/bin/sh\n# Written by cargo xtask vm-test; runs in the guest.\n");
+    let mut s = prelude(ws, kernel, &env.vars());
+    s.push_str(
+        "snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
+         snapshot | sort > /out/before\n",
+    );
+    for Run { name, exe, filters } in tests {
+        let filter: Vec<String> = filters.iter().map(|f| format!("'{f}'")).collect();
+        let _ = writeln!(
+            s,
+            "echo 'SLUICE-VM-TEST {name}'\n\
+             ( '{}' --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
+            exe.display(),
+            plan.threads,
+            filter.join(" ")
+        );
+    }
+    s.push_str(
+        "snapshot | sort > /out/after\n\
+         comm -13 /out/before /out/after > /out/leaks\n\
+         sync\n\
+         echo SLUICE-VM-DONE\n",
+    );
+    s
+}
+
+/// The start of every guest job: /out mounted, the mounts and modules a node
+/// has, the environment `vars`, the workspace as working directory, the
+/// kernel's release in /out/kernel.
+fn prelude(ws: &Workspace, kernel: &Kernel, vars: &[(&str, &Path)]) -> String {
+    let mut s = String::from("#!/bin/sh\n# Written by cargo xtask; runs in the guest.\n");
     s.push_str(
         "mkdir -p /out && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out \
          || { echo 'SLUICE-VM-ERROR out'; exit 1; }\n\
@@ -244,7 +289,7 @@ fn job_script(
          hostname sluice-vm\n\
          export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n",
     );
-    for (key, value) in env.vars() {
+    for (key, value) in vars {
         let _ = writeln!(s, "export {key}='{}'", value.display());
     }
     // (The overlay root is writable already: no tmpfs on /tmp, which could hide
@@ -254,28 +299,7 @@ fn job_script(
         "cd '{}' || {{ echo 'SLUICE-VM-ERROR workspace not visible'; exit 1; }}",
         ws.root.display()
     );
-    s.push_str(
-        "echo \"SLUICE-VM-KERNEL $(uname -r)\" | tee /out/kernel\n\
-         snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
-         snapshot | sort > /out/before\n",
-    );
-    for Run { name, exe, filters } in tests {
-        let filter: Vec<String> = filters.iter().map(|f| format!("'{f}'")).collect();
-        let _ = writeln!(
-            s,
-            "echo 'SLUICE-VM-TEST {name}'\n\
-             ( '{}' --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
-            exe.display(),
-            plan.threads,
-            filter.join(" ")
-        );
-    }
-    s.push_str(
-        "snapshot | sort > /out/after\n\
-         comm -13 /out/before /out/after > /out/leaks\n\
-         sync\n\
-         echo SLUICE-VM-DONE\n",
-    );
+    s.push_str("echo \"SLUICE-VM-KERNEL $(uname -r)\" | tee /out/kernel\n");
     s
 }
 
