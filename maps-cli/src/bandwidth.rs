@@ -2,7 +2,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use sluice_common::{bw_limits, Bucket, BwState};
-use sluice_maps::bandwidth::EgressMode;
+use sluice_maps::bandwidth::{EgressMode, EgressModes};
 
 use crate::{
     args::{BandwidthCommand, BandwidthGetArgs, BandwidthListArgs, BandwidthSetArgs, Target},
@@ -73,22 +73,11 @@ fn pod_json(
 fn list(dp: &Datapath, a: &BandwidthListArgs) -> Result<()> {
     let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let only = selected_ifindexes(&eps, a.pod.as_deref())?;
-    // sl_edt read once, not per pod.
-    let edt: Vec<u32> = sluice_maps::bandwidth::edt_list(&dp.root)?
-        .into_iter()
-        .map(|(i, _)| i)
-        .collect();
+    let modes = EgressModes::read(&dp.root)?;
     let rows: Vec<Value> = sluice_maps::bandwidth::list(&dp.root)?
         .iter()
         .filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i)))
-        .map(|(i, s)| {
-            let mode = if edt.contains(i) {
-                EgressMode::Edt
-            } else {
-                EgressMode::Policer
-            };
-            pod_json(&eps, *i, s, mode)
-        })
+        .map(|(i, s)| pod_json(&eps, *i, s, modes.of(*i)))
         .collect();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -55,21 +55,14 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     // sl_edt entry counts only while its pod has an egress limit, as in
     // `bandwidth list`).
     let limited = sluice_maps::bandwidth::list(&dp.root)?;
-    let edt_pods: Vec<u32> = sluice_maps::bandwidth::edt_list(&dp.root)?
-        .into_iter()
-        .map(|(i, _)| i)
-        .collect();
-    let (edt, policer) =
-        limited
-            .iter()
-            .filter(|(_, s)| s.egress.rate != 0)
-            .fold((0, 0), |(e, p), (i, _)| {
-                if edt_pods.contains(i) {
-                    (e + 1, p)
-                } else {
-                    (e, p + 1)
-                }
-            });
+    let modes = sluice_maps::bandwidth::EgressModes::read(&dp.root)?;
+    let (edt, policer) = limited.iter().filter(|(_, s)| s.egress.rate != 0).fold(
+        (0, 0),
+        |(e, p), (i, _)| match modes.of(*i) {
+            sluice_maps::bandwidth::EgressMode::Edt => (e + 1, p),
+            sluice_maps::bandwidth::EgressMode::Policer => (e, p + 1),
+        },
+    );
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,

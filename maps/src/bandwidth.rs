@@ -125,6 +125,25 @@ pub fn egress_mode(root: &PinRoot, ifindex: u32) -> EgressMode {
     }
 }
 
+/// The egress modes of every pod, from one read of `sl_edt` (for listings:
+/// [`egress_mode`] reads the map per pod).
+pub struct EgressModes(Vec<u32>);
+
+impl EgressModes {
+    pub fn read(root: &PinRoot) -> Result<Self> {
+        Ok(Self(edt_list(root)?.into_iter().map(|(i, _)| i).collect()))
+    }
+
+    /// The egress mode of the pod on `ifindex`.
+    pub fn of(&self, ifindex: u32) -> EgressMode {
+        if self.0.binary_search(&ifindex).is_ok() {
+            EgressMode::Edt
+        } else {
+            EgressMode::Policer
+        }
+    }
+}
+
 /// Every pod with EDT egress: (host veth ifindex, its slot), sorted.
 pub fn edt_list(root: &PinRoot) -> Result<Vec<(u32, EdtSlot)>> {
     if !root.has(&maps::EDT) {
