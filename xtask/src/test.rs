@@ -118,12 +118,7 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
 /// kernel; emulated (TCG, ~15x slower, the datapath's load alone ~13 s on 5.10)
 /// each kernel runs every feature's main traffic tests (`TCG_MAIN_TESTS`).
 fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
-    let kernels: Vec<String> = args.kernels.clone().unwrap_or_else(|| {
-        vm::MATRIX
-            .iter()
-            .map(std::string::ToString::to_string)
-            .collect()
-    });
+    let kernels = vm::kernels_or_matrix(args.kernels.as_deref().unwrap_or_default());
     let accel = vm::detect_accel(ws, &kernels[0])?;
     let plan = vm::Plan {
         kernels,

@@ -10,15 +10,11 @@ use std::{fmt::Write as _, fs, time::Duration};
 
 use anyhow::{bail, Context, Result};
 
-use super::{boot_job, detect_accel, kernels, prelude, Accel, MATRIX};
+use super::{boot_job, detect_accel, kernels, kernels_or_matrix, prelude, Accel};
 use crate::{build, cli::VmBenchArgs, ebpf, host::fmt_duration, ws::Workspace};
 
 pub(crate) fn run(ws: &Workspace, args: &VmBenchArgs) -> Result<()> {
-    let names: Vec<String> = if args.kernel.is_empty() {
-        MATRIX.iter().map(ToString::to_string).collect()
-    } else {
-        args.kernel.clone()
-    };
+    let names = kernels_or_matrix(&args.kernel);
     let object = ebpf::build(ws)?;
     let bins = build::build_bins(ws, &object, true)?;
     let xtask = std::env::current_exe().context("where this xtask binary is")?;

@@ -28,7 +28,7 @@ use crate::{cli::VmTestArgs, host::fmt_duration, test::TestEnv, ws::Workspace};
 pub(crate) use qemu::Accel;
 
 /// The kernels of the matrix: Debian 11, 12, 13 and unstable.
-pub(crate) const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
+const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
 
 /// Modules a node has loaded (or auto-loads) that the guest loads up front; a
 /// missing one is not an error (built in, or absent from that kernel).
@@ -61,14 +61,7 @@ const GUEST_MODULES: &[&str] = &[
 
 pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
     let env = TestEnv::build(ws)?;
-    let kernels: Vec<String> = if args.kernel.is_empty() {
-        MATRIX
-            .iter()
-            .map(std::string::ToString::to_string)
-            .collect()
-    } else {
-        args.kernel.clone()
-    };
+    let kernels = kernels_or_matrix(&args.kernel);
     let accel = detect_accel(ws, &kernels[0])?;
     let plan = Plan {
         kernels,
@@ -84,6 +77,15 @@ pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
         Ok(())
     } else {
         bail!("vm-test: {}", report.failures().join("; "))
+    }
+}
+
+/// The kernels named on the command line, or the whole [`MATRIX`] when none is.
+pub(crate) fn kernels_or_matrix(named: &[String]) -> Vec<String> {
+    if named.is_empty() {
+        MATRIX.iter().map(ToString::to_string).collect()
+    } else {
+        named.to_vec()
     }
 }
 
