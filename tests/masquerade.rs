@@ -1494,9 +1494,9 @@ fn bad_masquerade_settings_are_refused() {
             vec!["masqueradePorts"],
         ),
         (
-            json!({"nonMasqueradeCIDRs": ["10.0.0.0/8", "fd00::/64"]}),
-            2,
-            vec!["nonMasqueradeCIDRs[1]", "fd00::/64"],
+            json!({"nonMasqueradeCIDRs": ["10.0.0.0/8", "fd00::/129"]}),
+            7,
+            vec!["nonMasqueradeCIDRs[1]", "fd00::/129"],
         ),
         (json!({"natMaxFlows": 100}), 7, vec!["natMaxFlows"]),
         (
@@ -1505,9 +1505,14 @@ fn bad_masquerade_settings_are_refused() {
             vec!["natTimeouts.udp"],
         ),
         (
-            json!({"masqueradeAddress": "fd00::1"}),
+            json!({"masqueradeAddress": ["fd00::1", "fd00::2"]}),
             7,
-            vec!["masqueradeAddress"],
+            vec!["masqueradeAddress[1]", "fd00::2"],
+        ),
+        (
+            json!({"masqueradeAddress": "node"}),
+            7,
+            vec!["masqueradeAddress", "node"],
         ),
     ];
     for (extra, code, words) in cases {

@@ -292,11 +292,11 @@ pub(crate) struct NatListArgs {
     #[arg(long)]
     pub pod: Option<String>,
     /// Only this protocol.
-    #[arg(long, value_parser = ["tcp", "udp", "icmp"])]
+    #[arg(long, value_parser = ["tcp", "udp", "icmp", "icmpv6"])]
     pub proto: Option<String>,
-    /// Only flows to this destination address.
+    /// Only flows to this destination address (IPv4 or IPv6).
     #[arg(long)]
-    pub dst: Option<std::net::Ipv4Addr>,
+    pub dst: Option<std::net::IpAddr>,
     /// Only flows with this port: the pod's, the NAT port or the destination's.
     #[arg(long)]
     pub port: Option<u16>,

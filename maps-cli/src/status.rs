@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, masq_flags, pin_dirs, MasqConfig};
+use sluice_common::{config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -51,6 +51,13 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .collect();
     let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
     let flows = sluice_maps::nat::flows(&dp.root)?.len();
+    // (A datapath loaded before IPv6 masquerade has no sl_masq6.)
+    let masq6 = if dp.root.has(&sluice_common::maps::MASQ6) {
+        sluice_maps::nat::config6(&dp.root)?
+    } else {
+        sluice_common::Masq6Config::default()
+    };
+    let flows6 = sluice_maps::nat::flows6(&dp.root)?.len();
     // Limited pods, and those with an egress limit by how it is enforced (an
     // sl_edt entry counts only while its pod has an egress limit, as in
     // `bandwidth list`).
@@ -76,7 +83,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "links": links,
         "podInterfaces": pods,
         "endpoints": endpoints,
-        "masquerade": masq_json(&masq, flows),
+        "masquerade": masq_json(&masq, flows, &masq6, flows6),
         "hostPort": {
             "mappings": mappings,
             "nodeAddresses": node_addrs,
@@ -112,6 +119,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         pods.len()
     );
     println!("masquerade: {}", masq_line(&masq, flows));
+    println!("masquerade IPv6: {}", masq6_line(&masq6, flows6));
     println!(
         "hostPort:   {mappings} mappings; node addresses {}; socket hooks {}",
         if node_addrs.is_empty() {
@@ -155,8 +163,17 @@ fn port_ranges(m: &MasqConfig) -> Vec<String> {
         .collect()
 }
 
-fn masq_json(m: &MasqConfig, flows: usize) -> Value {
+fn masq_json(m: &MasqConfig, flows: usize, m6: &Masq6Config, flows6: usize) -> Value {
+    let v6 = |a: sluice_common::Addr6| {
+        (a != sluice_common::Addr6::default()).then(|| std::net::Ipv6Addr::from(a.0).to_string())
+    };
     json!({
+        "ipv6": {
+            "enabled": m6.flags & masq_flags::ENABLED != 0,
+            "address": v6(m6.addr),
+            "previousAddress": v6(m6.prev_addr),
+            "flows": flows6,
+        },
         "enabled": m.flags & masq_flags::ENABLED != 0,
         "address": addr(m.addr),
         "previousAddress": addr(m.prev_addr),
@@ -170,6 +187,24 @@ fn masq_json(m: &MasqConfig, flows: usize) -> Value {
         },
         "flows": flows,
     })
+}
+
+fn masq6_line(m: &Masq6Config, flows: usize) -> String {
+    if m.flags & masq_flags::ENABLED == 0 {
+        return format!("off ({flows} flows tracked)");
+    }
+    let mut s = format!(
+        "on, as {}, {flows} flows",
+        std::net::Ipv6Addr::from(m.addr.0)
+    );
+    if m.prev_addr != sluice_common::Addr6::default() {
+        let _ = write!(
+            s,
+            ", replies to {} still translated",
+            std::net::Ipv6Addr::from(m.prev_addr.0)
+        );
+    }
+    s
 }
 
 fn masq_line(m: &MasqConfig, flows: usize) -> String {

@@ -1,14 +1,19 @@
-//! Masquerade: settings (`sl_masq`), the prefixes never masqueraded
-//! (`sl_nonmasq`), the flow table (`sl_nat_fwd`, `sl_nat_rev`) and fragments
-//! (`sl_nat_frag`).
-use std::net::Ipv4Addr;
+//! Masquerade: settings (`sl_masq`, `sl_masq6`), the prefixes never
+//! masqueraded (`sl_nonmasq`, `sl_nonmasq6`), the flow tables (`sl_nat_fwd`,
+//! `sl_nat_rev`; `sl_nat6_fwd`, `sl_nat6_rev`) and fragments (`sl_nat_frag`).
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::maps::{
-    lpm_trie::{Key as LpmKey, LpmTrie},
-    Array, HashMap, MapData,
+use aya::{
+    maps::{
+        lpm_trie::{Key as LpmKey, LpmTrie},
+        Array, HashMap, MapData,
+    },
+    Pod,
 };
 use sluice_common::{
-    maps, masq_flags, nat_flags, FragEntry, FragKey, MasqConfig, NatEntry, NatKey, NatRev,
+    maps::{self, MapSpec},
+    masq_flags, nat_flags, Addr6, FragEntry, FragKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key,
+    NatEntry, NatEntryOf, NatKey, NatKeyOf, NatRevOf,
 };
 
 use crate::{Error, PinRoot, Result};
@@ -31,7 +36,7 @@ pub fn write_config(root: &PinRoot, mut cfg: MasqConfig) -> Result<()> {
     if was_on && cfg.flags & masq_flags::ENABLED == 0 {
         arr.set(0, cfg, 0)
             .map_err(|e| Error::map("write", maps::MASQ.name, e))?;
-        remove_flows_where(root, |_, _| true)?;
+        remove_flows_where(root, &V4, |_, _: &NatEntry| true)?;
         return Ok(());
     }
     let changed = was_on && old.addr != cfg.addr;
@@ -48,7 +53,44 @@ pub fn write_config(root: &PinRoot, mut cfg: MasqConfig) -> Result<()> {
         .map_err(|e| Error::map("write", maps::MASQ.name, e))?;
     if changed && cfg.flags & masq_flags::ENABLED != 0 {
         let keep = [cfg.addr, cfg.prev_addr];
-        remove_flows_where(root, |_, e| {
+        remove_flows_where(root, &V4, |_, e: &NatEntry| {
+            e.flags & nat_flags::INBOUND == 0 && !keep.contains(&e.nat_addr)
+        })?;
+    }
+    Ok(())
+}
+
+/// The IPv6 masquerade settings.
+pub fn config6(root: &PinRoot) -> Result<Masq6Config> {
+    let arr: Array<MapData, Masq6Config> = root.typed(&maps::MASQ6)?;
+    arr.get(&0, 0)
+        .map_err(|e| Error::map("read", maps::MASQ6.name, e))
+}
+
+/// [`write_config`] for IPv6: the same rules for a new address and for
+/// turning it off, on the IPv6 flow table.
+pub fn write_config6(root: &PinRoot, mut cfg: Masq6Config) -> Result<()> {
+    let mut arr: Array<MapData, Masq6Config> = root.typed(&maps::MASQ6)?;
+    let old = arr.get(&0, 0).unwrap_or_default();
+    let on = cfg.flags & masq_flags::ENABLED != 0;
+    let was_on = old.flags & masq_flags::ENABLED != 0;
+    let changed = was_on && on && old.addr != cfg.addr;
+    if on {
+        cfg.prev_addr = if changed { old.addr } else { old.prev_addr };
+        if cfg.prev_addr == cfg.addr {
+            cfg.prev_addr = Addr6::default();
+        }
+    }
+    if old == cfg {
+        return Ok(());
+    }
+    arr.set(0, cfg, 0)
+        .map_err(|e| Error::map("write", maps::MASQ6.name, e))?;
+    if was_on && !on {
+        remove_flows_where(root, &V6, |_, _: &Nat6Entry| true)?;
+    } else if changed {
+        let keep = [cfg.addr, cfg.prev_addr];
+        remove_flows_where(root, &V6, |_, e: &Nat6Entry| {
             e.flags & nat_flags::INBOUND == 0 && !keep.contains(&e.nat_addr)
         })?;
     }
@@ -59,19 +101,27 @@ pub fn write_config(root: &PinRoot, mut cfg: MasqConfig) -> Result<()> {
 /// new prefixes are added before stale ones go, so traffic inside the cluster
 /// range is never masqueraded while it changes.
 pub fn set_non_masq(root: &PinRoot, cidrs: &[(u32, [u8; 4])]) -> Result<()> {
-    let mut trie: LpmTrie<MapData, [u8; 4], u8> = root.typed(&maps::NON_MASQ)?;
-    let have: Vec<LpmKey<[u8; 4]>> = trie.keys().filter_map(std::result::Result::ok).collect();
-    let same =
-        |h: &LpmKey<[u8; 4]>, len: u32, addr: [u8; 4]| h.prefix_len() == len && h.data() == addr;
+    set_trie(root, &maps::NON_MASQ, cidrs, |a| Ipv4Addr::from(a).into())
+}
+
+/// [`set_non_masq`] for the IPv6 prefixes.
+pub fn set_non_masq6(root: &PinRoot, cidrs: &[(u32, [u8; 16])]) -> Result<()> {
+    set_trie(root, &maps::NON_MASQ6, cidrs, |a| Ipv6Addr::from(a).into())
+}
+
+fn set_trie<A: Pod + PartialEq>(
+    root: &PinRoot,
+    spec: &MapSpec,
+    cidrs: &[(u32, A)],
+    ip: fn(A) -> IpAddr,
+) -> Result<()> {
+    let mut trie: LpmTrie<MapData, A, u8> = root.typed(spec)?;
+    let have: Vec<LpmKey<A>> = trie.keys().filter_map(std::result::Result::ok).collect();
+    let same = |h: &LpmKey<A>, len: u32, addr: A| h.prefix_len() == len && h.data() == addr;
     for (len, addr) in cidrs {
         if !have.iter().any(|h| same(h, *len, *addr)) {
-            trie.insert(&LpmKey::new(*len, *addr), 1, 0).map_err(|e| {
-                Error::map(
-                    format!("add {}/{len}", Ipv4Addr::from(*addr)),
-                    maps::NON_MASQ.name,
-                    e,
-                )
-            })?;
+            trie.insert(&LpmKey::new(*len, *addr), 1, 0)
+                .map_err(|e| Error::map(format!("add {}/{len}", ip(*addr)), spec.name, e))?;
         }
     }
     for h in have {
@@ -82,19 +132,76 @@ pub fn set_non_masq(root: &PinRoot, cidrs: &[(u32, [u8; 4])]) -> Result<()> {
     Ok(())
 }
 
-/// Every flow: (pod-side key, entry), sorted.
+/// The forward and reverse map of one address family.
+struct FlowMaps {
+    fwd: MapSpec,
+    rev: MapSpec,
+}
+
+const V4: FlowMaps = FlowMaps {
+    fwd: maps::NAT_FWD,
+    rev: maps::NAT_REV,
+};
+const V6: FlowMaps = FlowMaps {
+    fwd: maps::NAT6_FWD,
+    rev: maps::NAT6_REV,
+};
+
+/// Every IPv4 flow: (pod-side key, entry), sorted.
 pub fn flows(root: &PinRoot) -> Result<Vec<(NatKey, NatEntry)>> {
-    let fwd: HashMap<MapData, NatKey, NatEntry> = root.typed(&maps::NAT_FWD)?;
-    let mut v: Vec<(NatKey, NatEntry)> = fwd.iter().filter_map(std::result::Result::ok).collect();
+    flows_in(root, &V4)
+}
+
+/// Every IPv6 flow, sorted; none where the datapath predates IPv6 masquerade.
+pub fn flows6(root: &PinRoot) -> Result<Vec<(Nat6Key, Nat6Entry)>> {
+    if !root.has(&maps::NAT6_FWD) {
+        return Ok(Vec::new());
+    }
+    flows_in(root, &V6)
+}
+
+/// A flow as the forward map holds it.
+type Flow<A, P> = (NatKeyOf<A>, NatEntryOf<A, P>);
+
+fn flows_in<A, P>(root: &PinRoot, m: &FlowMaps) -> Result<Vec<Flow<A, P>>>
+where
+    A: Ord + Copy,
+    NatKeyOf<A>: Pod,
+    NatEntryOf<A, P>: Pod,
+{
+    let fwd: HashMap<MapData, NatKeyOf<A>, NatEntryOf<A, P>> = root.typed(&m.fwd)?;
+    let mut v: Vec<_> = fwd.iter().filter_map(std::result::Result::ok).collect();
     v.sort_by_key(|(k, _)| (k.src_ip, k.src_port, k.dst_ip, k.dst_port, k.proto));
     Ok(v)
 }
 
-/// Removes `flows`, each with its reverse entry (made with the flow's own
+/// Removes IPv4 `flows`, each with its reverse entry (made with the flow's own
 /// address; inbound flows have none). Returns how many went.
 pub fn remove_flows(root: &PinRoot, flows: &[(NatKey, NatEntry)]) -> Result<usize> {
-    let mut fwd: HashMap<MapData, NatKey, NatEntry> = root.typed(&maps::NAT_FWD)?;
-    let mut rev: HashMap<MapData, NatKey, NatRev> = root.typed(&maps::NAT_REV)?;
+    remove_in(root, &V4, flows)
+}
+
+/// [`remove_flows`] for IPv6 flows.
+pub fn remove_flows6(root: &PinRoot, flows: &[(Nat6Key, Nat6Entry)]) -> Result<usize> {
+    remove_in(root, &V6, flows)
+}
+
+fn remove_in<A, P>(
+    root: &PinRoot,
+    m: &FlowMaps,
+    flows: &[(NatKeyOf<A>, NatEntryOf<A, P>)],
+) -> Result<usize>
+where
+    A: Copy,
+    NatKeyOf<A>: Pod,
+    NatEntryOf<A, P>: Pod,
+    NatRevOf<A>: Pod,
+{
+    if flows.is_empty() {
+        return Ok(0);
+    }
+    let mut fwd: HashMap<MapData, NatKeyOf<A>, NatEntryOf<A, P>> = root.typed(&m.fwd)?;
+    let mut rev: HashMap<MapData, NatKeyOf<A>, NatRevOf<A>> = root.typed(&m.rev)?;
     let mut n = 0;
     for (k, e) in flows {
         if e.flags & nat_flags::INBOUND == 0 {
@@ -107,39 +214,50 @@ pub fn remove_flows(root: &PinRoot, flows: &[(NatKey, NatEntry)]) -> Result<usiz
     Ok(n)
 }
 
-/// Removes the flows `doomed` picks.
-fn remove_flows_where(
+/// Removes the flows of one family `doomed` picks.
+fn remove_flows_where<A, P>(
     root: &PinRoot,
-    doomed: impl Fn(&NatKey, &NatEntry) -> bool,
-) -> Result<usize> {
-    if !root.has(&maps::NAT_FWD) {
+    m: &FlowMaps,
+    doomed: impl Fn(&NatKeyOf<A>, &NatEntryOf<A, P>) -> bool,
+) -> Result<usize>
+where
+    A: Ord + Copy,
+    NatKeyOf<A>: Pod,
+    NatEntryOf<A, P>: Pod,
+    NatRevOf<A>: Pod,
+{
+    if !root.has(&m.fwd) {
         return Ok(0);
     }
-    let picked: Vec<(NatKey, NatEntry)> = flows(root)?
+    let picked: Vec<_> = flows_in(root, m)?
         .into_iter()
         .filter(|(k, e)| doomed(k, e))
         .collect();
-    remove_flows(root, &picked)
+    remove_in(root, m, &picked)
 }
 
-/// Forgets everything of pod addresses `ips`: their flows (both directions)
-/// and the fragments of their datagrams, so a later pod with a reused address
-/// inherits none. Returns how many flows went.
-pub fn forget_pods(root: &PinRoot, ips: &[[u8; 4]]) -> Result<usize> {
-    if ips.is_empty() {
-        return Ok(0);
-    }
-    if root.has(&maps::NAT_FRAG) {
-        let mut frags: HashMap<MapData, FragKey, FragEntry> = root.typed(&maps::NAT_FRAG)?;
-        let doomed: Vec<FragKey> = frags
-            .iter()
-            .filter_map(std::result::Result::ok)
-            .filter(|(k, e)| ips.contains(&k.src_ip) || ips.contains(&e.addr))
-            .map(|(k, _)| k)
-            .collect();
-        for k in &doomed {
-            let _ = frags.remove(k);
+/// Forgets everything of pod addresses `v4` and `v6`: their flows (both
+/// directions) and the fragments of their datagrams, so a later pod with a
+/// reused address inherits none. Returns how many flows went.
+pub fn forget_pods(root: &PinRoot, v4: &[[u8; 4]], v6: &[[u8; 16]]) -> Result<usize> {
+    let mut n = 0;
+    if !v4.is_empty() {
+        if root.has(&maps::NAT_FRAG) {
+            let mut frags: HashMap<MapData, FragKey, FragEntry> = root.typed(&maps::NAT_FRAG)?;
+            let doomed: Vec<FragKey> = frags
+                .iter()
+                .filter_map(std::result::Result::ok)
+                .filter(|(k, e)| v4.contains(&k.src_ip) || v4.contains(&e.addr))
+                .map(|(k, _)| k)
+                .collect();
+            for k in &doomed {
+                let _ = frags.remove(k);
+            }
         }
+        n += remove_flows_where(root, &V4, |k, _: &NatEntry| v4.contains(&k.src_ip))?;
     }
-    remove_flows_where(root, |k, _| ips.contains(&k.src_ip))
+    if !v6.is_empty() {
+        n += remove_flows_where(root, &V6, |k, _: &Nat6Entry| v6.contains(&k.src_ip.0))?;
+    }
+    Ok(n)
 }

@@ -780,3 +780,98 @@ pub fn checksums_ok(frame: &[u8]) -> Option<bool> {
     };
     Some(header_ok && l4_ok)
 }
+
+/// A raw ICMPv6 socket in a namespace sending echo requests with an identifier
+/// of its choosing (the kernel fills in the checksum of raw ICMPv6 sockets,
+/// RFC 3542 3.1).
+pub struct Pinger6 {
+    fd: OwnedFd,
+}
+
+impl Pinger6 {
+    /// Opens the socket in the namespace at `netns`.
+    pub fn new(netns: &Path) -> Result<Self> {
+        in_netns(netns, || {
+            // SAFETY: plain system call.
+            let fd = unsafe {
+                libc::socket(
+                    libc::AF_INET6,
+                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                    libc::IPPROTO_ICMPV6,
+                )
+            };
+            if fd < 0 {
+                return Err(last_os_error("socket(AF_INET6, SOCK_RAW, IPPROTO_ICMPV6)"));
+            }
+            // SAFETY: the kernel just returned this descriptor.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            setsockopt(
+                &fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &timeval(Duration::from_millis(50)),
+                "SO_RCVTIMEO",
+            )?;
+            Ok(Self { fd })
+        })
+    }
+
+    /// Sends an echo request (type 128) to `dst` and waits up to `wait` for its
+    /// reply (type 129, same identifier, sequence and data), `tries` times at most.
+    pub fn ping(
+        &self,
+        dst: std::net::Ipv6Addr,
+        ident: u16,
+        seq: u16,
+        tries: u32,
+        wait: Duration,
+    ) -> Result<()> {
+        let data = payload(48, seq as u8);
+        let mut msg = vec![128, 0, 0, 0];
+        msg.extend_from_slice(&ident.to_be_bytes());
+        msg.extend_from_slice(&seq.to_be_bytes());
+        msg.extend_from_slice(&data);
+        // SAFETY: all-zero is a valid sockaddr_in6.
+        let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sa.sin6_addr.s6_addr = dst.octets();
+        let mut buf = vec![0u8; 2048];
+        for _ in 0..tries {
+            // SAFETY: `msg` and `sa` are live for the sizes passed.
+            let n = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    0,
+                    std::ptr::from_ref(&sa).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            };
+            if n < 0 {
+                return Err(last_os_error(&format!("sending an echo request to {dst}")));
+            }
+            let deadline = Instant::now() + wait;
+            while Instant::now() < deadline {
+                // SAFETY: `buf` is live and writable for its length.
+                let n = unsafe {
+                    libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                };
+                let Ok(n) = usize::try_from(n) else { continue };
+                // A raw ICMPv6 socket receives from the ICMPv6 header on.
+                let m = &buf[..n];
+                if n >= 8
+                    && m[0] == 129
+                    && m[4..6] == ident.to_be_bytes()
+                    && m[6..8] == seq.to_be_bytes()
+                    && m[8..] == data[..]
+                {
+                    return Ok(());
+                }
+            }
+        }
+        Err(err!(
+            "no echo reply from {dst} (identifier {ident}, sequence {seq})"
+        ))
+    }
+}

@@ -20,6 +20,10 @@ use crate::{
 
 const PREFIX: &str = "sldemo";
 const POD_CIDR: &str = "10.88.0.0/24";
+/// The pods' IPv6 range (dual stack), and the uplink's IPv6 addresses.
+const POD_CIDR6: &str = "fd00:88::/64";
+const NODE_IP6: &str = "fd00:177::1";
+const EXT_IP6: &str = "fd00:177::2";
 
 pub(crate) fn run(ws: &Workspace) -> Result<()> {
     setup::run(&SetupArgs::default())?;
@@ -39,6 +43,15 @@ fn step(s: &str) {
 fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     step("testbed: node (uplink up0) <-> external host; two pod namespaces");
     let (node, ext, up) = tb.node_with_uplink("demo", 77, Some(POD_CIDR))?;
+    // Dual stack: the uplink gets IPv6 too (the external host has no route to
+    // the pods' IPv6 range: only masquerade brings replies back).
+    let addr6 = |ip: &str| format!("{ip}/64");
+    tb.ns(node)
+        .ip(&["addr", "add", &addr6(NODE_IP6), "dev", &up.node_if, "nodad"])?;
+    tb.ns(ext)
+        .ip(&["addr", "add", &addr6(EXT_IP6), "dev", &up.ext_if, "nodad"])?;
+    tb.ns(node)
+        .ip(&["-6", "route", "add", "default", "via", EXT_IP6])?;
     let web = tb.netns("web")?;
     let db = tb.netns("db")?;
 
@@ -56,8 +69,8 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         "stateDir": tb.dir.join("state"),
         "ipam": {
             "type": "sluice",
-            "subnet": POD_CIDR,
-            "routes": [{"dst": "0.0.0.0/0"}],
+            "ranges": [[{"subnet": POD_CIDR}], [{"subnet": POD_CIDR6}]],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
             "dataDir": tb.dir.join("ipam"),
         },
     });
@@ -83,8 +96,9 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
         let started = std::time::Instant::now();
         let r = cni("ADD", &pod_conf(id), id, Some(pod))?;
         println!(
-            "{id}: {} in {:.1} ms",
+            "{id}: {} and {} in {:.1} ms",
             r["ips"][0]["address"].as_str().unwrap_or("?"),
+            r["ips"][1]["address"].as_str().unwrap_or("?"),
             started.elapsed().as_secs_f64() * 1e3
         );
         results.push(r);
@@ -124,12 +138,14 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     let (node_ip, ext_ip) = (up.node_ip.as_str(), up.ext_ip.as_str());
     step(&format!("traffic: web -> external host {ext_ip}, TCP for 2 s, masqueraded (ipMasq: it leaves with the node's address {node_ip} and a NAT port; no iptables, no conntrack)"));
     iperf(tb, web, ext, ext_ip)?;
+    step(&format!("traffic: web -> external host {EXT_IP6} over IPv6, TCP for 2 s, masqueraded (it leaves with the node's IPv6 address {NODE_IP6})"));
+    iperf(tb, web, ext, EXT_IP6)?;
     step("traffic: external host -> db, TCP for 2 s (the external host routes the pod range to the node: an inbound flow, answered from db's own address)");
     iperf(tb, ext, db, &db_ip)?;
     step(&format!("traffic: external host -> node {node_ip}:8080, db's hostPort (DNAT to db:5201 in eBPF, no iptables), TCP for 2 s"));
     iperf_port(tb, ext, db, node_ip, 8080)?;
     ctl(&["ports", "list"])?;
-    step("the NAT flows: web's two connections (iperf3 control and data) as masqueraded flows, db's as inbound");
+    step("the NAT flows: web's connections (iperf3 control and data, IPv4 and IPv6) as masqueraded flows, db's as inbound");
     ctl(&["nat", "list"])?;
 
     step("bandwidth: limit web's egress to 200 Mbit/s live (token bucket in eBPF, no qdisc, no ifb), measure, lift it");

@@ -50,10 +50,14 @@ pub enum PodAttach {
 /// `masqueradePorts`, `natMaxFlows`, `natTimeouts`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MasqSettings {
-    /// `None`: this network's pod ranges (and `nodes`' pod CIDRs).
-    pub non_masq: Option<Vec<ipnetwork::Ipv4Network>>,
+    /// `None`: this network's pod ranges (and `nodes`' pod CIDRs). A family
+    /// without an entry in the list keeps that default for itself.
+    pub non_masq: Option<Vec<ipnetwork::IpNetwork>>,
     /// `None`: the uplink's first IPv4 address.
     pub address: Option<std::net::Ipv4Addr>,
+    /// `None`: the uplink's first global IPv6 address (without one, IPv6 is
+    /// not masqueraded).
+    pub address6: Option<std::net::Ipv6Addr>,
     /// `None`: the ports from 1024 up outside the node's `ip_local_port_range`.
     pub ports: Option<(u16, u16)>,
     pub max_flows: u32,
@@ -85,6 +89,46 @@ impl Default for NatTimeouts {
     }
 }
 
+/// `masqueradeAddress`: one address (IPv4 or IPv6) or a list of at most one per
+/// family.
+fn masquerade_addresses(
+    o: &json::Object,
+) -> Result<(Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>), Error> {
+    const KEY: &str = "masqueradeAddress";
+    let items: Vec<(String, &Value)> = match o.get(KEY) {
+        None | Some(Value::Null) => return Ok((None, None)),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("{KEY}[{i}]"), v))
+            .collect(),
+        Some(v) => vec![(KEY.to_string(), v)],
+    };
+    let (mut v4, mut v6) = (None, None);
+    for (key, v) in items {
+        let s = v.as_str().ok_or_else(|| {
+            Error::config(
+                &key,
+                v,
+                "must be an IP address (or a list of one per family)",
+            )
+        })?;
+        match s.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(a)) if v4.is_none() => v4 = Some(a),
+            Ok(std::net::IpAddr::V6(a)) if v6.is_none() => v6 = Some(a),
+            Ok(_) => {
+                return Err(Error::config(
+                    &key,
+                    s,
+                    "a second address of the same family",
+                ))
+            }
+            Err(_) => return Err(Error::config(&key, s, "must be an IPv4 or IPv6 address")),
+        }
+    }
+    Ok((v4, v6))
+}
+
 /// Default and bounds of `natMaxFlows` (entries of each NAT map).
 pub const NAT_MAX_FLOWS_DEFAULT: u32 = 65_536;
 const NAT_MAX_FLOWS_RANGE: std::ops::RangeInclusive<u32> = 1_024..=4_194_304;
@@ -94,6 +138,7 @@ impl Default for MasqSettings {
         Self {
             non_masq: None,
             address: None,
+            address6: None,
             ports: None,
             max_flows: NAT_MAX_FLOWS_DEFAULT,
             timeouts: NatTimeouts::default(),
@@ -113,26 +158,13 @@ impl MasqSettings {
                     .as_str()
                     .ok_or_else(|| Error::config(&key, c, "must be a string"))?;
                 match super::parse_cidr(s) {
-                    Some(ipnetwork::IpNetwork::V4(n)) => v.push(n),
-                    Some(ipnetwork::IpNetwork::V6(_)) => {
-                        return Err(Error::UnsupportedField {
-                            key,
-                            value: s.to_string(),
-                            reason: "masquerade is IPv4 only".into(),
-                        })
-                    }
+                    Some(n) => v.push(n),
                     None => return Err(Error::config(&key, s, "must be a CIDR")),
                 }
             }
             Some(v)
         };
-        let address =
-            match string(o, "masqueradeAddress", "")? {
-                Some(s) => Some(s.parse::<std::net::Ipv4Addr>().map_err(|_| {
-                    Error::config("masqueradeAddress", &s, "must be an IPv4 address")
-                })?),
-                None => None,
-            };
+        let (address, address6) = masquerade_addresses(o)?;
         let ports = match string(o, "masqueradePorts", "")? {
             Some(s) => {
                 Some(parse_port_range(&s).map_err(|r| Error::config("masqueradePorts", &s, r))?)
@@ -176,6 +208,7 @@ impl MasqSettings {
         Ok(Self {
             non_masq,
             address,
+            address6,
             ports,
             max_flows,
             timeouts,
@@ -684,8 +717,8 @@ mod tests {
             "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.9.0.2/24"}]},
             "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}],
             "uplink": "eth1",
-            "nonMasqueradeCIDRs": ["10.0.0.0/8"],
-            "masqueradeAddress": "192.0.2.9",
+            "nonMasqueradeCIDRs": ["10.0.0.0/8", "fd00:10::/64"],
+            "masqueradeAddress": ["192.0.2.9", "2001:db8::9"],
             "masqueradePorts": "62000-62999",
             "natMaxFlows": 4096,
             "natTimeouts": {"udp": 5, "tcpEstablished": 100},
@@ -712,6 +745,11 @@ mod tests {
             "10.0.0.0/8"
         );
         assert_eq!(c.masq.address.unwrap().to_string(), "192.0.2.9");
+        assert_eq!(c.masq.address6.unwrap().to_string(), "2001:db8::9");
+        assert_eq!(
+            c.masq.non_masq.as_ref().unwrap()[1].to_string(),
+            "fd00:10::/64"
+        );
         assert_eq!(c.masq.ports, Some((62000, 62999)));
         assert_eq!(c.masq.max_flows, 4096);
         assert_eq!(c.masq.timeouts.udp, 5);
@@ -891,9 +929,14 @@ mod tests {
                 "10.0.0.0",
             ),
             (
-                with("masqueradeAddress", json!("fd00::1")),
+                with("masqueradeAddress", json!("fd00::1::2")),
                 "masqueradeAddress",
-                "fd00::1",
+                "fd00::1::2",
+            ),
+            (
+                with("masqueradeAddress", json!(["fd00::1", "fd00::2"])),
+                "masqueradeAddress[1]",
+                "fd00::2",
             ),
             (
                 with("masqueradePorts", json!("100-200")),

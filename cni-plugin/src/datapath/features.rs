@@ -9,7 +9,7 @@
 //! | `bpf_ktime_get_coarse_ns` | 5.11 | `bpf_ktime_get_ns` (the same clock, a little dearer) |
 //! | `bpf_check_mtu` | 5.12 | a packet whose next hop is not resolved yet goes to the kernel, which resolves it and checks the MTU |
 //! | a veth taking XDP frames when its NAPI runs (GRO on) | 5.13 | no native XDP (`xdp: native` and `auto` act as `off`): before 5.13 a veth accepts redirected XDP frames only with an XDP program on its peer, so native XDP could not deliver into pods; tc does |
-//! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper: flows expire when a packet or a new flow meets them, and the flow maps are LRU maps (a full table drops its least recently used flows instead of refusing new ones) |
+//! | `bpf_for_each_map_elem` and pinnable perf-event links | 5.13, 5.15 | no NAT sweeper: flows expire when a packet or a new flow meets them, and the flow maps are LRU maps (a full table drops its least recently used flows instead of refusing new ones); no IPv6 masquerade (IPv6 stays routed): with lazy expiry its code took 5.10's verifier over a minute |
 //!
 //! `SLUICE_DISABLE_FEATURES` (a comma-separated list of `tcx`, `ktime_coarse`,
 //! `check_mtu`, `sweeper`, `veth_xdp`) makes a newer kernel take the fallbacks, so they are
@@ -55,7 +55,9 @@ impl Features {
         if self.ktime_coarse {
             bits |= kernel_features::KTIME_COARSE;
         }
-        if !self.sweeper {
+        if self.sweeper {
+            bits |= kernel_features::MASQ6;
+        } else {
             bits |= kernel_features::LAZY_EXPIRY;
         }
         bits

@@ -66,13 +66,13 @@ pub(super) fn load_and_pin(
     }
     let features = super::features::get();
     let nat_kind = nat_map_kind(features.sweeper);
-    root.check_shapes(&[(&maps::NAT_FWD, nat_kind), (&maps::NAT_REV, nat_kind)])?;
+    root.check_shapes(&NAT_FLOW_MAPS.map(|m| (m, nat_kind)))?;
     let bits = features.program_bits();
     // Without the sweeper the flow maps are LRU maps (see kernel_features::
     // LAZY_EXPIRY): the object says HASH, the copy loaded says LRU_HASH.
     let object = if nat_kind == MapKind::LruHash {
         let mut o = OBJECT.to_vec();
-        for m in [&maps::NAT_FWD, &maps::NAT_REV] {
+        for m in NAT_FLOW_MAPS {
             set_map_kind(&mut o, m.name, nat_kind)?;
         }
         std::borrow::Cow::Owned(o)
@@ -84,6 +84,8 @@ pub(super) fn load_and_pin(
         .default_map_pin_directory(root.maps_dir())
         .map_max_entries(map_names::NAT_FWD, nat_flows)
         .map_max_entries(map_names::NAT_REV, nat_flows)
+        .map_max_entries(map_names::NAT6_FWD, nat_flows)
+        .map_max_entries(map_names::NAT6_REV, nat_flows)
         // Kernel features the programs may use (constant for the verifier).
         .override_global(kernel_features::GLOBAL, &bits, true)
         .load(&object)
@@ -182,6 +184,15 @@ pub(super) fn load_and_pin(
     Ok(())
 }
 
+/// The flow maps of both families: `natMaxFlows` entries each, HASH or LRU as
+/// [`nat_map_kind`] says.
+const NAT_FLOW_MAPS: [&maps::MapSpec; 4] = [
+    &maps::NAT_FWD,
+    &maps::NAT_REV,
+    &maps::NAT6_FWD,
+    &maps::NAT6_REV,
+];
+
 /// The map type of the NAT flow maps on this kernel: HASH with the sweeper
 /// (a full table refuses new flows, existing ones are safe), `LRU_HASH` without
 /// (no one else would ever remove a dead flow).
@@ -239,7 +250,11 @@ mod tests {
         let obj = aya_obj::Object::parse(OBJECT).expect("the embedded object parses");
         let mut seen = 0;
         for (name, map) in &obj.maps {
-            if name == map_names::SCRATCH || name.starts_with('.') || name == "AYA_LOGS" {
+            if name == map_names::SCRATCH
+                || name == map_names::SCRATCH6
+                || name.starts_with('.')
+                || name == "AYA_LOGS"
+            {
                 continue;
             }
             let spec = sluice_common::maps::find(name)

@@ -1,10 +1,10 @@
 //! Masquerade on the plugin's side: what it needs from the node and the config,
 //! worked out at ADD (the address, the NAT ports, the prefixes never
 //! masqueraded). The maps and their rules are `sluice_maps::nat`.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnetwork::{IpNetwork, Ipv4Network};
-use sluice_common::{masq_flags, MasqConfig};
+use ipnetwork::IpNetwork;
+use sluice_common::{masq_flags, Addr6, Masq6Config, MasqConfig};
 
 use super::Uplink;
 use crate::{
@@ -14,12 +14,14 @@ use crate::{
     netlink::Netlink,
 };
 
-/// Masquerade as the programs see it: the config entry and the prefixes never
-/// masqueraded.
+/// Masquerade as the programs see it: the config entries and the prefixes never
+/// masqueraded, per family (IPv6 off without an address to leave with).
 #[derive(Clone, Debug)]
 pub struct MasqSpec {
     pub config: MasqConfig,
     pub non_masq: Vec<(u32, [u8; 4])>,
+    pub config6: Masq6Config,
+    pub non_masq6: Vec<(u32, [u8; 16])>,
 }
 
 const PORT_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
@@ -37,10 +39,20 @@ pub async fn spec(
     if !conf.ip_masq {
         return Ok(None);
     }
-    let addr = match conf.masq.address {
-        Some(a) => a,
-        None => uplink_v4(host_nl, uplink).await?,
+    let (uplink_v4, uplink_v6) = uplink_addresses(host_nl, uplink).await?;
+    let Some(addr) = conf.masq.address.or(uplink_v4) else {
+        return Err(Error::config(
+            "masqueradeAddress",
+            "null",
+            match uplink {
+                Some(u) => format!("the uplink {} has no IPv4 address; set it", u.ifname),
+                None => "there is no uplink (no default route and no `uplink`) to take the address from; set it".into(),
+            },
+        ));
     };
+    // IPv6 masquerade needs the sweeper's kernels (kernel_features::MASQ6).
+    let ipv6_kernel = super::features::get().sweeper;
+    let addr6 = conf.masq.address6.or(uplink_v6).filter(|_| ipv6_kernel);
     let node_range = node_port_range()?;
     let [(port_min, port_max), (port2_min, port2_max)] = nat_ports(conf.masq.ports, node_range)?;
     let t = conf.masq.timeouts;
@@ -59,43 +71,79 @@ pub async fn spec(
         // Kept from the map by sluice_maps::nat::write_config.
         prev_addr: [0; 4],
     };
-    let non_masq = match &conf.masq.non_masq {
-        Some(v) => v.clone(),
-        None => default_non_masq(conf, ipam, ips),
+    let config6 = Masq6Config {
+        addr: Addr6(addr6.map_or([0; 16], |a| a.octets())),
+        flags: if addr6.is_some() {
+            masq_flags::ENABLED
+        } else {
+            0
+        },
+        prev_addr: Addr6::default(),
     };
+    if addr6.is_none() && ips.iter().any(|ip| ip.address.is_ipv6()) {
+        if ipv6_kernel {
+            eprintln!(
+                "sluice: IPv6 is not masqueraded: the uplink has no global IPv6 address and \
+                 masqueradeAddress names none"
+            );
+        } else {
+            eprintln!(
+                "sluice: IPv6 is not masqueraded: this kernel lacks the NAT sweeper \
+                 (bpf_for_each_map_elem, perf-event links: Linux 5.15) it needs"
+            );
+        }
+    }
+    let non_masq = non_masq(
+        conf.masq.non_masq.as_deref(),
+        &default_non_masq(conf, ipam, ips),
+    );
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for n in non_masq {
+        match n {
+            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
+            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
+        }
+    }
     Ok(Some(MasqSpec {
         config,
-        non_masq: non_masq
-            .iter()
-            .map(|n| (u32::from(n.prefix()), n.network().octets()))
-            .collect(),
+        non_masq: v4,
+        config6,
+        non_masq6: v6,
     }))
 }
 
-/// The first IPv4 address of the uplink.
-async fn uplink_v4(host_nl: &Netlink, uplink: Option<&Uplink>) -> Result<Ipv4Addr, Error> {
-    let u = uplink.ok_or_else(|| {
-        Error::config(
-            "masqueradeAddress",
-            "null",
-            "there is no uplink (no default route and no `uplink`) to take the address from; set it",
-        )
-    })?;
-    host_nl
-        .addresses(u.ifindex)
-        .await?
-        .into_iter()
-        .find_map(|a| match a.ip() {
-            IpAddr::V4(v4) => Some(v4),
-            IpAddr::V6(_) => None,
-        })
-        .ok_or_else(|| {
-            Error::config(
-                "masqueradeAddress",
-                "null",
-                format!("the uplink {} has no IPv4 address; set it", u.ifname),
-            )
-        })
+/// The prefixes never masqueraded: the configured ones, and for a family
+/// the list leaves out, that family's defaults (so a list written for IPv4
+/// never makes IPv6 traffic inside the cluster masqueraded).
+fn non_masq(configured: Option<&[IpNetwork]>, defaults: &[IpNetwork]) -> Vec<IpNetwork> {
+    let Some(c) = configured else {
+        return defaults.to_vec();
+    };
+    let has = |v6: bool| c.iter().any(|n| n.is_ipv6() == v6);
+    let mut out = c.to_vec();
+    out.extend(defaults.iter().filter(|d| !has(d.is_ipv6())));
+    out
+}
+
+/// The uplink's first IPv4 address and first global IPv6 address (not
+/// link-local, RFC 4291 2.5.6).
+async fn uplink_addresses(
+    host_nl: &Netlink,
+    uplink: Option<&Uplink>,
+) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), Error> {
+    let Some(u) = uplink else {
+        return Ok((None, None));
+    };
+    let addrs = host_nl.addresses(u.ifindex).await?;
+    let v4 = addrs.iter().find_map(|a| match a.ip() {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = addrs.iter().find_map(|a| match a.ip() {
+        IpAddr::V6(v6) if !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80 => Some(v6),
+        _ => None,
+    });
+    Ok((v4, v6))
 }
 
 /// The node's ephemeral port range (its own outgoing connections use these).
@@ -153,15 +201,13 @@ fn nat_ports(configured: Option<(u16, u16)>, node: (u16, u16)) -> Result<[(u16, 
 }
 
 /// This network's pods, here and on the other nodes: the IPAM ranges, the pod's
-/// own subnets, and `nodes`' pod CIDRs (IPv4).
-fn default_non_masq(conf: &NetConf, ipam: &Ipam, ips: &[IpConfig]) -> Vec<Ipv4Network> {
-    let mut out: Vec<Ipv4Network> = Vec::new();
+/// own subnets, and `nodes`' pod CIDRs, both families.
+fn default_non_masq(conf: &NetConf, ipam: &Ipam, ips: &[IpConfig]) -> Vec<IpNetwork> {
+    let mut out: Vec<IpNetwork> = Vec::new();
     let mut add = |n: IpNetwork| {
-        if let IpNetwork::V4(v4) = n {
-            if let Ok(net) = Ipv4Network::new(v4.network(), v4.prefix()) {
-                if !out.contains(&net) {
-                    out.push(net);
-                }
+        if let Ok(net) = IpNetwork::new(n.network(), n.prefix()) {
+            if !out.contains(&net) {
+                out.push(net);
             }
         }
     };
@@ -208,6 +254,23 @@ mod tests {
         );
         let e = nat_ports(Some((60000, 62000)), (32768, 60999)).unwrap_err();
         assert!(e.to_string().contains("60000-62000"), "{e}");
+    }
+
+    #[test]
+    fn a_family_missing_from_non_masquerade_cidrs_keeps_its_defaults() {
+        let n = |s: &str| s.parse::<IpNetwork>().unwrap();
+        let defaults = [n("10.22.0.0/16"), n("fd00:22::/64")];
+        assert_eq!(non_masq(None, &defaults), defaults.to_vec());
+        assert_eq!(
+            non_masq(Some(&[n("10.0.0.0/8")]), &defaults),
+            vec![n("10.0.0.0/8"), n("fd00:22::/64")]
+        );
+        assert_eq!(
+            non_masq(Some(&[n("fd00::/8")]), &defaults),
+            vec![n("fd00::/8"), n("10.22.0.0/16")]
+        );
+        let both = [n("10.0.0.0/8"), n("fd00::/8")];
+        assert_eq!(non_masq(Some(&both), &defaults), both.to_vec());
     }
 
     #[test]

@@ -30,7 +30,8 @@ use std::{
 
 use sluice_common::{
     config_flags, endpoint_flags, maps, monitor_slot, pin_dirs, to_cbuf, DatapathMeta, Endpoint,
-    EndpointInfo, MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN, LAYOUT_VERSION,
+    EndpointInfo, Masq6Config, MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN,
+    LAYOUT_VERSION,
 };
 use sluice_maps::{endpoint::Endpoints, PinRoot};
 
@@ -284,12 +285,14 @@ impl Datapath {
             }
         };
         // Prefixes first: the cluster range must never be masqueraded.
-        match &settings.masq {
-            Some(m) => {
-                sluice_maps::nat::set_non_masq(&self.root, &m.non_masq)?;
-                sluice_maps::nat::write_config(&self.root, m.config)?;
-            }
-            None => sluice_maps::nat::write_config(&self.root, MasqConfig::default())?,
+        if let Some(m) = &settings.masq {
+            sluice_maps::nat::set_non_masq(&self.root, &m.non_masq)?;
+            sluice_maps::nat::set_non_masq6(&self.root, &m.non_masq6)?;
+            sluice_maps::nat::write_config(&self.root, m.config)?;
+            sluice_maps::nat::write_config6(&self.root, m.config6)?;
+        } else {
+            sluice_maps::nat::write_config(&self.root, MasqConfig::default())?;
+            sluice_maps::nat::write_config6(&self.root, Masq6Config::default())?;
         }
         sluice_maps::node::set_monitor_slot(
             &self.root,
@@ -545,16 +548,17 @@ impl Datapath {
                 ifindexes.push(idx);
             }
         }
-        let mut v4 = Vec::new();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for (ip, ep) in eps.list() {
             if ifindexes.contains(&ep.ifindex) {
-                if let IpAddr::V4(a) = ip {
-                    v4.push(a.octets());
+                match ip {
+                    IpAddr::V4(a) => v4.push(a.octets()),
+                    IpAddr::V6(a) => v6.push(a.octets()),
                 }
                 errors.note(eps.remove(ip).map_err(Error::from));
             }
         }
-        errors.note(sluice_maps::nat::forget_pods(&self.root, &v4).map_err(Error::from));
+        errors.note(sluice_maps::nat::forget_pods(&self.root, &v4, &v6).map_err(Error::from));
         errors.note(
             sluice_maps::hostport::remove_of_pods(&self.root, &ifindexes).map_err(Error::from),
         );

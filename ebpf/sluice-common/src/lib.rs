@@ -63,6 +63,10 @@ mod pod {
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::NatRev {}
     unsafe impl aya::Pod for super::MasqConfig {}
+    unsafe impl aya::Pod for super::Nat6Key {}
+    unsafe impl aya::Pod for super::Nat6Entry {}
+    unsafe impl aya::Pod for super::Nat6Rev {}
+    unsafe impl aya::Pod for super::Masq6Config {}
     unsafe impl aya::Pod for super::FragKey {}
     unsafe impl aya::Pod for super::FragEntry {}
     unsafe impl aya::Pod for super::PortKey {}
@@ -189,6 +193,10 @@ mod tests {
         assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<NatRev>(), 8);
         assert_eq!(size_of::<MasqConfig>(), 40);
+        assert_eq!(size_of::<Nat6Key>(), 16 + 16 + 2 + 2 + 1 + 3);
+        assert_eq!(size_of::<Nat6Entry>(), 2 + 1 + 1 + 4 + 8 + 8 + 16);
+        assert_eq!(size_of::<Nat6Rev>(), 20);
+        assert_eq!(size_of::<Masq6Config>(), 36);
     }
 
     #[test]

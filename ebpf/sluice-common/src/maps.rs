@@ -8,8 +8,8 @@ use core::mem::size_of;
 
 use crate::{
     BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry,
-    FragKey, HostPortConfig, HpFlow, IpKey, MasqConfig, NatEntry, NatKey, NatRev, NodeConfig,
-    PortKey, PortTarget, SockKey, SockOrig,
+    FragKey, HostPortConfig, HpFlow, IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev,
+    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -81,6 +81,14 @@ pub const NON_MASQ: MapSpec = spec::<(u32, [u8; 4]), u8>("sl_nonmasq", MapKind::
 pub const NAT_FWD: MapSpec = spec::<NatKey, NatEntry>("sl_nat_fwd", MapKind::Hash);
 /// Outside [`NatKey`] -> [`NatRev`]: how replies find the pod.
 pub const NAT_REV: MapSpec = spec::<NatKey, NatRev>("sl_nat_rev", MapKind::Hash);
+/// Index 0 -> [`Masq6Config`].
+pub const MASQ6: MapSpec = spec::<u32, Masq6Config>("sl_masq6", MapKind::Array);
+/// IPv6 prefix (LPM key) -> 1: IPv6 destinations never masqueraded.
+pub const NON_MASQ6: MapSpec = spec::<(u32, [u8; 16]), u8>("sl_nonmasq6", MapKind::LpmTrie);
+/// Pod-side [`Nat6Key`] -> [`Nat6Entry`]: every masqueraded IPv6 flow.
+pub const NAT6_FWD: MapSpec = spec::<Nat6Key, Nat6Entry>("sl_nat6_fwd", MapKind::Hash);
+/// Outside [`Nat6Key`] -> [`Nat6Rev`].
+pub const NAT6_REV: MapSpec = spec::<Nat6Key, Nat6Rev>("sl_nat6_rev", MapKind::Hash);
 /// (LRU) [`FragKey`] -> [`FragEntry`]: fragmented datagrams of translated flows.
 pub const NAT_FRAG: MapSpec = spec::<FragKey, FragEntry>("sl_nat_frag", MapKind::LruHash);
 /// [`PortKey`] -> [`PortTarget`]: hostPort mappings.
@@ -115,7 +123,7 @@ pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 22] = [
+pub const ALL: [MapSpec; 26] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_INFO,
@@ -138,6 +146,10 @@ pub const ALL: [MapSpec; 22] = [
     EP_DROPS,
     HP_LEARN,
     EDT,
+    MASQ6,
+    NON_MASQ6,
+    NAT6_FWD,
+    NAT6_REV,
 ];
 
 /// The map names, for code that wants a name only.
@@ -164,9 +176,16 @@ pub mod map_names {
     pub const EP_DROPS: &str = super::EP_DROPS.name;
     pub const HP_LEARN: &str = super::HP_LEARN.name;
     pub const EDT: &str = super::EDT.name;
+    pub const MASQ6: &str = super::MASQ6.name;
+    pub const NON_MASQ6: &str = super::NON_MASQ6.name;
+    pub const NAT6_FWD: &str = super::NAT6_FWD.name;
+    pub const NAT6_REV: &str = super::NAT6_REV.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
+    /// Per-CPU scratch: a leaving IPv6 packet between the steps of its
+    /// masquerade (not pinned).
+    pub const SCRATCH6: &str = "sl_scratch6";
 }
 
 /// Default sizes of the maps (entries).

@@ -1,32 +1,39 @@
 //! Masquerade: the flow table (`sl_nat_fwd`, `sl_nat_rev`), fragments
 //! (`sl_nat_frag`) and settings (`sl_masq`, `sl_nonmasq`).
 
-/// An IPv4 flow: the pod-side tuple (forward key) or the tuple replies carry
-/// (reverse key: remote -> masquerade address). Ports in network byte order; for
-/// ICMP echo the identifier is the source port of requests (forward) and the
+/// A flow: the pod-side tuple (forward key) or the tuple replies carry
+/// (reverse key: remote -> masquerade address), of addresses `A` (`[u8; 4]`:
+/// [`NatKey`], `[u8; 16]`: [`Nat6Key`]). Ports in network byte order; for ICMP
+/// echo the identifier is the source port of requests (forward) and the
 /// destination port of replies (reverse), the other port is 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct NatKey {
-    pub src_ip: [u8; 4],
-    pub dst_ip: [u8; 4],
+pub struct NatKeyOf<A> {
+    pub src_ip: A,
+    pub dst_ip: A,
     pub src_port: u16,
     pub dst_port: u16,
     pub proto: u8,
     pub _pad: [u8; 3],
 }
 
-impl NatKey {
+/// An IPv6 address as the flow maps hold it, network byte order, 4-byte
+/// aligned: with byte alignment the programs copied addresses a byte at a
+/// time, and the spilled bytes overflowed the 512-byte BPF stack.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Addr6(pub [u8; 16]);
+
+/// An IPv4 flow (`sl_nat_fwd`, `sl_nat_rev`, `sl_hp_ct`).
+pub type NatKey = NatKeyOf<[u8; 4]>;
+/// An IPv6 flow (`sl_nat6_fwd`, `sl_nat6_rev`).
+pub type Nat6Key = NatKeyOf<Addr6>;
+
+impl<A: Copy> NatKeyOf<A> {
     /// A flow key; ports (ICMP: identifiers) in network byte order as packets
     /// carry them.
     #[inline(always)]
-    pub const fn new(
-        src_ip: [u8; 4],
-        dst_ip: [u8; 4],
-        src_port: u16,
-        dst_port: u16,
-        proto: u8,
-    ) -> Self {
+    pub const fn new(src_ip: A, dst_ip: A, src_port: u16, dst_port: u16, proto: u8) -> Self {
         Self {
             src_ip,
             dst_ip,
@@ -40,16 +47,18 @@ impl NatKey {
     /// The reverse key of this forward key for a flow that leaves with
     /// `nat_addr`:`nat_port`: the tuple its replies carry.
     #[inline(always)]
-    pub const fn reverse(&self, nat_addr: [u8; 4], nat_port: u16) -> Self {
+    pub const fn reverse(&self, nat_addr: A, nat_port: u16) -> Self {
         Self::new(self.dst_ip, nat_addr, self.dst_port, nat_port, self.proto)
     }
 }
 
 /// The state of a flow (value of the forward map): masqueraded (it has a reverse
 /// entry), or with [`nat_flags::INBOUND`] opened from outside (no translation).
+/// `P` pads the IPv4 form to a multiple of 8 bytes (`u32`); the IPv6 one needs
+/// none (`()`), and a map value must not have implicit padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct NatEntry {
+pub struct NatEntryOf<A, P> {
     /// The source port (ICMP: identifier) on the outside, network byte order.
     pub nat_port: u16,
     /// [`nat_state`].
@@ -63,9 +72,14 @@ pub struct NatEntry {
     pub created_ns: u64,
     /// The address the flow leaves with: it keeps it when `masqueradeAddress`
     /// changes, and its reverse key is made with it.
-    pub nat_addr: [u8; 4],
-    pub _pad: u32,
+    pub nat_addr: A,
+    pub _pad: P,
 }
+
+/// An IPv4 flow's state (value of `sl_nat_fwd`).
+pub type NatEntry = NatEntryOf<[u8; 4], u32>;
+/// An IPv6 flow's state (value of `sl_nat6_fwd`).
+pub type Nat6Entry = NatEntryOf<Addr6, ()>;
 
 pub mod nat_flags {
     /// Opened from outside (a routed pod address): the pod's packets of this flow
@@ -89,12 +103,17 @@ pub mod nat_state {
 /// Where replies of a masqueraded flow go (value of the reverse map).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct NatRev {
-    pub pod_ip: [u8; 4],
+pub struct NatRevOf<A> {
+    pub pod_ip: A,
     /// Network byte order (ICMP: the pod's identifier).
     pub pod_port: u16,
     pub _pad: u16,
 }
+
+/// Value of `sl_nat_rev`.
+pub type NatRev = NatRevOf<[u8; 4]>;
+/// Value of `sl_nat6_rev`.
+pub type Nat6Rev = NatRevOf<Addr6>;
 
 /// The fields that identify the fragments of one IPv4 datagram (RFC 791 3.2:
 /// source, destination, protocol, identification), as the packet carries them.
@@ -150,6 +169,19 @@ pub struct MasqConfig {
     /// The address before the last change (0.0.0.0: none): replies to it are
     /// still translated, for the flows opened before.
     pub prev_addr: [u8; 4],
+}
+
+/// IPv6 masquerade settings, at index 0 of `sl_masq6`; ports and timeouts are
+/// the IPv4 [`MasqConfig`]'s (one `ipMasq` setting for both families).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Masq6Config {
+    /// The address masqueraded IPv6 flows leave with.
+    pub addr: Addr6,
+    /// The address before the last change (`::`: none), as in [`MasqConfig`].
+    pub prev_addr: Addr6,
+    /// [`masq_flags`] (`ENABLED`: IPv6 pod traffic is masqueraded).
+    pub flags: u32,
 }
 
 pub mod masq_flags {

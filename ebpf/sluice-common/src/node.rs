@@ -75,4 +75,7 @@ pub mod kernel_features {
     /// packet or a new flow meets them, and the NAT maps are LRU maps, so dead
     /// flows make room for new ones.
     pub const LAZY_EXPIRY: u32 = 1 << 2;
+    /// IPv6 masquerade: only with the sweeper. With lazy expiry its code made
+    /// 5.10's verifier take over a minute (under emulation) for `uplink_out`.
+    pub const MASQ6: u32 = 1 << 3;
 }

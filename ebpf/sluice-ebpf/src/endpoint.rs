@@ -80,14 +80,14 @@ pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
 /// Delivers a packet masquerade or hostPort translated (`nat`, `hostport`) into the pod (or to the kernel, which routes it
 /// there, when the pod is not in the endpoint map).
 #[inline(always)]
-pub(crate) fn deliver_translated(ctx: &TcContext, pod_ip: [u8; 4]) -> i32 {
+pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey) -> i32 {
     // The translation's checksum helpers may have moved the packet: parse it
     // again.
     let Ok(h) = crate::l3::parse(ctx) else {
         return TCX_NEXT;
     };
     // SAFETY: map values are only read.
-    match unsafe { ENDPOINTS.get(IpKey::v4(pod_ip)) } {
+    match unsafe { ENDPOINTS.get(pod) } {
         Some(ep) if h.ttl() > 1 => deliver_tc(
             &h,
             ep,

@@ -24,7 +24,8 @@ use aya_ebpf::{
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{
-    event_kind, reason, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey, SockOrig,
+    event_kind, reason, HostPortConfig, HpFlow, IpKey, NatKey, PortKey, PortTarget, SockKey,
+    SockOrig,
 };
 
 use crate::{
@@ -159,7 +160,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(deliver_translated(ctx, t.pod_ip))
+    Some(deliver_translated(ctx, IpKey::v4(t.pod_ip)))
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]

@@ -25,6 +25,13 @@ pub fn ktime_coarse() -> bool {
     has(kernel_features::KTIME_COARSE)
 }
 
+/// IPv6 masquerade is on this kernel (see
+/// `sluice_common::kernel_features::MASQ6`).
+#[inline(always)]
+pub fn masq6() -> bool {
+    has(kernel_features::MASQ6)
+}
+
 /// No NAT sweeper on this kernel: flows expire when met (see
 /// `sluice_common::kernel_features::LAZY_EXPIRY`).
 #[inline(always)]

@@ -157,6 +157,16 @@ impl Headers {
         })
     }
 
+    /// An IPv6 packet's addresses and next header; `None` for IPv4.
+    #[inline(always)]
+    pub fn v6_fields(&self) -> Option<([u8; 16], [u8; 16], u8)> {
+        let L3::V6(ip) = self.l3 else {
+            return None;
+        };
+        // SAFETY: bounds checked by `parse`.
+        Some(unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).next_hdr) })
+    }
+
     /// The source as a map key.
     #[inline(always)]
     pub fn src_key(&self) -> IpKey {

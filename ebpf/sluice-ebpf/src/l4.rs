@@ -6,10 +6,11 @@
 //! which handle partial checksum offload).
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::bpf_csum_diff,
     programs::TcContext,
 };
 use network_types::ip::Ipv4Hdr;
-use sluice_common::reason;
+use sluice_common::{reason, Addr6};
 
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
@@ -21,6 +22,12 @@ pub(crate) const PROTO_UDP: u8 = 17;
 /// SCTP: its CRC32c covers the ports but no pseudo header (RFC 4960 6.8), so
 /// addresses change without a checksum update; ports must not change.
 pub(crate) const PROTO_SCTP: u8 = 132;
+pub(crate) const PROTO_ICMPV6: u8 = 58;
+/// ICMPv6 (RFC 4443): errors are types below 128.
+pub(crate) const ICMP6_DEST_UNREACH: u8 = 1;
+pub(crate) const ICMP6_PARAM_PROBLEM: u8 = 4;
+pub(crate) const ICMP6_ECHO: u8 = 128;
+pub(crate) const ICMP6_ECHO_REPLY: u8 = 129;
 pub(crate) const ICMP_ECHO_REPLY: u8 = 0;
 pub(crate) const ICMP_DEST_UNREACH: u8 = 3;
 pub(crate) const ICMP_ECHO: u8 = 8;
@@ -31,6 +38,7 @@ pub(crate) const TCP_RST: u8 = 0x04;
 pub(crate) const TCP_ACK: u8 = 0x10;
 
 /// Where the ports and the L4 checksum of a packet are.
+#[derive(Clone, Copy, Default)]
 pub(crate) struct L4 {
     /// Source port (ICMP echo: identifier).
     pub sport_off: usize,
@@ -95,7 +103,8 @@ pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result
                 },
             })
         }
-        PROTO_ICMP => {
+        // ICMPv6's checksum covers a pseudo header (RFC 4443 2.3), ICMP's not.
+        PROTO_ICMP | PROTO_ICMPV6 => {
             let t: u8 = ctx.load(l4).map_err(bad)?;
             if t != echo_type {
                 return Err(reason::DROP_MASQ_PROTO);
@@ -106,7 +115,7 @@ pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result
                 dport_off: None,
                 dport: 0,
                 csum_off: l4 + 2,
-                pseudo: false,
+                pseudo: proto == PROTO_ICMPV6,
                 no_csum: false,
                 mangled: 0,
             })
@@ -147,6 +156,58 @@ pub(crate) fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
             .map_err(|_| ())?;
     }
     ctx.l3_csum_replace(IP_CSUM, oa, na, 4).map_err(|_| ())?;
+    ctx.store(r.addr_off, &r.new_addr, 0).map_err(|_| ())?;
+    ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
+}
+
+/// One IPv6 address and one port to replace in a packet.
+pub(crate) struct Rewrite6 {
+    pub addr_off: usize,
+    pub old_addr: Addr6,
+    pub new_addr: Addr6,
+    pub port_off: usize,
+    pub old_port: u16,
+    pub new_port: u16,
+}
+
+/// Rewrites an IPv6 address and a port with the L4 checksum (IPv6 has no header
+/// checksum; the address is in the pseudo header of TCP, UDP and ICMPv6). The
+/// address's difference comes from `bpf_csum_diff`, handed to
+/// `bpf_l4_csum_replace` with size 0 (a diff, include/uapi/linux/bpf.h).
+#[inline(always)]
+pub(crate) fn rewrite6(ctx: &TcContext, l4: &L4, r: &Rewrite6) -> Result<(), ()> {
+    if !l4.no_csum {
+        if l4.pseudo {
+            // SAFETY: two 16-byte buffers the helper only reads, sizes
+            // multiples of 4.
+            let diff = unsafe {
+                bpf_csum_diff(
+                    (&raw const r.old_addr).cast_mut().cast(),
+                    16,
+                    (&raw const r.new_addr).cast_mut().cast(),
+                    16,
+                    0,
+                )
+            };
+            if diff < 0 {
+                return Err(());
+            }
+            ctx.l4_csum_replace(
+                l4.csum_off,
+                0,
+                diff as u64,
+                u64::from(BPF_F_PSEUDO_HDR) | l4.mangled,
+            )
+            .map_err(|_| ())?;
+        }
+        ctx.l4_csum_replace(
+            l4.csum_off,
+            u64::from(r.old_port),
+            u64::from(r.new_port),
+            l4.mangled | 2,
+        )
+        .map_err(|_| ())?;
+    }
     ctx.store(r.addr_off, &r.new_addr, 0).map_err(|_| ())?;
     ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
 }

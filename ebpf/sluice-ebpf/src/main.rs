@@ -223,6 +223,24 @@ fn uplink_in_verdict(ctx: &TcContext) -> i32 {
     if let Some(verdict) = nat::dnat(ctx) {
         return verdict;
     }
+    // With IPv6 masquerade a call of its own: inlined, its locals and those of
+    // IPv6 masquerade's call exceeded the 512 bytes of stack the verifier allows
+    // a chain of calls. Inline elsewhere, as before (see `nat::snat`).
+    if kernel::masq6() {
+        uplink_in_rest(ctx)
+    } else {
+        uplink_in_rest_inline(ctx)
+    }
+}
+
+#[inline(never)]
+fn uplink_in_rest(ctx: &TcContext) -> i32 {
+    uplink_in_rest_inline(ctx)
+}
+
+/// [`uplink_in`] after masquerade: hostPorts, then pods.
+#[inline(always)]
+fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
     if let Some(verdict) = hostport::from_uplink(ctx) {
         return verdict;
     }

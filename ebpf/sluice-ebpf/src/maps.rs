@@ -8,7 +8,8 @@ use aya_ebpf::{
 use sluice_common::{
     map_sizes, monitor_slot, reason, BwState, DatapathMeta, DropNote, EdtSlot, Endpoint,
     EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey,
-    MasqConfig, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
+    Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig,
+    PortKey, PortTarget, SockKey, SockOrig,
 };
 
 #[map(name = "sl_endpoints")]
@@ -43,6 +44,19 @@ pub static NAT_FWD: HashMap<NatKey, NatEntry> = HashMap::pinned(map_sizes::NAT_F
 
 #[map(name = "sl_nat_rev")]
 pub static NAT_REV: HashMap<NatKey, NatRev> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);
+
+#[map(name = "sl_masq6")]
+pub static MASQ6: Array<Masq6Config> = Array::pinned(1, 0);
+
+#[map(name = "sl_nonmasq6")]
+pub static NON_MASQ6: LpmTrie<[u8; 16], u8> =
+    LpmTrie::pinned(map_sizes::NON_MASQ, BPF_F_NO_PREALLOC);
+
+#[map(name = "sl_nat6_fwd")]
+pub static NAT6_FWD: HashMap<Nat6Key, Nat6Entry> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);
+
+#[map(name = "sl_nat6_rev")]
+pub static NAT6_REV: HashMap<Nat6Key, Nat6Rev> = HashMap::pinned(map_sizes::NAT_FLOWS, 0);
 
 #[map(name = "sl_nat_frag")]
 pub static NAT_FRAG: LruHashMap<FragKey, FragEntry> = LruHashMap::pinned(map_sizes::NAT_FRAGS, 0);
@@ -83,6 +97,10 @@ pub static EP_DROPS: PerCpuHashMap<EpDropKey, u64> =
 
 #[map(name = "sl_hp_learn")]
 pub static HP_LEARN: LruHashMap<u64, u64> = LruHashMap::pinned(map_sizes::HP_LEARN, 0);
+
+/// Not pinned: a leaving IPv6 packet between the steps of its masquerade.
+#[map(name = "sl_scratch6")]
+pub static SCRATCH6: PerCpuArray<crate::nat::Leaving> = PerCpuArray::with_max_entries(1, 0);
 
 /// Not pinned: only lives from a drop site to its program's exit.
 #[map(name = "sl_scratch")]

@@ -1,19 +1,20 @@
 //! The flow table: NAT ports taken without races (`BPF_NOEXIST` on the reverse
 //! entry), TCP states, idle timeouts, and the lazy expiry of kernels without
 //! the sweeper.
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "flow keys go to the map helpers by reference: an IPv6 key is 40 bytes of a 512-byte stack"
+)]
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
 };
-use sluice_common::{
-    event_kind, nat_flags, nat_state, reason, MasqConfig, NatEntry, NatKey, NatRev,
-};
+use sluice_common::{nat_flags, nat_state, reason, MasqConfig, NatKey};
 
+use super::family::{Entry, Family, FlowKey, Rev, V4};
 use crate::{
     counters::count,
-    events,
     l4::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    maps::{NAT_FWD, NAT_REV},
 };
 
 const EEXIST: i32 = 17;
@@ -68,12 +69,12 @@ pub(super) fn is_expired(cfg: &MasqConfig, state: u8, last_seen_ns: u64, now: u6
 /// The check is inline; the work a BPF-to-BPF call of its own (its locals stay
 /// off the caller's stack frame, and kernels with the sweeper never call it).
 #[inline(always)]
-pub(super) fn expired_now(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> bool {
-    crate::kernel::lazy_expiry() && expire_if_idle(cfg, k, e) != 0
+pub(super) fn expired_now<F: Family>(cfg: &MasqConfig, k: &FlowKey<F>, e: *const Entry<F>) -> bool {
+    crate::kernel::lazy_expiry() && expire_if_idle::<F>(cfg, k, e) != 0
 }
 
 #[inline(never)]
-fn expire_if_idle(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> u32 {
+fn expire_if_idle<F: Family>(cfg: &MasqConfig, k: &FlowKey<F>, e: *const Entry<F>) -> u32 {
     // SAFETY: a live map value; fields read one by one.
     let (state, last_seen, flags, nat_addr, nat_port) = unsafe {
         (
@@ -88,9 +89,9 @@ fn expire_if_idle(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> u32 {
         return 0;
     }
     if flags & nat_flags::INBOUND == 0 {
-        let _ = NAT_REV.remove(rev_key(k, nat_addr, nat_port));
+        let _ = F::rev().remove(&k.reverse(nat_addr, nat_port));
     }
-    let _ = NAT_FWD.remove(k);
+    let _ = F::fwd().remove(k);
     count(reason::NAT_EXPIRED);
     1
 }
@@ -98,38 +99,32 @@ fn expire_if_idle(cfg: &MasqConfig, k: &NatKey, e: *const NatEntry) -> u32 {
 /// On a kernel without the sweeper, a reverse entry `rk` whose flow is gone or
 /// past its timeout is removed (with the flow); `true` then.
 #[inline(always)]
-pub(super) fn stale_reverse(cfg: &MasqConfig, rk: &NatKey) -> bool {
-    crate::kernel::lazy_expiry() && free_if_stale(cfg, rk) != 0
+pub(super) fn stale_reverse<F: Family>(cfg: &MasqConfig, rk: &FlowKey<F>) -> bool {
+    crate::kernel::lazy_expiry() && free_if_stale::<F>(cfg, rk) != 0
 }
 
 // Inline: as a call of its own it made 5.10's verifier crash (a NULL
 // dereference in __mark_chain_precision backtracking through nested calls).
 #[inline(always)]
-fn free_if_stale(cfg: &MasqConfig, rk: &NatKey) -> u32 {
+fn free_if_stale<F: Family>(cfg: &MasqConfig, rk: &FlowKey<F>) -> u32 {
     // SAFETY: map values are only read.
-    let Some(rev) = (unsafe { NAT_REV.get(rk) }) else {
+    let Some(rev) = (unsafe { F::rev().get(rk) }) else {
         return 0;
     };
-    let fk = NatKey::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
-    match NAT_FWD.get_ptr(fk) {
-        Some(e) => expire_if_idle(cfg, &fk, e),
+    let fk = FlowKey::<F>::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
+    match F::fwd().get_ptr(&fk) {
+        Some(e) => expire_if_idle::<F>(cfg, &fk, e),
         None => {
-            let _ = NAT_REV.remove(rk);
+            let _ = F::rev().remove(rk);
             1
         }
     }
 }
 
-/// The reverse key of a forward flow `k` that left with `addr`:`nat_port`.
 #[inline(always)]
-pub(super) fn rev_key(k: &NatKey, addr: [u8; 4], nat_port: u16) -> NatKey {
-    k.reverse(addr, nat_port)
-}
-
-#[inline(always)]
-fn flow_hash(k: &NatKey) -> u32 {
-    let a = u32::from_ne_bytes(k.src_ip);
-    let b = u32::from_ne_bytes(k.dst_ip);
+fn flow_hash<F: Family>(k: &FlowKey<F>) -> u32 {
+    let a = F::fold(&k.src_ip);
+    let b = F::fold(&k.dst_ip);
     let c = (u32::from(k.src_port) << 16) | u32::from(k.dst_port);
     let mut h = a ^ b.rotate_left(11) ^ c.rotate_left(22) ^ u32::from(k.proto);
     h ^= h >> 16;
@@ -138,12 +133,13 @@ fn flow_hash(k: &NatKey) -> u32 {
     h.wrapping_mul(0x846c_a68b)
 }
 
-/// Takes a NAT port for a new flow: reverse entry first (BPF_NOEXIST makes the
-/// port ours), then the forward entry.
+/// Takes a NAT port for a new flow leaving with `addr`: reverse entry first
+/// (BPF_NOEXIST makes the port ours), then the forward entry.
 #[inline(always)]
-pub(super) fn allocate(
-    k: &NatKey,
+pub(super) fn allocate<F: Family>(
+    k: &FlowKey<F>,
     cfg: &MasqConfig,
+    addr: F::Addr,
     pod_ifindex: u32,
     state: u8,
 ) -> Result<(), u32> {
@@ -154,16 +150,22 @@ pub(super) fn allocate(
         0
     };
     let range = n1 + n2;
-    let h = flow_hash(k);
-    let rev = NatRev {
+    let h = flow_hash::<F>(k);
+    let rev = Rev::<F> {
         pod_ip: k.src_ip,
         pod_port: k.src_port,
         _pad: 0,
     };
+    let flow = New {
+        addr,
+        rev,
+        pod_ifindex,
+        state,
+    };
     let mut i = 0;
     while i < PORT_TRIES {
         let nat_port = candidate_port(cfg, h.wrapping_add(i) % range, n1);
-        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+        if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
             return r;
         }
         i += 1;
@@ -173,12 +175,20 @@ pub(super) fn allocate(
     // (Checked inside the loop, 5.10's verifier walked every iteration apart
     // and gave up at a million instructions.)
     let nat_port = candidate_port(cfg, h % range, n1);
-    if stale_reverse(cfg, &rev_key(k, cfg.addr, nat_port)) {
-        if let Some(r) = claim(k, cfg, nat_port, rev, pod_ifindex, state) {
+    if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
+        if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
             return r;
         }
     }
     Err(reason::DROP_MASQ_NO_PORT)
+}
+
+/// What a new flow gets besides its port.
+struct New<F: Family> {
+    addr: F::Addr,
+    rev: Rev<F>,
+    pod_ifindex: u32,
+    state: u8,
 }
 
 /// The port at index `idx` over both ranges (the first, then the second), in
@@ -193,44 +203,67 @@ fn candidate_port(cfg: &MasqConfig, idx: u32, n1: u32) -> u16 {
     port.to_be()
 }
 
+/// [`claim`], in a call of its own where the family wants it
+/// ([`Family::CLAIM_CALL`]).
+#[inline(always)]
+fn claim_port<F: Family>(k: &FlowKey<F>, nat_port: u16, n: &New<F>) -> Option<Result<(), u32>> {
+    if F::CLAIM_CALL {
+        // A call returns one register: 0 taken, 1 held by another flow,
+        // else the drop reason + 2.
+        match claim_call::<F>(k, nat_port, n) {
+            0 => Some(Ok(())),
+            1 => None,
+            r => Some(Err(r - 2)),
+        }
+    } else {
+        claim::<F>(k, nat_port, n)
+    }
+}
+
+#[inline(never)]
+fn claim_call<F: Family>(k: &FlowKey<F>, nat_port: u16, n: &New<F>) -> u32 {
+    match claim::<F>(k, nat_port, n) {
+        Some(Ok(())) => 0,
+        None => 1,
+        Some(Err(r)) => r + 2,
+    }
+}
+
 /// Takes `nat_port` for the flow `k` if no flow holds it: `None` when one does,
 /// else the outcome of creating the flow.
 #[inline(always)]
-fn claim(
-    k: &NatKey,
-    cfg: &MasqConfig,
-    nat_port: u16,
-    rev: NatRev,
-    pod_ifindex: u32,
-    state: u8,
-) -> Option<Result<(), u32>> {
-    let rk = rev_key(k, cfg.addr, nat_port);
-    match NAT_REV.insert(rk, rev, u64::from(BPF_NOEXIST)) {
+fn claim<F: Family>(k: &FlowKey<F>, nat_port: u16, n: &New<F>) -> Option<Result<(), u32>> {
+    let rk = k.reverse(n.addr, nat_port);
+    match F::rev().insert(&rk, &n.rev, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             let t = now();
-            let e = NatEntry {
+            let e = Entry::<F> {
                 nat_port,
-                state,
-                flags: if pod_ifindex == 0 { nat_flags::NODE } else { 0 },
-                pod_ifindex,
+                state: n.state,
+                flags: if n.pod_ifindex == 0 {
+                    nat_flags::NODE
+                } else {
+                    0
+                },
+                pod_ifindex: n.pod_ifindex,
                 last_seen_ns: t,
                 created_ns: t,
-                nat_addr: cfg.addr,
-                _pad: 0,
+                nat_addr: n.addr,
+                _pad: F::PAD,
             };
-            Some(match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
+            Some(match F::fwd().insert(k, &e, u64::from(BPF_NOEXIST)) {
                 Ok(()) => {
                     count(reason::MASQ_NEW_FLOW);
-                    events::flow(event_kind::NAT_NEW, k, cfg.addr, nat_port, pod_ifindex);
+                    F::claimed(k, n.addr, nat_port, n.pod_ifindex);
                     Ok(())
                 }
                 // Another CPU created the same flow meanwhile: use its port.
                 Err(e) if e == -EEXIST => {
-                    let _ = NAT_REV.remove(rk);
+                    let _ = F::rev().remove(&rk);
                     Ok(())
                 }
                 Err(_) => {
-                    let _ = NAT_REV.remove(rk);
+                    let _ = F::rev().remove(&rk);
                     Err(reason::DROP_MASQ_MAP_FULL)
                 }
             })
@@ -243,37 +276,22 @@ fn claim(
 /// Takes a node echo's own identifier as its NAT identifier, if no flow holds it.
 #[inline(always)]
 pub(super) fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
-    let rk = rev_key(k, cfg.addr, k.src_port);
-    let rev = NatRev {
-        pod_ip: k.src_ip,
-        pod_port: k.src_port,
-        _pad: 0,
-    };
-    NAT_REV
-        .insert(rk, rev, u64::from(BPF_NOEXIST))
-        .map_err(|_| ())?;
-    let t = now();
-    let e = NatEntry {
-        nat_port: k.src_port,
-        state: nat_state::ICMP,
-        flags: nat_flags::NODE,
+    let flow = New::<V4> {
+        addr: cfg.addr,
+        rev: Rev::<V4> {
+            pod_ip: k.src_ip,
+            pod_port: k.src_port,
+            _pad: 0,
+        },
         pod_ifindex: 0,
-        last_seen_ns: t,
-        created_ns: t,
-        nat_addr: cfg.addr,
-        _pad: 0,
+        state: nat_state::ICMP,
     };
-    match NAT_FWD.insert(k, e, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            count(reason::MASQ_NEW_FLOW);
-            events::flow(event_kind::NAT_NEW, k, cfg.addr, k.src_port, 0);
-            Ok(())
-        }
-        // Map full (the echo leaves untracked), or another CPU made the flow.
-        Err(_) => {
-            let _ = NAT_REV.remove(rk);
-            Ok(())
-        }
+    match claim::<V4>(k, k.src_port, &flow) {
+        // Held by a pod's flow.
+        None => Err(()),
+        // Made, made by another CPU, or the map is full (the echo leaves
+        // untracked).
+        Some(_) => Ok(()),
     }
 }
 
@@ -303,7 +321,12 @@ pub(super) fn next_state(cur: u8, proto: u8, flags: u8, reply: bool) -> u8 {
 
 /// Refreshes a flow's state and timestamp.
 #[inline(always)]
-pub(super) fn touch(e: *mut NatEntry, proto: u8, flags: u8, reply: bool) {
+pub(super) fn touch<A, P>(
+    e: *mut sluice_common::NatEntryOf<A, P>,
+    proto: u8,
+    flags: u8,
+    reply: bool,
+) {
     let t = now();
     // SAFETY: a live map value; concurrent writers race benignly (last writer
     // wins on a timestamp and a state that only moves forward in practice).

@@ -3,9 +3,10 @@
 //! the identifier space with the pods' ([`node_echo`]).
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use network_types::ip::Ipv4Hdr;
-use sluice_common::{nat_state, reason, MasqConfig, NatKey};
+use sluice_common::{nat_state, reason, IpKey, MasqConfig, NatKey};
 
 use super::{
+    family::V4,
     flow::{allocate, reserve, touch},
     is_nat_addr,
 };
@@ -31,7 +32,7 @@ pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
     };
     let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, 0, PROTO_ICMP);
     if NAT_FWD.get_ptr(key).is_none() && reserve(&key, cfg).is_err() {
-        let _ = allocate(&key, cfg, 0, nat_state::ICMP);
+        let _ = allocate::<V4>(&key, cfg, cfg.addr, 0, nat_state::ICMP);
     }
     let Some(e) = NAT_FWD.get_ptr_mut(key) else {
         return;
@@ -110,5 +111,5 @@ pub(super) fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Op
         return Some(TC_ACT_SHOT);
     }
     count(reason::MASQ_ICMP_ERROR);
-    Some(deliver(ctx, rev.pod_ip))
+    Some(deliver(ctx, IpKey::v4(rev.pod_ip)))
 }

@@ -22,10 +22,16 @@
 //! Modules: `flow` (ports, states, timeouts of the flow table), `frag`
 //! (fragments), `icmp` (ICMP errors, the node's own echoes), `sweep` (the
 //! sweeper), `xdp` (replies in native XDP).
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "flow keys go to the map helpers by reference: an IPv6 key is 40 bytes of a 512-byte stack"
+)]
+mod family;
 mod flow;
 mod frag;
 mod icmp;
 mod sweep;
+mod v6;
 mod xdp;
 
 use aya_ebpf::{
@@ -34,13 +40,15 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sluice_common::{
-    event_kind, masq_flags, nat_flags, nat_state, reason, IpKey, MasqConfig, NatEntry, NatKey,
+    event_kind, masq_flags, nat_flags, nat_state, reason, Addr6, IpKey, MasqConfig, Nat6Key, NatKey,
 };
 
 pub use sweep::sweep;
+pub use v6::Leaving;
 pub use xdp::dnat_xdp;
 
 use self::{
+    family::{Entry, Family, FlowKey, Rev, V4, V6},
     flow::{allocate, expired_now, next_state, now, stale_reverse, touch},
     frag::{fragment_target, later_fragment, remember_fragments, rewrite_addr},
     icmp::{icmp_error, node_echo},
@@ -48,14 +56,14 @@ use self::{
 use crate::{
     counters::count,
     endpoint::deliver_translated as deliver,
-    events::{self, note_drop},
+    events::note_drop,
     l3::Headers,
     l4::{
         ipv4, is_fragment, l4, rewrite, Rewrite, ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO,
         ICMP_ECHO_REPLY, ICMP_TIME_EXCEEDED, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP, TCP_ACK,
         TCP_SYN,
     },
-    maps::{ENDPOINTS, MASQ, NAT_FWD, NAT_REV, NON_MASQ},
+    maps::{ENDPOINTS, MASQ, NON_MASQ, NON_MASQ6},
     packet::{ptr_at, Packet},
     TCX_NEXT,
 };
@@ -68,9 +76,40 @@ pub(super) fn config() -> Option<&'static MasqConfig> {
 /// uplink egress: masquerades pod traffic leaving the cluster range.
 #[inline(always)]
 pub fn snat(ctx: &TcContext) -> i32 {
-    let Some(cfg) = config() else {
-        return TCX_NEXT;
-    };
+    // Without IPv6 masquerade (the kernels without the sweeper), IPv4 inline as
+    // it always was: a call that makes calls took 5.10's verifier minutes. The
+    // verifier never walks the branch the kernel-feature constant rules out,
+    // and a frame counts only the stack its walked instructions use.
+    if !crate::kernel::masq6() {
+        return match config() {
+            Some(cfg) => snat4_inline(ctx, cfg),
+            None => TCX_NEXT,
+        };
+    }
+    // Each family a call of its own: inlined together their locals overflowed
+    // the 512 bytes of stack a chain of calls may use. (The settings are read
+    // after the family: held across that read, the pointer took a slot of this
+    // frame.)
+    if v6::is_ipv6(ctx) {
+        match config() {
+            Some(cfg) => v6::snat6(ctx, cfg),
+            None => TCX_NEXT,
+        }
+    } else {
+        snat4(ctx)
+    }
+}
+
+#[inline(never)]
+fn snat4(ctx: &TcContext) -> i32 {
+    match config() {
+        Some(cfg) => snat4_inline(ctx, cfg),
+        None => TCX_NEXT,
+    }
+}
+
+#[inline(always)]
+fn snat4_inline(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     let Some(ip) = ipv4(ctx) else {
         return TCX_NEXT;
     };
@@ -135,37 +174,20 @@ pub fn snat(ctx: &TcContext) -> i32 {
         0
     };
     let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
-    let live = match NAT_FWD.get_ptr(key) {
-        Some(e) => !expired_now(cfg, &key, e),
-        None => false,
-    };
-    if !live {
-        // A TCP segment other than a SYN opens nothing: its flow expired or was
-        // flushed, and with the pod's address it would only leak.
-        let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-        if ip.proto == PROTO_TCP && !syn {
-            note_drop(reason::DROP_MASQ_NO_FLOW, ep.ifindex);
-            return TC_ACT_SHOT;
-        }
-        let state = next_state(0, ip.proto, flags, false);
-        if let Err(r) = allocate(&key, cfg, ep.ifindex, state) {
-            note_drop(r, ep.ifindex);
-            return TC_ACT_SHOT;
-        }
-    }
-    let Some(e) = NAT_FWD.get_ptr_mut(key) else {
-        note_drop(reason::DROP_MASQ_MAP_FULL, ep.ifindex);
-        return TC_ACT_SHOT;
-    };
-    // SAFETY: a live map value.
-    let (nat_port, nat_addr, eflags) = unsafe { ((*e).nat_port, (*e).nat_addr, (*e).flags) };
-    // A connection from outside: the pod answers from its own address.
-    if eflags & nat_flags::INBOUND != 0 {
-        touch(e, ip.proto, flags, true);
-        remember_fragments(&ip, ip.src_addr);
-        return TCX_NEXT;
-    }
-    touch(e, ip.proto, flags, false);
+    let mut new = false;
+    let (nat_addr, nat_port) =
+        match flow_out::<V4>(cfg, &key, cfg.addr, ep.ifindex, (flags, &mut new)) {
+            Ok(Some(t)) => t,
+            // A connection from outside: the pod answers from its own address.
+            Ok(None) => {
+                remember_fragments(&ip, ip.src_addr);
+                return TCX_NEXT;
+            }
+            Err(r) => {
+                note_drop(r, ep.ifindex);
+                return TC_ACT_SHOT;
+            }
+        };
     let r = Rewrite {
         addr_off: ETH_LEN + 12,
         old_addr: ip.src_addr,
@@ -183,50 +205,120 @@ pub fn snat(ctx: &TcContext) -> i32 {
     TCX_NEXT
 }
 
+/// The translation of a leaving packet of the pod-side flow `key` (TCP flags
+/// `flags`), the flow opened with `addr` and a new port if it has none:
+/// `Some((address, port))`, or `None` for a connection opened from outside,
+/// whose packets leave as they are. `Err`: the drop reason.
+#[inline(always)]
+fn flow_out<F: Family>(
+    cfg: &MasqConfig,
+    key: &FlowKey<F>,
+    addr: F::Addr,
+    pod_ifindex: u32,
+    (flags, new): (u8, &mut bool),
+) -> Result<Option<(F::Addr, u16)>, u32> {
+    let live = match F::fwd().get_ptr(key) {
+        Some(e) => !expired_now::<F>(cfg, key, e),
+        None => false,
+    };
+    if !live {
+        // A TCP segment other than a SYN opens nothing: its flow expired or was
+        // flushed, and with the pod's address it would only leak.
+        let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+        if key.proto == PROTO_TCP && !syn {
+            return Err(reason::DROP_MASQ_NO_FLOW);
+        }
+        let state = next_state(0, key.proto, flags, false);
+        allocate::<F>(key, cfg, addr, pod_ifindex, state)?;
+        *new = true;
+    }
+    let Some(e) = F::fwd().get_ptr_mut(key) else {
+        return Err(reason::DROP_MASQ_MAP_FULL);
+    };
+    // SAFETY: a live map value.
+    let (nat_port, nat_addr, eflags) = unsafe { ((*e).nat_port, (*e).nat_addr, (*e).flags) };
+    let inbound = eflags & nat_flags::INBOUND != 0;
+    touch(e, key.proto, flags, inbound);
+    Ok((!inbound).then_some((nat_addr, nat_port)))
+}
+
+/// Where a reply with the reverse key `rk` (TCP flags `flags`) goes: the pod's
+/// address and port, with its flow refreshed. `None`: no live flow.
+#[inline(always)]
+fn flow_back<F: Family>(cfg: &MasqConfig, rk: &FlowKey<F>, flags: u8) -> Option<Rev<F>> {
+    // SAFETY: map values are only read.
+    let rev = *unsafe { F::rev().get(rk) }?;
+    if stale_reverse::<F>(cfg, rk) {
+        // Past its timeout: the kernel answers as it would after a sweep.
+        return None;
+    }
+    let fk = FlowKey::<F>::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
+    if let Some(e) = F::fwd().get_ptr_mut(&fk) {
+        touch(e, rk.proto, flags, true);
+    }
+    Some(rev)
+}
+
 /// A connection from outside straight to a local pod (routed pod addresses):
 /// tracked as an inbound flow, so that [`snat`] lets the pod's replies leave
 /// from the pod's own address, as nf_conntrack does for MASQUERADE. A TCP SYN or
 /// any UDP datagram opens one; ICMP needs none (only echo requests are
 /// masqueraded). Sources in `nonMasqueradeCIDRs` are skipped: replies to them are
-/// never translated anyway.
+/// never translated anyway. IPv6 packets with extension headers open none.
 #[inline(always)]
 pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
     let Some(_cfg) = config() else {
         return;
     };
-    let Some(v4) = h.v4_fields() else {
-        return;
-    };
-    let (src, dst, proto) = (v4.src, v4.dst, v4.proto);
-    if (proto != PROTO_TCP && proto != PROTO_UDP) || v4.fragment() {
-        return;
-    }
-    let l4_off = v4.l4_off();
-    if proto == PROTO_TCP {
-        let Some(f) = ptr_at::<u8>(p, l4_off + 13) else {
-            return;
-        };
-        // SAFETY: bounds checked by ptr_at.
-        if unsafe { *f } & (TCP_SYN | TCP_ACK) != TCP_SYN {
+    if let Some(v4) = h.v4_fields() {
+        if v4.fragment() || NON_MASQ.get(Key::new(32, v4.src)).is_some() {
             return;
         }
+        if let Some((sport, dport)) = opening_ports(p, v4.proto, v4.l4_off()) {
+            let key = NatKey::new(v4.dst, v4.src, dport, sport, v4.proto);
+            open_inbound::<V4>(&key, [0; 4], pod_ifindex);
+        }
+    } else if let Some((src, dst, proto)) = h.v6_fields().filter(|_| crate::kernel::masq6()) {
+        if v6::config6().is_none() || NON_MASQ6.get(Key::new(128, src)).is_some() {
+            return;
+        }
+        if let Some((sport, dport)) = opening_ports(p, proto, ETH_LEN + 40) {
+            let key = Nat6Key::new(Addr6(dst), Addr6(src), dport, sport, proto);
+            open_inbound::<V6>(&key, Addr6::default(), pod_ifindex);
+        }
     }
-    if NON_MASQ.get(Key::new(32, src)).is_some() {
-        return;
+}
+
+/// The ports of a packet that opens an inbound flow: a TCP SYN or a UDP
+/// datagram, its L4 header at `l4_off`.
+#[inline(always)]
+fn opening_ports(p: &impl Packet, proto: u8, l4_off: usize) -> Option<(u16, u16)> {
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return None;
     }
-    let Some(ports) = ptr_at::<[u16; 2]>(p, l4_off) else {
-        return;
-    };
+    if proto == PROTO_TCP {
+        let f = ptr_at::<u8>(p, l4_off + 13)?;
+        // SAFETY: bounds checked by ptr_at.
+        if unsafe { *f } & (TCP_SYN | TCP_ACK) != TCP_SYN {
+            return None;
+        }
+    }
+    let ports = ptr_at::<[u16; 2]>(p, l4_off)?;
     // SAFETY: bounds checked by ptr_at.
     let [sport, dport] = unsafe { *ports };
-    let key = NatKey::new(dst, src, dport, sport, proto);
-    if NAT_FWD.get_ptr(key).is_some() {
+    Some((sport, dport))
+}
+
+/// Records the inbound flow `key` (pod-side tuple) unless it exists.
+#[inline(always)]
+fn open_inbound<F: Family>(key: &FlowKey<F>, none: F::Addr, pod_ifindex: u32) {
+    if F::fwd().get_ptr(key).is_some() {
         return;
     }
     let t = now();
-    let e = NatEntry {
-        nat_port: dport,
-        state: if proto == PROTO_TCP {
+    let e = Entry::<F> {
+        nat_port: key.src_port,
+        state: if key.proto == PROTO_TCP {
             nat_state::TCP_SYN
         } else {
             nat_state::UDP
@@ -235,14 +327,20 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
         pod_ifindex,
         last_seen_ns: t,
         created_ns: t,
-        nat_addr: [0; 4],
-        _pad: 0,
+        nat_addr: none,
+        _pad: F::PAD,
     };
-    if NAT_FWD.insert(key, e, u64::from(BPF_NOEXIST)).is_ok() {
+    if F::fwd().insert(key, &e, u64::from(BPF_NOEXIST)).is_ok() {
         count(reason::MASQ_INBOUND_FLOW);
         // Described as the outside sees it: client -> pod.
-        let outside = NatKey::new(src, dst, sport, dport, proto);
-        events::flow(event_kind::NAT_INBOUND, &outside, [0; 4], 0, pod_ifindex);
+        let outside = FlowKey::<F>::new(
+            key.dst_ip,
+            key.src_ip,
+            key.dst_port,
+            key.src_port,
+            key.proto,
+        );
+        F::event(event_kind::NAT_INBOUND, &outside, none, 0, pod_ifindex);
     }
 }
 
@@ -251,6 +349,30 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
 #[inline(always)]
 pub fn dnat(ctx: &TcContext) -> Option<i32> {
     let cfg = config()?;
+    // As in [`snat`]: IPv4 inline where there is no IPv6 masquerade, else a
+    // call per family; a call returns one register, so the verdict comes back
+    // as an i32, [`NOT_NAT`] for `None`.
+    if !crate::kernel::masq6() {
+        return dnat4_inner(ctx, cfg);
+    }
+    let v = if v6::is_ipv6(ctx) {
+        v6::dnat6(ctx, cfg)
+    } else {
+        dnat4(ctx, cfg)
+    };
+    (v != NOT_NAT).then_some(v)
+}
+
+/// What [`dnat4`] and `v6::dnat6` return for a packet that is not theirs.
+pub(super) const NOT_NAT: i32 = i32::MIN;
+
+#[inline(never)]
+fn dnat4(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
+    dnat4_inner(ctx, cfg).unwrap_or(NOT_NAT)
+}
+
+#[inline(always)]
+fn dnat4_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
     let ip = ipv4(ctx)?;
     if !is_nat_addr(cfg, ip.dst_addr) {
         return None;
@@ -263,7 +385,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
             return Some(TC_ACT_SHOT);
         }
         count(reason::MASQ_FRAGMENT);
-        return Some(deliver(ctx, pod));
+        return Some(deliver(ctx, IpKey::v4(pod)));
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
     if ip.proto == PROTO_ICMP {
@@ -279,21 +401,12 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     } else {
         NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto)
     };
-    // SAFETY: map values are only read.
-    let rev = *unsafe { NAT_REV.get(rk) }?;
-    if stale_reverse(cfg, &rk) {
-        // Past its timeout: the kernel answers as it would after a sweep.
-        return None;
-    }
-    let fk = NatKey::new(rev.pod_ip, ip.src_addr, rev.pod_port, rk.src_port, ip.proto);
-    if let Some(e) = NAT_FWD.get_ptr_mut(fk) {
-        let flags: u8 = if ip.proto == PROTO_TCP {
-            ctx.load(l4_off + 13).unwrap_or(0)
-        } else {
-            0
-        };
-        touch(e, ip.proto, flags, true);
-    }
+    let flags: u8 = if ip.proto == PROTO_TCP {
+        ctx.load(l4_off + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    let rev = flow_back::<V4>(cfg, &rk, flags)?;
     let (port_off, old_port) = match l4.dport_off {
         Some(off) => (off, l4.dport),
         None => (l4.sport_off, l4.sport),
@@ -312,7 +425,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     }
     remember_fragments(&ip, rev.pod_ip);
     count(reason::MASQ_DNAT);
-    Some(deliver(ctx, rev.pod_ip))
+    Some(deliver(ctx, IpKey::v4(rev.pod_ip)))
 }
 
 /// The masquerade address, or the one before (its flows still get replies).

@@ -2,15 +2,22 @@
 //! than their timeout and stale fragment entries, so the maps never fill up
 //! with dead flows (`bpf_for_each_map_elem`, 5.13+; older kernels expire
 //! lazily, see `flow`).
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "flow keys go to the map helpers by reference: an IPv6 key is 40 bytes of a 512-byte stack"
+)]
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns};
-use sluice_common::{nat_flags, reason, FragEntry, FragKey, NatEntry, NatKey, FRAG_TIMEOUT_NS};
+use sluice_common::{nat_flags, reason, FragEntry, FragKey, FRAG_TIMEOUT_NS};
 
-use super::flow::{is_expired, rev_key};
+use super::{
+    family::{Entry, Family, FlowKey, V4, V6},
+    flow::is_expired,
+};
 use crate::{
     counters::count,
-    maps::{MASQ, NAT_FRAG, NAT_FWD, NAT_REV},
+    maps::{MASQ, NAT6_FWD, NAT_FRAG, NAT_FWD},
 };
 
 /// Deletes every flow idle longer than its timeout. Runs from a perf event.
@@ -20,7 +27,13 @@ pub fn sweep() {
     unsafe {
         bpf_for_each_map_elem(
             (&raw const NAT_FWD).cast_mut().cast::<c_void>(),
-            sweep_one as *mut c_void,
+            sweep_one::<V4> as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+        bpf_for_each_map_elem(
+            (&raw const NAT6_FWD).cast_mut().cast::<c_void>(),
+            sweep_one::<V6> as *mut c_void,
             core::ptr::null_mut(),
             0,
         );
@@ -52,10 +65,10 @@ extern "C" fn sweep_frag(
 }
 
 #[inline(never)]
-extern "C" fn sweep_one(
+extern "C" fn sweep_one<F: Family>(
     _map: *mut c_void,
-    key: *mut NatKey,
-    value: *mut NatEntry,
+    key: *mut FlowKey<F>,
+    value: *mut Entry<F>,
     _ctx: *mut c_void,
 ) -> i64 {
     let Some(cfg) = MASQ.get(0) else {
@@ -71,9 +84,9 @@ extern "C" fn sweep_one(
         // Inbound flows have no reverse entry (and their key could be a
         // masqueraded flow's).
         if e.flags & nat_flags::INBOUND == 0 {
-            let _ = NAT_REV.remove(rev_key(&k, e.nat_addr, e.nat_port));
+            let _ = F::rev().remove(&k.reverse(e.nat_addr, e.nat_port));
         }
-        let _ = NAT_FWD.remove(k);
+        let _ = F::fwd().remove(&k);
         count(reason::NAT_EXPIRED);
     }
     0

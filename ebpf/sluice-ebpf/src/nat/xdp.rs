@@ -4,6 +4,7 @@ use sluice_common::NatKey;
 
 use super::{
     config,
+    family::V4,
     flow::{stale_reverse, touch},
     is_nat_addr,
 };
@@ -55,7 +56,7 @@ pub fn dnat_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
     let rk = NatKey::new(src, dst, sport, dport, proto);
     // SAFETY: map values are only read.
     let rev = *unsafe { NAT_REV.get(rk) }?;
-    if stale_reverse(cfg, &rk) {
+    if stale_reverse::<V4>(cfg, &rk) {
         return None;
     }
     // A node echo's reply (see icmp::node_echo) is tc's: after XDP translated

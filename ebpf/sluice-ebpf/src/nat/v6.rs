@@ -1,0 +1,301 @@
+//! IPv6 masquerade: the same flow table design as IPv4 (`family::V6`: its own
+//! maps, the same ports, states and timeouts), with what IPv6 changes:
+//!
+//! - no header checksum: the addresses are in the L4 checksum's pseudo header,
+//!   ICMPv6's included (RFC 4443 2.3), see `l4::rewrite6`;
+//! - extension headers (RFC 8200 4): hop-by-hop, routing and destination
+//!   options are walked, at most [`EXT_MAX`]; a fragment header or anything
+//!   else (ESP, AH, more headers) is not translated: a leaving packet is
+//!   dropped and counted (it would leak the pod's address), an arriving one is
+//!   left to the kernel;
+//! - ICMPv6: echo requests open flows; echo replies and errors from a pod
+//!   answer what the outside sent to the pod's own address and leave as they
+//!   are, and neighbour discovery (link-local) never meets the uplink with a pod
+//!   address. ICMPv6 errors about masqueraded flows are not translated yet.
+use aya_ebpf::{bindings::TC_ACT_SHOT, maps::lpm_trie::Key, programs::TcContext};
+use sluice_common::{
+    event_kind, masq_flags, reason, Addr6, IpKey, Masq6Config, MasqConfig, Nat6Key,
+};
+
+use super::{family::V6, flow_back, flow_out};
+use crate::{
+    counters::count,
+    endpoint::deliver_translated as deliver,
+    events::{self, note_drop},
+    l4::{
+        l4, rewrite6, Rewrite6, ETH_LEN, ICMP6_DEST_UNREACH, ICMP6_ECHO, ICMP6_ECHO_REPLY,
+        ICMP6_PARAM_PROBLEM, L4, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP,
+    },
+    maps::{ENDPOINTS, MASQ6, NON_MASQ6, SCRATCH6},
+    TCX_NEXT,
+};
+
+const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
+/// Extension headers walked before the L4 header.
+const EXT_MAX: usize = 4;
+/// Offsets of the source and destination addresses in the frame.
+const SRC_OFF: usize = ETH_LEN + 8;
+const DST_OFF: usize = ETH_LEN + 24;
+/// Next-header values of the extension headers walked (RFC 8200 4.1).
+const NH_HOP_BY_HOP: u8 = 0;
+const NH_ROUTING: u8 = 43;
+const NH_FRAGMENT: u8 = 44;
+const NH_DEST_OPTS: u8 = 60;
+
+/// The IPv6 masquerade settings when IPv6 masquerade is on, copied: filtering
+/// the map value's pointer on its flags let LLVM mask the pointer instead of
+/// branching ("bitwise operator &= on pointer prohibited").
+#[inline(always)]
+pub(super) fn config6() -> Option<Masq6Config> {
+    let c = *MASQ6.get(0)?;
+    if c.flags & masq_flags::ENABLED == 0 {
+        return None;
+    }
+    Some(c)
+}
+
+/// Whether the frame is IPv6.
+#[inline(always)]
+pub(super) fn is_ipv6(ctx: &TcContext) -> bool {
+    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
+}
+
+/// The addresses and next header of an IPv6 frame (read one by one: the
+/// header copied whole cost 40 bytes of the 512-byte stack).
+#[inline(always)]
+fn addrs(ctx: &TcContext) -> Option<(Addr6, Addr6, u8)> {
+    Some((
+        ctx.load(SRC_OFF).ok()?,
+        ctx.load(DST_OFF).ok()?,
+        ctx.load(ETH_LEN + 6).ok()?,
+    ))
+}
+
+/// The upper-layer protocol and its offset after the extension headers that
+/// can be walked; `Err` with the reason a leaving packet is dropped.
+#[inline(always)]
+fn upper_layer(ctx: &TcContext, first: u8) -> Result<(u8, usize), u32> {
+    let (mut nh, mut off) = (first, ETH_LEN + 40);
+    let mut i = 0;
+    while i < EXT_MAX {
+        match nh {
+            NH_HOP_BY_HOP | NH_ROUTING | NH_DEST_OPTS => {
+                let hdr: [u8; 2] = ctx.load(off).map_err(|_| reason::DROP_MASQ_MALFORMED)?;
+                nh = hdr[0];
+                // Length in 8-octet units, not counting the first 8 (4.3-4.6).
+                off += (usize::from(hdr[1]) + 1) * 8;
+            }
+            NH_FRAGMENT => return Err(reason::DROP_MASQ_FRAGMENT),
+            _ => return Ok((nh, off)),
+        }
+        i += 1;
+    }
+    Err(reason::DROP_MASQ_PROTO)
+}
+
+/// A leaving IPv6 packet between the steps of [`snat6`] (value of
+/// `sl_scratch6`).
+#[derive(Default)]
+pub struct Leaving {
+    key: Nat6Key,
+    l4: L4,
+    pod_ifindex: u32,
+    tcp_flags: u8,
+    /// The translation: address and port.
+    out: (Addr6, u16),
+}
+
+/// What [`classify`] returns for a packet to translate.
+const CONTINUE: i32 = i32::MIN;
+
+/// uplink egress, IPv6: masquerades pod traffic leaving the cluster range.
+/// Three calls in turn (what to do, the flow, the rewrite) sharing the
+/// packet's state in a per-CPU scratch entry: on the stack of one function,
+/// their locals exceeded the 512 bytes the verifier allows a chain of calls.
+#[inline(never)]
+pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
+    let Some(p) = SCRATCH6.get_ptr_mut(0) else {
+        return TCX_NEXT;
+    };
+    // SAFETY: this CPU's entry, used by this program run only.
+    let p = unsafe { &mut *p };
+    let v = classify(ctx, p);
+    if v != CONTINUE {
+        return v;
+    }
+    match flow_out6(cfg, &p.key, p.pod_ifindex, p.tcp_flags, &mut p.out) {
+        TRANSLATE => {}
+        TRANSLATE_NEW => {
+            events::flow6(event_kind::NAT_NEW, &p.key, p.out.1, p.pod_ifindex);
+        }
+        INBOUND => return TCX_NEXT,
+        r => {
+            note_drop(r as u32, p.pod_ifindex);
+            return TC_ACT_SHOT;
+        }
+    }
+    translate_source(ctx, p)
+}
+
+/// The verdict for a leaving IPv6 packet that is not translated, or
+/// [`CONTINUE`] with `p` filled in for one that is.
+#[inline(never)]
+fn classify(ctx: &TcContext, p: &mut Leaving) -> i32 {
+    if config6().is_none() {
+        return TCX_NEXT;
+    }
+    let Some((src, dst, next_hdr)) = addrs(ctx) else {
+        return TCX_NEXT;
+    };
+    // SAFETY: map values are only read.
+    let Some(ep) = (unsafe { ENDPOINTS.get(IpKey::v6(src.0)) }) else {
+        return TCX_NEXT;
+    };
+    let ifindex = ep.ifindex;
+    if NON_MASQ6.get(Key::new(128, dst.0)).is_some() {
+        return TCX_NEXT;
+    }
+    let (proto, l4_off) = match upper_layer(ctx, next_hdr) {
+        Ok(p) => p,
+        Err(r) => {
+            note_drop(r, ifindex);
+            return TC_ACT_SHOT;
+        }
+    };
+    // As for IPv4: echo requests open flows, echo replies and errors answer
+    // what came to the pod's own address, anything else would leak it.
+    if proto == PROTO_ICMPV6 {
+        match ctx.load::<u8>(l4_off) {
+            Ok(ICMP6_ECHO) => {}
+            Ok(ICMP6_DEST_UNREACH..=ICMP6_PARAM_PROBLEM | ICMP6_ECHO_REPLY) => return TCX_NEXT,
+            _ => {
+                note_drop(reason::DROP_MASQ_PROTO, ifindex);
+                return TC_ACT_SHOT;
+            }
+        }
+    }
+    if proto == PROTO_SCTP {
+        note_drop(reason::DROP_MASQ_PROTO, ifindex);
+        return TC_ACT_SHOT;
+    }
+    let l4 = match l4(ctx, proto, l4_off, ICMP6_ECHO) {
+        Ok(l) => l,
+        Err(r) => {
+            note_drop(r, ifindex);
+            return TC_ACT_SHOT;
+        }
+    };
+    p.tcp_flags = if proto == PROTO_TCP {
+        ctx.load(l4_off + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    p.key = Nat6Key::new(src, dst, l4.sport, l4.dport, proto);
+    p.l4 = l4;
+    p.pod_ifindex = ifindex;
+    CONTINUE
+}
+
+/// Gives a leaving packet the flow's address and port.
+#[inline(never)]
+fn translate_source(ctx: &TcContext, p: &Leaving) -> i32 {
+    let r = Rewrite6 {
+        addr_off: SRC_OFF,
+        old_addr: p.key.src_ip,
+        new_addr: p.out.0,
+        port_off: p.l4.sport_off,
+        old_port: p.l4.sport,
+        new_port: p.out.1,
+    };
+    if rewrite6(ctx, &p.l4, &r).is_err() {
+        note_drop(reason::DROP_MASQ_MALFORMED, p.pod_ifindex);
+        return TC_ACT_SHOT;
+    }
+    count(reason::MASQ_SNAT);
+    TCX_NEXT
+}
+
+/// What [`flow_out6`] says: translate with the address and port it wrote,
+/// leave as it is (a flow opened from outside), or (any other value) drop
+/// for that reason.
+const TRANSLATE: i64 = -1;
+const INBOUND: i64 = -2;
+/// As [`TRANSLATE`], for a flow this packet opened.
+const TRANSLATE_NEW: i64 = -3;
+
+/// [`flow_out`] for an IPv6 flow, a call of its own (its port choice and the
+/// rest of [`snat6`] did not fit one 512-byte stack frame together); the
+/// translation goes to `out` (a call returns one register).
+#[inline(never)]
+fn flow_out6(
+    cfg: &MasqConfig,
+    key: &Nat6Key,
+    pod_ifindex: u32,
+    flags: u8,
+    out: &mut (Addr6, u16),
+) -> i64 {
+    let Some(c6) = config6() else {
+        return INBOUND;
+    };
+    let mut new = false;
+    match flow_out::<V6>(cfg, key, c6.addr, pod_ifindex, (flags, &mut new)) {
+        Ok(Some(t)) => {
+            *out = t;
+            if new {
+                TRANSLATE_NEW
+            } else {
+                TRANSLATE
+            }
+        }
+        Ok(None) => INBOUND,
+        Err(r) => i64::from(r),
+    }
+}
+
+/// uplink ingress, IPv6: replies to masqueraded flows, translated back and
+/// delivered into the pod. `None`: not masquerade traffic.
+#[inline(never)]
+pub(super) fn dnat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
+    dnat6_inner(ctx, cfg).unwrap_or(super::NOT_NAT)
+}
+
+#[inline(always)]
+fn dnat6_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
+    let c6 = config6()?;
+    let (src, dst, next_hdr) = addrs(ctx)?;
+    if dst != c6.addr && (dst != c6.prev_addr || dst == Addr6::default()) {
+        return None;
+    }
+    let (proto, l4_off) = upper_layer(ctx, next_hdr).ok()?;
+    let l4 = l4(ctx, proto, l4_off, ICMP6_ECHO_REPLY).ok()?;
+    // Replies carry the NAT port as destination (ICMPv6: the identifier).
+    let rk = if proto == PROTO_ICMPV6 {
+        Nat6Key::new(src, dst, 0, l4.sport, proto)
+    } else {
+        Nat6Key::new(src, dst, l4.sport, l4.dport, proto)
+    };
+    let flags: u8 = if proto == PROTO_TCP {
+        ctx.load(l4_off + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    let rev = flow_back::<V6>(cfg, &rk, flags)?;
+    let (port_off, old_port) = match l4.dport_off {
+        Some(off) => (off, l4.dport),
+        None => (l4.sport_off, l4.sport),
+    };
+    let r = Rewrite6 {
+        addr_off: DST_OFF,
+        old_addr: dst,
+        new_addr: rev.pod_ip,
+        port_off,
+        old_port,
+        new_port: rev.pod_port,
+    };
+    if rewrite6(ctx, &l4, &r).is_err() {
+        note_drop(reason::DROP_MASQ_MALFORMED, 0);
+        return Some(TC_ACT_SHOT);
+    }
+    count(reason::MASQ_DNAT);
+    Some(deliver(ctx, IpKey::v6(rev.pod_ip.0)))
+}

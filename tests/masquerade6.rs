@@ -1,0 +1,364 @@
+//! IPv6 masquerade with real traffic on dual-stack namespaces: a node whose
+//! uplink has an IPv4 and a global IPv6 address, wired to an external host with
+//! no route to the pods. TCP, UDP and ICMPv6 echo from a dual-stack pod leave
+//! with the node's IPv6 address and a NAT port and come back; what is inside
+//! `nonMasqueradeCIDRs` keeps the pod's address; connections from outside to a
+//! routed pod address are answered from it; a packet with a fragment header
+//! never leaves with the pod's address; DEL leaves no flow behind.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    fixtures::{add, del, merge_keys, EXT_IF, UPLINK},
+    host, kernel,
+    masq::{
+        in_netns, masq_external_host, nat_list, payload, tcp_echo_on, udp_echo_on, udp_socket,
+        EchoServer, Pinger6,
+    },
+    Host, Node, Pod, NETWORK,
+};
+
+/// The uplink's IPv6 subnet: the node is `::1`, the external host `::2`.
+const NODE_IP6: &str = "fd00:5a::1";
+const EXT_IP6: &str = "fd00:5a::2";
+/// The pods' IPv6 range.
+const PODS6: &str = "fd00:7a::/64";
+const BYTES: usize = 128 << 10;
+const ICMP_ID: u16 = 0x6a6a;
+
+fn ext6() -> Ipv6Addr {
+    EXT_IP6.parse().unwrap()
+}
+
+fn node6() -> Ipv6Addr {
+    NODE_IP6.parse().unwrap()
+}
+
+/// A dual-stack node with masquerade on, wired to an external host that has no
+/// route to the pods (IPv4 and IPv6).
+struct World {
+    node: Node,
+    ext: Host,
+    conf: Value,
+}
+
+/// A dual-stack pod `ADDed` to a [`World`].
+struct P {
+    pod: Pod,
+    cid: String,
+    ip6: Ipv6Addr,
+}
+
+impl World {
+    fn new(extra: &Value) -> Self {
+        let node = Node::new().unwrap();
+        let ext = masq_external_host(&node).unwrap();
+        host::ip(
+            node.name(),
+            &[
+                "addr",
+                "add",
+                &format!("{NODE_IP6}/64"),
+                "dev",
+                UPLINK,
+                "nodad",
+            ],
+        )
+        .unwrap();
+        ext.ip(&[
+            "addr",
+            "add",
+            &format!("{EXT_IP6}/64"),
+            "dev",
+            EXT_IF,
+            "nodad",
+        ])
+        .unwrap();
+        host::ip(
+            node.name(),
+            &["-6", "route", "add", "default", "via", EXT_IP6],
+        )
+        .unwrap();
+        let mut conf = node.conf("1.1.0", "unused");
+        conf["ipam"] = json!({
+            "type": "sluice",
+            "ranges": [[{"subnet": "10.78.0.0/24"}], [{"subnet": PODS6}]],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+            "dataDir": node.ipam_dir(),
+        });
+        conf["ipMasq"] = json!(true);
+        conf["uplink"] = json!(UPLINK);
+        merge_keys(&mut conf, extra);
+        Self { node, ext, conf }
+    }
+
+    fn add(&self, name: &str, cid: &str) -> P {
+        let pod = self.node.pod(name).unwrap();
+        let added = add(&self.node, &self.conf, cid, &pod);
+        let ip6 = added
+            .ips
+            .iter()
+            .find_map(|(ip, _)| match ip {
+                IpAddr::V6(v6) => Some(*v6),
+                IpAddr::V4(_) => None,
+            })
+            .unwrap_or_else(|| panic!("no IPv6 address: {:#}", added.result));
+        P {
+            pod,
+            cid: cid.to_string(),
+            ip6,
+        }
+    }
+
+    fn del(&self, p: &P) {
+        del(&self.node, &self.conf, &p.cid, &p.pod);
+    }
+
+    fn server(&self) -> EchoServer {
+        EchoServer::start(&self.ext.netns_path(), SocketAddr::new(ext6().into(), 0)).unwrap()
+    }
+
+    fn flows(&self, filters: &[&str]) -> Vec<Value> {
+        nat_list(&self.node, filters).unwrap()
+    }
+}
+
+/// A TCP connection from the pod to `to` (IPv6), made inside the pod.
+fn tcp6(p: &P, to: SocketAddr) -> TcpStream {
+    in_netns(&p.pod.path, move || {
+        let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
+            .map_err(|e| sluice_tests::err!("connecting to {to}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(s)
+    })
+    .unwrap()
+}
+
+#[track_caller]
+fn flow<'a>(flows: &'a [Value], proto: &str) -> &'a Value {
+    let m: Vec<&Value> = flows.iter().filter(|f| f["proto"] == proto).collect();
+    assert_eq!(m.len(), 1, "{proto} flows: {flows:#?}");
+    m[0]
+}
+
+/// IPv6 masquerade needs the kernels with the NAT sweeper (5.15); before,
+/// IPv6 stays routed (README, "Masquerade").
+fn masq6_kernel() -> bool {
+    kernel::has("sweeper")
+}
+
+/// On a kernel without IPv6 masquerade: STATUS says it is off, and the pod's
+/// IPv6 traffic is routed with its own address (the external host, given a
+/// route to the pods, sees it), no flow tracked.
+fn assert_routed_fallback(w: &World, p: &P) {
+    let st = w.node.status().unwrap();
+    assert_eq!(st["masquerade"]["ipv6"]["enabled"], false, "{st:#}");
+    w.ext
+        .ip(&["-6", "route", "replace", PODS6, "via", NODE_IP6])
+        .unwrap();
+    let server = w.server();
+    let tcp = tcp6(p, server.addr);
+    tcp_echo_on(&tcp, 4096, 1).unwrap();
+    assert_eq!(server.peers().tcp[0].ip(), IpAddr::V6(p.ip6));
+    assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
+    eprintln!("this kernel has no NAT sweeper: IPv6 is routed, not masqueraded (checked)");
+}
+
+fn is_nat_port(p: u16) -> bool {
+    (1024..=32767).contains(&p) || (61000..=65535).contains(&p)
+}
+
+#[test]
+fn ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address() {
+    let w = World::new(&json!({}));
+    let a = w.add("m6", "masq6-echo");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        w.del(&a);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let st = w.node.status().unwrap();
+    assert_eq!(st["masquerade"]["ipv6"]["enabled"], true, "{st:#}");
+    assert_eq!(st["masquerade"]["ipv6"]["address"], NODE_IP6, "{st:#}");
+    let server = w.server();
+    let c0 = w.node.counters().unwrap();
+
+    let tcp = tcp6(&a, server.addr);
+    let tcp_port = tcp.local_addr().unwrap().port();
+    tcp_echo_on(&tcp, BYTES, 3).unwrap();
+    let u = udp_socket(&a.pod.path, SocketAddr::new(a.ip6.into(), 0)).unwrap();
+    for i in 0..5u8 {
+        udp_echo_on(
+            &u,
+            server.addr,
+            &payload(100 + usize::from(i), i),
+            3,
+            Duration::from_secs(2),
+        )
+        .unwrap();
+    }
+    let pinger = Pinger6::new(&a.pod.path).unwrap();
+    for seq in 1..=3 {
+        pinger
+            .ping(ext6(), ICMP_ID, seq, 3, Duration::from_secs(2))
+            .unwrap();
+    }
+    let d = w.node.counters().unwrap().since(&c0);
+    eprintln!("IPv6 masquerade: {d}");
+
+    // The external host saw the node's IPv6 address and NAT ports.
+    let peers = server.peers();
+    assert_eq!(peers.tcp.len(), 1, "{peers:?}");
+    assert_eq!(peers.tcp[0].ip(), IpAddr::V6(node6()), "{peers:?}");
+    assert!(is_nat_port(peers.tcp[0].port()), "{peers:?}");
+    let udp = peers.udp_sources();
+    assert_eq!(udp.len(), 1, "{udp:?}");
+    let udp_peer = *udp.iter().next().unwrap();
+    assert_eq!(udp_peer.ip(), IpAddr::V6(node6()));
+    assert!(d.get("masq_snat") > 0 && d.get("masq_dnat") > 0, "{d}");
+
+    // The flows, as sluicectl shows them.
+    let flows = w.flows(&["--pod", &a.ip6.to_string()]);
+    assert_eq!(flows.len(), 3, "{flows:#?}");
+    let t = flow(&flows, "tcp");
+    assert_eq!(t["podIp"], a.ip6.to_string());
+    assert_eq!(t["podPort"], tcp_port);
+    assert_eq!(t["natIp"], NODE_IP6);
+    assert_eq!(t["natPort"], peers.tcp[0].port());
+    assert_eq!(t["dstIp"], EXT_IP6);
+    assert_eq!(t["state"], "established");
+    assert_eq!(t["origin"], "pod");
+    assert_eq!(flow(&flows, "udp")["natPort"], udp_peer.port());
+    let i = flow(&flows, "icmpv6");
+    assert_eq!(i["podPort"], ICMP_ID);
+    assert_eq!(w.flows(&["--dst", EXT_IP6]).len(), 3);
+    assert_eq!(w.flows(&["--proto", "icmpv6"]).len(), 1);
+    let table = w.node.sluicectl(&["nat", "list"]).unwrap();
+    assert!(
+        table.stdout.contains(&format!("[{}]:{tcp_port}", a.ip6)),
+        "{table}"
+    );
+
+    // IPv4 still masquerades beside it (the same pod, the same server host).
+    let v4 = EchoServer::start(
+        &w.ext.netns_path(),
+        SocketAddr::new(sluice_tests::fixtures::EXT_IP.parse().unwrap(), 0),
+    )
+    .unwrap();
+    let s4 = sluice_tests::masq::tcp_connect(&a.pod.path, None, v4.addr).unwrap();
+    tcp_echo_on(&s4, 4096, 5).unwrap();
+    assert_eq!(
+        v4.peers().tcp[0].ip().to_string(),
+        sluice_tests::fixtures::NODE_IP
+    );
+    drop((tcp, u, s4));
+
+    // DEL forgets the pod's flows of both families.
+    w.del(&a);
+    assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn ipv6_inside_non_masquerade_cidrs_keeps_the_pod_address() {
+    // The external host's subnet is "inside": it must route the pods itself.
+    let w = World::new(&json!({"nonMasqueradeCIDRs": ["fd00:5a::/64"]}));
+    w.ext
+        .ip(&["-6", "route", "add", PODS6, "via", NODE_IP6])
+        .unwrap();
+    let a = w.add("n6", "masq6-nonmasq");
+    let server = w.server();
+    let tcp = tcp6(&a, server.addr);
+    tcp_echo_on(&tcp, 4096, 7).unwrap();
+    assert_eq!(server.peers().tcp[0].ip(), IpAddr::V6(a.ip6));
+    // The list named no IPv4 prefix: IPv4 keeps its default (the pod range),
+    // so nothing IPv6 and nothing in the pod range is tracked.
+    assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
+    drop(tcp);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn an_ipv6_connection_from_outside_is_answered_from_the_pod_address() {
+    let w = World::new(&json!({}));
+    w.ext
+        .ip(&["-6", "route", "add", PODS6, "via", NODE_IP6])
+        .unwrap();
+    let a = w.add("i6", "masq6-inbound");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        w.del(&a);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let bind = SocketAddr::new(a.ip6.into(), 0);
+    let listener = in_netns(&a.pod.path, move || Ok(TcpListener::bind(bind)?)).unwrap();
+    let at = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+        peer
+    });
+    let mut c = in_netns(&w.ext.netns_path(), move || {
+        Ok(TcpStream::connect_timeout(&at, Duration::from_secs(5))?)
+    })
+    .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"hello").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"hello");
+    assert_eq!(server.join().unwrap().ip(), IpAddr::V6(ext6()));
+    let flows = w.flows(&[]);
+    let t = flow(&flows, "tcp");
+    assert_eq!(t["origin"], "outside", "{flows:#?}");
+    assert_eq!(t["podIp"], a.ip6.to_string());
+    drop(c);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn an_ipv6_fragment_from_a_pod_never_leaves_with_its_address() {
+    let w = World::new(&json!({}));
+    let a = w.add("f6", "masq6-frag");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        w.del(&a);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let server = w.server();
+    // A UDP datagram larger than the path (the pod's MTU) leaves fragmented:
+    // the kernel adds a fragment header, which masquerade cannot translate.
+    let u: UdpSocket = udp_socket(&a.pod.path, SocketAddr::new(a.ip6.into(), 0)).unwrap();
+    // One small datagram first: the neighbours are resolved and the flow is
+    // open, so the fragments meet the datapath's redirect, not a queue.
+    udp_echo_on(&u, server.addr, &payload(64, 1), 3, Duration::from_secs(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = server.peers().udp.len();
+    let c0 = w.node.counters().unwrap();
+    u.send_to(&payload(3000, 9), server.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let d = w.node.counters().unwrap().since(&c0);
+    assert!(d.get("drop_masq_fragment") >= 2, "{d}");
+    // Nothing more reached the server, and what did came from the node.
+    let peers = server.peers();
+    assert_eq!(peers.udp.len(), before, "{peers:?}");
+    assert!(
+        peers.udp.iter().all(|p| p.ip() == IpAddr::V6(node6())),
+        "{peers:?}"
+    );
+    drop(u);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
