@@ -28,8 +28,9 @@ pub(crate) fn build(ws: &Workspace) -> Result<PathBuf> {
     report(ws.ebpf_object())
 }
 
-/// Builds a second object from the same sources at another optimisation level:
-/// the same programs, different bytes, so a different hash. The upgrade test embeds it in a
+/// Builds a second object from the same sources with another crate metadata
+/// seed: the same instructions, other symbol names (and so other bytes and a
+/// different hash). The upgrade test embeds it in a
 /// second `sluice` to replace the pinned programs under live traffic.
 pub(crate) fn build_variant(ws: &Workspace) -> Result<PathBuf> {
     let dir = ws.target.join("ebpf-next");
@@ -41,10 +42,14 @@ pub(crate) fn build_variant(ws: &Workspace) -> Result<PathBuf> {
     )
 }
 
-/// What [`build_variant`] changes: the optimisation level. (Not the debug info:
-/// the NAT sweeper's `bpf_for_each_map_elem` callback needs the full BTF
-/// `func_info` that only `debuginfo=2` gives.)
-const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C opt-level=2";
+/// What [`build_variant`] changes: `-C metadata`, which goes into every mangled
+/// symbol name. Not the optimisation level: at opt-level 2 LLVM spills the
+/// context at `uplink_out`'s entry and the call chain passes the verifier's
+/// 512-byte stack limit; not the debug info either: the NAT sweeper's
+/// `bpf_for_each_map_elem` callback needs the full BTF `func_info` that only
+/// `debuginfo=2` gives. Identical instructions also mean the variant passes the
+/// verifier wherever the shipped object does.
+const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C metadata=sluice-next";
 
 fn report(object: PathBuf) -> Result<PathBuf> {
     let size = fs::metadata(&object)

@@ -235,7 +235,7 @@ fn count_endpoint(ifindex: u32, r: u32) {
 
 /// Zeroes the event at `e` word by word with volatile stores:
 /// `Event::default()` (and stores LLVM merged) became a memset call at
-/// opt-level 2 (the upgrade tests' variant), one call deeper than the 512 bytes
+/// opt-level 2, one call deeper than the 512 bytes
 /// of stack a chain may use allow under `uplink_in` on 5.10.
 ///
 /// # Safety
