@@ -4,7 +4,9 @@
 //! with the node's IPv6 address and a NAT port and come back; what is inside
 //! `nonMasqueradeCIDRs` keeps the pod's address; connections from outside to a
 //! routed pod address are answered from it; a packet with a fragment header
-//! never leaves with the pod's address; DEL leaves no flow behind.
+//! never leaves with the pod's address, one with a destination options header
+//! is translated; a router's Packet Too Big reaches the pod (path MTU discovery
+//! through a 1280-byte hop); DEL leaves no flow behind.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
     io::{Read, Write},
@@ -15,10 +17,11 @@ use std::{
 use serde_json::{json, Value};
 use sluice_tests::{
     fixtures::{add, del, merge_keys, EXT_IF, UPLINK},
-    host, kernel,
+    host, kernel, look,
     masq::{
-        in_netns, masq_external_host, nat_list, payload, tcp_echo_on, udp_echo_on, udp_socket,
-        EchoServer, Pinger6,
+        in_netns, masq_external_host, nat_list, path_mtu6, payload, routed_external_host6,
+        tcp_echo_on, udp_echo_on, udp_socket, EchoServer, Pinger6, FAR6_IP, NODE6_ROUTED,
+        ROUTER6_IP,
     },
     Host, Node, Pod, NETWORK,
 };
@@ -359,6 +362,116 @@ fn an_ipv6_fragment_from_a_pod_never_leaves_with_its_address() {
         "{peers:?}"
     );
     drop(u);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn ipv6_with_a_destination_options_header_is_translated() {
+    let w = World::new(&json!({}));
+    let a = w.add("o6", "masq6-dstopts");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        w.del(&a);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let server = w.server();
+    let u = udp_socket(&a.pod.path, SocketAddr::new(a.ip6.into(), 0)).unwrap();
+    // Eight bytes of destination options (RFC 8200 4.6): next header and length
+    // (the kernel fills them in), then a PadN option of four bytes.
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: `opts` is live for the call and of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&u),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            opts.as_ptr().cast(),
+            8,
+        )
+    };
+    assert_eq!(r, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+    let c0 = w.node.counters().unwrap();
+    udp_echo_on(&u, server.addr, &payload(200, 3), 3, Duration::from_secs(2)).unwrap();
+    let d = w.node.counters().unwrap().since(&c0);
+    let udp = server.peers().udp_sources();
+    assert_eq!(udp.len(), 1, "{udp:?}");
+    assert_eq!(udp.iter().next().unwrap().ip(), IpAddr::V6(node6()), "{d}");
+    assert!(d.get("masq_snat") >= 1, "{d}");
+    assert_eq!(
+        d.get("drop_masq_proto") + d.get("drop_masq_malformed"),
+        0,
+        "{d}"
+    );
+    drop(u);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn icmpv6_packet_too_big_reaches_the_pod_and_path_mtu_discovery_works() {
+    let node = Node::new().unwrap();
+    let routed = routed_external_host6(&node, 1280).unwrap();
+    let mut conf = node.conf("1.1.0", "unused");
+    conf["ipam"] = json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": "10.79.0.0/24"}], [{"subnet": PODS6}]],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+        "dataDir": node.ipam_dir(),
+    });
+    conf["ipMasq"] = json!(true);
+    conf["uplink"] = json!(UPLINK);
+    conf["mtu"] = json!(1500);
+    let w = World {
+        node,
+        ext: routed.router,
+        conf,
+    };
+    let a = w.add("p6", "masq6-pmtu");
+    let masq = masq6_kernel();
+    if !masq {
+        // Routed instead: the far host and the router reach the pods, and the
+        // router's Packet Too Big goes to the pod's own address.
+        w.ext
+            .ip(&["-6", "route", "add", PODS6, "via", NODE6_ROUTED])
+            .unwrap();
+        routed
+            .far
+            .ip(&[
+                "-6",
+                "route",
+                "add",
+                PODS6,
+                "via",
+                "fd00:51::1",
+                "advmss",
+                "1440",
+            ])
+            .unwrap();
+    }
+    let far: Ipv6Addr = FAR6_IP.parse().unwrap();
+    let server =
+        EchoServer::start(&routed.far.netns_path(), SocketAddr::new(far.into(), 0)).unwrap();
+    let too_big = || look::snmp(&a.pod.path).unwrap()["Icmp6InPktTooBigs"];
+    let c0 = w.node.counters().unwrap();
+    let tb0 = too_big();
+    let s = tcp6(&a, server.addr);
+    tcp_echo_on(&s, 4 << 20, 17).unwrap();
+    let mtu = path_mtu6(&s).unwrap();
+    let d = w.node.counters().unwrap().since(&c0);
+    eprintln!("IPv6 PMTU, TCP: path MTU {mtu}; {d}");
+    assert_eq!(mtu, 1280, "the pod's path MTU to {far} ({d})");
+    assert!(too_big() > tb0, "no Packet Too Big reached the pod ({d})");
+    let seen = server.peers().tcp[0].ip();
+    if masq {
+        assert!(d.get("masq_icmp_error") >= 1, "{d}");
+        assert_eq!(seen, NODE6_ROUTED.parse::<IpAddr>().unwrap());
+    } else {
+        assert_eq!(seen, IpAddr::V6(a.ip6));
+    }
+    eprintln!("router {ROUTER6_IP}: Packet Too Big translated back to the pod");
+    drop(s);
     w.del(&a);
     w.node.assert_clean(NETWORK);
 }

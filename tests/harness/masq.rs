@@ -93,6 +93,50 @@ pub fn routed_external_host(node: &Node, far_mtu: u32) -> Result<Routed> {
     Ok(Routed { router, far })
 }
 
+/// The IPv6 addresses of [`routed_external_host6`]: the node's uplink, the
+/// router on the node's wire and on the far wire, the far host.
+pub const NODE6_ROUTED: &str = "fd00:50::1";
+pub const ROUTER6_IP: &str = "fd00:50::2";
+pub const ROUTER6_FAR_IP: &str = "fd00:51::1";
+pub const FAR6_IP: &str = "fd00:51::2";
+
+/// [`routed_external_host`] with IPv6 too: the node's `up0` `fd00:50::1/64`
+/// (default route via the router's `fd00:50::2`), the far host `fd00:51::2/64`
+/// behind the router's `fd00:51::1/64` on the `far_mtu` link, its route back to
+/// the node's wire advertising a TCP MSS of 1440 (a pod's 1500-byte packets
+/// meet the smaller link and the router's Packet Too Big). The router forwards
+/// IPv6 and answers without rate limit; nobody routes to the pods.
+pub fn routed_external_host6(node: &Node, far_mtu: u32) -> Result<Routed> {
+    let r = routed_external_host(node, far_mtu)?;
+    let nodad = |h: &str, addr: &str, dev: &str| {
+        host::ip(
+            h,
+            &["addr", "add", &format!("{addr}/64"), "dev", dev, "nodad"],
+        )
+    };
+    nodad(node.name(), NODE6_ROUTED, crate::fixtures::UPLINK)?;
+    nodad(r.router.name(), ROUTER6_IP, "r0")?;
+    nodad(r.router.name(), ROUTER6_FAR_IP, ROUTER_FAR_IF)?;
+    nodad(r.far.name(), FAR6_IP, EXT_IF)?;
+    host::ip(
+        node.name(),
+        &["-6", "route", "add", "default", "via", ROUTER6_IP],
+    )?;
+    sysctl(&r.router.netns_path(), "net.ipv6.conf.all.forwarding", "1")?;
+    sysctl(&r.router.netns_path(), "net.ipv6.icmp.ratelimit", "0")?;
+    r.far.ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd00:50::/64",
+        "via",
+        ROUTER6_FAR_IP,
+        "advmss",
+        "1440",
+    ])?;
+    Ok(r)
+}
+
 /// Sets a sysctl in the namespace at `netns` (one of the test's own).
 pub fn sysctl(netns: &Path, key: &str, value: &str) -> Result<()> {
     exec::tool(
@@ -320,7 +364,8 @@ pub fn payload(len: usize, salt: u8) -> Vec<u8> {
 }
 
 /// Sends `bytes` bytes on `s` while reading the echo on this thread; the echo
-/// must be exactly what was sent.
+/// must be exactly what was sent. Bounded by `s`'s read timeout: a read that
+/// gives up shuts the socket down, which ends a writer stuck on a stalled path.
 pub fn tcp_echo_on(s: &TcpStream, bytes: usize, salt: u8) -> Result<()> {
     let data = payload(bytes, salt);
     let mut w = s.try_clone()?;
@@ -328,10 +373,13 @@ pub fn tcp_echo_on(s: &TcpStream, bytes: usize, salt: u8) -> Result<()> {
     let writer = thread::spawn(move || w.write_all(&to_send));
     let mut back = vec![0u8; bytes];
     let read = (&*s).read_exact(&mut back);
+    if read.is_err() {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
     let written = writer.join().map_err(|_| err!("the writer panicked"))?;
     let peer = s.peer_addr().map_or_else(|_| "?".into(), |p| p.to_string());
-    written.map_err(|e| err!("writing {bytes} bytes to {peer}: {e}"))?;
     read.map_err(|e| err!("reading the echo of {bytes} bytes from {peer}: {e}"))?;
+    written.map_err(|e| err!("writing {bytes} bytes to {peer}: {e}"))?;
     if back != data {
         return Err(err!("the echo from {peer} differs from what was sent"));
     }
@@ -340,22 +388,33 @@ pub fn tcp_echo_on(s: &TcpStream, bytes: usize, salt: u8) -> Result<()> {
 
 /// The path MTU the kernel knows for a connected socket (`IP_MTU`).
 pub fn path_mtu(s: &impl AsRawFd) -> Result<u32> {
+    mtu_opt(s, libc::IPPROTO_IP, libc::IP_MTU)
+}
+
+/// The path MTU an IPv6 socket knows (`IPV6_MTU`, ipv6(7)).
+pub fn path_mtu6(s: &impl AsRawFd) -> Result<u32> {
+    mtu_opt(s, libc::IPPROTO_IPV6, libc::IPV6_MTU)
+}
+
+fn mtu_opt(s: &impl AsRawFd, level: i32, opt: i32) -> Result<u32> {
     let mut mtu: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
     // SAFETY: `mtu` and `len` are live and of the sizes passed.
     let r = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU,
+            level,
+            opt,
             std::ptr::from_mut(&mut mtu).cast(),
             &raw mut len,
         )
     };
     if r < 0 {
-        return Err(last_os_error("getsockopt(IP_MTU)"));
+        return Err(last_os_error(&format!(
+            "getsockopt(level {level}, {opt}) for the MTU"
+        )));
     }
-    u32::try_from(mtu).map_err(|_| err!("IP_MTU {mtu}"))
+    u32::try_from(mtu).map_err(|_| err!("path MTU {mtu}"))
 }
 
 /// A UDP socket bound to `bind` (port 0: any) in the namespace at `netns`.

@@ -20,8 +20,8 @@
 //! node's own).
 //!
 //! Modules: `flow` (ports, states, timeouts of the flow table), `frag`
-//! (fragments), `icmp` (ICMP errors, the node's own echoes), `sweep` (the
-//! sweeper), `xdp` (replies in native XDP).
+//! (fragments), `icmp` (ICMP errors, the node's own echoes), `icmp6` (ICMPv6
+//! errors), `v6` (IPv6), `sweep` (the sweeper), `xdp` (replies in native XDP).
 #![expect(
     clippy::needless_borrows_for_generic_args,
     reason = "flow keys go to the map helpers by reference: an IPv6 key is 40 bytes of a 512-byte stack"
@@ -30,6 +30,7 @@ mod family;
 mod flow;
 mod frag;
 mod icmp;
+mod icmp6;
 mod sweep;
 mod v6;
 mod xdp;
@@ -356,7 +357,10 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
         return dnat4_inner(ctx, cfg);
     }
     let v = if v6::is_ipv6(ctx) {
-        v6::dnat6(ctx, cfg)
+        match v6::dnat6(ctx, cfg) {
+            v6::ICMP6_ERROR => icmp6::icmp6_error(ctx),
+            v => v,
+        }
     } else {
         dnat4(ctx, cfg)
     };

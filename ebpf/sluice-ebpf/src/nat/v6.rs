@@ -11,7 +11,8 @@
 //! - ICMPv6: echo requests open flows; echo replies and errors from a pod
 //!   answer what the outside sent to the pod's own address and leave as they
 //!   are, and neighbour discovery (link-local) never meets the uplink with a pod
-//!   address. ICMPv6 errors about masqueraded flows are not translated yet.
+//!   address. ICMPv6 errors arriving about masqueraded flows are translated
+//!   back (`icmp6`).
 use aya_ebpf::{bindings::TC_ACT_SHOT, maps::lpm_trie::Key, programs::TcContext};
 use sluice_common::{
     event_kind, masq_flags, reason, Addr6, IpKey, Masq6Config, MasqConfig, Nat6Key,
@@ -35,7 +36,7 @@ const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
 const EXT_MAX: usize = 4;
 /// Offsets of the source and destination addresses in the frame.
 const SRC_OFF: usize = ETH_LEN + 8;
-const DST_OFF: usize = ETH_LEN + 24;
+pub(super) const DST_OFF: usize = ETH_LEN + 24;
 /// Next-header values of the extension headers walked (RFC 8200 4.1).
 const NH_HOP_BY_HOP: u8 = 0;
 const NH_ROUTING: u8 = 43;
@@ -63,7 +64,7 @@ pub(super) fn is_ipv6(ctx: &TcContext) -> bool {
 /// The addresses and next header of an IPv6 frame (read one by one: the
 /// header copied whole cost 40 bytes of the 512-byte stack).
 #[inline(always)]
-fn addrs(ctx: &TcContext) -> Option<(Addr6, Addr6, u8)> {
+pub(super) fn addrs(ctx: &TcContext) -> Option<(Addr6, Addr6, u8)> {
     Some((
         ctx.load(SRC_OFF).ok()?,
         ctx.load(DST_OFF).ok()?,
@@ -74,7 +75,7 @@ fn addrs(ctx: &TcContext) -> Option<(Addr6, Addr6, u8)> {
 /// The upper-layer protocol and its offset after the extension headers that
 /// can be walked; `Err` with the reason a leaving packet is dropped.
 #[inline(always)]
-fn upper_layer(ctx: &TcContext, first: u8) -> Result<(u8, usize), u32> {
+pub(super) fn upper_layer(ctx: &TcContext, first: u8) -> Result<(u8, usize), u32> {
     let (mut nh, mut off) = (first, ETH_LEN + 40);
     let mut i = 0;
     while i < EXT_MAX {
@@ -252,8 +253,13 @@ fn flow_out6(
     }
 }
 
+/// What [`dnat6`] returns for an ICMPv6 error to the masquerade address, for
+/// the caller to hand to `icmp6::icmp6_error`: a call of its own, made from the
+/// program rather than from here (one frame less deep, for the 512-byte stack).
+pub(super) const ICMP6_ERROR: i32 = i32::MIN + 1;
+
 /// uplink ingress, IPv6: replies to masqueraded flows, translated back and
-/// delivered into the pod. `None`: not masquerade traffic.
+/// delivered into the pod; [`super::NOT_NAT`]: not masquerade traffic.
 #[inline(never)]
 pub(super) fn dnat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     dnat6_inner(ctx, cfg).unwrap_or(super::NOT_NAT)
@@ -267,6 +273,14 @@ fn dnat6_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
         return None;
     }
     let (proto, l4_off) = upper_layer(ctx, next_hdr).ok()?;
+    if proto == PROTO_ICMPV6
+        && matches!(
+            ctx.load::<u8>(l4_off),
+            Ok(ICMP6_DEST_UNREACH..=ICMP6_PARAM_PROBLEM)
+        )
+    {
+        return Some(ICMP6_ERROR);
+    }
     let l4 = l4(ctx, proto, l4_off, ICMP6_ECHO_REPLY).ok()?;
     // Replies carry the NAT port as destination (ICMPv6: the identifier).
     let rk = if proto == PROTO_ICMPV6 {
