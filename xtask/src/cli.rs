@@ -40,7 +40,7 @@ pub(crate) enum Command {
     /// docs/benchmarks-kernels.md (as root).
     VmBench(VmBenchArgs),
     /// The connection loop `bench` runs inside a namespace (one side of the
-    /// new-connections-per-second figure).
+    /// new-connections-per-second figure, or of the IPv6 round trips).
     #[command(hide = true)]
     ConnLoop(ConnLoopArgs),
 }
@@ -177,7 +177,8 @@ pub(crate) enum BenchTable {
 pub(crate) struct ConnLoopArgs {
     #[arg(value_enum)]
     pub mode: ConnLoopMode,
-    /// serve: the address to listen on; connect: the server's.
+    /// serve: the address to listen on; connect, ping: the server's (IPv4 or
+    /// IPv6, e.g. `[fd00::2]:5302`).
     #[arg(long)]
     pub addr: std::net::SocketAddr,
     /// How long to connect (the server stays up 30 s longer).
@@ -186,12 +187,22 @@ pub(crate) struct ConnLoopArgs {
     /// At most this many connections.
     #[arg(long, default_value_t = 20_000)]
     pub max: u64,
+    /// serve: echo every message until the client closes (for `ping`),
+    /// instead of answering one byte and closing first.
+    #[arg(long)]
+    pub echo: bool,
+    /// ping: bytes per message.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub size: u32,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum ConnLoopMode {
     Serve,
     Connect,
+    /// Round trips of `--size`-byte messages on one connection (ping-pong),
+    /// for `--secs`: their median and p99 in microseconds.
+    Ping,
 }
 
 #[cfg(test)]

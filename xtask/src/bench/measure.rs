@@ -231,15 +231,36 @@ pub(super) fn tcp_rtt_loaded_us(
 pub(super) const UDP_LEN: usize = 1400;
 
 /// TCP round trip (request/response of 64 bytes) in microseconds: (median, p99),
-/// from sockperf ping-pong with --full-rtt.
+/// from sockperf ping-pong with --full-rtt; to an IPv6 address, which Debian
+/// 12's sockperf 3.7 refuses, from `cargo xtask conn-loop ping` (the same
+/// exchange).
 pub(super) fn tcp_rtt_us(
     client: &Netns,
     server: &Netns,
     addr: &str,
     secs: u32,
 ) -> Result<(f64, f64)> {
+    if is_ipv6(addr) {
+        let v = conn_loop(
+            client,
+            server,
+            addr,
+            secs,
+            &["--echo"],
+            &["ping", "--size", "64"],
+        )?;
+        let pct = |k: &str| {
+            v[k].as_f64()
+                .with_context(|| format!("conn-loop ping reported no {k}: {v}"))
+        };
+        return Ok((pct("p50Us")?, pct("p99Us")?));
+    }
     let to = (addr, SOCKPERF_PORT);
     sockperf_pp(client, server, to, to, &[], secs)
+}
+
+fn is_ipv6(addr: &str) -> bool {
+    addr.parse::<std::net::Ipv6Addr>().is_ok()
 }
 
 /// The same through a port mapping: the client connects to `to`, the server
@@ -307,31 +328,51 @@ fn sockperf_pp(
 /// two minutes, and that table is shared with the host.
 pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     const MAX_CONNS: u64 = 20_000;
-    let port = 5302;
-    let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let target = format!("{addr}:{port}");
-    let mut s = pinned(server, &exe.to_string_lossy());
-    s.args(["conn-loop", "serve", "--addr", &target, "--secs"])
-        .arg(secs.to_string());
-    let _server = Background::spawn(s)?;
-    wait_listening(&server.path(), port, Duration::from_secs(5))?;
-    let mut c = pinned(client, "timeout");
-    c.arg("90")
-        .arg(&exe)
-        .args(["conn-loop", "connect", "--addr", &target, "--secs"])
-        .arg(secs.to_string())
-        .args(["--max", &MAX_CONNS.to_string()]);
-    let out = cmd::stdout(&mut c)?;
-    let v: Value = serde_json::from_str(&out).context("parsing conn-loop output")?;
+    let max = MAX_CONNS.to_string();
+    let v = conn_loop(client, server, addr, secs, &[], &["connect", "--max", &max])?;
     let (done, failed, seconds) = (
         v["connections"].as_f64().unwrap_or(0.0),
         v["failed"].as_f64().unwrap_or(0.0),
         v["seconds"].as_f64().unwrap_or(0.0),
     );
     if done == 0.0 || seconds <= 0.0 || failed > done / 100.0 {
-        bail!("connections to {target}: {done} completed, {failed} failed");
+        bail!("connections to {addr}: {done} completed, {failed} failed");
     }
     Ok(done / seconds)
+}
+
+/// `cargo xtask conn-loop serve <server_args>` in `server` and `conn-loop
+/// <client_args>` (the mode first) in `client`, to `addr` (IPv4 or IPv6) for
+/// `secs`, both pinned: what the client printed.
+fn conn_loop(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+    server_args: &[&str],
+    client_args: &[&str],
+) -> Result<Value> {
+    let port = 5302;
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .with_context(|| format!("conn-loop to {addr}: not an IP address"))?;
+    let target = std::net::SocketAddr::new(ip, port).to_string();
+    let mut s = pinned(server, &exe.to_string_lossy());
+    s.args(["conn-loop", "serve", "--addr", &target, "--secs"])
+        .arg(secs.to_string())
+        .args(server_args);
+    let _server = Background::spawn(s)?;
+    wait_listening(&server.path(), port, Duration::from_secs(5))?;
+    let mut c = pinned(client, "timeout");
+    c.arg("90")
+        .arg(&exe)
+        .arg("conn-loop")
+        .args(client_args)
+        .args(["--addr", &target, "--secs"])
+        .arg(secs.to_string());
+    let out = cmd::stdout(&mut c)?;
+    serde_json::from_str(&out).with_context(|| format!("parsing conn-loop output: {out}"))
 }
 
 /// p50 and p99 of a sample, in the sample's unit.

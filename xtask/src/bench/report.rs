@@ -802,6 +802,7 @@ fn method_vars(args: &BenchArgs, sluice_egress: Option<&str>) -> Vec<(&'static s
         ("seconds", args.seconds.to_string()),
         ("pods", args.pods.to_string()),
         ("cpu", CPU.to_string()),
+        ("warmup", super::connloop::WARMUP.to_string()),
         ("sizes", HP_SIZES.map(thousands).join(", ")),
         ("hp", super::topology::HP_HOST_PORT.to_string()),
         ("cp", super::topology::HP_CONTAINER_PORT.to_string()),
