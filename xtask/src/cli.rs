@@ -167,6 +167,8 @@ pub(crate) enum BenchTable {
     Routing,
     /// pod -> external host through masquerade.
     Masquerade,
+    /// pod -> external host's IPv6 address through masquerade (dual-stack pods).
+    Masquerade6,
     /// external host -> node address:hostPort with 1, 1,000 and 10,000 mappings.
     Hostport,
     /// pods with bandwidth limits (10 Mbit/s, 100 Mbit/s, 1 Gbit/s; bursts of 10, 100, 300 ms) both ways.

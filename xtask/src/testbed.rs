@@ -81,6 +81,42 @@ impl Testbed {
         Ok((node, ext, up))
     }
 
+    /// Gives the uplink `up` between namespaces `node` and `ext` an IPv6
+    /// subnet too (/64, no duplicate address detection): `node_ip` on the
+    /// node's end, `ext_ip` on the host's, the node's default IPv6 route via
+    /// the host; with `pods` (a CIDR), the host routes that range via the node.
+    pub(crate) fn uplink6(
+        &self,
+        node: usize,
+        ext: usize,
+        up: &Uplink,
+        (node_ip, ext_ip): (&str, &str),
+        pods: Option<&str>,
+    ) -> Result<()> {
+        let (n, e) = (self.ns(node), self.ns(ext));
+        n.ip(&[
+            "addr",
+            "add",
+            &format!("{node_ip}/64"),
+            "dev",
+            &up.node_if,
+            "nodad",
+        ])?;
+        e.ip(&[
+            "addr",
+            "add",
+            &format!("{ext_ip}/64"),
+            "dev",
+            &up.ext_if,
+            "nodad",
+        ])?;
+        n.ip(&["-6", "route", "add", "default", "via", ext_ip])?;
+        if let Some(pods) = pods {
+            e.ip(&["-6", "route", "add", pods, "via", node_ip])?;
+        }
+        Ok(())
+    }
+
     /// Runs CNI `command` of `plugin` with `conf` in namespace `node` for
     /// container `id` (interface `eth0`) in namespace `pod`, as a runtime does;
     /// its result.

@@ -98,7 +98,7 @@ impl Conflist {
 
 /// Runs `f` on a thread that entered the network namespace at `ns` (and ends
 /// with it: the calling thread's namespace never changes).
-fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+pub(super) fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {

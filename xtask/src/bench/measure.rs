@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use sluice_testbed::{cni::Invocation, exec::Background, netns::wait_listening};
 
+use super::conflist::in_netns;
 use crate::{cmd, testbed::Netns};
 
 /// Both ends of every traffic figure run on this CPU: on a 2-vCPU VM a round trip
@@ -373,6 +374,27 @@ fn conn_loop(
         .arg(secs.to_string());
     let out = cmd::stdout(&mut c)?;
     serde_json::from_str(&out).with_context(|| format!("parsing conn-loop output: {out}"))
+}
+
+/// The source address `server`'s side sees on a TCP connection `client` makes
+/// to `addr` (any port, IPv4 or IPv6): the node's address where masquerade is
+/// at work. Fails when no connection is made in 5 s.
+pub(super) fn source_seen(client: &Netns, server: &Netns, addr: &str) -> Result<std::net::IpAddr> {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .with_context(|| format!("{addr}: not an IP address"))?;
+    let listener = in_netns(&server.path(), || {
+        TcpListener::bind(SocketAddr::new(ip, 0)).with_context(|| format!("binding {ip}"))
+    })?;
+    let to = listener.local_addr()?;
+    let _client = in_netns(&client.path(), || {
+        TcpStream::connect_timeout(&to, Duration::from_secs(5))
+            .with_context(|| format!("connecting to {to} from {}", client.name()))
+    })?;
+    // The handshake is done: the connection waits in the backlog.
+    let (_conn, peer) = listener.accept().context("accept")?;
+    Ok(peer.ip())
 }
 
 /// p50 and p99 of a sample, in the sample's unit.

@@ -3,7 +3,8 @@
 //! interleaved round by round, printed as ratios and written to
 //! docs/benchmarks.md. Absolute numbers drift 30% between runs on these VMs;
 //! the ratios within one run are what to compare. Masquerade is measured on two
-//! more setups (both plugins with `ipMasq: true`) in the same run, port mapping
+//! more setups (both plugins with `ipMasq: true`) in the same run, IPv6
+//! masquerade on two more (the same, dual-stack, measured on IPv6), port mapping
 //! on six more (both plugins with 1, 1,000 and 10,000 mappings on the node),
 //! bandwidth limits on two more (bridge + the reference `bandwidth` plugin, and
 //! Sluice, each a node with one pod per limit).
@@ -27,11 +28,11 @@ use crate::{
 
 use report::{
     Figure, Report, BW_CPU_RATE, BW_UDP_RATE, REFERENCE_BW, REFERENCE_HP, REFERENCE_MASQ,
-    SLUICE_BW, SLUICE_HP, SLUICE_MASQ,
+    REFERENCE_MASQ6, SLUICE_BW, SLUICE_HP, SLUICE_MASQ, SLUICE_MASQ6,
 };
 use topology::{
-    bw_pod, BwSetup, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES, HP_CONTAINER_PORT,
-    HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
+    bw_pod, BwSetup, Family, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES,
+    HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
 };
 
 pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
@@ -72,14 +73,27 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    let masq = if want(BenchTable::Masquerade) {
-        vec![
-            topology::reference_masq(&mut tb)?,
-            topology::sluice_masq(&mut tb, &bins)?,
-        ]
-    } else {
-        Vec::new()
-    };
+    // Reference and Sluice for each family, each with its index in the report.
+    let mut masq = Vec::new();
+    for (table, family, reference, sluice) in [
+        (
+            BenchTable::Masquerade,
+            Family::V4,
+            REFERENCE_MASQ,
+            SLUICE_MASQ,
+        ),
+        (
+            BenchTable::Masquerade6,
+            Family::V6,
+            REFERENCE_MASQ6,
+            SLUICE_MASQ6,
+        ),
+    ] {
+        if want(table) {
+            masq.push((reference, topology::reference_masq(&mut tb, family)?));
+            masq.push((sluice, topology::sluice_masq(&mut tb, &bins, family)?));
+        }
+    }
     // Reference and Sluice for each number of mappings, each with its index in
     // the report.
     let mut hp = Vec::new();
@@ -200,24 +214,23 @@ fn traffic_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> R
     Ok(())
 }
 
-/// The masquerade figures, pod -> external host, the two ipMasq setups
-/// (reference, Sluice) in turn.
-fn masq_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> Result<()> {
+/// The masquerade figures, pod -> external host, the ipMasq setups (reference,
+/// Sluice; IPv4, then IPv6) in turn, each with its index in the report.
+fn masq_round(tb: &Testbed, setups: &[(usize, Setup)], secs: u32, r: &mut Report) -> Result<()> {
     let ns = |i| tb.ns(i);
-    let both = [REFERENCE_MASQ, SLUICE_MASQ];
-    for (s, i) in setups.iter().zip(both) {
+    for &(i, ref s) in setups {
         r.add(
             Figure::MasqGbps,
             i,
             measure::tcp_gbps(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,
         );
     }
-    for (s, i) in setups.iter().zip(both) {
+    for &(i, ref s) in setups {
         let (p50, p99) = measure::tcp_rtt_us(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?;
         r.add(Figure::MasqRttP50, i, p50);
         r.add(Figure::MasqRttP99, i, p99);
     }
-    for (s, i) in setups.iter().zip(both) {
+    for &(i, ref s) in setups {
         r.add(
             Figure::MasqConnsPerSec,
             i,

@@ -78,9 +78,12 @@ pub(super) const SLUICE_HP: usize = 6;
 /// The bandwidth setups (after the three port-mapping pairs).
 pub(super) const REFERENCE_BW: usize = 11;
 pub(super) const SLUICE_BW: usize = 12;
+/// The IPv6 masquerade setups (the masquerade figures, on IPv6).
+pub(super) const REFERENCE_MASQ6: usize = 13;
+pub(super) const SLUICE_MASQ6: usize = 14;
 
 /// Setup names, by index.
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 15] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -94,6 +97,8 @@ const NAMES: [&str; 13] = [
     "sluice",
     "bridge+bandwidth",
     "sluice",
+    "bridge ipMasq",
+    "sluice ipMasq",
 ];
 
 /// The setup of `base` (`REFERENCE_HP` or `SLUICE_HP`) with `HP_SIZES[i]` mappings.
@@ -124,7 +129,15 @@ const BW_FIGURES: &[Figure] = &[
     Figure::BwCpuPerGbit { ingress: false },
 ];
 
-const TABLES: [Table; 4] = [
+/// The masquerade tables' figures (IPv4 and IPv6, each on its own setups).
+const MASQ_FIGURES: &[Figure] = &[
+    Figure::MasqGbps,
+    Figure::MasqRttP50,
+    Figure::MasqRttP99,
+    Figure::MasqConnsPerSec,
+];
+
+const TABLES: [Table; 5] = [
     Table {
         which: BenchTable::Routing,
         by_size: false,
@@ -151,15 +164,19 @@ const TABLES: [Table; 4] = [
     },
     Table {
         title: "Masquerade (pod -> external host without a route to the pods)",
-        figures: &[
-            Figure::MasqGbps,
-            Figure::MasqRttP50,
-            Figure::MasqRttP99,
-            Figure::MasqConnsPerSec,
-        ],
+        figures: MASQ_FIGURES,
         columns: &[REFERENCE_MASQ, SLUICE_MASQ],
         ratios: &[("sluice/reference", SLUICE_MASQ, REFERENCE_MASQ)],
         which: BenchTable::Masquerade,
+        by_size: false,
+    },
+    Table {
+        title: "IPv6 masquerade (dual-stack pod -> external host's IPv6 address, \
+                without a route to the pods)",
+        figures: MASQ_FIGURES,
+        columns: &[REFERENCE_MASQ6, SLUICE_MASQ6],
+        ratios: &[("sluice/reference", SLUICE_MASQ6, REFERENCE_MASQ6)],
+        which: BenchTable::Masquerade6,
         by_size: false,
     },
     Table {
@@ -506,17 +523,25 @@ impl Report {
                         ),
                     ]);
                 }
-                BenchTable::Masquerade => {
-                    let masq = |f| v(f, SLUICE_MASQ) / v(f, REFERENCE_MASQ);
+                BenchTable::Masquerade | BenchTable::Masquerade6 => {
+                    let &[(_, sluice, reference)] = t.ratios else {
+                        continue;
+                    };
+                    let what = if t.which == BenchTable::Masquerade6 {
+                        "IPv6 masqueraded"
+                    } else {
+                        "masqueraded"
+                    };
+                    let masq = |f| v(f, sluice) / v(f, reference);
                     let (masq_tput, masq_conns) =
                         (masq(Figure::MasqGbps), masq(Figure::MasqConnsPerSec));
                     out.extend([
                         format!(
-                            "masqueraded throughput >= 1.0x reference (bridge ipMasq): {masq_tput:.3}x, {}",
+                            "{what} throughput >= 1.0x reference (bridge ipMasq): {masq_tput:.3}x, {}",
                             check(masq_tput >= 1.0)
                         ),
                         format!(
-                            "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): {masq_conns:.3}x, {}",
+                            "{what} new connections/s >= 1.2x reference (bridge ipMasq): {masq_conns:.3}x, {}",
                             check(masq_conns >= 1.2)
                         ),
                     ]);
@@ -643,12 +668,21 @@ impl Report {
     /// `bench/method.md` (one paragraph each).
     fn method(&self, args: &BenchArgs) -> Vec<String> {
         let mut names = vec!["all"];
-        names.extend(self.tables().map(|t| match t.which {
-            BenchTable::Routing => "routing",
-            BenchTable::Masquerade => "masquerade",
-            BenchTable::Hostport => "hostport",
-            BenchTable::Bandwidth => "bandwidth",
-        }));
+        for t in self.tables() {
+            let sections: &[&str] = match t.which {
+                BenchTable::Routing => &["routing"],
+                BenchTable::Masquerade => &["masquerade"],
+                // What both masquerade tables share, once.
+                BenchTable::Masquerade6 => &["masquerade", "masquerade6"],
+                BenchTable::Hostport => &["hostport"],
+                BenchTable::Bandwidth => &["bandwidth"],
+            };
+            for s in sections {
+                if !names.contains(s) {
+                    names.push(s);
+                }
+            }
+        }
         let vars = method_vars(args, self.sluice_egress.as_deref());
         names
             .into_iter()
@@ -726,7 +760,7 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "{level} Targets (issues: routing datapath, masquerade, hostPort, bandwidth)\n"
+            "{level} Targets (issues: routing datapath, masquerade, IPv6 masquerade, hostPort, bandwidth)\n"
         );
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
@@ -839,12 +873,16 @@ const PATHS: &str = "
   pod: `uplink_in` on the uplink's ingress redirects with `bpf_redirect_peer` into
   the pod.
 - **bridge ipMasq**: as bridge+host-local, plus the bridge plugin's iptables chain
-  (`MASQUERADE` for everything outside the pod subnet) in the node namespace:
-  nf_conntrack tracks every flow and nf_nat rewrites it on the way out and back.
+  (`MASQUERADE` for everything outside the pod subnet; for the IPv6 range the same
+  chain in ip6tables) in the node namespace: nf_conntrack tracks every flow and
+  nf_nat rewrites it on the way out and back.
 - **sluice ipMasq**: as sluice, plus `uplink_out` on the uplink's tc egress, which
   tracks the flow in Sluice's NAT maps and rewrites source address and port;
   `uplink_in` translates the replies back and redirects them into the pod. The
-  node's netfilter never sees these packets.
+  node's netfilter never sees these packets. IPv6 (the IPv6 masquerade table):
+  the same in `sl_nat6_fwd` and `sl_nat6_rev`, keyed by IPv6 addresses, the
+  address change going into the L4 checksum's pseudo header (IPv6 has no header
+  checksum).
 - **bridge+portmap** (port mapping table): the external host's packets to node
   address:hostPort pass the node's nat PREROUTING, where the first packet of a
   connection walks `CNI-HOSTPORT-DNAT` (one multiport rule per 15 mappings) and the
@@ -915,7 +953,14 @@ mod tests {
             prebuilt: false,
             markdown_parts: None,
         };
-        for name in ["all", "routing", "masquerade", "hostport", "bandwidth"] {
+        for name in [
+            "all",
+            "routing",
+            "masquerade",
+            "masquerade6",
+            "hostport",
+            "bandwidth",
+        ] {
             let text = method_section(name).unwrap_or_else(|| panic!("no [{name}] section"));
             let filled = fill(text, &method_vars(&args, Some("EDT")));
             assert!(
@@ -925,6 +970,151 @@ mod tests {
             assert!(filled.len() > 80, "{name}: {filled}");
         }
         assert!(method_section("nosuch").is_none());
+    }
+
+    fn args(only: Option<BenchTable>) -> BenchArgs {
+        BenchArgs {
+            rounds: 1,
+            seconds: 3,
+            pods: 50,
+            only,
+            prebuilt: false,
+            markdown_parts: None,
+        }
+    }
+
+    /// A report with the masquerade figures of `reference` and `sluice`:
+    /// throughput, RTT median and p99, connections/s.
+    fn with_masq(r: &mut Report, (reference, sluice): (usize, usize), v: [[f64; 4]; 2]) {
+        for (setup, values) in [reference, sluice].into_iter().zip(v) {
+            for (f, x) in MASQ_FIGURES.iter().zip(values) {
+                r.add(*f, setup, x);
+            }
+        }
+    }
+
+    #[test]
+    fn every_table_once_with_known_setups_and_a_method() {
+        use clap::ValueEnum;
+        for which in BenchTable::value_variants() {
+            let t: Vec<&Table> = TABLES.iter().filter(|t| t.which == *which).collect();
+            assert_eq!(t.len(), 1, "{which:?}");
+            for s in t[0].columns {
+                assert!(*s < NAMES.len(), "{which:?}: setup {s}");
+            }
+            let r = Report::new(Some(*which));
+            assert!(r.method(&args(Some(*which))).len() >= 2, "{which:?}");
+        }
+        let mut setups = vec![
+            LIMIT,
+            REFERENCE,
+            SLUICE,
+            REFERENCE_MASQ,
+            SLUICE_MASQ,
+            REFERENCE_MASQ6,
+            SLUICE_MASQ6,
+            REFERENCE_BW,
+            SLUICE_BW,
+        ];
+        for i in 0..HP_SIZES.len() {
+            setups.extend([hp(REFERENCE_HP, i), hp(SLUICE_HP, i)]);
+        }
+        let n = setups.len();
+        setups.sort_unstable();
+        setups.dedup();
+        assert_eq!(setups.len(), n, "two setups share an index");
+        assert_eq!(n, NAMES.len());
+    }
+
+    #[test]
+    fn the_ipv6_masquerade_table_shows_its_own_setups_ratios_and_targets() {
+        let mut r = Report::new(Some(BenchTable::Masquerade6));
+        // IPv4 figures that must not show in the IPv6 table.
+        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 4], [9.0; 4]]);
+        with_masq(
+            &mut r,
+            (REFERENCE_MASQ6, SLUICE_MASQ6),
+            [[10.0, 20.0, 40.0, 1000.0], [11.0, 15.0, 30.0, 1300.0]],
+        );
+        let out = r.render(&args(Some(BenchTable::Masquerade6)));
+        assert!(out.contains("IPv6 masquerade (dual-stack pod"), "{out}");
+        assert!(!out.contains("\nMasquerade ("), "{out}");
+        let row = |label: &str| {
+            out.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label} row: {out}"))
+                .split_whitespace()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            row("masqueraded TCP throughput"),
+            ["1.10x", "11.00", "10.00"]
+        );
+        assert_eq!(
+            row("masqueraded TCP RTT median"),
+            ["0.75x", "15.00", "20.00"]
+        );
+        assert_eq!(row("masqueraded TCP RTT p99"), ["0.75x", "30.00", "40.00"]);
+        assert_eq!(
+            row("masqueraded new TCP connections"),
+            ["1.30x", "1300.00", "1000.00"]
+        );
+        let targets = r.targets();
+        assert_eq!(
+            targets,
+            [
+                "IPv6 masqueraded throughput >= 1.0x reference (bridge ipMasq): 1.100x, met",
+                "IPv6 masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.300x, met",
+            ]
+        );
+        // Both masquerade paragraphs, the shared one once.
+        let method = r.method(&args(Some(BenchTable::Masquerade6)));
+        assert_eq!(method.len(), 3, "{method:#?}");
+        assert!(method[1].starts_with("Masquerade:"), "{}", method[1]);
+        assert!(method[2].starts_with("IPv6 masquerade:"), "{}", method[2]);
+    }
+
+    #[test]
+    fn both_masquerade_tables_judge_their_own_figures() {
+        let mut r = Report::new(None);
+        with_masq(
+            &mut r,
+            (REFERENCE_MASQ, SLUICE_MASQ),
+            [[10.0, 20.0, 40.0, 1000.0], [9.0, 15.0, 30.0, 1250.0]],
+        );
+        with_masq(
+            &mut r,
+            (REFERENCE_MASQ6, SLUICE_MASQ6),
+            [[10.0, 20.0, 40.0, 1000.0], [10.0, 15.0, 30.0, 1100.0]],
+        );
+        let targets = r.targets();
+        let masq: Vec<&String> = targets
+            .iter()
+            .filter(|t| t.contains("masqueraded"))
+            .collect();
+        assert_eq!(
+            masq,
+            [
+                "masqueraded throughput >= 1.0x reference (bridge ipMasq): 0.900x, NOT met",
+                "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.250x, met",
+                "IPv6 masqueraded throughput >= 1.0x reference (bridge ipMasq): 1.000x, met",
+                "IPv6 masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.100x, NOT met",
+            ]
+        );
+        let method = r.method(&args(None));
+        let shared = method
+            .iter()
+            .filter(|p| p.starts_with("Masquerade:"))
+            .count();
+        assert_eq!(shared, 1, "{method:#?}");
+        let md = r.markdown_results("##");
+        assert!(md.contains("## IPv6 masquerade (dual-stack pod"), "{md}");
+        assert!(
+            md.contains("| masqueraded TCP throughput (Gbit/s) | 10.00 | 10.00 | 1.00x |"),
+            "{md}"
+        );
     }
 
     #[test]

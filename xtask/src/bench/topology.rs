@@ -2,8 +2,9 @@
 //! reference plugins (bridge + host-local) and Sluice, each of the latter a node
 //! namespace with two pods and an "external" host behind its uplink; and both
 //! plugins again with `ipMasq: true`, where the external host has no route to the
-//! pods, so only masqueraded traffic gets answers. The port-mapping table has
-//! its own nodes, one per plugin and number of mappings.
+//! pods, so only masqueraded traffic gets answers: once with IPv4 pods, once with
+//! dual-stack pods measured on IPv6 (the uplink then has an IPv6 subnet too). The
+//! port-mapping table has its own nodes, one per plugin and number of mappings.
 use serde_json::{json, Value};
 
 use super::{
@@ -12,7 +13,60 @@ use super::{
 };
 use crate::{build::Binaries, testbed::Testbed};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+
+/// The address family a setup's traffic figures use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Family {
+    /// IPv4 pods, IPv4 uplink.
+    V4,
+    /// Dual-stack pods and uplink, measured on IPv6.
+    V6,
+}
+
+impl Family {
+    /// The pods' range of node `n` in this family.
+    fn pods(self, n: u8) -> String {
+        match self {
+            Self::V4 => format!("10.{n}.0.0/24"),
+            Self::V6 => format!("fd00:{n}::/64"),
+        }
+    }
+
+    /// The `ipam` keys of node `n`: 10.`n`.0.0/24 with a default route; for
+    /// IPv6 dual-stack, with `fd00:<n>::/64` and a default IPv6 route beside it.
+    fn ipam(self, n: u8) -> Value {
+        match self {
+            Self::V4 => json!({
+                "subnet": Self::V4.pods(n),
+                "routes": [{"dst": "0.0.0.0/0"}],
+            }),
+            Self::V6 => json!({
+                "ranges": [[{"subnet": Self::V4.pods(n)}], [{"subnet": Self::V6.pods(n)}]],
+                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+            }),
+        }
+    }
+
+    /// Whether `ip` (an address, no prefix) is of this family.
+    fn has(self, ip: &str) -> bool {
+        ip.contains(':') == (self == Self::V6)
+    }
+
+    /// `iptables-save` or `ip6tables-save`.
+    fn iptables_save(self) -> &'static str {
+        match self {
+            Self::V4 => "iptables-save",
+            Self::V6 => "ip6tables-save",
+        }
+    }
+}
+
+/// The uplink's IPv6 subnet of node `n`: `fd01:<n>::1` the node,
+/// `fd01:<n>::2` the external host.
+fn uplink6(n: u8) -> (String, String) {
+    (format!("fd01:{n}::1"), format!("fd01:{n}::2"))
+}
 
 /// Where traffic of each figure goes, for one setup.
 pub(super) struct Setup {
@@ -23,6 +77,9 @@ pub(super) struct Setup {
     pub pod1_ip: String,
     pub ext: usize,
     pub ext_ip: String,
+    /// The node's uplink address the external host sees masqueraded traffic
+    /// come from (none for the bare veth pair).
+    pub node_ip: Option<String>,
     /// For ADD/DEL timing (none for the bare veth pair).
     pub cni: Option<CniSetup>,
 }
@@ -45,103 +102,203 @@ pub(super) fn limit(tb: &mut Testbed) -> Result<Setup> {
         pod2_ip: "10.99.0.2".into(),
         ext: b,
         ext_ip: "10.99.0.2".into(),
+        node_ip: None,
         cni: None,
     })
 }
 
 /// A node with an uplink to an external host and two pods attached by `plugin`
-/// with `conf`. `n` numbers the subnets so the setups never overlap.
+/// with `conf`, its traffic figures in `family`. `n` numbers the subnets so the
+/// setups never overlap. With `masq`, the external host has no route to the
+/// pods, and masquerade is checked to be at work (the external host sees the
+/// node's address) before anything is measured.
 fn node_with_pods(
     tb: &mut Testbed,
     tag: &str,
-    n: u8,
+    (n, family): (u8, Family),
     plugin: &std::path::Path,
     conf: Value,
     masq: bool,
 ) -> Result<Setup> {
-    let pods = format!("10.{n}.0.0/24");
+    let pods = Family::V4.pods(n);
     let (node, ext, up) = tb.node_with_uplink(tag, n, (!masq).then_some(pods.as_str()))?;
+    let (node_ip, ext_ip) = match family {
+        Family::V4 => (up.node_ip, up.ext_ip),
+        Family::V6 => {
+            let (node_ip, ext_ip) = uplink6(n);
+            let pods6 = family.pods(n);
+            tb.uplink6(
+                node,
+                ext,
+                &up,
+                (&node_ip, &ext_ip),
+                (!masq).then_some(&pods6),
+            )?;
+            (node_ip, ext_ip)
+        }
+    };
     let pod1 = tb.netns(&format!("{tag}-p1"))?;
     let pod2 = tb.netns(&format!("{tag}-p2"))?;
     let mut ips = Vec::new();
     for (i, pod) in [pod1, pod2].into_iter().enumerate() {
         let r = tb.cni(node, plugin, "ADD", &conf, &format!("{tag}{i}"), Some(pod))?;
-        let a = r["ips"][0]["address"]
-            .as_str()
-            .context("ADD result without an address")?;
-        ips.push(a.split('/').next().unwrap_or(a).to_string());
+        ips.push(pod_address(&r, family)?);
     }
-    Ok(Setup {
+    let s = Setup {
         pod1,
         pod2,
         pod1_ip: ips[0].clone(),
         pod2_ip: ips[1].clone(),
         ext,
-        ext_ip: up.ext_ip,
+        ext_ip,
+        node_ip: Some(node_ip),
         cni: Some(CniSetup {
             node,
             conf,
             plugin: plugin.to_path_buf(),
         }),
-    })
+    };
+    if masq {
+        check_masquerade(tb, tag, &s, family)?;
+    }
+    Ok(s)
+}
+
+/// The pod's first address of `family` in an ADD result (without its prefix).
+fn pod_address(result: &Value, family: Family) -> Result<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .map(|a| a.split('/').next().unwrap_or(a))
+        .find(|a| family.has(a))
+        .map(str::to_string)
+        .with_context(|| format!("ADD result without an {family:?} address: {result}"))
+}
+
+/// Fails unless a TCP connection from the setup's first pod reaches the
+/// external host with the node's uplink address as its source.
+fn check_masquerade(tb: &Testbed, tag: &str, s: &Setup, family: Family) -> Result<()> {
+    let node_ip = s
+        .node_ip
+        .as_deref()
+        .context("a masquerade setup without a node")?;
+    let seen =
+        super::measure::source_seen(tb.ns(s.pod1), tb.ns(s.ext), &s.ext_ip).with_context(|| {
+            format!(
+                "{tag}: pod {} -> external host {}: is masquerade on?{}",
+                s.pod1_ip,
+                s.ext_ip,
+                if family == Family::V6 {
+                    " (Sluice masquerades IPv6 on kernels with the NAT sweeper, 5.15 on: docs/kernels.md)"
+                } else {
+                    ""
+                }
+            )
+        })?;
+    if seen.to_string() != node_ip {
+        bail!(
+            "{tag}: the external host saw pod {} -> {} come from {seen}, not from the node's {node_ip}: not masqueraded",
+            s.pod1_ip,
+            s.ext_ip
+        );
+    }
+    eprintln!(
+        "bench: {tag}: pod {} -> {} arrives from {seen} (masqueraded)",
+        s.pod1_ip, s.ext_ip
+    );
+    Ok(())
 }
 
 /// bridge + host-local, as the reference plugins' users run them.
 pub(super) fn reference(tb: &mut Testbed) -> Result<Setup> {
-    reference_with(tb, "ref", 81, false)
+    reference_with(tb, "ref", (81, Family::V4), false)
 }
 
-/// The same with `ipMasq: true`: the bridge plugin adds an iptables MASQUERADE
-/// chain in the node namespace, which `nf_conntrack` and `nf_nat` carry out.
-pub(super) fn reference_masq(tb: &mut Testbed) -> Result<Setup> {
-    reference_with(tb, "rmq", 83, true)
+/// The same with `ipMasq: true`: the bridge plugin adds an iptables (for an
+/// IPv6 range, ip6tables) MASQUERADE chain in the node namespace, which
+/// `nf_conntrack` and `nf_nat` carry out. `V6`: dual-stack pods, both
+/// families masqueraded.
+pub(super) fn reference_masq(tb: &mut Testbed, family: Family) -> Result<Setup> {
+    match family {
+        Family::V4 => reference_with(tb, "rmq", (83, family), true),
+        Family::V6 => reference_with(tb, "rm6", (93, family), true),
+    }
 }
 
 /// The reference bridge plugin's config: a gateway bridge `bridge`, host-local
-/// on 10.`n`.0.0/24 with a default route, its data under the testbed's dir.
-fn bridge_conf(tb: &Testbed, tag: &str, bridge: &str, n: u8, masq: bool) -> Value {
+/// on `family`'s ranges of node `n` (see [`Family::ipam`]), its data under the
+/// testbed's dir.
+fn bridge_conf(
+    tb: &Testbed,
+    tag: &str,
+    bridge: &str,
+    (n, family): (u8, Family),
+    masq: bool,
+) -> Value {
+    let mut ipam = family.ipam(n);
+    ipam["type"] = json!("host-local");
+    ipam["dataDir"] = json!(tb.dir.join(format!("{tag}-ipam")));
     json!({
         "type": "bridge",
         "bridge": bridge,
         "isGateway": true,
         "ipMasq": masq,
-        "ipam": {
-            "type": "host-local",
-            "subnet": format!("10.{n}.0.0/24"),
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": tb.dir.join(format!("{tag}-ipam")),
-        },
+        "ipam": ipam,
     })
 }
 
-fn reference_with(tb: &mut Testbed, tag: &str, n: u8, masq: bool) -> Result<Setup> {
-    let mut conf = bridge_conf(tb, tag, &format!("br{tag}0"), n, masq);
+fn reference_with(tb: &mut Testbed, tag: &str, at: (u8, Family), masq: bool) -> Result<Setup> {
+    let mut conf = bridge_conf(tb, tag, &format!("br{tag}0"), at, masq);
     conf["cniVersion"] = json!("1.0.0");
     conf["name"] = json!(format!("bench{tag}"));
-    node_with_pods(
+    let s = node_with_pods(
         tb,
         tag,
-        n,
+        at,
         std::path::Path::new("/usr/lib/cni/bridge"),
         conf,
         masq,
-    )
+    )?;
+    if masq {
+        check_masquerade_rule(tb, tag, &s, at.1)?;
+    }
+    Ok(s)
+}
+
+/// Fails unless the node namespace's (ip6)tables nat table has the bridge
+/// plugin's MASQUERADE rule (in the node's namespace: the host's own rules are
+/// never read or touched).
+fn check_masquerade_rule(tb: &Testbed, tag: &str, s: &Setup, family: Family) -> Result<()> {
+    let node = tb.ns(s
+        .cni
+        .as_ref()
+        .context("a reference setup without a node")?
+        .node);
+    let save = family.iptables_save();
+    let rules = crate::cmd::stdout(node.command(save).args(["-t", "nat"]))?;
+    if !rules.lines().any(|l| l.contains("-j MASQUERADE")) {
+        bail!(
+            "{tag}: no MASQUERADE rule in {}'s {save} -t nat:\n{rules}",
+            node.name()
+        );
+    }
+    Ok(())
 }
 
 /// Sluice's config (without name/cniVersion) for node `tag`: its own pin
-/// root, state and IPAM directories, the built-in IPAM on 10.`n`.0.0/24 with a
-/// default route, and the keys of `extra`.
-fn sluice_conf(tb: &Testbed, tag: &str, n: u8, extra: Value) -> Value {
+/// root, state and IPAM directories, the built-in IPAM on `family`'s ranges of
+/// node `n` (see [`Family::ipam`]), and the keys of `extra`.
+fn sluice_conf(tb: &Testbed, tag: &str, (n, family): (u8, Family), extra: Value) -> Value {
+    let mut ipam = family.ipam(n);
+    ipam["type"] = json!("sluice");
+    ipam["dataDir"] = json!(tb.dir.join(format!("{tag}-ipam")));
     let mut conf = json!({
         "type": "sluice",
         "pinRoot": tb.pin_root(tag),
         "stateDir": tb.dir.join(format!("{tag}-state")),
-        "ipam": {
-            "type": "sluice",
-            "subnet": format!("10.{n}.0.0/24"),
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": tb.dir.join(format!("{tag}-ipam")),
-        },
+        "ipam": ipam,
     });
     if let (Some(c), Value::Object(extra)) = (conf.as_object_mut(), extra) {
         c.extend(extra);
@@ -151,20 +308,31 @@ fn sluice_conf(tb: &Testbed, tag: &str, n: u8, extra: Value) -> Value {
 
 /// Sluice with its defaults (`cls_bpf` pod attachment, XDP auto on the uplink).
 pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    sluice_with(tb, bins, "sl", 82, false)
+    sluice_with(tb, bins, "sl", (82, Family::V4), false)
 }
 
 /// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
-/// through its tc ingress (Sluice's own NAT maps, no `nf_conntrack`).
-pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    sluice_with(tb, bins, "smq", 84, true)
+/// through its tc ingress (Sluice's own NAT maps, no `nf_conntrack`). `V6`:
+/// dual-stack pods, IPv6 leaving with the uplink's first global IPv6 address
+/// (the default `masqueradeAddress`).
+pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> Result<Setup> {
+    match family {
+        Family::V4 => sluice_with(tb, bins, "smq", (84, family), true),
+        Family::V6 => sluice_with(tb, bins, "sm6", (94, family), true),
+    }
 }
 
-fn sluice_with(tb: &mut Testbed, bins: &Binaries, tag: &str, n: u8, masq: bool) -> Result<Setup> {
-    let mut conf = sluice_conf(tb, tag, n, json!({"ipMasq": masq}));
+fn sluice_with(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    tag: &str,
+    at: (u8, Family),
+    masq: bool,
+) -> Result<Setup> {
+    let mut conf = sluice_conf(tb, tag, at, json!({"ipMasq": masq}));
     conf["cniVersion"] = json!("1.1.0");
     conf["name"] = json!(format!("bench{tag}"));
-    node_with_pods(tb, tag, n, &bins.sluice, conf, masq)
+    node_with_pods(tb, tag, at, &bins.sluice, conf, masq)
 }
 
 /// Mappings on each port-mapping node, one node per count and plugin.
@@ -259,16 +427,14 @@ fn hostport_node(
         &tb.ns(pod).path(),
         port_mappings(&[(HP_HOST_PORT, HP_CONTAINER_PORT)]),
     )?;
-    let ip = a.result["ips"][0]["address"]
-        .as_str()
-        .context("ADD result without an address")?;
+    let pod_ip = pod_address(&a.result, Family::V4)?;
     Ok(HpSetup {
         tag,
         node,
         ext,
         pod,
         node_ip: up.node_ip,
-        pod_ip: ip.split('/').next().unwrap_or(ip).to_string(),
+        pod_ip,
         list,
         reference,
     })
@@ -287,7 +453,7 @@ pub(super) fn hostport_reference(tb: &mut Testbed, i: usize) -> Result<HpSetup> 
         plugins: vec![
             (
                 "/usr/lib/cni/bridge".into(),
-                bridge_conf(tb, &tag, &format!("br{tag}"), n, false),
+                bridge_conf(tb, &tag, &format!("br{tag}"), (n, Family::V4), false),
             ),
             (
                 "/usr/lib/cni/portmap".into(),
@@ -316,7 +482,7 @@ pub(super) fn hostport_sluice(
             sluice_conf(
                 tb,
                 &tag,
-                n,
+                (n, Family::V4),
                 json!({"capabilities": {"portMappings": true}, "hostPortCgroup": cgroup}),
             ),
         )],
@@ -365,7 +531,7 @@ fn bandwidth_runtime(rate: u64, burst_ms: u64) -> Value {
 }
 
 fn bandwidth_node(tb: &mut Testbed, tag: &str, n: u8, list: Conflist) -> Result<BwSetup> {
-    let pods = format!("10.{n}.0.0/24");
+    let pods = Family::V4.pods(n);
     let (node, ext, up) = tb.node_with_uplink(tag, n, Some(&pods))?;
     let mut s = BwSetup {
         tag: tag.to_string(),
@@ -386,11 +552,7 @@ fn bandwidth_node(tb: &mut Testbed, tag: &str, n: u8, list: Conflist) -> Result<
                 &tb.ns(pod).path(),
                 bandwidth_runtime(*rate, *burst_ms),
             )?;
-            let ip = a.result["ips"][0]["address"]
-                .as_str()
-                .context("ADD result without an address")?;
-            s.pods
-                .push((pod, ip.split('/').next().unwrap_or(ip).to_string()));
+            s.pods.push((pod, pod_address(&a.result, Family::V4)?));
             s.attached.push(a);
         }
     }
@@ -411,7 +573,7 @@ pub(super) fn bandwidth_reference(tb: &mut Testbed) -> Result<BwSetup> {
         plugins: vec![
             (
                 "/usr/lib/cni/bridge".into(),
-                bridge_conf(tb, tag, &format!("br{tag}"), n, false),
+                bridge_conf(tb, tag, &format!("br{tag}"), (n, Family::V4), false),
             ),
             (
                 "/usr/lib/cni/bandwidth".into(),
@@ -430,7 +592,12 @@ pub(super) fn bandwidth_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<BwSe
         cni_version: "1.1.0".into(),
         plugins: vec![(
             bins.sluice.clone(),
-            sluice_conf(tb, tag, n, json!({"capabilities": {"bandwidth": true}})),
+            sluice_conf(
+                tb,
+                tag,
+                (n, Family::V4),
+                json!({"capabilities": {"bandwidth": true}}),
+            ),
         )],
     };
     bandwidth_node(tb, tag, n, list)
