@@ -67,12 +67,7 @@ pub(super) fn icmp6_error(ctx: &TcContext) -> i32 {
             .is_ok()
         && ctx.l4_csum_replace(csum_off, 0, diff as u64, 0).is_ok()
         && ctx
-            .l4_csum_replace(
-                csum_off,
-                u64::from(rk.dst_port),
-                u64::from(rev.pod_port),
-                2,
-            )
+            .l4_csum_replace(csum_off, u64::from(rk.dst_port), u64::from(rev.pod_port), 2)
             .is_ok()
         && ctx.store(DST_OFF, &rev.pod_ip, 0).is_ok()
         && ctx.store(l4_off + QUOTE + SRC, &rev.pod_ip, 0).is_ok()
