@@ -54,7 +54,7 @@ const FRAME: u64 = 14 + 20 + 8 + SIZE as u64;
 /// carries while it is sent, however slowly the machine sends.
 const BLAST: usize = 2 << 20;
 /// Bytes one event takes in the ring (8-byte record header + `Event`).
-const EVENT_RECORD: u64 = 8 + 72;
+const EVENT_RECORD: u64 = 8 + 80;
 /// Longest wait for a `--count` monitor to end once its events were made.
 const MONITOR_END: Duration = Duration::from_secs(10);
 /// The pods' echo server port (hostPort targets).

@@ -187,8 +187,7 @@ impl Pods {
 
     fn matches(&self, ev: &Event, a: &MonitorArgs) -> bool {
         let (src, dst) = (addr(ev.family, &ev.src), addr(ev.family, &ev.dst));
-        let nat = (ev.nat_addr != [0; 4]).then(|| IpAddr::V4(Ipv4Addr::from(ev.nat_addr)));
-        let ips = [src, dst, nat];
+        let ips = [src, dst, nat_addr(ev)];
         if !a.types.is_empty() && !a.types.iter().any(|t| t == type_filter_name(ev.kind)) {
             return false;
         }
@@ -258,6 +257,15 @@ fn addr(family: u8, a: &[u8; 16]) -> Option<IpAddr> {
     }
 }
 
+/// The translated address of a NAT or hostPort event, of the event's family
+/// (an all-zero address: none).
+fn nat_addr(ev: &Event) -> Option<IpAddr> {
+    if ev.nat_addr == [0; 16] {
+        return None;
+    }
+    addr(ev.family, &ev.nat_addr)
+}
+
 /// Wall-clock time of a `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) timestamp.
 fn unix_time(ts_ns: u64) -> f64 {
     let wall = std::time::SystemTime::now()
@@ -300,7 +308,7 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
     let pod = pods.by_ifindex.get(&ev.ifindex);
     let src = addr(ev.family, &ev.src);
     let dst = addr(ev.family, &ev.dst);
-    let nat = (ev.nat_addr != [0; 4]).then(|| Ipv4Addr::from(ev.nat_addr));
+    let nat = nat_addr(ev);
     if json_out {
         let v: Value = json!({
             "timeUnix": unix,
@@ -342,14 +350,14 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
         ),
         event_kind::NAT_NEW => format!(
             "nat       new flow               {who}  {flow}  as {}",
-            endpoint(nat.map(IpAddr::V4), ev.nat_port, ev.proto)
+            endpoint(nat, ev.nat_port, ev.proto)
         ),
         event_kind::NAT_INBOUND => {
             format!("nat       inbound connection     {who}  {flow}  (replies untranslated)")
         }
         event_kind::HOSTPORT_NEW => format!(
             "hostport  new flow               {flow}  to {}",
-            endpoint(nat.map(IpAddr::V4), ev.nat_port, ev.proto)
+            endpoint(nat, ev.nat_port, ev.proto)
         ),
         k => format!("event kind {k}"),
     };
@@ -441,5 +449,54 @@ mod tests {
         );
         assert_eq!(endpoint(addr(4, &ev.src), 80, 6), "10.0.0.1:80");
         assert_eq!(endpoint(addr(4, &ev.src), 0, 1), "10.0.0.1");
+        assert_eq!(nat_addr(&ev), None);
+    }
+
+    #[test]
+    fn ipv6_nat_events_show_the_16_byte_address() {
+        let nat: Ipv6Addr = "fd00:5a::1".parse().unwrap();
+        let ev = Event {
+            kind: event_kind::NAT_NEW,
+            reason: reason::MASQ_NEW_FLOW,
+            family: 6,
+            proto: 17,
+            nat_addr: nat.octets(),
+            nat_port: 61000,
+            ..Event::default()
+        };
+        // SAFETY: reading the bytes of a plain old data value.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const ev).cast::<u8>(), std::mem::size_of::<Event>())
+        };
+        let back = sluice_maps::events::parse(bytes).unwrap();
+        assert_eq!(nat_addr(&back), Some(IpAddr::V6(nat)));
+        assert_eq!(
+            endpoint(nat_addr(&back), back.nat_port, back.proto),
+            "[fd00:5a::1]:61000"
+        );
+        let mut v4 = ev;
+        v4.family = 4;
+        v4.nat_addr = [0; 16];
+        v4.nat_addr[..4].copy_from_slice(&[192, 168, 50, 1]);
+        assert_eq!(endpoint(nat_addr(&v4), 61000, 6), "192.168.50.1:61000");
+    }
+
+    /// A record of the layout before the 16-byte NAT address (72 bytes, the
+    /// NAT address in 4 bytes at offset 60, its port at 64) is read as such,
+    /// not as the first 72 bytes of the current layout.
+    #[test]
+    fn older_datapath_records_keep_their_nat_address_and_port() {
+        let mut rec = [0u8; sluice_common::EVENT_V1_SIZE];
+        rec[8] = event_kind::HOSTPORT_NEW;
+        rec[9] = 4;
+        rec[10] = 6;
+        rec[60..64].copy_from_slice(&[10, 0, 0, 7]);
+        rec[64..66].copy_from_slice(&8080u16.to_ne_bytes());
+        let ev = sluice_maps::events::parse(&rec).unwrap();
+        assert_eq!(
+            endpoint(nat_addr(&ev), ev.nat_port, ev.proto),
+            "10.0.0.7:8080"
+        );
+        assert_eq!(sluice_maps::events::parse(&rec[..71]), None);
     }
 }

@@ -4,7 +4,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
-use sluice_common::{maps, Event};
+use sluice_common::{maps, Event, EVENT_V1_SIZE};
 
 use crate::{Error, PinRoot, Result};
 
@@ -50,13 +50,19 @@ impl AsRawFd for Events {
     }
 }
 
-/// An [`Event`] from the bytes of a ring record.
+/// An [`Event`] from the bytes of a ring record: a record of the current
+/// layout, or one of [`EVENT_V1_SIZE`] bytes that a datapath loaded by an
+/// older sluice writes (its 4-byte NAT address and its port sit where the
+/// current layout has the 16-byte address, so it is read field by field).
 pub fn parse(bytes: &[u8]) -> Option<Event> {
-    if bytes.len() < std::mem::size_of::<Event>() {
-        return None;
+    if bytes.len() >= std::mem::size_of::<Event>() {
+        // SAFETY: `Event` is plain old data and the buffer holds at least one.
+        return Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) });
     }
-    // SAFETY: `Event` is plain old data and the buffer holds at least one.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+    bytes
+        .get(..EVENT_V1_SIZE)
+        .and_then(|b| <&[u8; EVENT_V1_SIZE]>::try_from(b).ok())
+        .map(Event::from_v1)
 }
 
 /// The aya-log lines of the program with kernel id `prog_id` (the programs

@@ -15,6 +15,10 @@ pub mod event_kind {
 
 /// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the
 /// first four bytes when `family` is 4; ports in host byte order.
+///
+/// 80 bytes since the translated address took 16 (IPv6 masquerade); the
+/// datapaths before wrote [`EVENT_V1_SIZE`] bytes with a 4-byte `nat_addr`
+/// (readers tell the two apart by the record's length).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Event {
@@ -35,11 +39,51 @@ pub struct Event {
     pub dst: [u8; 16],
     pub sport: u16,
     pub dport: u16,
-    /// Translated address and port (NAT and hostPort events).
-    pub nat_addr: [u8; 4],
+    /// Translated address (NAT and hostPort events), as `src` and `dst`: IPv4
+    /// in the first four bytes when `family` is 4; all zero: none.
+    pub nat_addr: [u8; 16],
+    /// Translated port (NAT and hostPort events).
     pub nat_port: u16,
     pub _pad2: u16,
-    pub _pad3: u32,
+}
+
+/// Size of an [`Event`] as the datapaths before the 16-byte `nat_addr` wrote
+/// it: the same fields up to `dport`, then `nat_addr: [u8; 4]`, `nat_port:
+/// u16` and padding.
+pub const EVENT_V1_SIZE: usize = 72;
+
+impl Event {
+    /// The event in a record of the older layout ([`EVENT_V1_SIZE`] bytes).
+    pub fn from_v1(b: &[u8; EVENT_V1_SIZE]) -> Self {
+        let u16_at = |o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let a16 = |o: usize| {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b[o..o + 16]);
+            a
+        };
+        let mut nat_addr = [0u8; 16];
+        nat_addr[..4].copy_from_slice(&b[60..64]);
+        let mut ts = [0u8; 8];
+        ts.copy_from_slice(&b[..8]);
+        Self {
+            ts_ns: u64::from_ne_bytes(ts),
+            kind: b[8],
+            family: b[9],
+            proto: b[10],
+            _pad: 0,
+            reason: u32_at(12),
+            ifindex: u32_at(16),
+            len: u32_at(20),
+            src: a16(24),
+            dst: a16(40),
+            sport: u16_at(56),
+            dport: u16_at(58),
+            nat_addr,
+            nat_port: u16_at(64),
+            _pad2: 0,
+        }
+    }
 }
 
 /// Value of `sl_scratch`: what the drop site leaves for the program's exit.

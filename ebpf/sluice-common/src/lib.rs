@@ -172,10 +172,11 @@ mod tests {
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
         assert_eq!(u32::try_from(reason::COUNT), Ok(reason::DROP_SPOOFED + 1));
-        assert_eq!(
-            size_of::<Event>(),
-            8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 4 + 4 + 4
-        );
+        assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
+        // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.
+        assert_eq!(size_of::<Event>() % 8, 0);
+        assert_eq!(core::mem::align_of::<Event>(), 8);
+        assert!(size_of::<Event>() > EVENT_V1_SIZE);
         assert_eq!(size_of::<EpDropKey>(), 8);
         assert_eq!(size_of::<DropNote>(), 8);
         assert_eq!(size_of::<Bucket>(), 56);
@@ -197,6 +198,61 @@ mod tests {
         assert_eq!(size_of::<Nat6Entry>(), 2 + 1 + 1 + 4 + 8 + 8 + 16);
         assert_eq!(size_of::<Nat6Rev>(), 20);
         assert_eq!(size_of::<Masq6Config>(), 36);
+    }
+
+    #[test]
+    fn event_fields_keep_their_offsets() {
+        use core::mem::offset_of;
+        // Up to `dport` the two layouts agree; a reader tells them apart by size.
+        assert_eq!(offset_of!(Event, reason), 12);
+        assert_eq!(offset_of!(Event, ifindex), 16);
+        assert_eq!(offset_of!(Event, src), 24);
+        assert_eq!(offset_of!(Event, dst), 40);
+        assert_eq!(offset_of!(Event, dport), 58);
+        assert_eq!(offset_of!(Event, nat_addr), 60);
+        assert_eq!(offset_of!(Event, nat_port), 76);
+    }
+
+    #[test]
+    fn an_older_event_record_reads_with_its_nat_address_and_port() {
+        let mut b = [0u8; EVENT_V1_SIZE];
+        b[..8].copy_from_slice(&7u64.to_ne_bytes());
+        b[8] = event_kind::NAT_NEW;
+        b[9] = 4;
+        b[10] = 17;
+        b[12..16].copy_from_slice(&reason::MASQ_NEW_FLOW.to_ne_bytes());
+        b[16..20].copy_from_slice(&9u32.to_ne_bytes());
+        b[24..28].copy_from_slice(&[10, 0, 0, 1]);
+        b[40..44].copy_from_slice(&[192, 0, 2, 1]);
+        b[56..58].copy_from_slice(&40000u16.to_ne_bytes());
+        b[58..60].copy_from_slice(&53u16.to_ne_bytes());
+        b[60..64].copy_from_slice(&[192, 168, 1, 1]);
+        b[64..66].copy_from_slice(&61000u16.to_ne_bytes());
+        let e = Event::from_v1(&b);
+        let mut nat = [0u8; 16];
+        nat[..4].copy_from_slice(&[192, 168, 1, 1]);
+        let mut src = [0u8; 16];
+        src[..4].copy_from_slice(&[10, 0, 0, 1]);
+        let mut dst = [0u8; 16];
+        dst[..4].copy_from_slice(&[192, 0, 2, 1]);
+        assert_eq!(
+            e,
+            Event {
+                ts_ns: 7,
+                kind: event_kind::NAT_NEW,
+                family: 4,
+                proto: 17,
+                reason: reason::MASQ_NEW_FLOW,
+                ifindex: 9,
+                src,
+                dst,
+                sport: 40000,
+                dport: 53,
+                nat_addr: nat,
+                nat_port: 61000,
+                ..Event::default()
+            }
+        );
     }
 
     #[test]

@@ -129,31 +129,17 @@ pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u
                 // SAFETY: a reserved ring slot of one `Event`, 8-byte aligned;
                 // every field is written before it is submitted.
                 unsafe {
-                    (*e).ts_ns = now;
-                    (*e).kind = kind;
-                    (*e).family = 4;
-                    (*e).proto = key.proto;
-                    (*e)._pad = 0;
-                    (*e).reason = r;
-                    (*e).ifindex = ifindex;
-                    (*e).len = 0;
-                    let (src, dst) = (words(key.src_ip), words(key.dst_ip));
-                    let (ps, pd) = (
-                        (&raw mut (*e).src).cast::<u32>(),
-                        (&raw mut (*e).dst).cast::<u32>(),
-                    );
+                    flow_head(e, now, kind, 4, key.proto, r, ifindex);
+                    let (src, dst, nat) = (words(key.src_ip), words(key.dst_ip), words(nat_addr));
+                    let (ps, pd, pn) = addr_words(e);
                     let mut i = 0;
                     while i < 4 {
                         ps.add(i).write(src[i]);
                         pd.add(i).write(dst[i]);
+                        pn.add(i).write(nat[i]);
                         i += 1;
                     }
-                    (*e).sport = u16::from_be(key.src_port);
-                    (*e).dport = u16::from_be(key.dst_port);
-                    (*e).nat_addr = nat_addr;
-                    (*e).nat_port = u16::from_be(nat_port);
-                    (*e)._pad2 = 0;
-                    (*e)._pad3 = 0;
+                    flow_ports(e, key.src_port, key.dst_port, nat_port);
                 }
                 slot.submit(0);
             }
@@ -177,34 +163,114 @@ pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u
     }
 }
 
-/// A new IPv6 masquerade flow (`key` the pod-side tuple). The event has room
-/// for an IPv4 translated address only: `sluicectl monitor` shows the NAT port.
+/// A new IPv6 masquerade flow (`key` the pod-side tuple, `nat_addr` the
+/// translated address, `None` for an inbound flow), written in place in the
+/// ring as [`flow`] writes IPv4 flows: an `Event` on the stack of this call,
+/// made from `snat6`, would pass the 512 bytes the chain may use.
 #[inline(never)]
-pub fn flow6(kind: u8, key: &sluice_common::Nat6Key, nat_port: u16, ifindex: u32) {
+pub fn flow6(
+    kind: u8,
+    key: &sluice_common::Nat6Key,
+    nat_addr: Option<&sluice_common::Addr6>,
+    nat_port: u16,
+    ifindex: u32,
+) {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     if !monitor_on(now) {
         return;
     }
-    let ev = Event {
-        ts_ns: now,
-        kind,
-        family: 6,
-        proto: key.proto,
-        reason: if kind == event_kind::NAT_INBOUND {
-            reason::MASQ_INBOUND_FLOW
-        } else {
-            reason::MASQ_NEW_FLOW
-        },
-        ifindex,
-        src: key.src_ip.0,
-        dst: key.dst_ip.0,
-        sport: u16::from_be(key.src_port),
-        dport: u16::from_be(key.dst_port),
-        nat_port: u16::from_be(nat_port),
-        ..Event::default()
+    let r = if kind == event_kind::NAT_INBOUND {
+        reason::MASQ_INBOUND_FLOW
+    } else {
+        reason::MASQ_NEW_FLOW
     };
-    emit(&ev);
+    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
+        count(reason::EVENTS_LOST);
+        return;
+    };
+    let e = slot.as_mut_ptr();
+    // 4-byte words: `Addr6` is 4-byte aligned, and so are the event's
+    // addresses (offsets 24, 40 and 60 of an 8-byte aligned slot).
+    let words = |a: &sluice_common::Addr6| core::ptr::from_ref(a).cast::<u32>();
+    // SAFETY: a reserved ring slot of one `Event`, 8-byte aligned; every field
+    // is written before it is submitted; the key's addresses are 16 bytes.
+    unsafe {
+        flow_head(e, now, kind, 6, key.proto, r, ifindex);
+        let (src, dst) = (words(&key.src_ip), words(&key.dst_ip));
+        let (ps, pd, pn) = addr_words(e);
+        let mut i = 0;
+        while i < 4 {
+            ps.add(i).write(src.add(i).read());
+            pd.add(i).write(dst.add(i).read());
+            pn.add(i).write(match nat_addr {
+                Some(a) => words(a).add(i).read(),
+                None => 0,
+            });
+            i += 1;
+        }
+        flow_ports(e, key.src_port, key.dst_port, nat_port);
+    }
+    slot.submit(0);
+}
+
+/// The fields of a flow event before its addresses.
+///
+/// # Safety
+/// `e` points to a writable `Event`.
+#[inline(always)]
+unsafe fn flow_head(
+    e: *mut Event,
+    now: u64,
+    kind: u8,
+    family: u8,
+    proto: u8,
+    r: u32,
+    ifindex: u32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*e).ts_ns = now;
+        (*e).kind = kind;
+        (*e).family = family;
+        (*e).proto = proto;
+        (*e)._pad = 0;
+        (*e).reason = r;
+        (*e).ifindex = ifindex;
+        (*e).len = 0;
+    }
+}
+
+/// The source, destination and NAT addresses of the event at `e` as 4-byte
+/// words (offsets 24, 40 and 60: 4-byte aligned in an 8-byte aligned event).
+///
+/// # Safety
+/// `e` points to a writable `Event`.
+#[inline(always)]
+unsafe fn addr_words(e: *mut Event) -> (*mut u32, *mut u32, *mut u32) {
+    // SAFETY: the caller's contract; raw pointers to fields, nothing read.
+    unsafe {
+        (
+            (&raw mut (*e).src).cast::<u32>(),
+            (&raw mut (*e).dst).cast::<u32>(),
+            (&raw mut (*e).nat_addr).cast::<u32>(),
+        )
+    }
+}
+
+/// The ports of a flow event (given in network byte order) and its padding.
+///
+/// # Safety
+/// `e` points to a writable `Event`.
+#[inline(always)]
+unsafe fn flow_ports(e: *mut Event, sport: u16, dport: u16, nat_port: u16) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*e).sport = u16::from_be(sport);
+        (*e).dport = u16::from_be(dport);
+        (*e).nat_port = u16::from_be(nat_port);
+        (*e)._pad2 = 0;
+    }
 }
 
 #[inline(always)]
@@ -239,7 +305,7 @@ fn count_endpoint(ifindex: u32, r: u32) {
 /// of stack a chain may use allow under `uplink_in` on 5.10.
 ///
 /// # Safety
-/// `e` points to a writable `Event` (8-byte aligned, 88 bytes).
+/// `e` points to a writable `Event` (8-byte aligned, a multiple of 8 bytes).
 #[inline(always)]
 unsafe fn zero_event(e: *mut Event) {
     let w = e.cast::<u64>();

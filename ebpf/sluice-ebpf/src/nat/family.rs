@@ -88,8 +88,11 @@ impl Family for V6 {
         w(0) ^ w(4) ^ w(8) ^ w(12)
     }
     #[inline(always)]
-    fn event(kind: u8, k: &FlowKey<Self>, _nat_addr: Addr6, nat_port: u16, ifindex: u32) {
-        events::flow6(kind, k, nat_port, ifindex);
+    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: Addr6, nat_port: u16, ifindex: u32) {
+        // No translated address (inbound flows): none in the event, and no
+        // copy of `::` on the stack for it to point to.
+        let nat = (nat_addr != Addr6::default()).then_some(&nat_addr);
+        events::flow6(kind, k, nat, nat_port, ifindex);
     }
     #[inline(always)]
     fn claimed(_k: &FlowKey<Self>, _nat_addr: Addr6, _nat_port: u16, _ifindex: u32) {}

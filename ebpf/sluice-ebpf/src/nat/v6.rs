@@ -127,7 +127,13 @@ pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     match flow_out6(cfg, &p.key, p.pod_ifindex, p.tcp_flags, &mut p.out) {
         TRANSLATE => {}
         TRANSLATE_NEW => {
-            events::flow6(event_kind::NAT_NEW, &p.key, p.out.1, p.pod_ifindex);
+            events::flow6(
+                event_kind::NAT_NEW,
+                &p.key,
+                Some(&p.out.0),
+                p.out.1,
+                p.pod_ifindex,
+            );
         }
         INBOUND => return TCX_NEXT,
         r => {
