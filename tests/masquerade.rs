@@ -30,7 +30,7 @@ use sluice_tests::{
     masq::{
         checksums_ok, in_netns, ipv4_addrs, ipv4_of, masq_external_host, nat_list, path_mtu,
         payload, routed_external_host, sysctl, tcp_abort, tcp_accept, tcp_connect, tcp_echo_on,
-        tcp_listen, tcp_send_over, udp_echo_on, udp_socket, EchoServer, Pinger, FAR_IP,
+        tcp_listen, tcp_send_over, udp_echo_on, udp_socket, wait_for, EchoServer, Pinger, FAR_IP,
     },
     raw::{ethernet, parse_mac, send_frames, udp, Capture, Ipv4},
     schema::Added,
@@ -201,20 +201,6 @@ fn assert_flow(f: &Value, pod: &P, dst: SocketAddr, state: &str, ifindex: u64) {
 fn assert_no_drops(d: &Counters) {
     for r in DROPS {
         assert_eq!(d.get(r), 0, "{r} rose: {d}");
-    }
-}
-
-/// Polls `cond` every 100 ms for at most `timeout`.
-fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(100));
     }
 }
 

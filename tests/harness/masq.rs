@@ -157,6 +157,20 @@ pub fn nat_list(node: &Node, filters: &[&str]) -> Result<Vec<Value>> {
         .ok_or_else(|| err!("nat list printed no JSON array: {v}"))
 }
 
+/// Polls `cond` every 100 ms for at most `timeout`; whether it came to hold.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Runs `f` on a thread in the network namespace at `netns` and returns what it
 /// returned. Sockets made there stay in that namespace and may be used from any
 /// thread afterwards.
@@ -205,11 +219,38 @@ fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     sa
 }
 
-fn v4(a: SocketAddr) -> Result<SocketAddrV4> {
-    match a {
-        SocketAddr::V4(a) => Ok(a),
-        SocketAddr::V6(_) => Err(err!("{a} is not IPv4")),
-    }
+/// `a` as a socket address for the system calls (`sockaddr_in` or
+/// `sockaddr_in6`) and its length.
+fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe {
+                std::ptr::from_mut(&mut ss)
+                    .cast::<libc::sockaddr_in>()
+                    .write(sockaddr_in(a));
+            }
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = a.port().to_be();
+            sa.sin6_addr.s6_addr = a.ip().octets();
+            sa.sin6_scope_id = a.scope_id();
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe {
+                std::ptr::from_mut(&mut ss)
+                    .cast::<libc::sockaddr_in6>()
+                    .write(sa);
+            }
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
 }
 
 fn timeval(d: Duration) -> libc::timeval {
@@ -221,14 +262,22 @@ fn timeval(d: Duration) -> libc::timeval {
 
 /// A TCP connection made in the namespace at `netns`, from `bind` when given
 /// (`SO_REUSEADDR`, so a port a closed connection still holds can be taken
-/// again), to `to`. Connect, read and write time out after [`IO_TIMEOUT`].
+/// again), to `to`, IPv4 or IPv6 (`bind` of the same family). Connect, read
+/// and write time out after [`IO_TIMEOUT`].
 pub fn tcp_connect(netns: &Path, bind: Option<SocketAddr>, to: SocketAddr) -> Result<TcpStream> {
-    let (bind, to) = (bind.map(v4).transpose()?, v4(to)?);
+    if bind.is_some_and(|b| b.is_ipv4() != to.is_ipv4()) {
+        return Err(err!("binding {bind:?} to connect to {to}: not one family"));
+    }
     in_netns(netns, move || {
+        let family = if to.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
         // SAFETY: plain system call.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
-            return Err(last_os_error("socket(AF_INET, SOCK_STREAM)"));
+            return Err(last_os_error(&format!("socket({family}, SOCK_STREAM)")));
         }
         // SAFETY: the kernel just returned this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -248,28 +297,16 @@ pub fn tcp_connect(netns: &Path, bind: Option<SocketAddr>, to: SocketAddr) -> Re
             "SO_SNDTIMEO",
         )?;
         if let Some(b) = bind {
-            let sa = sockaddr_in(b);
-            // SAFETY: `sa` is a valid sockaddr_in of the size passed.
-            let r = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    std::ptr::from_ref(&sa).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            };
+            let (sa, len) = sockaddr(b);
+            // SAFETY: `sa` holds a valid socket address of the length passed.
+            let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::from_ref(&sa).cast(), len) };
             if r < 0 {
                 return Err(last_os_error(&format!("binding TCP {b}")));
             }
         }
-        let sa = sockaddr_in(to);
+        let (sa, len) = sockaddr(to);
         // SAFETY: as above.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                std::ptr::from_ref(&sa).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        };
+        let r = unsafe { libc::connect(fd.as_raw_fd(), std::ptr::from_ref(&sa).cast(), len) };
         if r < 0 {
             let e = std::io::Error::last_os_error();
             // A blocking connect cut short by SO_SNDTIMEO says EINPROGRESS.
