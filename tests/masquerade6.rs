@@ -6,22 +6,29 @@
 //! routed pod address are answered from it; a packet with a fragment header
 //! never leaves with the pod's address, one with a destination options header
 //! is translated; a router's Packet Too Big reaches the pod (path MTU discovery
-//! through a 1280-byte hop); DEL leaves no flow behind.
+//! through a 1280-byte hop); two pods with the same source port to the same
+//! server get distinct NAT ports, and `sluicectl monitor` shows their new flows
+//! with the node's IPv6 address; idle flows expire (`nat_expired`) and come
+//! back as new flows while an open connection's flow stays; DEL leaves no flow
+//! behind.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
+    collections::BTreeSet,
     io::{Read, Write},
     net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
-    time::Duration,
+    thread,
+    time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
 use sluice_tests::{
+    ctl::{wait_lease, CtlChild},
     fixtures::{add, del, merge_keys, EXT_IF, UPLINK},
     host, kernel, look,
     masq::{
         in_netns, masq_external_host, nat_list, path_mtu6, payload, routed_external_host6,
-        tcp_echo_on, udp_echo_on, udp_socket, EchoServer, Pinger6, FAR6_IP, NODE6_ROUTED,
-        ROUTER6_IP,
+        tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for, EchoServer, Pinger6, FAR6_IP,
+        NODE6_ROUTED, ROUTER6_IP,
     },
     Host, Node, Pod, NETWORK,
 };
@@ -33,6 +40,8 @@ const EXT_IP6: &str = "fd00:5a::2";
 const PODS6: &str = "fd00:7a::/64";
 const BYTES: usize = 128 << 10;
 const ICMP_ID: u16 = 0x6a6a;
+/// Longest wait for a `--count` monitor to end once its events were made.
+const MONITOR_END: Duration = Duration::from_secs(10);
 
 fn ext6() -> Ipv6Addr {
     EXT_IP6.parse().unwrap()
@@ -55,6 +64,13 @@ struct P {
     pod: Pod,
     cid: String,
     ip6: Ipv6Addr,
+    host_veth: String,
+}
+
+impl P {
+    fn sock(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip6.into(), port)
+    }
 }
 
 impl World {
@@ -115,6 +131,7 @@ impl World {
             pod,
             cid: cid.to_string(),
             ip6,
+            host_veth: added.host_veth,
         }
     }
 
@@ -129,17 +146,19 @@ impl World {
     fn flows(&self, filters: &[&str]) -> Vec<Value> {
         nat_list(&self.node, filters).unwrap()
     }
+
+    fn flows_of(&self, p: &P) -> Vec<Value> {
+        self.flows(&["--pod", &p.ip6.to_string()])
+    }
+
+    fn host_ifindex(&self, p: &P) -> u64 {
+        look::ifindex(self.node.name(), &p.host_veth).unwrap()
+    }
 }
 
 /// A TCP connection from the pod to `to` (IPv6), made inside the pod.
 fn tcp6(p: &P, to: SocketAddr) -> TcpStream {
-    in_netns(&p.pod.path, move || {
-        let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-            .map_err(|e| sluice_tests::err!("connecting to {to}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(s)
-    })
-    .unwrap()
+    tcp_connect(&p.pod.path, None, to).unwrap()
 }
 
 #[track_caller]
@@ -147,6 +166,25 @@ fn flow<'a>(flows: &'a [Value], proto: &str) -> &'a Value {
     let m: Vec<&Value> = flows.iter().filter(|f| f["proto"] == proto).collect();
     assert_eq!(m.len(), 1, "{proto} flows: {flows:#?}");
     m[0]
+}
+
+/// The flow of `proto` from `pod_port`; panics without exactly one.
+#[track_caller]
+fn flow_from<'a>(flows: &'a [Value], proto: &str, pod_port: u16) -> &'a Value {
+    let m: Vec<&Value> = flows
+        .iter()
+        .filter(|f| f["proto"] == proto && f["podPort"] == pod_port)
+        .collect();
+    assert_eq!(m.len(), 1, "{proto} flows from {pod_port}: {flows:#?}");
+    m[0]
+}
+
+#[track_caller]
+fn nat_port(f: &Value) -> u16 {
+    f["natPort"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or_else(|| panic!("no natPort in {f}"))
 }
 
 /// IPv6 masquerade needs the kernels with the NAT sweeper (5.15); before,
@@ -473,5 +511,226 @@ fn icmpv6_packet_too_big_reaches_the_pod_and_path_mtu_discovery_works() {
     eprintln!("router {ROUTER6_IP}: Packet Too Big translated back to the pod");
     drop(s);
     w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+// --- NAT port collisions ---------------------------------------------------------
+
+/// Two dual-stack pods bind the same source port and reach the same external
+/// `[address]:port` over TCP and UDP (and ICMPv6 echo with one identifier):
+/// every flow works and gets its own NAT port on the node's IPv6 address, as
+/// `nat list` and the server see them. `sluicectl monitor` shows the four new
+/// TCP and UDP flows with the node's IPv6 address and those NAT ports.
+#[test]
+fn two_ipv6_pods_with_the_same_source_port_get_different_nat_ports() {
+    let w = World::new(&json!({}));
+    let a = w.add("s6a", "masq6-same-a");
+    let b = w.add("s6b", "masq6-same-b");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        assert_routed_fallback(&w, &b);
+        w.del(&a);
+        w.del(&b);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let server = w.server();
+    let port = 40000;
+    let m = CtlChild::monitor(&w.node, &["--json", "--type", "nat", "--count", "4"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
+    let ta = tcp_connect(&a.pod.path, Some(a.sock(port)), server.addr).unwrap();
+    let tb = tcp_connect(&b.pod.path, Some(b.sock(port)), server.addr).unwrap();
+    assert_eq!(ta.local_addr().unwrap(), a.sock(port));
+    assert_eq!(tb.local_addr().unwrap(), b.sock(port));
+    let t = thread::spawn(move || tcp_echo_on(&ta, BYTES, 8).map(|()| ta));
+    tcp_echo_on(&tb, BYTES, 9).unwrap();
+    let ta = t.join().unwrap().unwrap();
+    let ua = udp_socket(&a.pod.path, a.sock(port)).unwrap();
+    let ub = udp_socket(&b.pod.path, b.sock(port)).unwrap();
+    let wait = Duration::from_secs(2);
+    for i in 0..10u8 {
+        udp_echo_on(&ua, server.addr, &payload(80, i), 3, wait).unwrap();
+        udp_echo_on(&ub, server.addr, &payload(80, i), 3, wait).unwrap();
+    }
+    let end = m.wait(MONITOR_END).unwrap();
+    assert_eq!(end.status, Some(0), "{end:#?}");
+    // The same ICMPv6 echo identifier from both pods.
+    let (pa, pb) = (
+        Pinger6::new(&a.pod.path).unwrap(),
+        Pinger6::new(&b.pod.path).unwrap(),
+    );
+    for seq in 1..=3 {
+        pa.ping(ext6(), ICMP_ID, seq, 3, wait).unwrap();
+        pb.ping(ext6(), ICMP_ID, seq, 3, wait).unwrap();
+    }
+
+    let peers = server.peers();
+    let (fa, fb) = (w.flows_of(&a), w.flows_of(&b));
+    assert_eq!((fa.len(), fb.len()), (3, 3), "{fa:#?} {fb:#?}");
+    for f in fa.iter().chain(&fb) {
+        assert_eq!(f["natIp"], NODE_IP6, "{f:#}");
+        assert_eq!(f["dstIp"], EXT_IP6, "{f:#}");
+        assert!(is_nat_port(nat_port(f)), "{f:#}");
+    }
+    assert_ne!(
+        nat_port(flow(&fa, "icmpv6")),
+        nat_port(flow(&fb, "icmpv6")),
+        "both pods' pings got the same NAT identifier"
+    );
+    let node = IpAddr::V6(node6());
+    for proto in ["tcp", "udp"] {
+        let (na, nb) = (
+            nat_port(flow_from(&fa, proto, port)),
+            nat_port(flow_from(&fb, proto, port)),
+        );
+        assert_ne!(na, nb, "{proto}: both pods got NAT port {na}");
+        let seen: BTreeSet<SocketAddr> = if proto == "tcp" {
+            peers.tcp.iter().copied().collect()
+        } else {
+            peers.udp_sources()
+        };
+        assert_eq!(
+            seen,
+            BTreeSet::from([SocketAddr::new(node, na), SocketAddr::new(node, nb)]),
+            "{proto} peers seen by the server"
+        );
+    }
+
+    // The monitor's events: one per pod and protocol, with the node's IPv6
+    // address and the NAT port `nat list` shows.
+    let events = end.json();
+    assert_eq!(events.len(), 4, "{end:#?}");
+    for (p, flows) in [(&a, &fa), (&b, &fb)] {
+        for proto in ["tcp", "udp"] {
+            let ev = events
+                .iter()
+                .find(|e| e["proto"] == proto && e["src"] == p.ip6.to_string())
+                .unwrap_or_else(|| panic!("no {proto} event from {}: {events:#?}", p.ip6));
+            let want = json!({
+                "type": "nat-new",
+                "reason": "masq_new_flow",
+                "family": 6,
+                "ifindex": w.host_ifindex(p),
+                "containerId": p.cid,
+                "ifname": "eth0",
+                "sport": port,
+                "dst": EXT_IP6,
+                "dport": server.addr.port(),
+                "natAddress": NODE_IP6,
+                "natPort": nat_port(flow_from(flows, proto, port)),
+            });
+            for (k, v) in want.as_object().unwrap() {
+                assert_eq!(&ev[k], v, "{k} of {ev:#}");
+            }
+        }
+    }
+    drop((ta, tb, ua, ub));
+    w.del(&a);
+    w.del(&b);
+    assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
+    w.node.assert_clean(NETWORK);
+}
+
+// --- Expiry --------------------------------------------------------------------
+
+/// With short timeouts (the keys the IPv4 test sets), idle UDP, ICMPv6 and
+/// closed TCP flows disappear within a bounded wait (`nat_expired`), an open
+/// TCP connection's flow stays on its NAT port, and a later datagram of the
+/// same UDP 5-tuple starts a new flow, which `sluicectl monitor` shows as
+/// `[node IPv6]:port`.
+#[test]
+fn idle_ipv6_flows_expire_and_come_back_as_new_flows() {
+    let w =
+        World::new(&json!({"natTimeouts": {"udp": 2, "tcpClosing": 2, "icmp": 2, "tcpSyn": 2}}));
+    let a = w.add("x6", "masq6-exp");
+    if !masq6_kernel() {
+        assert_routed_fallback(&w, &a);
+        w.del(&a);
+        w.node.assert_clean(NETWORK);
+        return;
+    }
+    let server = w.server();
+    let wait = Duration::from_secs(2);
+    let u = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
+    udp_echo_on(&u, server.addr, b"first", 3, wait).unwrap();
+    Pinger6::new(&a.pod.path)
+        .unwrap()
+        .ping(ext6(), ICMP_ID, 1, 3, wait)
+        .unwrap();
+    // A connection closed by both ends.
+    let closed = tcp6(&a, server.addr);
+    let closed_port = closed.local_addr().unwrap().port();
+    tcp_echo_on(&closed, 4096, 10).unwrap();
+    closed.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    Read::read_to_end(&mut &closed, &mut rest).unwrap();
+    drop(closed);
+    // A connection left open (tcpEstablished: the default six hours).
+    let open = tcp6(&a, server.addr);
+    let open_port = open.local_addr().unwrap().port();
+    tcp_echo_on(&open, 4096, 11).unwrap();
+
+    let flows = w.flows_of(&a);
+    assert_eq!(flows.len(), 4, "{flows:#?}");
+    assert_eq!(flow_from(&flows, "tcp", closed_port)["state"], "closing");
+    let first_udp = nat_port(flow_from(&flows, "udp", 40001));
+    let open_nat = nat_port(flow_from(&flows, "tcp", open_port));
+    let c0 = w.node.counters().unwrap();
+    let started = Instant::now();
+    let gone = wait_for(Duration::from_secs(15), || {
+        let f = w.flows_of(&a);
+        f.len() == 1 && f[0]["podPort"] == open_port
+    });
+    let flows = w.flows_of(&a);
+    assert!(gone, "after {:?}: {flows:#?}", started.elapsed());
+    eprintln!("idle IPv6 flows went after {:?}", started.elapsed());
+    let d = w.node.counters().unwrap().since(&c0);
+    assert_eq!(d.get("nat_expired"), 3, "{d}");
+    assert_eq!(flows[0]["state"], "established", "{flows:#?}");
+    assert_eq!(flows[0]["proto"], "tcp", "{flows:#?}");
+
+    // The open connection still works, on its NAT port.
+    tcp_echo_on(&open, 4096, 12).unwrap();
+    assert_eq!(
+        nat_port(flow_from(&w.flows_of(&a), "tcp", open_port)),
+        open_nat
+    );
+    // The same UDP 5-tuple again: a new flow, shown by a monitor.
+    let m = CtlChild::monitor(&w.node, &["--type", "nat", "--count", "1"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
+    let c1 = w.node.counters().unwrap();
+    udp_echo_on(&u, server.addr, b"again", 3, wait).unwrap();
+    let d = w.node.counters().unwrap().since(&c1);
+    assert_eq!(d.get("masq_new_flow"), 1, "{d}");
+    assert_eq!(d.get("nat_expired"), 0, "{d}");
+    let end = m.wait(MONITOR_END).unwrap();
+    assert_eq!(end.status, Some(0), "{end:#?}");
+    let flows = w.flows_of(&a);
+    assert_eq!(flows.len(), 2, "{flows:#?}");
+    let again = flow_from(&flows, "udp", 40001);
+    assert_eq!(again["natIp"], NODE_IP6, "{again:#}");
+    assert_eq!(again["state"], "udp", "{again:#}");
+    let nat = nat_port(again);
+    let seen = server.peers().udp;
+    assert_eq!(
+        seen.last().copied(),
+        Some(SocketAddr::new(node6().into(), nat)),
+        "{seen:?} (first NAT port {first_udp})"
+    );
+    assert_eq!(end.lines.len(), 1, "{end:#?}");
+    let line = &end.lines[0];
+    assert!(
+        line.contains("nat       new flow")
+            && line.contains(&format!(
+                "udp [{}]:40001 -> [{EXT_IP6}]:{}",
+                a.ip6,
+                server.addr.port()
+            ))
+            && line.ends_with(&format!("as [{NODE_IP6}]:{nat}")),
+        "monitor line {line:?}"
+    );
+    drop((open, u));
+    w.del(&a);
+    assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
     w.node.assert_clean(NETWORK);
 }
