@@ -266,9 +266,10 @@ pub(crate) struct PortsDelArgs {
     pub host_port: u16,
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
     pub proto: String,
-    /// The mapping's node address (default: the every-address mapping).
+    /// The mapping's node address (default: the IPv4 every-address mapping;
+    /// `::` the IPv6 one).
     #[arg(long)]
-    pub host_ip: Option<std::net::Ipv4Addr>,
+    pub host_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Subcommand)]

@@ -3,10 +3,10 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
-use sluice_common::{port_flags, PortKey, PortTarget};
+use sluice_common::{port_flags, Addr6, PortKey, PortKey6, PortKeyOf, PortTarget};
 use sluice_maps::{
     endpoint::EndpointRow,
-    hostport::{describe, describe_target},
+    hostport::{describe, describe_target, Family, V4, V6},
 };
 
 use crate::{
@@ -30,11 +30,6 @@ fn proto_number(p: &str) -> u8 {
         "sctp" => 132,
         _ => 6,
     }
-}
-
-/// The endpoint a mapping goes to (by host veth), if the pod is still there.
-fn owner<'a>(eps: &'a [EndpointRow], t: &PortTarget) -> Option<&'a EndpointRow> {
-    eps.iter().find(|r| r.endpoint.ifindex == t.pod_ifindex)
 }
 
 /// The pod endpoints `pod` names: an IPv4 address or a container id prefix.
@@ -74,37 +69,83 @@ pub(crate) fn selected_ifindexes(
     .transpose()
 }
 
+/// One mapping of either family, as `ports list` shows it.
+struct Row {
+    proto: u8,
+    host_port: u16,
+    /// `*:8080/tcp`, `[fd00::1]:8080/tcp`.
+    host: String,
+    /// The address alone (`0.0.0.0`, `::` for every node address).
+    host_ip: String,
+    target: String,
+    pod_ip: String,
+    container_port: u16,
+    pod_ifindex: u32,
+    flags: u16,
+}
+
+fn rows<F: Family>(dp: &Datapath, ip: impl Fn(F::Addr) -> IpAddr) -> Result<Vec<Row>> {
+    Ok(sluice_maps::hostport::list::<F>(&dp.root)?
+        .into_iter()
+        .map(|(k, t)| Row {
+            proto: k.proto,
+            host_port: k.port(),
+            host: describe::<F>(&k),
+            host_ip: ip(k.host_ip).to_string(),
+            target: describe_target::<F>(&t),
+            pod_ip: ip(t.pod_ip).to_string(),
+            container_port: u16::from_be(t.pod_port),
+            pod_ifindex: t.pod_ifindex,
+            flags: t.flags,
+        })
+        .collect())
+}
+
 fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
     let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let pod_ifindexes = selected_ifindexes(&eps, a.pod.as_deref())?;
-    let rows: Vec<(PortKey, PortTarget)> = sluice_maps::hostport::list(&dp.root)?
+    let mut all = rows::<V4>(dp, IpAddr::from)?;
+    all.extend(rows::<V6>(dp, |a| IpAddr::from(a.0))?);
+    let rows: Vec<Row> = all
         .into_iter()
-        .filter(|(_, t)| {
+        .filter(|r| {
             pod_ifindexes
                 .as_ref()
-                .is_none_or(|v| v.contains(&t.pod_ifindex))
+                .is_none_or(|v| v.contains(&r.pod_ifindex))
         })
-        .filter(|(k, _)| a.port.is_none_or(|p| u16::from_be(k.host_port) == p))
-        .filter(|(k, _)| {
+        .filter(|r| a.port.is_none_or(|p| r.host_port == p))
+        .filter(|r| {
             a.proto
                 .as_deref()
-                .is_none_or(|p| p == table::proto_name(k.proto))
+                .is_none_or(|p| p == table::proto_name(r.proto))
         })
         .collect();
+    let owner = |r: &Row| {
+        eps.iter()
+            .find(|e| e.endpoint.ifindex == r.pod_ifindex)
+            .and_then(|e| e.owner.as_ref())
+    };
+    let origin = |r: &Row| {
+        if r.flags & port_flags::OPERATOR != 0 {
+            "operator"
+        } else {
+            "cni"
+        }
+    };
     if a.json {
         let v: Vec<Value> = rows
             .iter()
-            .map(|(k, t)| {
-                let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
+            .map(|r| {
+                let o = owner(r);
                 json!({
-                    "hostIp": Ipv4Addr::from(k.host_ip).to_string(),
-                    "hostPort": u16::from_be(k.host_port),
-                    "protocol": table::proto_name(k.proto),
-                    "podIp": Ipv4Addr::from(t.pod_ip).to_string(),
-                    "containerPort": u16::from_be(t.pod_port),
+                    "hostIp": r.host_ip,
+                    "hostPort": r.host_port,
+                    "protocol": table::proto_name(r.proto),
+                    "podIp": r.pod_ip,
+                    "containerPort": r.container_port,
                     "containerId": o.map(|o| table::text(&o.container_id)),
                     "ifname": o.map(|o| table::text(&o.ifname)),
-                    "origin": if t.flags & port_flags::OPERATOR != 0 { "operator" } else { "cni" },
+                    "origin": origin(r),
                 })
             })
             .collect();
@@ -113,13 +154,12 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
     }
     let table_rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|(k, t)| {
-            let o = owner(&eps, t).and_then(|r| r.owner.as_ref());
+        .map(|r| {
             vec![
-                table::proto_name(k.proto).to_string(),
-                describe(k),
-                describe_target(t),
-                o.map_or("-".into(), |o| {
+                table::proto_name(r.proto).to_string(),
+                r.host.clone(),
+                r.target.clone(),
+                owner(r).map_or("-".into(), |o| {
                     format!(
                         "{}/{}",
                         table::text(&o.container_id)
@@ -129,12 +169,7 @@ fn list(dp: &Datapath, a: &PortsListArgs) -> Result<()> {
                         table::text(&o.ifname)
                     )
                 }),
-                if t.flags & port_flags::OPERATOR != 0 {
-                    "operator"
-                } else {
-                    "cni"
-                }
-                .to_string(),
+                origin(r).to_string(),
             ]
         })
         .collect();
@@ -198,30 +233,51 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
             "this kernel has no SO_NETNS_COOKIE (Linux 5.14) and no ADD with a hostPort recorded the node namespace yet; add a pod with a hostPort first"
         );
     };
-    match sluice_maps::hostport::add(&dp.root, &[(k, t)], cookie) {
+    match sluice_maps::hostport::add::<V4>(&dp.root, &[(k, t)], cookie) {
         Ok(()) => {}
         Err(sluice_maps::Error::PortConflict {
             port,
             target,
             owner,
-        }) => bail!("{} is taken: {port} -> {target} by {owner}", describe(&k)),
+        }) => bail!(
+            "{} is taken: {port} -> {target} by {owner}",
+            describe::<V4>(&k)
+        ),
         Err(e) => return Err(e.into()),
     }
-    println!("added {} -> {}", describe(&k), describe_target(&t));
+    println!(
+        "added {} -> {}",
+        describe::<V4>(&k),
+        describe_target::<V4>(&t)
+    );
     Ok(())
 }
 
 fn del(dp: &Datapath, a: &PortsDelArgs) -> Result<()> {
-    let k = key(a.host_ip, a.host_port, &a.proto);
-    let found = sluice_maps::hostport::list(&dp.root)?
+    match a.host_ip {
+        Some(IpAddr::V6(ip)) => del_key::<V6>(
+            dp,
+            PortKey6::new(Addr6(ip.octets()), a.host_port, proto_number(&a.proto)),
+        ),
+        Some(IpAddr::V4(ip)) => del_key::<V4>(dp, key(Some(ip), a.host_port, &a.proto)),
+        None => del_key::<V4>(dp, key(None, a.host_port, &a.proto)),
+    }
+}
+
+fn del_key<F: Family>(dp: &Datapath, k: PortKeyOf<F::Addr>) -> Result<()> {
+    let found = sluice_maps::hostport::list::<F>(&dp.root)?
         .into_iter()
         .find(|(o, _)| *o == k);
     let Some((_, t)) = found else {
-        bail!("no mapping {}", describe(&k));
+        bail!("no mapping {}", describe::<F>(&k));
     };
-    if !sluice_maps::hostport::remove_key(&dp.root, &k)? {
-        bail!("no mapping {} (removed meanwhile)", describe(&k));
+    if !sluice_maps::hostport::remove_key::<F>(&dp.root, &k)? {
+        bail!("no mapping {} (removed meanwhile)", describe::<F>(&k));
     }
-    println!("deleted {} -> {}", describe(&k), describe_target(&t));
+    println!(
+        "deleted {} -> {}",
+        describe::<F>(&k),
+        describe_target::<F>(&t)
+    );
     Ok(())
 }

@@ -44,11 +44,18 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .filter(|(_, v)| *v > 0)
         .collect();
     let masq = sluice_maps::nat::config(&dp.root)?;
-    let mappings = sluice_maps::hostport::list(&dp.root)?.len();
-    let node_addrs: Vec<String> = sluice_maps::hostport::node_addrs(&dp.root)?
-        .into_iter()
-        .map(|a| std::net::Ipv4Addr::from(a).to_string())
-        .collect();
+    let mappings = sluice_maps::hostport::list::<sluice_maps::hostport::V4>(&dp.root)?.len()
+        + sluice_maps::hostport::list::<sluice_maps::hostport::V6>(&dp.root)?.len();
+    let mut node_addrs: Vec<String> =
+        sluice_maps::hostport::node_addrs::<sluice_maps::hostport::V4>(&dp.root)?
+            .into_iter()
+            .map(|a| std::net::Ipv4Addr::from(a).to_string())
+            .collect();
+    node_addrs.extend(
+        sluice_maps::hostport::node_addrs::<sluice_maps::hostport::V6>(&dp.root)?
+            .into_iter()
+            .map(|a| std::net::Ipv6Addr::from(a.0).to_string()),
+    );
     let hooks: Vec<&String> = links.iter().filter(|l| l.starts_with("cgroup-")).collect();
     let flows = sluice_maps::nat::flows(&dp.root)?.len();
     // (A datapath loaded before IPv6 masquerade has no sl_masq6.)

@@ -1,16 +1,73 @@
-//! hostPort: the mappings (`sl_ports`) and their rules, the node addresses a
-//! wildcard mapping matches (`sl_node_addrs`), translated flows (`sl_hp_ct`),
-//! the socket hooks' state (`sl_hp_sock`) and the switch that turns the
-//! programs' hostPort path on (`sl_hp_config`).
-use std::net::Ipv4Addr;
+//! hostPort: the mappings (`sl_ports`, `sl_ports6`) and their rules, the node
+//! addresses a wildcard mapping matches (`sl_node_addrs`, `sl_node_addrs6`),
+//! translated flows (`sl_hp_ct`, `sl_hp_ct6`), the socket hooks' state
+//! (`sl_hp_sock`, `sl_hp_sock6`) and the switch that turns the programs'
+//! hostPort path on (`sl_hp_config`). Each function works on one family's
+//! maps, [`V4`] or [`V6`].
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{Array, HashMap, MapData};
 use sluice_common::{
-    maps, port_flags, EndpointInfo, HostPortConfig, HpFlow, NatKey, PortKey, PortTarget, SockKey,
-    SockOrig,
+    maps, maps::MapSpec, port_flags, Addr6, EndpointInfo, HostPortConfig, HpAddr, HpFlowOf,
+    NatKeyOf, PortKeyOf, PortTargetOf, SockKey, SockKey6,
 };
 
 use crate::{endpoint::text, error::is_exists, Error, PinRoot, Result};
+
+/// An address family's hostPort maps.
+pub trait Family: 'static {
+    type Addr: HpAddr + aya::Pod + Ord + std::fmt::Debug;
+    type SockKey: aya::Pod;
+    const PORTS: MapSpec;
+    const HP_CT: MapSpec;
+    const HP_SOCK: MapSpec;
+    const NODE_ADDRS: MapSpec;
+    /// `192.0.2.1`, `[fd00::1]`.
+    fn show(a: &Self::Addr) -> String;
+    /// The pod address a socket entry points at.
+    fn sock_pod_ip(k: &Self::SockKey) -> Self::Addr;
+}
+
+/// IPv4: `sl_ports`, `sl_hp_ct`, `sl_hp_sock`, `sl_node_addrs`.
+pub struct V4;
+/// IPv6: `sl_ports6`, `sl_hp_ct6`, `sl_hp_sock6`, `sl_node_addrs6`.
+pub struct V6;
+
+impl Family for V4 {
+    type Addr = [u8; 4];
+    type SockKey = SockKey;
+    const PORTS: MapSpec = maps::PORTS;
+    const HP_CT: MapSpec = maps::HP_CT;
+    const HP_SOCK: MapSpec = maps::HP_SOCK;
+    const NODE_ADDRS: MapSpec = maps::NODE_ADDRS;
+    fn show(a: &[u8; 4]) -> String {
+        Ipv4Addr::from(*a).to_string()
+    }
+    fn sock_pod_ip(k: &SockKey) -> [u8; 4] {
+        k.pod_ip
+    }
+}
+
+impl Family for V6 {
+    type Addr = Addr6;
+    type SockKey = SockKey6;
+    const PORTS: MapSpec = maps::PORTS6;
+    const HP_CT: MapSpec = maps::HP_CT6;
+    const HP_SOCK: MapSpec = maps::HP_SOCK6;
+    const NODE_ADDRS: MapSpec = maps::NODE_ADDRS6;
+    fn show(a: &Addr6) -> String {
+        format!("[{}]", Ipv6Addr::from(a.0))
+    }
+    fn sock_pod_ip(k: &SockKey6) -> Addr6 {
+        k.pod_ip
+    }
+}
+
+/// A mapping of family `F`: its key and where it goes.
+pub type Mapping<F> = (
+    PortKeyOf<<F as Family>::Addr>,
+    PortTargetOf<<F as Family>::Addr>,
+);
 
 /// `BPF_NOEXIST`: insert only where the key is free.
 const BPF_NOEXIST: u64 = 1;
@@ -25,28 +82,37 @@ pub fn proto_name(n: u8) -> &'static str {
     }
 }
 
-/// `*:8080/tcp` or `192.168.1.5:8080/tcp`.
-pub fn describe(k: &PortKey) -> String {
-    let host = if k.host_ip == [0; 4] {
+/// `*:8080/tcp`, `192.168.1.5:8080/tcp`, `[::]:8080/tcp` (every node IPv6
+/// address), `[fd00::5]:8080/tcp`.
+pub fn describe<F: Family>(k: &PortKeyOf<F::Addr>) -> String {
+    let host = if k.host_ip != F::Addr::default() {
+        F::show(&k.host_ip)
+    } else if F::PORTS.name == maps::PORTS.name {
         "*".to_string()
     } else {
-        Ipv4Addr::from(k.host_ip).to_string()
+        "[::]".to_string()
     };
     format!("{host}:{}/{}", k.port(), proto_name(k.proto))
 }
 
-/// `10.22.0.5:80`.
-pub fn describe_target(t: &PortTarget) -> String {
-    format!("{}:{}", Ipv4Addr::from(t.pod_ip), u16::from_be(t.pod_port))
+/// `10.22.0.5:80`, `[fd00::5]:80`.
+pub fn describe_target<F: Family>(t: &PortTargetOf<F::Addr>) -> String {
+    format!("{}:{}", F::show(&t.pod_ip), u16::from_be(t.pod_port))
 }
 
-fn ports(root: &PinRoot) -> Result<HashMap<MapData, PortKey, PortTarget>> {
-    root.typed(&maps::PORTS)
+type Ports<F> = HashMap<MapData, PortKeyOf<<F as Family>::Addr>, PortTargetOf<<F as Family>::Addr>>;
+
+fn ports<F: Family>(root: &PinRoot) -> Result<Ports<F>> {
+    root.typed(&F::PORTS)
 }
 
 /// Every mapping, sorted by port, protocol, address.
-pub fn list(root: &PinRoot) -> Result<Vec<(PortKey, PortTarget)>> {
-    let mut v: Vec<(PortKey, PortTarget)> = ports(root)?
+pub fn list<F: Family>(root: &PinRoot) -> Result<Vec<Mapping<F>>> {
+    if !root.has(&F::PORTS) {
+        // A datapath from before IPv6 hostPorts.
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<_> = ports::<F>(root)?
         .iter()
         .filter_map(std::result::Result::ok)
         .collect();
@@ -56,7 +122,7 @@ pub fn list(root: &PinRoot) -> Result<Vec<(PortKey, PortTarget)>> {
 
 /// Who owns a mapping: the container id (and interface) of its pod, from
 /// `sl_ep_info`, or "an operator".
-pub fn owner(root: &PinRoot, t: &PortTarget) -> String {
+pub fn owner<A>(root: &PinRoot, t: &PortTargetOf<A>) -> String {
     let who = root
         .typed::<HashMap<MapData, u32, EndpointInfo>>(&maps::ENDPOINT_INFO)
         .ok()
@@ -70,21 +136,21 @@ pub fn owner(root: &PinRoot, t: &PortTarget) -> String {
     }
 }
 
-fn conflict(root: &PinRoot, k: PortKey, t: PortTarget) -> Error {
+fn conflict<F: Family>(root: &PinRoot, k: PortKeyOf<F::Addr>, t: PortTargetOf<F::Addr>) -> Error {
     Error::PortConflict {
-        port: describe(&k),
-        target: describe_target(&t),
+        port: describe::<F>(&k),
+        target: describe_target::<F>(&t),
         owner: owner(root, &t),
     }
 }
 
 /// Keys that would overlap `k`: a wildcard mapping overlaps the same port on
 /// each node address, and the other way round.
-pub fn overlapping(k: &PortKey, node_addrs: &[[u8; 4]]) -> Vec<PortKey> {
-    if k.host_ip == [0; 4] {
+pub fn overlapping<A: HpAddr>(k: &PortKeyOf<A>, node_addrs: &[A]) -> Vec<PortKeyOf<A>> {
+    if k.host_ip == A::default() {
         node_addrs
             .iter()
-            .map(|a| PortKey { host_ip: *a, ..*k })
+            .map(|a| PortKeyOf { host_ip: *a, ..*k })
             .collect()
     } else {
         vec![k.any_address()]
@@ -97,19 +163,19 @@ pub fn overlapping(k: &PortKey, node_addrs: &[[u8; 4]]) -> Vec<PortKey> {
 /// another pod's mapping (wildcard vs. a node address) is a conflict naming
 /// the port and its owner. Turns the programs' hostPort path on for the node
 /// namespace whose cookie is `netns_cookie` (see [`node_netns_cookie`]).
-pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64) -> Result<()> {
+pub fn add<F: Family>(root: &PinRoot, entries: &[Mapping<F>], netns_cookie: u64) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
-    let mut map = ports(root)?;
-    let node_addrs = node_addrs(root)?;
-    let mut taken: Vec<PortKey> = Vec::new();
+    let mut map = ports::<F>(root)?;
+    let node_addrs = node_addrs::<F>(root)?;
+    let mut taken: Vec<PortKeyOf<F::Addr>> = Vec::new();
     let mut result = Ok(());
     'entries: for (k, t) in entries {
         for o in overlapping(k, &node_addrs) {
             if let Ok(other) = map.get(&o, 0) {
                 if other.pod_ifindex != t.pod_ifindex {
-                    result = Err(conflict(root, o, other));
+                    result = Err(conflict::<F>(root, o, other));
                     break 'entries;
                 }
             }
@@ -119,13 +185,13 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64)
             Err(e) if is_exists(&e) => match map.get(k, 0) {
                 Ok(other) if other == *t => {}
                 Ok(other) => {
-                    result = Err(conflict(root, *k, other));
+                    result = Err(conflict::<F>(root, *k, other));
                     break;
                 }
                 Err(e) => {
                     result = Err(Error::map(
-                        format!("read {}", describe(k)),
-                        maps::PORTS.name,
+                        format!("read {}", describe::<F>(k)),
+                        F::PORTS.name,
                         e,
                     ));
                     break;
@@ -133,8 +199,8 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64)
             },
             Err(e) => {
                 result = Err(Error::map(
-                    format!("add {}", describe(k)),
-                    maps::PORTS.name,
+                    format!("add {}", describe::<F>(k)),
+                    F::PORTS.name,
                     e,
                 ));
                 break;
@@ -151,18 +217,18 @@ pub fn add(root: &PinRoot, entries: &[(PortKey, PortTarget)], netns_cookie: u64)
 }
 
 /// Removes the mapping at `k` whatever its owner; `false` when there was none.
-pub fn remove_key(root: &PinRoot, k: &PortKey) -> Result<bool> {
-    Ok(ports(root)?.remove(k).is_ok())
+pub fn remove_key<F: Family>(root: &PinRoot, k: &PortKeyOf<F::Addr>) -> Result<bool> {
+    Ok(ports::<F>(root)?.remove(k).is_ok())
 }
 
 /// Removes every mapping whose pod is on one of `ifindexes` (operator mappings
 /// included). Walks the whole map. Returns how many went.
-pub fn remove_of_pods(root: &PinRoot, ifindexes: &[u32]) -> Result<usize> {
-    if ifindexes.is_empty() || !root.has(&maps::PORTS) {
+pub fn remove_of_pods<F: Family>(root: &PinRoot, ifindexes: &[u32]) -> Result<usize> {
+    if ifindexes.is_empty() || !root.has(&F::PORTS) {
         return Ok(0);
     }
-    let mut map = ports(root)?;
-    let doomed: Vec<PortKey> = map
+    let mut map = ports::<F>(root)?;
+    let doomed: Vec<PortKeyOf<F::Addr>> = map
         .iter()
         .filter_map(std::result::Result::ok)
         .filter(|(_, t)| ifindexes.contains(&t.pod_ifindex))
@@ -175,11 +241,11 @@ pub fn remove_of_pods(root: &PinRoot, ifindexes: &[u32]) -> Result<usize> {
 }
 
 /// Removes every mapping whose pod is not one of `live` (host veth ifindexes).
-pub fn remove_orphans(root: &PinRoot, live: &[u32]) -> Result<usize> {
-    if !root.has(&maps::PORTS) {
+pub fn remove_orphans<F: Family>(root: &PinRoot, live: &[u32]) -> Result<usize> {
+    if !root.has(&F::PORTS) {
         return Ok(0);
     }
-    let mut orphans: Vec<u32> = ports(root)?
+    let mut orphans: Vec<u32> = ports::<F>(root)?
         .iter()
         .filter_map(std::result::Result::ok)
         .map(|(_, t)| t.pod_ifindex)
@@ -187,17 +253,17 @@ pub fn remove_orphans(root: &PinRoot, live: &[u32]) -> Result<usize> {
         .collect();
     orphans.sort_unstable();
     orphans.dedup();
-    remove_of_pods(root, &orphans)
+    remove_of_pods::<F>(root, &orphans)
 }
 
 /// Forgets the translated flows and socket rewrites of pod addresses `ips`, so
 /// a later pod with a reused address inherits none.
-pub fn forget_pods(root: &PinRoot, ips: &[[u8; 4]]) -> Result<()> {
-    if ips.is_empty() || !root.has(&maps::HP_CT) {
+pub fn forget_pods<F: Family>(root: &PinRoot, ips: &[F::Addr]) -> Result<()> {
+    if ips.is_empty() || !root.has(&F::HP_CT) {
         return Ok(());
     }
-    let mut ct: HashMap<MapData, NatKey, HpFlow> = root.typed(&maps::HP_CT)?;
-    let doomed: Vec<NatKey> = ct
+    let mut ct: HashMap<MapData, NatKeyOf<F::Addr>, HpFlowOf<F::Addr>> = root.typed(&F::HP_CT)?;
+    let doomed: Vec<NatKeyOf<F::Addr>> = ct
         .iter()
         .filter_map(std::result::Result::ok)
         .filter(|(k, f)| ips.contains(&k.src_ip) || ips.contains(&f.dst_ip))
@@ -206,11 +272,12 @@ pub fn forget_pods(root: &PinRoot, ips: &[[u8; 4]]) -> Result<()> {
     for k in &doomed {
         let _ = ct.remove(k);
     }
-    let mut socks: HashMap<MapData, SockKey, SockOrig> = root.typed(&maps::HP_SOCK)?;
-    let doomed: Vec<SockKey> = socks
+    let mut socks: HashMap<MapData, F::SockKey, sluice_common::SockOrigOf<F::Addr>> =
+        root.typed(&F::HP_SOCK)?;
+    let doomed: Vec<F::SockKey> = socks
         .keys()
         .filter_map(std::result::Result::ok)
-        .filter(|k| ips.contains(&k.pod_ip))
+        .filter(|k| ips.contains(&F::sock_pod_ip(k)))
         .collect();
     for k in &doomed {
         let _ = socks.remove(k);
@@ -219,30 +286,30 @@ pub fn forget_pods(root: &PinRoot, ips: &[[u8; 4]]) -> Result<()> {
 }
 
 /// CHECK: each entry is in place, for this pod.
-pub fn check(root: &PinRoot, entries: &[(PortKey, PortTarget)]) -> Result<()> {
+pub fn check<F: Family>(root: &PinRoot, entries: &[Mapping<F>]) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
     let map =
-        ports(root).map_err(|e| Error::Check(format!("hostPort mappings unreadable: {e}")))?;
+        ports::<F>(root).map_err(|e| Error::Check(format!("hostPort mappings unreadable: {e}")))?;
     for (k, t) in entries {
         match map.get(k, 0) {
             Ok(found) if found == *t => {}
             Ok(found) => {
                 return Err(Error::Check(format!(
                     "hostPort {} goes to {} (ifindex {}), not {} (ifindex {})",
-                    describe(k),
-                    describe_target(&found),
+                    describe::<F>(k),
+                    describe_target::<F>(&found),
                     found.pod_ifindex,
-                    describe_target(t),
+                    describe_target::<F>(t),
                     t.pod_ifindex
                 )))
             }
             Err(_) => {
                 return Err(Error::Check(format!(
                     "hostPort mapping {} -> {} is missing",
-                    describe(k),
-                    describe_target(t)
+                    describe::<F>(k),
+                    describe_target::<F>(t)
                 )))
             }
         }
@@ -250,31 +317,30 @@ pub fn check(root: &PinRoot, entries: &[(PortKey, PortTarget)]) -> Result<()> {
     Ok(())
 }
 
-fn node_addrs_map(root: &PinRoot) -> Result<HashMap<MapData, [u8; 4], u8>> {
-    root.typed(&maps::NODE_ADDRS)
+fn node_addrs_map<F: Family>(root: &PinRoot) -> Result<HashMap<MapData, F::Addr, u8>> {
+    root.typed(&F::NODE_ADDRS)
 }
 
-/// The node addresses in `sl_node_addrs`.
-pub fn node_addrs(root: &PinRoot) -> Result<Vec<[u8; 4]>> {
-    Ok(node_addrs_map(root)?
+/// The node addresses in `sl_node_addrs` (`sl_node_addrs6`).
+pub fn node_addrs<F: Family>(root: &PinRoot) -> Result<Vec<F::Addr>> {
+    if !root.has(&F::NODE_ADDRS) {
+        return Ok(Vec::new());
+    }
+    Ok(node_addrs_map::<F>(root)?
         .keys()
         .filter_map(std::result::Result::ok)
         .collect())
 }
 
-/// Makes `sl_node_addrs` hold exactly `addrs` (the node's IPv4 addresses now).
-pub fn set_node_addrs(root: &PinRoot, addrs: &[[u8; 4]]) -> Result<()> {
-    let mut map = node_addrs_map(root)?;
-    let old: Vec<[u8; 4]> = map.keys().filter_map(std::result::Result::ok).collect();
+/// Makes `sl_node_addrs` (`sl_node_addrs6`) hold exactly `addrs` (the node's
+/// addresses of the family now).
+pub fn set_node_addrs<F: Family>(root: &PinRoot, addrs: &[F::Addr]) -> Result<()> {
+    let mut map = node_addrs_map::<F>(root)?;
+    let old: Vec<F::Addr> = map.keys().filter_map(std::result::Result::ok).collect();
     for a in addrs {
         if !old.contains(a) {
-            map.insert(a, 1, 0).map_err(|e| {
-                Error::map(
-                    format!("add {}", Ipv4Addr::from(*a)),
-                    maps::NODE_ADDRS.name,
-                    e,
-                )
-            })?;
+            map.insert(a, 1, 0)
+                .map_err(|e| Error::map(format!("add {}", F::show(a)), F::NODE_ADDRS.name, e))?;
         }
     }
     for a in old.iter().filter(|a| !addrs.contains(a)) {
@@ -332,7 +398,7 @@ mod tests {
 
     #[test]
     fn wildcard_and_specific_mappings_overlap() {
-        let any = PortKey::new([0; 4], 80, 6);
+        let any = sluice_common::PortKey::new([0; 4], 80, 6);
         let addrs = [[192, 0, 2, 1], [10, 0, 0, 1]];
         let o = overlapping(&any, &addrs);
         assert_eq!(o.len(), 2);
@@ -340,16 +406,28 @@ mod tests {
             .iter()
             .all(|k| k.host_port == any.host_port && k.proto == 6));
         assert_eq!(o[0].host_ip, [192, 0, 2, 1]);
-        let one = PortKey::new([192, 0, 2, 1], 80, 6);
+        let one = sluice_common::PortKey::new([192, 0, 2, 1], 80, 6);
         assert_eq!(overlapping(&one, &addrs), vec![any]);
     }
 
     #[test]
     fn descriptions() {
-        assert_eq!(describe(&PortKey::new([0; 4], 8080, 6)), "*:8080/tcp");
+        use sluice_common::{PortKey, PortKey6, PortTarget};
+        assert_eq!(describe::<V4>(&PortKey::new([0; 4], 8080, 6)), "*:8080/tcp");
         assert_eq!(
-            describe(&PortKey::new([192, 0, 2, 7], 5353, 17)),
+            describe::<V4>(&PortKey::new([192, 0, 2, 7], 5353, 17)),
             "192.0.2.7:5353/udp"
+        );
+        assert_eq!(
+            describe::<V6>(&PortKey6::new(Addr6::default(), 8080, 6)),
+            "[::]:8080/tcp"
+        );
+        let mut a = [0u8; 16];
+        a[0] = 0xfd;
+        a[15] = 5;
+        assert_eq!(
+            describe::<V6>(&PortKey6::new(Addr6(a), 53, 17)),
+            "[fd00::5]:53/udp"
         );
         let t = PortTarget {
             pod_ip: [10, 1, 2, 3],
@@ -357,6 +435,6 @@ mod tests {
             flags: 0,
             pod_ifindex: 4,
         };
-        assert_eq!(describe_target(&t), "10.1.2.3:80");
+        assert_eq!(describe_target::<V4>(&t), "10.1.2.3:80");
     }
 }

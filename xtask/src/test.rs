@@ -150,7 +150,7 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// Under emulation, what each kernel runs: every feature's main traffic
 /// tests (`binary:filter|filter`, libtest's substring filters). The host runs
 /// everything, churn, crash and fuzz included.
-const TCG_MAIN_TESTS: [&str; 11] = [
+const TCG_MAIN_TESTS: [&str; 12] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack",
@@ -158,6 +158,7 @@ const TCG_MAIN_TESTS: [&str; 11] = [
     "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire",
     "masquerade6",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports",
+    "hostport6",
     "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt",
     "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp",
     "two_nodes:xdp_auto",

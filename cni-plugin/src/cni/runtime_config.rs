@@ -313,8 +313,8 @@ impl RuntimeConfig {
 }
 
 /// Parses a `portMappings` list found at `key`: ports 1..=65535, protocol tcp/udp/sctp
-/// (default tcp; SCTP keeps its port), `hostIP` an IPv4 address or empty (IPv6:
-/// code 2). Duplicates are refused.
+/// (default tcp; SCTP keeps its port), `hostIP` an IP address or empty.
+/// Duplicates are refused.
 pub fn parse_port_mappings(
     v: &Value,
     key: &str,
@@ -365,14 +365,7 @@ pub fn parse_port_mappings(
                 path,
                 value: Value::String(s),
             }) => match s.parse::<IpAddr>() {
-                Ok(IpAddr::V4(a)) => Some(IpAddr::V4(a)),
-                Ok(IpAddr::V6(_)) => {
-                    return Err(Error::UnsupportedField {
-                        key: path,
-                        value: s.clone(),
-                        reason: "hostPort mappings are IPv4 only".into(),
-                    })
-                }
+                Ok(a) => Some(a),
                 Err(_) => return Err(Error::config(path, s, "not an IP address")),
             },
             Some(x) => return Err(Error::config(x.path, x.value, "must be a string")),
@@ -764,16 +757,24 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_host_addresses_are_unsupported_naming_the_key() {
-        let e = RuntimeConfig::parse(&json!({"portMappings": [
+    fn ipv6_host_addresses_are_accepted_and_bad_ones_name_the_key() {
+        let rc = RuntimeConfig::parse(&json!({"portMappings": [
             {"hostPort": 80, "containerPort": 80},
             {"hostPort": 81, "containerPort": 81, "HostIP": "fd00::1"}
         ]}))
+        .unwrap();
+        assert_eq!(
+            rc.port_mappings[1].host_ip,
+            Some("fd00::1".parse().unwrap())
+        );
+        let e = RuntimeConfig::parse(&json!({"portMappings": [
+            {"hostPort": 81, "containerPort": 81, "HostIP": "fd00::1::2"}
+        ]}))
         .unwrap_err();
-        assert_eq!(e.code(), 2);
+        assert_eq!(e.code(), 7);
         assert!(
             e.to_string()
-                .contains("runtimeConfig.portMappings[1].HostIP=fd00::1"),
+                .contains("runtimeConfig.portMappings[0].HostIP=fd00::1::2"),
             "{e}"
         );
     }

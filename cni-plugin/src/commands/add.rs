@@ -344,7 +344,7 @@ async fn node_settings(
             None
         },
         node_addrs: if maps_ports {
-            Some(host_nl.local_ipv4().await?)
+            Some(host_nl.local_addrs().await?)
         } else {
             None
         },

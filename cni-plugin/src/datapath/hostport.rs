@@ -2,60 +2,101 @@
 //! entries, and the cgroup the node-local socket hooks attach to. The map
 //! rules (overlaps, conflicts, what goes with a pod) are in
 //! `sluice_maps::hostport`; the attachment in [`super::links`].
-use std::{
-    fs,
-    net::{IpAddr, Ipv4Addr},
-    path::Path,
-};
+use std::{fs, net::IpAddr, path::Path};
 
-use sluice_common::{PortKey, PortTarget};
+use sluice_common::{Addr6, PortKey, PortKey6, PortTarget, PortTargetOf};
 
 use crate::{cni::runtime_config::PortMapping, error::Error};
 
-/// A pod's first IPv4 address: where its hostPorts lead.
-pub fn first_v4(ips: &[IpAddr]) -> Option<Ipv4Addr> {
-    ips.iter().find_map(|ip| match ip {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    })
+/// A pod's `sl_ports` and `sl_ports6` entries.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PodPorts {
+    pub v4: Vec<(PortKey, PortTarget)>,
+    pub v6: Vec<(PortKey6, sluice_common::PortTarget6)>,
+}
+
+impl PodPorts {
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+}
+
+/// Where a mapping of a pod (host veth `pod_ifindex`) at `pod_ip` goes.
+fn target<A>(pod_ip: A, m: &PortMapping, pod_ifindex: u32) -> PortTargetOf<A> {
+    PortTargetOf {
+        pod_ip,
+        pod_port: m.container_port.to_be(),
+        flags: 0,
+        pod_ifindex,
+    }
 }
 
 /// The map entries for a pod's `mappings` (validated when the config was
-/// parsed: IPv4 host addresses, SCTP keeping its port). `key` names the list in
-/// the error a pod without an IPv4 address gets.
+/// parsed: SCTP keeping its port). As the reference portmap does, a mapping
+/// without `hostIP` publishes the port on both families the pod has (each to
+/// the pod's first address of the family), one with a `hostIP` on that
+/// address's family only. `key` names the list in the error a pod without an
+/// address of the needed family gets.
 pub fn entries(
     mappings: &[PortMapping],
     key: &str,
-    pod_ip: Option<Ipv4Addr>,
+    pod_ips: &[IpAddr],
     pod_ifindex: u32,
-) -> Result<Vec<(PortKey, PortTarget)>, Error> {
+) -> Result<PodPorts, Error> {
+    let mut out = PodPorts::default();
     if mappings.is_empty() {
-        return Ok(Vec::new());
+        return Ok(out);
     }
-    let pod_ip = pod_ip.ok_or_else(|| Error::UnsupportedField {
+    let v4 = pod_ips.iter().find_map(|ip| match ip {
+        IpAddr::V4(a) => Some(a.octets()),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = pod_ips.iter().find_map(|ip| match ip {
+        IpAddr::V6(a) => Some(Addr6(a.octets())),
+        IpAddr::V4(_) => None,
+    });
+    let missing = |m: &PortMapping, family: &str| Error::UnsupportedField {
         key: key.into(),
-        value: format!("{} mappings", mappings.len()),
-        reason: "hostPort mappings need an IPv4 pod address".into(),
-    })?;
-    Ok(mappings
-        .iter()
-        .map(|m| {
-            let host_ip = match m.host_ip {
-                Some(IpAddr::V4(a)) => a.octets(),
-                // Refused by the config parser; never reached.
-                Some(IpAddr::V6(_)) | None => [0; 4],
-            };
-            (
-                PortKey::new(host_ip, m.host_port, m.protocol.number()),
-                PortTarget {
-                    pod_ip: pod_ip.octets(),
-                    pod_port: m.container_port.to_be(),
-                    flags: 0,
-                    pod_ifindex,
-                },
-            )
-        })
-        .collect())
+        value: format!("hostIP {}", m.host_ip.map_or("*".into(), |a| a.to_string())),
+        reason: format!("the pod has no {family} address for this mapping"),
+    };
+    for m in mappings {
+        let proto = m.protocol.number();
+        match m.host_ip {
+            Some(IpAddr::V4(a)) => {
+                let pod = v4.ok_or_else(|| missing(m, "IPv4"))?;
+                out.v4.push((
+                    PortKey::new(a.octets(), m.host_port, proto),
+                    target(pod, m, pod_ifindex),
+                ));
+            }
+            Some(IpAddr::V6(a)) => {
+                let pod = v6.ok_or_else(|| missing(m, "IPv6"))?;
+                out.v6.push((
+                    PortKey6::new(Addr6(a.octets()), m.host_port, proto),
+                    target(pod, m, pod_ifindex),
+                ));
+            }
+            None => {
+                if v4.is_none() && v6.is_none() {
+                    return Err(missing(m, "IP"));
+                }
+                if let Some(pod) = v4 {
+                    out.v4.push((
+                        PortKey::new([0; 4], m.host_port, proto),
+                        target(pod, m, pod_ifindex),
+                    ));
+                }
+                if let Some(pod) = v6 {
+                    out.v6.push((
+                        PortKey6::new(Addr6::default(), m.host_port, proto),
+                        target(pod, m, pod_ifindex),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `dir` is on a cgroup2 file system (statfs magic `CGROUP2_SUPER_MAGIC`).
@@ -111,7 +152,7 @@ mod tests {
 
     #[test]
     fn entries_pack_ports_in_network_order() {
-        let pod: Ipv4Addr = "10.1.2.3".parse().unwrap();
+        let pod: IpAddr = "10.1.2.3".parse().unwrap();
         let e = entries(
             &[
                 pm(8080, 80, Protocol::Tcp, None),
@@ -119,10 +160,12 @@ mod tests {
                 pm(9999, 9999, Protocol::Sctp, None),
             ],
             "pm",
-            Some(pod),
+            &[pod],
             42,
         )
         .unwrap();
+        assert!(e.v6.is_empty());
+        let e = e.v4;
         assert_eq!(e.len(), 3);
         let (k, t) = e[0];
         assert_eq!(k.host_ip, [0; 4]);
@@ -138,9 +181,49 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_without_ipv4_cannot_have_mappings() {
-        let e = entries(&[pm(80, 80, Protocol::Tcp, None)], "pm", None, 1).unwrap_err();
+    fn a_mapping_needs_an_address_of_its_family() {
+        let e = entries(&[pm(80, 80, Protocol::Tcp, None)], "pm", &[], 1).unwrap_err();
         assert_eq!(e.code(), 2);
-        assert!(entries(&[], "pm", None, 1).unwrap().is_empty());
+        assert!(entries(&[], "pm", &[], 1).unwrap().is_empty());
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        let e = entries(
+            &[pm(80, 80, Protocol::Tcp, Some("fd00::1"))],
+            "pm",
+            &[v4],
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(e.to_string().contains("IPv6"), "{e}");
+    }
+
+    #[test]
+    fn dual_stack_pods_publish_wildcard_mappings_on_both_families() {
+        let ips: Vec<IpAddr> = vec!["10.1.2.3".parse().unwrap(), "fd00:7a::3".parse().unwrap()];
+        let e = entries(
+            &[
+                pm(8080, 80, Protocol::Tcp, None),
+                pm(5353, 53, Protocol::Udp, Some("fd00:5a::1")),
+                pm(9090, 90, Protocol::Tcp, Some("192.0.2.7")),
+            ],
+            "pm",
+            &ips,
+            7,
+        )
+        .unwrap();
+        assert_eq!(e.v4.len(), 2);
+        assert_eq!(e.v6.len(), 2);
+        let (k, t) = e.v6[0];
+        assert_eq!(k.host_ip, Addr6::default());
+        assert_eq!(k.port(), 8080);
+        assert_eq!(
+            t.pod_ip.0,
+            "fd00:7a::3".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(
+            e.v6[1].0.host_ip.0,
+            "fd00:5a::1".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(e.v4[1].0.host_ip, [192, 0, 2, 7]);
     }
 }

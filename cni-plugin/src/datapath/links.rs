@@ -66,6 +66,10 @@ fn sock_attach_type(h: SockHook) -> CgroupSockAddrAttachType {
         SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
         SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
         SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
+        SockHook::Connect6 => CgroupSockAddrAttachType::Connect6,
+        SockHook::SendMsg6 => CgroupSockAddrAttachType::UDPSendMsg6,
+        SockHook::RecvMsg6 => CgroupSockAddrAttachType::UDPRecvMsg6,
+        SockHook::GetPeerName6 => CgroupSockAddrAttachType::GetPeerName6,
     }
 }
 

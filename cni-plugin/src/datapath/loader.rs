@@ -252,6 +252,7 @@ mod tests {
         for (name, map) in &obj.maps {
             if name == map_names::SCRATCH
                 || name == map_names::SCRATCH6
+                || name == map_names::HP_SCRATCH6
                 || name.starts_with('.')
                 || name == "AYA_LOGS"
             {

@@ -33,7 +33,11 @@ use sluice_common::{
     EndpointInfo, Masq6Config, MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN,
     LAYOUT_VERSION,
 };
-use sluice_maps::{endpoint::Endpoints, PinRoot};
+use sluice_maps::{
+    endpoint::Endpoints,
+    hostport::{V4, V6},
+    PinRoot,
+};
 
 pub use links::XdpAttached;
 pub use loader::object_hash;
@@ -95,9 +99,9 @@ pub struct NodeSettings {
     /// The cgroup to attach the hostPort socket hooks to, when this ADD maps
     /// ports (attached once, by the first ADD that needs them).
     pub host_port_cgroup: Option<PathBuf>,
-    /// The node's IPv4 addresses, when this ADD maps ports (what wildcard
-    /// mappings match; refreshed then).
-    pub node_addrs: Option<Vec<[u8; 4]>>,
+    /// The node's addresses, when this ADD maps ports (what wildcard mappings
+    /// match; refreshed then).
+    pub node_addrs: Option<crate::netlink::NodeAddrs>,
     /// `None`: masquerade off.
     pub masq: Option<MasqSpec>,
     /// Config `debug`.
@@ -143,11 +147,11 @@ impl PodSpec<'_> {
         self.device.as_ref().filter(|d| egress && d.fq)
     }
 
-    fn ports(&self) -> Result<Vec<(sluice_common::PortKey, sluice_common::PortTarget)>, Error> {
+    fn ports(&self) -> Result<hostport::PodPorts, Error> {
         hostport::entries(
             self.port_mappings,
             PORT_MAPPINGS,
-            hostport::first_v4(self.ips),
+            self.ips,
             self.host_ifindex,
         )
     }
@@ -300,7 +304,8 @@ impl Datapath {
             u64::from(settings.debug),
         )?;
         if let Some(addrs) = &settings.node_addrs {
-            sluice_maps::hostport::set_node_addrs(&self.root, addrs)?;
+            sluice_maps::hostport::set_node_addrs::<V4>(&self.root, &addrs.v4)?;
+            sluice_maps::hostport::set_node_addrs::<V6>(&self.root, &addrs.v6)?;
         }
         Ok(prepared)
     }
@@ -520,7 +525,14 @@ impl Datapath {
                 Some(c) => c,
                 None => links::learn_netns_cookie(&self.root)?,
             };
-            sluice_maps::hostport::add(&self.root, &ports, cookie)?;
+            sluice_maps::hostport::add::<V4>(&self.root, &ports.v4, cookie)?;
+            if let Err(e) = sluice_maps::hostport::add::<V6>(&self.root, &ports.v6, cookie) {
+                // All or none: the pod's IPv4 mappings go with the IPv6 ones.
+                for (k, _) in &ports.v4 {
+                    let _ = sluice_maps::hostport::remove_key::<V4>(&self.root, k);
+                }
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -560,9 +572,16 @@ impl Datapath {
         }
         errors.note(sluice_maps::nat::forget_pods(&self.root, &v4, &v6).map_err(Error::from));
         errors.note(
-            sluice_maps::hostport::remove_of_pods(&self.root, &ifindexes).map_err(Error::from),
+            sluice_maps::hostport::remove_of_pods::<V4>(&self.root, &ifindexes)
+                .map_err(Error::from),
         );
-        errors.note(sluice_maps::hostport::forget_pods(&self.root, &v4).map_err(Error::from));
+        errors.note(
+            sluice_maps::hostport::remove_of_pods::<V6>(&self.root, &ifindexes)
+                .map_err(Error::from),
+        );
+        errors.note(sluice_maps::hostport::forget_pods::<V4>(&self.root, &v4).map_err(Error::from));
+        let v6: Vec<sluice_common::Addr6> = v6.iter().map(|a| sluice_common::Addr6(*a)).collect();
+        errors.note(sluice_maps::hostport::forget_pods::<V6>(&self.root, &v6).map_err(Error::from));
         for idx in ifindexes {
             errors.note(sluice_maps::bandwidth::remove(&self.root, idx).map_err(Error::from));
             errors.note(sluice_maps::bandwidth::disable_edt(&self.root, idx).map_err(Error::from));
@@ -605,7 +624,9 @@ impl Datapath {
                 }
             }
         }
-        sluice_maps::hostport::check(&self.root, &pod.ports()?)?;
+        let ports = pod.ports()?;
+        sluice_maps::hostport::check::<V4>(&self.root, &ports.v4)?;
+        sluice_maps::hostport::check::<V6>(&self.root, &ports.v6)?;
         let want = pod.bandwidth.map(|b| bandwidth::state(b, 0));
         sluice_maps::bandwidth::check(&self.root, pod.host_ifindex, want.as_ref())?;
         self.check_edt(pod).await
@@ -681,7 +702,10 @@ impl Datapath {
         let live: Vec<u32> = self.endpoint_owners()?.iter().map(|(i, _, _)| *i).collect();
         if self.holds_endpoints()? {
             errors.note(
-                sluice_maps::hostport::remove_orphans(&self.root, &live).map_err(Error::from),
+                sluice_maps::hostport::remove_orphans::<V4>(&self.root, &live).map_err(Error::from),
+            );
+            errors.note(
+                sluice_maps::hostport::remove_orphans::<V6>(&self.root, &live).map_err(Error::from),
             );
         }
         errors.finish().map(|()| orphans)

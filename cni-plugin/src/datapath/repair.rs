@@ -8,6 +8,8 @@
 //! hostPort mappings; bandwidth limits).
 use std::net::IpAddr;
 
+use sluice_maps::hostport::{V4, V6};
+
 use super::{hostport, links, Datapath, PodSpec, Prepared};
 use crate::{
     cni::{config::NetConf, AttachmentId},
@@ -84,8 +86,9 @@ async fn reattach_one(
         .as_ref()
         .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
     if !rec.port_mappings.is_empty() {
-        let addrs = host_nl.local_ipv4().await?;
-        sluice_maps::hostport::set_node_addrs(&dp.root, &addrs)?;
+        let addrs = host_nl.local_addrs().await?;
+        sluice_maps::hostport::set_node_addrs::<V4>(&dp.root, &addrs.v4)?;
+        sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, &addrs.v6)?;
         if let Some(cg) = &conf.host_port_cgroup {
             if !links::hooks_attached(&dp.root) {
                 links::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;

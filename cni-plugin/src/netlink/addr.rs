@@ -3,10 +3,7 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
-use rtnetlink::packet_route::{
-    address::{AddressAttribute, AddressFlags},
-    AddressFamily,
-};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 
 use super::{errno, nl_err, Netlink};
 use crate::error::Error;
@@ -71,27 +68,43 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Every IPv4 address of this namespace except loopback ones (what iptables
-    /// calls `--dst-type LOCAL`, which the reference portmap matches), deduplicated.
-    pub async fn local_ipv4(&self) -> Result<Vec<[u8; 4]>, Error> {
-        let mut req = self.handle.address().get();
-        // IPv4 only: each pod veth's IPv6 link-local address stays out of it.
-        req.message_mut().header.family = AddressFamily::Inet;
-        let mut s = req.execute();
-        let mut out: Vec<[u8; 4]> = Vec::new();
+    /// The addresses of this namespace that hostPorts match (what iptables
+    /// calls `--dst-type LOCAL`, which the reference portmap matches),
+    /// deduplicated: every IPv4 address but loopback ones, every IPv6 address
+    /// but `::1` and link-local ones (each pod veth has one).
+    pub async fn local_addrs(&self) -> Result<NodeAddrs, Error> {
+        let mut s = self.handle.address().get().execute();
+        let mut out = NodeAddrs::default();
         while let Some(m) = s
             .try_next()
             .await
             .map_err(|e| nl_err("list the node's addresses", e))?
         {
             for a in &m.attributes {
-                if let AddressAttribute::Address(std::net::IpAddr::V4(v4)) = a {
-                    if !v4.is_loopback() && !out.contains(&v4.octets()) {
-                        out.push(v4.octets());
+                match a {
+                    AddressAttribute::Address(std::net::IpAddr::V4(v4))
+                        if !v4.is_loopback() && !out.v4.contains(&v4.octets()) =>
+                    {
+                        out.v4.push(v4.octets());
                     }
+                    AddressAttribute::Address(std::net::IpAddr::V6(v6)) => {
+                        let link_local = v6.segments()[0] & 0xffc0 == 0xfe80;
+                        let a = sluice_common::Addr6(v6.octets());
+                        if !v6.is_loopback() && !link_local && !out.v6.contains(&a) {
+                            out.v6.push(a);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
         Ok(out)
     }
+}
+
+/// The node's addresses per family (see [`Netlink::local_addrs`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeAddrs {
+    pub v4: Vec<[u8; 4]>,
+    pub v6: Vec<sluice_common::Addr6>,
 }

@@ -10,6 +10,7 @@ mod route;
 
 use rtnetlink::Handle;
 
+pub use addr::NodeAddrs;
 pub use filter::BpfFilter;
 pub use link::{LinkInfo, VethSpec};
 pub use qdisc::FQ;

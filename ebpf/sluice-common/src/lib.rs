@@ -59,22 +59,25 @@ mod pod {
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::DatapathMeta {}
     unsafe impl aya::Pod for super::NodeConfig {}
-    unsafe impl aya::Pod for super::NatKey {}
+    unsafe impl<A: super::HpAddr> aya::Pod for super::NatKeyOf<A> {}
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::NatRev {}
     unsafe impl aya::Pod for super::MasqConfig {}
-    unsafe impl aya::Pod for super::Nat6Key {}
     unsafe impl aya::Pod for super::Nat6Entry {}
     unsafe impl aya::Pod for super::Nat6Rev {}
     unsafe impl aya::Pod for super::Masq6Config {}
     unsafe impl aya::Pod for super::FragKey {}
     unsafe impl aya::Pod for super::FragEntry {}
-    unsafe impl aya::Pod for super::PortKey {}
-    unsafe impl aya::Pod for super::PortTarget {}
-    unsafe impl aya::Pod for super::HpFlow {}
     unsafe impl aya::Pod for super::SockKey {}
-    unsafe impl aya::Pod for super::SockOrig {}
     unsafe impl aya::Pod for super::HostPortConfig {}
+    unsafe impl aya::Pod for super::Addr6 {}
+    unsafe impl aya::Pod for super::SockKey6 {}
+    // The generic hostPort structs with an `HpAddr` (IPv4 or IPv6 address) have
+    // no implicit padding (`layouts_have_no_padding` checks both).
+    unsafe impl<A: super::HpAddr> aya::Pod for super::PortKeyOf<A> {}
+    unsafe impl<A: super::HpAddr> aya::Pod for super::PortTargetOf<A> {}
+    unsafe impl<A: super::HpAddr> aya::Pod for super::HpFlowOf<A> {}
+    unsafe impl<A: super::HpAddr> aya::Pod for super::SockOrigOf<A> {}
     unsafe impl aya::Pod for super::BwState {}
     unsafe impl aya::Pod for super::EdtSlot {}
     unsafe impl aya::Pod for super::Event {}
@@ -187,6 +190,12 @@ mod tests {
         assert_eq!(size_of::<HpFlow>(), 16);
         assert_eq!(size_of::<SockKey>(), 16);
         assert_eq!(size_of::<SockOrig>(), 8);
+        // hostport_layouts: the IPv6 forms, field by field.
+        assert_eq!(size_of::<PortKey6>(), 16 + 2 + 1 + 1);
+        assert_eq!(size_of::<PortTarget6>(), 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<HpFlow6>(), 16 + 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<SockKey6>(), 8 + 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<SockOrig6>(), 16 + 2 + 2);
         assert_eq!(size_of::<HostPortConfig>(), 16);
         assert_eq!(size_of::<FragKey>(), 12);
         assert_eq!(size_of::<FragEntry>(), 16);

@@ -7,9 +7,10 @@
 use core::mem::size_of;
 
 use crate::{
-    BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry,
-    FragKey, HostPortConfig, HpFlow, IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev,
-    NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortTarget, SockKey, SockOrig,
+    Addr6, BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey,
+    FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry,
+    Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortKey6, PortTarget,
+    PortTarget6, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -100,6 +101,14 @@ pub const HP_CT: MapSpec = spec::<NatKey, HpFlow>("sl_hp_ct", MapKind::LruHash);
 pub const NODE_ADDRS: MapSpec = spec::<[u8; 4], u8>("sl_node_addrs", MapKind::Hash);
 /// (LRU) [`SockKey`] -> [`SockOrig`]: what node sockets asked for.
 pub const HP_SOCK: MapSpec = spec::<SockKey, SockOrig>("sl_hp_sock", MapKind::LruHash);
+/// [`PortKey6`] -> [`PortTarget6`]: IPv6 hostPort mappings.
+pub const PORTS6: MapSpec = spec::<PortKey6, PortTarget6>("sl_ports6", MapKind::Hash);
+/// (LRU) [`Nat6Key`] as a packet from a pod carries it -> [`HpFlow6`].
+pub const HP_CT6: MapSpec = spec::<Nat6Key, HpFlow6>("sl_hp_ct6", MapKind::LruHash);
+/// IPv6 address -> 1: the node's IPv6 addresses.
+pub const NODE_ADDRS6: MapSpec = spec::<Addr6, u8>("sl_node_addrs6", MapKind::Hash);
+/// (LRU) [`SockKey6`] -> [`SockOrig6`]: what node IPv6 sockets asked for.
+pub const HP_SOCK6: MapSpec = spec::<SockKey6, SockOrig6>("sl_hp_sock6", MapKind::LruHash);
 /// Index 0 -> [`HostPortConfig`].
 pub const HP_CONFIG: MapSpec = spec::<u32, HostPortConfig>("sl_hp_config", MapKind::Array);
 /// Host veth ifindex -> [`BwState`]: a pod's bandwidth limits and their buckets.
@@ -123,7 +132,7 @@ pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 26] = [
+pub const ALL: [MapSpec; 30] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_INFO,
@@ -150,6 +159,10 @@ pub const ALL: [MapSpec; 26] = [
     NON_MASQ6,
     NAT6_FWD,
     NAT6_REV,
+    PORTS6,
+    HP_CT6,
+    NODE_ADDRS6,
+    HP_SOCK6,
 ];
 
 /// The map names, for code that wants a name only.
@@ -180,12 +193,19 @@ pub mod map_names {
     pub const NON_MASQ6: &str = super::NON_MASQ6.name;
     pub const NAT6_FWD: &str = super::NAT6_FWD.name;
     pub const NAT6_REV: &str = super::NAT6_REV.name;
+    pub const PORTS6: &str = super::PORTS6.name;
+    pub const HP_CT6: &str = super::HP_CT6.name;
+    pub const NODE_ADDRS6: &str = super::NODE_ADDRS6.name;
+    pub const HP_SOCK6: &str = super::HP_SOCK6.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
     /// Per-CPU scratch: a leaving IPv6 packet between the steps of its
     /// masquerade (not pinned).
     pub const SCRATCH6: &str = "sl_scratch6";
+    /// Per-CPU scratch: an IPv6 packet between the steps of its hostPort
+    /// translation (not pinned).
+    pub const HP_SCRATCH6: &str = "sl_hp_scratch6";
 }
 
 /// Default sizes of the maps (entries).
@@ -204,6 +224,11 @@ pub mod map_sizes {
     pub const HP_CT: u32 = 65_536;
     pub const NODE_ADDRS: u32 = 256;
     pub const HP_SOCK: u32 = 16_384;
+    /// IPv6 hostPort mappings, flows and sockets: fewer than IPv4's (each
+    /// entry is larger and preallocated).
+    pub const PORTS6: u32 = 16_384;
+    pub const HP_CT6: u32 = 32_768;
+    pub const HP_SOCK6: u32 = 8_192;
     /// Pods with bandwidth limits (and with EDT egress).
     pub const BANDWIDTH: u32 = 8_192;
     /// (endpoint, drop reason) pairs with a count.

@@ -29,6 +29,10 @@ pub enum SockHook {
     SendMsg4,
     RecvMsg4,
     GetPeerName4,
+    Connect6,
+    SendMsg6,
+    RecvMsg6,
+    GetPeerName6,
 }
 
 /// One program.
@@ -63,6 +67,12 @@ pub mod prog_names {
     pub const HP_RECVMSG4: &str = "hp_recvmsg4";
     /// cgroup/getpeername4: the peer is the address the socket connected to.
     pub const HP_GETPEERNAME4: &str = "hp_getpeername4";
+    /// The same four for IPv6 sockets (`[::1]:hostPort`, the node's IPv6
+    /// addresses).
+    pub const HP_CONNECT6: &str = "hp_connect6";
+    pub const HP_SENDMSG6: &str = "hp_sendmsg6";
+    pub const HP_RECVMSG6: &str = "hp_recvmsg6";
+    pub const HP_GETPEERNAME6: &str = "hp_getpeername6";
     /// cgroup/connect4, attached for a moment to the plugin's own cgroup on
     /// kernels without `SO_NETNS_COOKIE`: records the netns cookie of a socket
     /// connecting to [`super::LEARN_ADDR`].
@@ -93,7 +103,7 @@ pub const UPLINK_TC: [ProgSpec; 2] = [
 ];
 
 /// The hostPort socket hooks.
-pub const SOCK_HOOKS: [ProgSpec; 4] = [
+pub const SOCK_HOOKS: [ProgSpec; 8] = [
     prog(
         prog_names::HP_CONNECT4,
         ProgKind::SockAddr(SockHook::Connect4),
@@ -110,10 +120,26 @@ pub const SOCK_HOOKS: [ProgSpec; 4] = [
         prog_names::HP_GETPEERNAME4,
         ProgKind::SockAddr(SockHook::GetPeerName4),
     ),
+    prog(
+        prog_names::HP_CONNECT6,
+        ProgKind::SockAddr(SockHook::Connect6),
+    ),
+    prog(
+        prog_names::HP_SENDMSG6,
+        ProgKind::SockAddr(SockHook::SendMsg6),
+    ),
+    prog(
+        prog_names::HP_RECVMSG6,
+        ProgKind::SockAddr(SockHook::RecvMsg6),
+    ),
+    prog(
+        prog_names::HP_GETPEERNAME6,
+        ProgKind::SockAddr(SockHook::GetPeerName6),
+    ),
 ];
 
 /// Every program of the object, in load order.
-pub const ALL: [ProgSpec; 12] = [
+pub const ALL: [ProgSpec; 16] = [
     POD[0],
     POD[1],
     POD_DEVICE,
@@ -125,6 +151,10 @@ pub const ALL: [ProgSpec; 12] = [
     SOCK_HOOKS[1],
     SOCK_HOOKS[2],
     SOCK_HOOKS[3],
+    SOCK_HOOKS[4],
+    SOCK_HOOKS[5],
+    SOCK_HOOKS[6],
+    SOCK_HOOKS[7],
     prog(
         prog_names::HP_LEARN4,
         ProgKind::SockAddr(SockHook::Connect4),

@@ -307,6 +307,30 @@ pub fn hp_getpeername4(ctx: SockAddrContext) -> i32 {
     1
 }
 
+#[cgroup_sock_addr(connect6)]
+pub fn hp_connect6(ctx: SockAddrContext) -> i32 {
+    hostport::v6::sock_connect(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn hp_sendmsg6(ctx: SockAddrContext) -> i32 {
+    hostport::v6::sock_connect(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn hp_recvmsg6(ctx: SockAddrContext) -> i32 {
+    hostport::v6::sock_restore(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn hp_getpeername6(ctx: SockAddrContext) -> i32 {
+    hostport::v6::sock_restore(&ctx);
+    1
+}
+
 #[cgroup_sock_addr(connect4)]
 pub fn hp_learn4(ctx: SockAddrContext) -> i32 {
     hostport::sock_learn(&ctx);

@@ -6,10 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    map_sizes, monitor_slot, reason, BwState, DatapathMeta, DropNote, EdtSlot, Endpoint,
-    EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, IpKey,
-    Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig,
-    PortKey, PortTarget, SockKey, SockOrig,
+    map_sizes, monitor_slot, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot, Endpoint,
+    EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6,
+    IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev,
+    NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 #[map(name = "sl_endpoints")]
@@ -73,6 +73,18 @@ pub static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::pinned(map_sizes::NODE_AD
 #[map(name = "sl_hp_sock")]
 pub static HP_SOCK: LruHashMap<SockKey, SockOrig> = LruHashMap::pinned(map_sizes::HP_SOCK, 0);
 
+#[map(name = "sl_ports6")]
+pub static PORTS6: HashMap<PortKey6, PortTarget6> = HashMap::pinned(map_sizes::PORTS6, 0);
+
+#[map(name = "sl_hp_ct6")]
+pub static HP_CT6: LruHashMap<Nat6Key, HpFlow6> = LruHashMap::pinned(map_sizes::HP_CT6, 0);
+
+#[map(name = "sl_node_addrs6")]
+pub static NODE_ADDRS6: HashMap<Addr6, u8> = HashMap::pinned(map_sizes::NODE_ADDRS, 0);
+
+#[map(name = "sl_hp_sock6")]
+pub static HP_SOCK6: LruHashMap<SockKey6, SockOrig6> = LruHashMap::pinned(map_sizes::HP_SOCK6, 0);
+
 #[map(name = "sl_hp_config")]
 pub static HP_CONFIG: Array<HostPortConfig> = Array::pinned(1, 0);
 
@@ -101,6 +113,11 @@ pub static HP_LEARN: LruHashMap<u64, u64> = LruHashMap::pinned(map_sizes::HP_LEA
 /// Not pinned: a leaving IPv6 packet between the steps of its masquerade.
 #[map(name = "sl_scratch6")]
 pub static SCRATCH6: PerCpuArray<crate::nat::Leaving> = PerCpuArray::with_max_entries(1, 0);
+
+/// Not pinned: an IPv6 packet between the steps of its hostPort translation.
+#[map(name = "sl_hp_scratch6")]
+pub static HP_SCRATCH6: PerCpuArray<crate::hostport::v6::Scratch> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Not pinned: only lives from a drop site to its program's exit.
 #[map(name = "sl_scratch")]

@@ -93,7 +93,9 @@ fn tcp(to: SocketAddr, bytes: usize, out: &mut Map<String, Value>) {
 }
 
 fn udp(to: SocketAddr, tries: u32, wait: Duration, connected: bool, out: &mut Map<String, Value>) {
-    let s = match UdpSocket::bind("0.0.0.0:0") {
+    // Bound in the destination's family.
+    let any = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let s = match UdpSocket::bind(any) {
         Ok(s) => s,
         Err(e) => return io_err(out, "binding UDP", &e),
     };

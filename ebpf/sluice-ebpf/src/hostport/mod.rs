@@ -16,7 +16,9 @@
 //!   address the socket asked for. They act only in the node's network namespace
 //!   (netns cookie), whatever cgroup they are attached to.
 //!
-//! IPv4 only. Fragments are not translated (left to the kernel).
+//! IPv6 in `v6`, with maps of its own. Fragments are not translated (left to
+//! the kernel).
+use aya_ebpf::maps::LruHashMap;
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
@@ -24,8 +26,8 @@ use aya_ebpf::{
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{
-    event_kind, reason, HostPortConfig, HpFlow, IpKey, NatKey, PortKey, PortTarget, SockKey,
-    SockOrig,
+    event_kind, reason, HostPortConfig, HpFlow, HpFlowOf, IpKey, NatKey, NatKeyOf, PortKey,
+    PortTarget, PortTargetOf, SockKey, SockOrig,
 };
 
 use crate::{
@@ -42,11 +44,13 @@ use crate::{
 };
 
 const AF_INET: u32 = 2;
+
+pub mod v6;
 /// Source ports tried for a hairpin flow whose own port is taken.
 const PORT_TRIES: u32 = 16;
 
 #[inline(always)]
-fn config() -> Option<&'static HostPortConfig> {
+pub(super) fn config() -> Option<&'static HostPortConfig> {
     HP_CONFIG.get(0).filter(|c| c.active != 0)
 }
 
@@ -145,6 +149,10 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
 #[inline(always)]
 pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
     config()?;
+    if v6::is_ipv6(ctx) {
+        let v = v6::from_uplink(ctx);
+        return (v != v6::NOT_OURS).then_some(v);
+    }
     let (ip, l4) = parse(ctx)?;
     let t = lookup(ip.dst_addr, l4.dport, ip.proto)?;
     remember_reply(&t, ip.proto, ip.src_addr, ip.dst_addr, l4.sport, l4.dport);
@@ -215,6 +223,9 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     if config().is_none() {
         return Translated::No;
     }
+    if v6::is_ipv6(ctx) {
+        return v6::translated(v6::from_pod(ctx));
+    }
     let Some((ip, l4)) = parse(ctx) else {
         return Translated::No;
     };
@@ -231,30 +242,47 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     let Some(t) = lookup(ip.dst_addr, l4.dport, ip.proto) else {
         return Translated::No;
     };
-    match hairpin(&key, &t) {
-        Some(f) => {
-            if apply(ctx, &ip, &l4, &f).is_err() {
-                note_drop(reason::DROP_MALFORMED, 0);
-                return Translated::Drop(TC_ACT_SHOT);
-            }
-            count(reason::HOSTPORT_HAIRPIN);
-            Translated::Yes
-        }
-        None => {
-            note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
-            Translated::Drop(TC_ACT_SHOT)
-        }
+    let (mut rk, mut back, mut f) = Default::default();
+    if !hairpin(&HP_CT, &key, &t, (&mut rk, &mut back), &mut f) {
+        note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
+        return Translated::Drop(TC_ACT_SHOT);
     }
+    if apply(ctx, &ip, &l4, &f).is_err() {
+        note_drop(reason::DROP_MALFORMED, 0);
+        return Translated::Drop(TC_ACT_SHOT);
+    }
+    count(reason::HOSTPORT_HAIRPIN);
+    Translated::Yes
 }
 
 /// A new hairpin flow from `k` (pod -> node address:hostPort) to `t`: the source
 /// becomes the node address the pod used, with the pod's own port unless another
 /// hairpin flow to the same target holds it (then a hashed other one; SCTP keeps
 /// its port, its CRC covers it). The reverse entry is inserted first with
-/// BPF_NOEXIST, which makes the port this flow's.
+/// BPF_NOEXIST, which makes the port this flow's. Both families: `ct` is
+/// `sl_hp_ct` or `sl_hp_ct6`; the flow goes to `out`, the reverse entry is
+/// built in `back` (IPv6 passes a per-CPU scratch entry for both: the stack
+/// is short). `false`: no port free.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference, not copied (an IPv6 key is 40 bytes)"
+)]
 #[inline(always)]
-fn hairpin(k: &NatKey, t: &PortTarget) -> Option<HpFlow> {
+fn hairpin<A: Copy + 'static>(
+    ct: &LruHashMap<NatKeyOf<A>, HpFlowOf<A>>,
+    k: &NatKeyOf<A>,
+    t: &PortTargetOf<A>,
+    (rk, back): (&mut NatKeyOf<A>, &mut HpFlowOf<A>),
+    out: &mut HpFlowOf<A>,
+) -> bool {
     let tries = if k.proto == PROTO_SCTP { 1 } else { PORT_TRIES };
+    *back = HpFlowOf {
+        src_ip: k.dst_ip,
+        dst_ip: k.src_ip,
+        src_port: k.dst_port,
+        dst_port: k.src_port,
+        _pad: 0,
+    };
     let mut i = 0;
     while i < tries {
         let port = if i == 0 {
@@ -266,28 +294,21 @@ fn hairpin(k: &NatKey, t: &PortTarget) -> Option<HpFlow> {
                 .wrapping_add(i.wrapping_mul(0x85eb_ca6b));
             ((1024 + h % 64_512) as u16).to_be()
         };
-        let rk = NatKey::new(t.pod_ip, k.dst_ip, t.pod_port, port, k.proto);
-        let back = HpFlow {
-            src_ip: k.dst_ip,
-            dst_ip: k.src_ip,
-            src_port: k.dst_port,
-            dst_port: k.src_port,
-            _pad: 0,
-        };
-        if HP_CT.insert(rk, back, u64::from(BPF_NOEXIST)).is_ok() {
-            let fwd = HpFlow {
+        *rk = NatKeyOf::new(t.pod_ip, k.dst_ip, t.pod_port, port, k.proto);
+        if ct.insert(&*rk, &*back, u64::from(BPF_NOEXIST)).is_ok() {
+            *out = HpFlowOf {
                 src_ip: k.dst_ip,
                 dst_ip: t.pod_ip,
                 src_port: port,
                 dst_port: t.pod_port,
                 _pad: 0,
             };
-            let _ = HP_CT.insert(k, fwd, 0);
-            return Some(fwd);
+            let _ = ct.insert(k, &*out, 0);
+            return true;
         }
         i += 1;
     }
-    None
+    false
 }
 
 // --- The node's own sockets -------------------------------------------------------

@@ -1,0 +1,377 @@
+//! hostPort for IPv6: the same translations as IPv4 with maps of their own
+//! (`sl_ports6`, `sl_hp_ct6`, `sl_node_addrs6`, `sl_hp_sock6`). IPv6 has no
+//! header checksum: an address change goes into the L4 checksum through the
+//! pseudo header (`l4::rewrite6`). Only packets whose next header is TCP, UDP
+//! or SCTP are translated; extension headers leave the packet to the kernel.
+//!
+//! Each tc entry point is a call of its own, made only for IPv6 frames: its
+//! locals stay off the IPv4 path's stack frame (512 bytes for a chain of calls).
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference: IPv6 keys are 20 to 40 bytes of a 512-byte stack"
+)]
+use aya_ebpf::{
+    bindings::TC_ACT_SHOT,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    programs::{SockAddrContext, TcContext},
+};
+use sluice_common::{
+    reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6, SockKey6, SockOrig6,
+};
+
+use super::{config, hairpin, Translated};
+use crate::{
+    counters::count,
+    endpoint::deliver_translated,
+    events::note_drop,
+    l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
+    maps::{HP_CT6, HP_SCRATCH6, HP_SOCK6, NODE_ADDRS6, PORTS6},
+};
+
+const AF_INET6: u32 = 10;
+const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
+const SRC_OFF: usize = ETH_LEN + 8;
+const DST_OFF: usize = ETH_LEN + 24;
+const L4_OFF: usize = ETH_LEN + 40;
+/// `::1`.
+const LOOPBACK: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+
+/// What the tc entry points return for a packet that is not theirs.
+pub const NOT_OURS: i32 = i32::MIN;
+
+/// Whether the frame is IPv6.
+#[inline(always)]
+pub fn is_ipv6(ctx: &TcContext) -> bool {
+    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
+}
+
+/// The mapping for `dst`:`port`: one of that exact address, else a wildcard one
+/// when `dst` is one of the node's.
+#[inline(always)]
+fn lookup(dst: &Addr6, port: u16, proto: u8) -> Option<PortTarget6> {
+    let mut k = PortKey6 {
+        host_ip: *dst,
+        host_port: port,
+        proto,
+        _pad: 0,
+    };
+    // SAFETY: map values are only read.
+    if let Some(t) = unsafe { PORTS6.get(&k) } {
+        return Some(*t);
+    }
+    // SAFETY: as above.
+    unsafe { NODE_ADDRS6.get(dst) }?;
+    k.host_ip = Addr6::default();
+    // SAFETY: as above.
+    unsafe { PORTS6.get(&k) }.copied()
+}
+
+/// Whether two addresses are equal, compared as four words (a derived `==` on
+/// 16 bytes became an i128 comparison that crashed the BPF backend).
+#[inline(always)]
+fn same(a: &Addr6, b: &Addr6) -> bool {
+    let w = |x: &Addr6, i: usize| {
+        u32::from_ne_bytes([x.0[i * 4], x.0[i * 4 + 1], x.0[i * 4 + 2], x.0[i * 4 + 3]])
+    };
+    w(a, 0) == w(b, 0) && w(a, 1) == w(b, 1) && w(a, 2) == w(b, 2) && w(a, 3) == w(b, 3)
+}
+
+/// Rewrites the packet (flow `p.k`) to `p.f`: source and destination, address
+/// and port, each only where it changes. A call of its own: its two rewrites'
+/// buffers would otherwise sit in the callers' frames.
+#[inline(never)]
+fn apply(ctx: &TcContext, p: &Scratch) -> bool {
+    let (k, f, l4) = (&p.k, &p.f, &p.l4);
+    let Some(dport_off) = l4.dport_off else {
+        return false;
+    };
+    if !same(&k.src_ip, &f.src_ip) || k.src_port != f.src_port {
+        let r = Rewrite6 {
+            addr_off: SRC_OFF,
+            old_addr: k.src_ip,
+            new_addr: f.src_ip,
+            port_off: l4.sport_off,
+            old_port: k.src_port,
+            new_port: f.src_port,
+        };
+        if rewrite6(ctx, l4, &r).is_err() {
+            return false;
+        }
+    }
+    if !same(&k.dst_ip, &f.dst_ip) || k.dst_port != f.dst_port {
+        let r = Rewrite6 {
+            addr_off: DST_OFF,
+            old_addr: k.dst_ip,
+            new_addr: f.dst_ip,
+            port_off: dport_off,
+            old_port: k.dst_port,
+            new_port: f.dst_port,
+        };
+        if rewrite6(ctx, l4, &r).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// An IPv6 packet between the steps of its translation (value of
+/// `sl_hp_scratch6`): on the stack, these 200 bytes and the pod program's own
+/// frame exceeded the 512 bytes a chain of calls may use.
+#[derive(Default)]
+pub struct Scratch {
+    /// The flow as the packet carries it.
+    k: Nat6Key,
+    l4: L4,
+    t: PortTarget6,
+    /// The rewrite.
+    f: HpFlow6,
+    /// A hairpin flow's reverse entry.
+    rk: Nat6Key,
+    back: HpFlow6,
+}
+
+/// This CPU's scratch entry with the packet parsed into it, if it is a
+/// translatable IPv6 packet (TCP, UDP or SCTP right after the fixed header).
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<&'static mut Scratch> {
+    let proto: u8 = ctx.load(ETH_LEN + 6).ok()?;
+    if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
+        return None;
+    }
+    let p = HP_SCRATCH6.get_ptr_mut(0)?;
+    // SAFETY: this CPU's entry, used by this program run only.
+    let p = unsafe { &mut *p };
+    p.l4 = l4::l4(ctx, proto, L4_OFF, 0).ok()?;
+    p.k = Nat6Key::new(
+        ctx.load(SRC_OFF).ok()?,
+        ctx.load(DST_OFF).ok()?,
+        p.l4.sport,
+        p.l4.dport,
+        proto,
+    );
+    Some(p)
+}
+
+/// Uplink ingress, IPv6: a packet to a mapped port goes to its pod, and how
+/// its replies are translated back is recorded. [`NOT_OURS`]: not a hostPort.
+#[inline(never)]
+pub fn from_uplink(ctx: &TcContext) -> i32 {
+    if config().is_none() {
+        return NOT_OURS;
+    }
+    let Some(p) = parse(ctx) else {
+        return NOT_OURS;
+    };
+    let Some(t) = lookup(&p.k.dst_ip, p.k.dst_port, p.k.proto) else {
+        return NOT_OURS;
+    };
+    p.t = t;
+    // How the pod's answers to this client are translated back.
+    p.rk = Nat6Key::new(t.pod_ip, p.k.src_ip, t.pod_port, p.k.src_port, p.k.proto);
+    p.back = HpFlow6 {
+        src_ip: p.k.dst_ip,
+        dst_ip: p.k.src_ip,
+        src_port: p.k.dst_port,
+        dst_port: p.k.src_port,
+        _pad: 0,
+    };
+    // Written only when new or changed: the LRU refreshes its recency on
+    // lookups.
+    // SAFETY: map values are only read.
+    let known = unsafe { HP_CT6.get(&p.rk) }
+        .is_some_and(|f| same(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
+    if !known {
+        let _ = HP_CT6.insert(&p.rk, &p.back, 0);
+    }
+    p.f = HpFlow6 {
+        src_ip: p.k.src_ip,
+        dst_ip: t.pod_ip,
+        src_port: p.k.src_port,
+        dst_port: t.pod_port,
+        _pad: 0,
+    };
+    if !apply(ctx, p) {
+        note_drop(reason::DROP_MALFORMED, 0);
+        return TC_ACT_SHOT;
+    }
+    count(reason::HOSTPORT_DNAT);
+    deliver_translated(ctx, IpKey::v6(t.pod_ip.0))
+}
+
+/// What [`from_pod`] did, as one register: [`NOT_OURS`], [`TRANSLATED`], or a
+/// drop verdict.
+pub const TRANSLATED: i32 = i32::MIN + 1;
+
+/// Host veth ingress, IPv6: replies of translated flows, and hairpin.
+#[inline(never)]
+pub fn from_pod(ctx: &TcContext) -> i32 {
+    let Some(p) = parse(ctx) else {
+        return NOT_OURS;
+    };
+    // SAFETY: map values are only read.
+    let reply = match unsafe { HP_CT6.get(&p.k) } {
+        Some(f) => {
+            p.f = *f;
+            true
+        }
+        None => {
+            let Some(t) = lookup(&p.k.dst_ip, p.k.dst_port, p.k.proto) else {
+                return NOT_OURS;
+            };
+            p.t = t;
+            if !hairpin(&HP_CT6, &p.k, &p.t, (&mut p.rk, &mut p.back), &mut p.f) {
+                note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
+                return TC_ACT_SHOT;
+            }
+            false
+        }
+    };
+    if !apply(ctx, p) {
+        note_drop(reason::DROP_MALFORMED, 0);
+        return TC_ACT_SHOT;
+    }
+    count(if reply {
+        reason::HOSTPORT_REPLY
+    } else {
+        reason::HOSTPORT_HAIRPIN
+    });
+    TRANSLATED
+}
+
+/// [`from_pod`]'s answer as the IPv4 path gives it.
+#[inline(always)]
+pub fn translated(v: i32) -> Translated {
+    match v {
+        NOT_OURS => Translated::No,
+        TRANSLATED => Translated::Yes,
+        v => Translated::Drop(v),
+    }
+}
+
+// --- The node's own IPv6 sockets ---------------------------------------------------
+
+/// The destination of an IPv6 socket's connect/sendmsg (`user_ip6`, network
+/// byte order words).
+#[inline(always)]
+fn user_ip6(ctx: &SockAddrContext) -> Addr6 {
+    // SAFETY: the kernel passes a valid bpf_sock_addr; `user_ip6` is read as
+    // the four 4-byte words the verifier allows.
+    let w = unsafe { (*ctx.sock_addr).user_ip6 };
+    let mut a = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        let b = w[i].to_ne_bytes();
+        a[i * 4] = b[0];
+        a[i * 4 + 1] = b[1];
+        a[i * 4 + 2] = b[2];
+        a[i * 4 + 3] = b[3];
+        i += 1;
+    }
+    Addr6(a)
+}
+
+/// Writes `a` as the socket's destination (`user_ip6`, word by word).
+#[inline(always)]
+fn set_user_ip6(ctx: &SockAddrContext, a: &Addr6) {
+    let mut i = 0;
+    while i < 4 {
+        let w = u32::from_ne_bytes([a.0[i * 4], a.0[i * 4 + 1], a.0[i * 4 + 2], a.0[i * 4 + 3]]);
+        // SAFETY: a writable field of the connect6/sendmsg6/recvmsg6/
+        // getpeername6 hooks, written as 4-byte words.
+        unsafe { (*ctx.sock_addr).user_ip6[i] = w };
+        i += 1;
+    }
+}
+
+/// The mapping an IPv6 node socket is connecting or sending to: `[::1]` or a
+/// node address (or a mapping's own `hostIP`).
+#[inline(always)]
+fn sock_target(ctx: &SockAddrContext) -> Option<(PortTarget6, Addr6, u16)> {
+    let cfg = config()?;
+    // SAFETY: plain helper call on this program's context.
+    if unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) } != cfg.netns_cookie {
+        return None;
+    }
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (family, proto, port) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.family, sa.protocol, sa.user_port)
+    };
+    if family != AF_INET6 || (proto != u32::from(PROTO_TCP) && proto != u32::from(PROTO_UDP)) {
+        return None;
+    }
+    let dst = user_ip6(ctx);
+    // `user_port` holds the port in network byte order in its first two bytes.
+    let port = port as u16;
+    let t = if same(&dst, &LOOPBACK) {
+        let k = PortKey6 {
+            host_ip: Addr6::default(),
+            host_port: port,
+            proto: proto as u8,
+            _pad: 0,
+        };
+        // SAFETY: map values are only read.
+        *unsafe { PORTS6.get(&k) }?
+    } else {
+        lookup(&dst, port, proto as u8)?
+    };
+    Some((t, dst, port))
+}
+
+/// cgroup connect6 / sendmsg6: a node socket to an IPv6 hostPort goes to the pod.
+#[inline(always)]
+pub fn sock_connect(ctx: &SockAddrContext) {
+    let Some((t, dst, port)) = sock_target(ctx) else {
+        return;
+    };
+    set_user_ip6(ctx, &t.pod_ip);
+    // SAFETY: a writable field of these hooks; plain helper call.
+    let cookie = unsafe {
+        (*ctx.sock_addr).user_port = u32::from(t.pod_port);
+        bpf_get_socket_cookie(ctx.sock_addr.cast())
+    };
+    let k = SockKey6 {
+        cookie,
+        pod_ip: t.pod_ip,
+        pod_port: t.pod_port,
+        _pad: 0,
+        _pad2: 0,
+    };
+    let o = SockOrig6 {
+        ip: dst,
+        port,
+        _pad: 0,
+    };
+    let _ = HP_SOCK6.insert(&k, &o, 0);
+    count(reason::HOSTPORT_SOCK);
+}
+
+/// cgroup recvmsg6 / getpeername6: the peer shows as what the socket asked for.
+#[inline(always)]
+pub fn sock_restore(ctx: &SockAddrContext) {
+    // SAFETY: the kernel passes a valid bpf_sock_addr; plain helper call.
+    let (family, port, cookie) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (
+            sa.family,
+            sa.user_port,
+            bpf_get_socket_cookie(ctx.sock_addr.cast()),
+        )
+    };
+    if family != AF_INET6 {
+        return;
+    }
+    let k = SockKey6 {
+        cookie,
+        pod_ip: user_ip6(ctx),
+        pod_port: port as u16,
+        _pad: 0,
+        _pad2: 0,
+    };
+    // SAFETY: map values are only read.
+    if let Some(o) = unsafe { HP_SOCK6.get(&k) }.copied() {
+        set_user_ip6(ctx, &o.ip);
+        // SAFETY: a writable field of these hooks.
+        unsafe { (*ctx.sock_addr).user_port = u32::from(o.port) };
+    }
+}

@@ -1,0 +1,277 @@
+//! IPv6 hostPort with real traffic on dual-stack namespaces: a node whose
+//! uplink has an IPv4 and an IPv6 address, wired to an external host with no
+//! route to the pods. A mapping without `hostIP` is published on both families
+//! (as the reference portmap does); TCP and UDP from outside to
+//! `[node IPv6]:hostPort` reach the pod and its replies come back; the node
+//! itself reaches `[::1]:hostPort` and `[node IPv6]:hostPort` through the
+//! cgroup socket hooks, only from the configured cgroup, and sees the address
+//! it asked for as the peer; pods reach it too (hairpin); an IPv6 `hostIP`
+//! answers on that address only; CHECK notices a missing IPv6 mapping, DEL
+//! removes them; `sluicectl ports list` shows them.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    fixtures::{EXT_IF, UPLINK},
+    host,
+    hostport::{mapping, node_client, node_ip, ports, ClientReport, HpPod, HpWorld},
+    masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
+    NETWORK,
+};
+
+/// The client process of the node-local tests (`harness/bin/client.rs`).
+const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
+/// The node's and the external host's IPv6 addresses on the uplink.
+const NODE6: &str = "fd00:5c::1";
+const EXT6: &str = "fd00:5c::2";
+/// A second IPv6 address of the node (the `hostIP` test).
+const NODE6_B: &str = "fd00:5c::3";
+const CPORT: u16 = 8080;
+const HP: u16 = 18080;
+
+fn v6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+fn sa6(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V6(v6(ip)), port)
+}
+
+/// A dual-stack hostPort world: IPv6 on the uplink (node and external host,
+/// which has no route to the pods) and dual-stack pods from `pods6`.
+fn world(subnet: &str, pods6: &str) -> HpWorld {
+    let mut w = HpWorld::new(subnet, "auto", &json!({})).unwrap();
+    host::ip(
+        w.node.name(),
+        &[
+            "addr",
+            "add",
+            &format!("{NODE6}/64"),
+            "dev",
+            UPLINK,
+            "nodad",
+        ],
+    )
+    .unwrap();
+    host::ip(
+        w.node.name(),
+        &[
+            "addr",
+            "add",
+            &format!("{NODE6_B}/64"),
+            "dev",
+            UPLINK,
+            "nodad",
+        ],
+    )
+    .unwrap();
+    w.ext
+        .ip(&["addr", "add", &format!("{EXT6}/64"), "dev", EXT_IF, "nodad"])
+        .unwrap();
+    w.conf["ipam"] = json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": subnet}], [{"subnet": pods6}]],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+        "dataDir": w.node.ipam_dir(),
+    });
+    w
+}
+
+fn ip6_of(p: &HpPod) -> Ipv6Addr {
+    p.added
+        .ips
+        .iter()
+        .find_map(|(ip, _)| match ip {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        })
+        .unwrap_or_else(|| panic!("no IPv6 address: {:#}", p.added.result))
+}
+
+/// An echo server (TCP and UDP) on the pod's IPv6 address, port [`CPORT`].
+fn server6(p: &HpPod) -> EchoServer {
+    EchoServer::start(&p.pod.path, SocketAddr::new(ip6_of(p).into(), CPORT)).unwrap()
+}
+
+fn tcp_udp(host_ip: &str) -> [Value; 2] {
+    [
+        mapping(HP, CPORT, "tcp", host_ip),
+        mapping(HP, CPORT, "udp", host_ip),
+    ]
+}
+
+/// TCP (an echo of 64 KiB) and UDP (an echo) from the external host to `to`.
+fn from_outside(w: &HpWorld, to: SocketAddr) -> sluice_tests::Result<()> {
+    let s = tcp_connect(&w.ext.netns_path(), None, to)?;
+    tcp_echo_on(&s, 64 << 10, 3)?;
+    let u = udp_socket(&w.ext.netns_path(), sa6(EXT6, 0))?;
+    udp_echo_on(&u, to, b"sluice IPv6 hostPort", 3, Duration::from_secs(2)).map(drop)
+}
+
+fn client(w: &HpWorld, in_cgroup: bool, args: &[&str]) -> ClientReport {
+    let cg = in_cgroup.then_some(&w.cgroup);
+    node_client(Path::new(CLIENT), &w.node, cg, args).unwrap()
+}
+
+#[test]
+fn ipv6_tcp_and_udp_from_outside_reach_the_pod_at_the_node_ipv6_address() {
+    let w = world("10.98.1.0/24", "fd00:7c:1::/64");
+    let a = w.add("a", "hp6-ext-a", &tcp_udp(""));
+    let server = server6(&a);
+    let c0 = w.counters();
+    from_outside(&w, sa6(NODE6, HP)).unwrap();
+    let d = w.counters().since(&c0);
+    let peers = server.peers();
+    assert_eq!(peers.tcp.len(), 1, "{peers:?}");
+    // No source translation from outside: the pod sees the client.
+    assert_eq!(peers.tcp[0].ip(), IpAddr::V6(v6(EXT6)), "{peers:?}");
+    assert!(
+        peers.udp.iter().all(|p| p.ip() == IpAddr::V6(v6(EXT6))),
+        "{peers:?}"
+    );
+    assert!(d.get("hostport_dnat") >= 2, "{d}");
+    assert!(d.get("hostport_reply") >= 2, "{d}");
+    // Published on both families: IPv4 too, and both are listed.
+    let server4 = EchoServer::start(&a.pod.path, a.sock(CPORT)).unwrap();
+    let s4 = tcp_connect(
+        &w.ext.netns_path(),
+        None,
+        SocketAddr::new(node_ip().into(), HP),
+    )
+    .unwrap();
+    tcp_echo_on(&s4, 4096, 4).unwrap();
+    assert_eq!(server4.peers().tcp.len(), 1);
+    let list = w.ports(&[]);
+    assert_eq!(list.len(), 4, "{list:#?}");
+    let tcp6: Vec<&Value> = list
+        .iter()
+        .filter(|m| m["hostIp"] == "::" && m["protocol"] == "tcp")
+        .collect();
+    assert_eq!(tcp6.len(), 1, "{list:#?}");
+    assert_eq!(tcp6[0]["podIp"], ip6_of(&a).to_string());
+    assert_eq!(tcp6[0]["containerPort"], CPORT);
+    assert_eq!(tcp6[0]["hostPort"], HP);
+    let table = w.node.sluicectl(&["ports", "list"]).unwrap();
+    assert!(
+        table.stdout.contains(&format!("[::]:{HP}/tcp"))
+            && table.stdout.contains(&format!("[{}]:{CPORT}", ip6_of(&a))),
+        "{table}"
+    );
+    drop(s4);
+    w.del(&a);
+    assert!(w.ports(&[]).is_empty(), "{:#?}", w.ports(&[]));
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn the_node_reaches_ipv6_hostports_at_loopback_and_its_own_address() {
+    let w = world("10.98.2.0/24", "fd00:7c:2::/64");
+    let a = w.add("a", "hp6-node-a", &tcp_udp(""));
+    let server = server6(&a);
+    let c0 = w.counters();
+    for to in [sa6("::1", HP), sa6(NODE6, HP)] {
+        let t = to.to_string();
+        let r = client(&w, true, &["tcp", &t, "65536"]);
+        assert!(r.ok, "TCP to {to} from the cgroup: {}", r.output);
+        // getpeername shows what the socket asked for, not the pod.
+        assert_eq!(r.peer, Some(to), "{}", r.output);
+        let r = client(&w, true, &["udp-connected", &t, "3", "1000"]);
+        assert!(r.ok, "UDP to {to} from the cgroup: {}", r.output);
+        assert_eq!(r.peer, Some(to), "{}", r.output);
+        // recvmsg shows the answer coming from there too.
+        let r = client(&w, true, &["udp", &t, "3", "1000"]);
+        assert!(r.ok, "unconnected UDP to {to}: {}", r.output);
+        assert_eq!(r.from, Some(to), "{}", r.output);
+    }
+    let d = w.counters().since(&c0);
+    assert!(d.get("hostport_sock") >= 6, "{d}");
+    assert_eq!(server.peers().tcp.len(), 2, "{:?}", server.peers());
+    // Outside the cgroup nothing is rewritten: nobody listens on the node.
+    let r = client(&w, false, &["tcp", &sa6("::1", HP).to_string(), "1024"]);
+    assert!(
+        r.refused(),
+        "TCP to [::1]:{HP} outside the cgroup: {}",
+        r.output
+    );
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn pods_reach_an_ipv6_hostport_their_own_and_another_pods() {
+    let w = world("10.98.3.0/24", "fd00:7c:3::/64");
+    let a = w.add("a", "hp6-hair-a", &tcp_udp(""));
+    let b = w.add("b", "hp6-hair-b", &[]);
+    let server = server6(&a);
+    let to = sa6(NODE6, HP);
+    let c0 = w.counters();
+    for p in [&a, &b] {
+        let s = tcp_connect(&p.pod.path, None, to).unwrap();
+        tcp_echo_on(&s, 64 << 10, 6).unwrap();
+        let u = udp_socket(&p.pod.path, SocketAddr::new(ip6_of(p).into(), 0)).unwrap();
+        udp_echo_on(&u, to, b"hairpin6", 3, Duration::from_secs(2)).unwrap();
+    }
+    let d = w.counters().since(&c0);
+    let peers = server.peers();
+    assert_eq!(peers.tcp.len(), 2, "{peers:?}");
+    // The source is the node address the pods used, so replies come back
+    // through the node even for the pod reaching itself.
+    for p in peers.tcp.iter().chain(peers.udp.iter()) {
+        assert_eq!(p.ip(), IpAddr::V6(v6(NODE6)), "{peers:?}");
+    }
+    assert!(d.get("hostport_hairpin") >= 4, "{d}");
+    w.del(&b);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn an_ipv6_host_ip_answers_there_only_and_check_and_del_follow_it() {
+    let w = world("10.98.4.0/24", "fd00:7c:4::/64");
+    let a = w.add("a", "hp6-hostip-a", &tcp_udp(NODE6_B));
+    let server = server6(&a);
+    from_outside(&w, sa6(NODE6_B, HP)).unwrap();
+    assert_eq!(server.peers().tcp.len(), 1);
+    // Not on the node's other IPv6 address, and not on IPv4.
+    match tcp_connect(&w.ext.netns_path(), None, sa6(NODE6, HP)) {
+        Ok(s) => panic!("[{NODE6}]:{HP} accepted: {:?}", s.peer_addr()),
+        Err(e) => assert!(e.0.contains("refused"), "{e}"),
+    }
+    let list = w.ports(&[]);
+    assert_eq!(list.len(), 2, "{list:#?}");
+    assert!(list.iter().all(|m| m["hostIp"] == NODE6_B), "{list:#?}");
+    // A second pod may not take the same address and port.
+    let b = w.node.pod("b").unwrap();
+    let out = w
+        .try_add(&w.conf_with(&tcp_udp(NODE6_B)), "hp6-hostip-b", &b)
+        .unwrap();
+    out.error(106)
+        .assert_names(&[&format!("[{NODE6_B}]:{HP}/tcp")]);
+    assert_eq!(w.ports(&[]).len(), 2, "{:#?}", w.ports(&[]));
+    // CHECK notices a missing IPv6 mapping (an operator removed it).
+    w.check(&a).unwrap().ok_silent();
+    let hp = HP.to_string();
+    let out = ports(
+        &w.node,
+        &[
+            "del",
+            "--host-port",
+            &hp,
+            "--proto",
+            "udp",
+            "--host-ip",
+            NODE6_B,
+        ],
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    w.check(&a).unwrap().error(105).assert_names(&[&hp]);
+    w.del(&a);
+    assert!(w.ports(&[]).is_empty(), "{:#?}", w.ports(&[]));
+    w.node.assert_clean(NETWORK);
+}
