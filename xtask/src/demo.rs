@@ -144,6 +144,8 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     iperf(tb, ext, db, &db_ip)?;
     step(&format!("traffic: external host -> node {node_ip}:8080, db's hostPort (DNAT to db:5201 in eBPF, no iptables), TCP for 2 s"));
     iperf_port(tb, ext, db, node_ip, 8080)?;
+    step(&format!("traffic: external host -> node [{NODE_IP6}]:8080 over IPv6, the same hostPort (a mapping without hostIP is published on both families), TCP for 2 s"));
+    iperf_port(tb, ext, db, NODE_IP6, 8080)?;
     ctl(&["ports", "list"])?;
     step("the NAT flows: web's connections (iperf3 control and data, IPv4 and IPv6) as masqueraded flows, db's as inbound");
     ctl(&["nat", "list"])?;
