@@ -135,6 +135,20 @@ impl World {
         }
     }
 
+    /// [`Self::add`] where the kernel has IPv6 masquerade; elsewhere the
+    /// routed fallback is checked with the pod instead, everything removed,
+    /// and `None` returned (the test has nothing more to check there).
+    fn add_masq6(&self, name: &str, cid: &str) -> Option<P> {
+        let p = self.add(name, cid);
+        if masq6_kernel() {
+            return Some(p);
+        }
+        assert_routed_fallback(self, &p);
+        self.del(&p);
+        self.node.assert_clean(NETWORK);
+        None
+    }
+
     fn del(&self, p: &P) {
         del(&self.node, &self.conf, &p.cid, &p.pod);
     }
@@ -217,13 +231,9 @@ fn is_nat_port(p: u16) -> bool {
 #[test]
 fn ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address() {
     let w = World::new(&json!({}));
-    let a = w.add("m6", "masq6-echo");
-    if !masq6_kernel() {
-        assert_routed_fallback(&w, &a);
-        w.del(&a);
-        w.node.assert_clean(NETWORK);
+    let Some(a) = w.add_masq6("m6", "masq6-echo") else {
         return;
-    }
+    };
     let st = w.node.status().unwrap();
     assert_eq!(st["masquerade"]["ipv6"]["enabled"], true, "{st:#}");
     assert_eq!(st["masquerade"]["ipv6"]["address"], NODE_IP6, "{st:#}");
@@ -332,13 +342,9 @@ fn an_ipv6_connection_from_outside_is_answered_from_the_pod_address() {
     w.ext
         .ip(&["-6", "route", "add", PODS6, "via", NODE_IP6])
         .unwrap();
-    let a = w.add("i6", "masq6-inbound");
-    if !masq6_kernel() {
-        assert_routed_fallback(&w, &a);
-        w.del(&a);
-        w.node.assert_clean(NETWORK);
+    let Some(a) = w.add_masq6("i6", "masq6-inbound") else {
         return;
-    }
+    };
     let bind = SocketAddr::new(a.ip6.into(), 0);
     let listener = in_netns(&a.pod.path, move || Ok(TcpListener::bind(bind)?)).unwrap();
     let at = listener.local_addr().unwrap();
@@ -371,13 +377,9 @@ fn an_ipv6_connection_from_outside_is_answered_from_the_pod_address() {
 #[test]
 fn an_ipv6_fragment_from_a_pod_never_leaves_with_its_address() {
     let w = World::new(&json!({}));
-    let a = w.add("f6", "masq6-frag");
-    if !masq6_kernel() {
-        assert_routed_fallback(&w, &a);
-        w.del(&a);
-        w.node.assert_clean(NETWORK);
+    let Some(a) = w.add_masq6("f6", "masq6-frag") else {
         return;
-    }
+    };
     let server = w.server();
     // A UDP datagram larger than the path (the pod's MTU) leaves fragmented:
     // the kernel adds a fragment header, which masquerade cannot translate.
@@ -407,13 +409,9 @@ fn an_ipv6_fragment_from_a_pod_never_leaves_with_its_address() {
 #[test]
 fn ipv6_with_a_destination_options_header_is_translated() {
     let w = World::new(&json!({}));
-    let a = w.add("o6", "masq6-dstopts");
-    if !masq6_kernel() {
-        assert_routed_fallback(&w, &a);
-        w.del(&a);
-        w.node.assert_clean(NETWORK);
+    let Some(a) = w.add_masq6("o6", "masq6-dstopts") else {
         return;
-    }
+    };
     let server = w.server();
     let u = udp_socket(&a.pod.path, SocketAddr::new(a.ip6.into(), 0)).unwrap();
     // Eight bytes of destination options (RFC 8200 4.6): next header and length
@@ -642,13 +640,9 @@ fn two_ipv6_pods_with_the_same_source_port_get_different_nat_ports() {
 fn idle_ipv6_flows_expire_and_come_back_as_new_flows() {
     let w =
         World::new(&json!({"natTimeouts": {"udp": 2, "tcpClosing": 2, "icmp": 2, "tcpSyn": 2}}));
-    let a = w.add("x6", "masq6-exp");
-    if !masq6_kernel() {
-        assert_routed_fallback(&w, &a);
-        w.del(&a);
-        w.node.assert_clean(NETWORK);
+    let Some(a) = w.add_masq6("x6", "masq6-exp") else {
         return;
-    }
+    };
     let server = w.server();
     let wait = Duration::from_secs(2);
     let u = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
