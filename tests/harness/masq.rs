@@ -701,28 +701,8 @@ impl AsRawFd for Pinger {
 impl Pinger {
     /// Opens the socket in the namespace at `netns`.
     pub fn new(netns: &Path) -> Result<Self> {
-        in_netns(netns, || {
-            // SAFETY: plain system call.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_INET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    libc::IPPROTO_ICMP,
-                )
-            };
-            if fd < 0 {
-                return Err(last_os_error("socket(AF_INET, SOCK_RAW, IPPROTO_ICMP)"));
-            }
-            // SAFETY: the kernel just returned this descriptor.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            setsockopt(
-                &fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &timeval(Duration::from_millis(50)),
-                "SO_RCVTIMEO",
-            )?;
-            Ok(Self { fd })
+        Ok(Self {
+            fd: raw_icmp_socket(netns, libc::AF_INET, libc::IPPROTO_ICMP)?,
         })
     }
 
@@ -777,50 +757,92 @@ impl Pinger {
         let data = payload(48, seq as u8);
         let msg = icmp_echo_request(ident, seq, &data);
         let sa = sockaddr_in(SocketAddrV4::new(dst, 0));
-        let mut buf = vec![0u8; 2048];
-        for _ in 0..tries {
-            // SAFETY: `msg` and `sa` are live for the sizes passed.
-            let n = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    msg.as_ptr().cast(),
-                    msg.len(),
-                    0,
-                    std::ptr::from_ref(&sa).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
+        let answered = echo_exchange(&self.fd, &msg, &sa, tries, wait, |p| {
+            // A raw socket receives the IP header too.
+            if p.len() < 20 {
+                return false;
+            }
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            let Some(icmp) = p.get(ihl..) else {
+                return false;
             };
-            if n < 0 {
-                return Err(last_os_error(&format!("sending an echo request to {dst}")));
-            }
-            let deadline = Instant::now() + wait;
-            while Instant::now() < deadline {
-                // SAFETY: `buf` is live and writable for its length.
-                let n = unsafe {
-                    libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
-                };
-                let Ok(n) = usize::try_from(n) else { continue };
-                // A raw socket receives the IP header too.
-                let p = &buf[..n];
-                if p.len() < 20 {
-                    continue;
-                }
-                let ihl = usize::from(p[0] & 0x0f) * 4;
-                let Some(icmp) = p.get(ihl..) else { continue };
-                if p[12..16] == dst.octets()
-                    && icmp.len() == msg.len()
-                    && icmp[0] == ICMP_ECHO_REPLY
-                    && icmp[4..8] == msg[4..8]
-                    && icmp[8..] == data[..]
-                {
-                    return Ok(());
-                }
-            }
+            p[12..16] == dst.octets()
+                && icmp.len() == msg.len()
+                && icmp[0] == ICMP_ECHO_REPLY
+                && icmp[4..8] == msg[4..8]
+                && icmp[8..] == data[..]
+        })
+        .map_err(|e| err!("sending an echo request to {dst}: {e}"))?;
+        if answered {
+            return Ok(());
         }
         Err(err!(
             "no echo reply from {dst} for identifier {ident} sequence {seq} after {tries} tries"
         ))
     }
+}
+
+/// A raw ICMP (`family` `AF_INET`) or ICMPv6 socket in the namespace at
+/// `netns`, its receive timeout 50 ms.
+fn raw_icmp_socket(netns: &Path, family: libc::c_int, proto: libc::c_int) -> Result<OwnedFd> {
+    in_netns(netns, move || {
+        // SAFETY: plain system call.
+        let fd = unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        if fd < 0 {
+            return Err(last_os_error(&format!(
+                "socket({family}, SOCK_RAW, {proto})"
+            )));
+        }
+        // SAFETY: the kernel just returned this descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        setsockopt(
+            &fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &timeval(Duration::from_millis(50)),
+            "SO_RCVTIMEO",
+        )?;
+        Ok(fd)
+    })
+}
+
+/// Sends `msg` to `sa` on the raw socket `fd` and waits up to `wait` for a
+/// packet `reply` accepts, `tries` times at most: whether one came.
+fn echo_exchange<A>(
+    fd: &OwnedFd,
+    msg: &[u8],
+    sa: &A,
+    tries: u32,
+    wait: Duration,
+    reply: impl Fn(&[u8]) -> bool,
+) -> std::io::Result<bool> {
+    let mut buf = vec![0u8; 2048];
+    for _ in 0..tries {
+        // SAFETY: `msg` and `sa` are live for the sizes passed.
+        let n = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                std::ptr::from_ref(sa).cast(),
+                std::mem::size_of::<A>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            // SAFETY: `buf` is live and writable for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let Ok(n) = usize::try_from(n) else { continue };
+            if reply(&buf[..n]) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// The IPv4 source and destination of an Ethernet frame, if it carries IPv4.
@@ -887,28 +909,8 @@ pub struct Pinger6 {
 impl Pinger6 {
     /// Opens the socket in the namespace at `netns`.
     pub fn new(netns: &Path) -> Result<Self> {
-        in_netns(netns, || {
-            // SAFETY: plain system call.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_INET6,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    libc::IPPROTO_ICMPV6,
-                )
-            };
-            if fd < 0 {
-                return Err(last_os_error("socket(AF_INET6, SOCK_RAW, IPPROTO_ICMPV6)"));
-            }
-            // SAFETY: the kernel just returned this descriptor.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            setsockopt(
-                &fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &timeval(Duration::from_millis(50)),
-                "SO_RCVTIMEO",
-            )?;
-            Ok(Self { fd })
+        Ok(Self {
+            fd: raw_icmp_socket(netns, libc::AF_INET6, libc::IPPROTO_ICMPV6)?,
         })
     }
 
@@ -931,40 +933,17 @@ impl Pinger6 {
         let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
         sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
         sa.sin6_addr.s6_addr = dst.octets();
-        let mut buf = vec![0u8; 2048];
-        for _ in 0..tries {
-            // SAFETY: `msg` and `sa` are live for the sizes passed.
-            let n = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    msg.as_ptr().cast(),
-                    msg.len(),
-                    0,
-                    std::ptr::from_ref(&sa).cast(),
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            };
-            if n < 0 {
-                return Err(last_os_error(&format!("sending an echo request to {dst}")));
-            }
-            let deadline = Instant::now() + wait;
-            while Instant::now() < deadline {
-                // SAFETY: `buf` is live and writable for its length.
-                let n = unsafe {
-                    libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
-                };
-                let Ok(n) = usize::try_from(n) else { continue };
-                // A raw ICMPv6 socket receives from the ICMPv6 header on.
-                let m = &buf[..n];
-                if n >= 8
-                    && m[0] == 129
-                    && m[4..6] == ident.to_be_bytes()
-                    && m[6..8] == seq.to_be_bytes()
-                    && m[8..] == data[..]
-                {
-                    return Ok(());
-                }
-            }
+        // A raw ICMPv6 socket receives from the ICMPv6 header on.
+        let answered = echo_exchange(&self.fd, &msg, &sa, tries, wait, |m| {
+            m.len() >= 8
+                && m[0] == 129
+                && m[4..6] == ident.to_be_bytes()
+                && m[6..8] == seq.to_be_bytes()
+                && m[8..] == data[..]
+        })
+        .map_err(|e| err!("sending an echo request to {dst}: {e}"))?;
+        if answered {
+            return Ok(());
         }
         Err(err!(
             "no echo reply from {dst} (identifier {ident}, sequence {seq})"
