@@ -496,3 +496,65 @@ fn spoofed_sources_from_a_pod_are_dropped_and_counted() {
     del(&node, &conf, "spoof-a", &a);
     del(&node, &conf, "spoof-b", &b);
 }
+
+/// The same for IPv6: a dual-stack pod that gives itself an IPv6 address IPAM
+/// did not allocate (or another pod's) and sends from it is dropped and
+/// counted; its own IPv6 address still works. (Link-local sources pass:
+/// neighbour discovery needs them.)
+#[test]
+fn spoofed_ipv6_sources_from_a_pod_are_dropped_and_counted() {
+    let node = Node::new().unwrap();
+    let a = node.pod("a").unwrap();
+    let b = node.pod("b").unwrap();
+    let mut conf = node.conf("1.0.0", "10.94.4.0/24");
+    conf["ipam"] = serde_json::json!({
+        "type": "sluice",
+        "ranges": [[{"subnet": "10.94.4.0/24"}], [{"subnet": "fd00:94:4::/64"}]],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+        "dataDir": node.ipam_dir(),
+    });
+    let added_a = add(&node, &conf, "spoof6-a", &a);
+    let added_b = add(&node, &conf, "spoof6-b", &b);
+    let v6_of = |ips: &[(IpAddr, u8)]| {
+        ips.iter()
+            .find_map(|(ip, _)| ip.is_ipv6().then_some(*ip))
+            .expect("an IPv6 address")
+    };
+    let (a6, b6) = (v6_of(&added_a.ips), v6_of(&added_b.ips));
+    let forged: IpAddr = "fd00:94:4::99".parse().unwrap();
+    let a_ns = a.path.file_name().unwrap().to_string_lossy().to_string();
+    sluice_tests::host::ip(
+        &a_ns,
+        &[
+            "-6",
+            "addr",
+            "add",
+            "fd00:94:4::99/128",
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )
+    .unwrap();
+    let rx = UdpReceiver::start(&b.path, SocketAddr::new(b6, 0), 2, RECEIVE).unwrap();
+    let to = rx.addr;
+    let c0 = node.counters().unwrap();
+    for (src, what) in [(forged, b"forged".as_slice()), (a6, b"own".as_slice())] {
+        let u = sluice_tests::masq::udp_socket(&a.path, SocketAddr::new(src, 0)).unwrap();
+        u.send_to(what, to).unwrap();
+    }
+    let got = rx.finish().unwrap();
+    let d = node.counters().unwrap().since(&c0);
+    assert_eq!(got, vec![b"own".to_vec()], "what pod b received: {got:?}");
+    assert!(d.get("drop_spoofed") >= 1, "{d}");
+    let v = node
+        .sluicectl_json(&["counters", "--json", "--pod", &a6.to_string()])
+        .unwrap();
+    let drops = &v["endpoints"][0]["drops"]["drop_spoofed"];
+    assert!(
+        drops.as_u64().is_some_and(|n| n >= 1),
+        "pod a's drop_spoofed: {v:#}"
+    );
+    del(&node, &conf, "spoof6-a", &a);
+    del(&node, &conf, "spoof6-b", &b);
+}

@@ -163,6 +163,34 @@ fn ipv6_tcp_and_udp_from_outside_reach_the_pod_at_the_node_ipv6_address() {
         "{table}"
     );
     drop(s4);
+    // An operator's IPv6 mapping: added to the pod's IPv6 address, reached
+    // from outside, deleted by its IPv6 wildcard address.
+    let a6 = ip6_of(&a).to_string();
+    let cport = CPORT.to_string();
+    let out = ports(
+        &w.node,
+        &[
+            "add",
+            "--host-port",
+            "9000",
+            "--pod",
+            &a6,
+            "--container-port",
+            &cport,
+        ],
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    let s = tcp_connect(&w.ext.netns_path(), None, sa6(NODE6, 9000)).unwrap();
+    tcp_echo_on(&s, 4096, 7).unwrap();
+    drop(s);
+    let op: Vec<Value> = w.ports(&["--port", "9000"]);
+    assert_eq!(op.len(), 1, "{op:#?}");
+    assert_eq!(op[0]["origin"], "operator");
+    assert_eq!(op[0]["hostIp"], "::");
+    let out = ports(&w.node, &["del", "--host-port", "9000", "--host-ip", "::"]).unwrap();
+    assert!(out.success(), "{out}");
+    assert!(w.ports(&["--port", "9000"]).is_empty());
     w.del(&a);
     assert!(w.ports(&[]).is_empty(), "{:#?}", w.ports(&[]));
     w.node.assert_clean(NETWORK);

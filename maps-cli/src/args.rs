@@ -255,9 +255,10 @@ pub(crate) struct PortsAddArgs {
     pub container_port: u16,
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "udp", "sctp"])]
     pub proto: String,
-    /// Only this node address (default: every node address).
+    /// Only this node address (default: every node address of the pod
+    /// address's family).
     #[arg(long)]
-    pub host_ip: Option<std::net::Ipv4Addr>,
+    pub host_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Args)]

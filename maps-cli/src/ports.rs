@@ -3,7 +3,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
-use sluice_common::{port_flags, Addr6, PortKey, PortKey6, PortKeyOf, PortTarget};
+use sluice_common::{port_flags, Addr6, PortKey, PortKey6, PortKeyOf, PortTargetOf};
 use sluice_maps::{
     endpoint::EndpointRow,
     hostport::{describe, describe_target, Family, V4, V6},
@@ -191,6 +191,16 @@ fn key(host_ip: Option<Ipv4Addr>, port: u16, proto: &str) -> PortKey {
     )
 }
 
+/// An operator mapping's target: the pod (host veth `pod_ifindex`) at `pod_ip`.
+fn target<A>(pod_ip: A, a: &PortsAddArgs, pod_ifindex: u32) -> PortTargetOf<A> {
+    PortTargetOf {
+        pod_ip,
+        pod_port: a.container_port.to_be(),
+        flags: port_flags::OPERATOR,
+        pod_ifindex,
+    }
+}
+
 fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
     if a.proto == "sctp" && a.host_port != a.container_port {
         bail!(
@@ -200,40 +210,64 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
         );
     }
     let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
+    // The mapping's family: that of --host-ip, else of the pod address named.
+    let want_v6 = a.host_ip.map(|h| h.is_ipv6());
     let pods: Vec<&EndpointRow> = pod_endpoints(&eps, &a.pod)
         .into_iter()
-        .filter(|r| r.ip.is_ipv4())
+        .filter(|r| want_v6.is_none_or(|v6| r.ip.is_ipv6() == v6))
         .collect();
     let pod = match pods.as_slice() {
         [one] => *one,
         [] => bail!(
-            "--pod {}: no pod with that IPv4 address or container id on this datapath",
-            a.pod
+            "--pod {}: no pod with that address or container id on this datapath{}",
+            a.pod,
+            match want_v6 {
+                Some(true) => " with an IPv6 address",
+                Some(false) => " with an IPv4 address",
+                None => "",
+            }
         ),
         many => bail!(
-            "--pod {}: {} pod addresses match; give the address",
+            "--pod {}: {} pod addresses match; give the address (or --host-ip of one family)",
             a.pod,
             many.len()
         ),
     };
-    let IpAddr::V4(pod_ip) = pod.ip else {
-        bail!("--pod {}: not an IPv4 pod", a.pod);
-    };
-    let k = key(a.host_ip, a.host_port, &a.proto);
-    let t = PortTarget {
-        pod_ip: pod_ip.octets(),
-        pod_port: a.container_port.to_be(),
-        flags: port_flags::OPERATOR,
-        pod_ifindex: pod.endpoint.ifindex,
-    };
-    // The plugin's rules (a wildcard mapping and one on a node address overlap;
-    // the port is taken atomically), so an operator and an ADD never disagree.
+    let (proto, ifindex) = (proto_number(&a.proto), pod.endpoint.ifindex);
+    match (pod.ip, a.host_ip) {
+        (IpAddr::V4(ip), host) => {
+            let host = match host {
+                Some(IpAddr::V4(h)) => h.octets(),
+                _ => [0; 4],
+            };
+            let t = target(ip.octets(), a, ifindex);
+            add_one::<V4>(dp, PortKey::new(host, a.host_port, proto), t)
+        }
+        (IpAddr::V6(ip), host) => {
+            let host = match host {
+                Some(IpAddr::V6(h)) => Addr6(h.octets()),
+                _ => Addr6::default(),
+            };
+            let t = target(Addr6(ip.octets()), a, ifindex);
+            add_one::<V6>(dp, PortKey6::new(host, a.host_port, proto), t)
+        }
+    }
+}
+
+/// Publishes one operator mapping with the plugin's rules (a wildcard mapping
+/// and one on a node address overlap; the port is taken atomically), so an
+/// operator and an ADD never disagree.
+fn add_one<F: Family>(
+    dp: &Datapath,
+    k: PortKeyOf<F::Addr>,
+    t: PortTargetOf<F::Addr>,
+) -> Result<()> {
     let Some(cookie) = sluice_maps::hostport::node_netns_cookie(&dp.root)? else {
         bail!(
             "this kernel has no SO_NETNS_COOKIE (Linux 5.14) and no ADD with a hostPort recorded the node namespace yet; add a pod with a hostPort first"
         );
     };
-    match sluice_maps::hostport::add::<V4>(&dp.root, &[(k, t)], cookie) {
+    match sluice_maps::hostport::add::<F>(&dp.root, &[(k, t)], cookie) {
         Ok(()) => {}
         Err(sluice_maps::Error::PortConflict {
             port,
@@ -241,14 +275,14 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
             owner,
         }) => bail!(
             "{} is taken: {port} -> {target} by {owner}",
-            describe::<V4>(&k)
+            describe::<F>(&k)
         ),
         Err(e) => return Err(e.into()),
     }
     println!(
         "added {} -> {}",
-        describe::<V4>(&k),
-        describe_target::<V4>(&t)
+        describe::<F>(&k),
+        describe_target::<F>(&t)
     );
     Ok(())
 }

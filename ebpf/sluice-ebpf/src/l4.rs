@@ -160,11 +160,13 @@ pub(crate) fn rewrite(ctx: &TcContext, l4: &L4, r: &Rewrite) -> Result<(), ()> {
     ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
 }
 
-/// One IPv6 address and one port to replace in a packet.
-pub(crate) struct Rewrite6 {
+/// One IPv6 address and one port to replace in a packet. The addresses by
+/// reference: copies of them took 32 bytes of the callers' frames (the
+/// checksum helper and the store read them where they are, stack or map value).
+pub(crate) struct Rewrite6<'a> {
     pub addr_off: usize,
-    pub old_addr: Addr6,
-    pub new_addr: Addr6,
+    pub old_addr: &'a Addr6,
+    pub new_addr: &'a Addr6,
     pub port_off: usize,
     pub old_port: u16,
     pub new_port: u16,
@@ -182,9 +184,9 @@ pub(crate) fn rewrite6(ctx: &TcContext, l4: &L4, r: &Rewrite6) -> Result<(), ()>
             // multiples of 4.
             let diff = unsafe {
                 bpf_csum_diff(
-                    (&raw const r.old_addr).cast_mut().cast(),
+                    core::ptr::from_ref(r.old_addr).cast_mut().cast(),
                     16,
-                    (&raw const r.new_addr).cast_mut().cast(),
+                    core::ptr::from_ref(r.new_addr).cast_mut().cast(),
                     16,
                     0,
                 )
@@ -208,6 +210,6 @@ pub(crate) fn rewrite6(ctx: &TcContext, l4: &L4, r: &Rewrite6) -> Result<(), ()>
         )
         .map_err(|_| ())?;
     }
-    ctx.store(r.addr_off, &r.new_addr, 0).map_err(|_| ())?;
+    ctx.store(r.addr_off, r.new_addr, 0).map_err(|_| ())?;
     ctx.store(r.port_off, &r.new_port, 0).map_err(|_| ())
 }

@@ -208,8 +208,8 @@ fn classify(ctx: &TcContext, p: &mut Leaving) -> i32 {
 fn translate_source(ctx: &TcContext, p: &Leaving) -> i32 {
     let r = Rewrite6 {
         addr_off: SRC_OFF,
-        old_addr: p.key.src_ip,
-        new_addr: p.out.0,
+        old_addr: &p.key.src_ip,
+        new_addr: &p.out.0,
         port_off: p.l4.sport_off,
         old_port: p.l4.sport,
         new_port: p.out.1,
@@ -306,8 +306,8 @@ fn dnat6_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
     };
     let r = Rewrite6 {
         addr_off: DST_OFF,
-        old_addr: dst,
-        new_addr: rev.pod_ip,
+        old_addr: &dst,
+        new_addr: &rev.pod_ip,
         port_off,
         old_port,
         new_port: rev.pod_port,
