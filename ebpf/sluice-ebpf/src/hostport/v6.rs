@@ -124,12 +124,44 @@ pub struct Scratch {
     /// The flow as the packet carries it.
     k: Nat6Key,
     l4: L4,
+    /// The mapping's key being looked up, and the mapping found.
+    pk: PortKey6,
     t: PortTarget6,
     /// The rewrite.
     f: HpFlow6,
     /// A hairpin flow's reverse entry.
     rk: Nat6Key,
     back: HpFlow6,
+}
+
+/// [`lookup`] for the packet in `p` (its destination), the key built and the
+/// mapping copied in the scratch entry: on `uplink_in`'s path under 5.10 the
+/// call may use 128 bytes of stack (`uplink_in` 320, the compiler's
+/// `memset`/`memmove` two calls of their own below it). `_pad` of `p.pk` is
+/// never written: it stays the zero the per-CPU entry starts with.
+#[inline(always)]
+fn lookup_into(p: &mut Scratch) -> bool {
+    p.pk.host_ip = p.k.dst_ip;
+    p.pk.host_port = p.k.dst_port;
+    p.pk.proto = p.k.proto;
+    // SAFETY: map values are only read.
+    if let Some(t) = unsafe { PORTS6.get(&p.pk) } {
+        p.t = *t;
+        return true;
+    }
+    // SAFETY: as above.
+    if unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }.is_none() {
+        return false;
+    }
+    p.pk.host_ip = Addr6::default();
+    // SAFETY: as above.
+    match unsafe { PORTS6.get(&p.pk) } {
+        Some(t) => {
+            p.t = *t;
+            true
+        }
+        None => false,
+    }
 }
 
 /// This CPU's scratch entry with the packet parsed into it, if it is a
@@ -164,12 +196,17 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     let Some(p) = parse(ctx) else {
         return NOT_OURS;
     };
-    let Some(t) = lookup(&p.k.dst_ip, p.k.dst_port, p.k.proto) else {
+    if !lookup_into(p) {
         return NOT_OURS;
-    };
-    p.t = t;
+    }
     // How the pod's answers to this client are translated back.
-    p.rk = Nat6Key::new(t.pod_ip, p.k.src_ip, t.pod_port, p.k.src_port, p.k.proto);
+    p.rk = Nat6Key::new(
+        p.t.pod_ip,
+        p.k.src_ip,
+        p.t.pod_port,
+        p.k.src_port,
+        p.k.proto,
+    );
     p.back = HpFlow6 {
         src_ip: p.k.dst_ip,
         dst_ip: p.k.src_ip,
@@ -187,9 +224,9 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     }
     p.f = HpFlow6 {
         src_ip: p.k.src_ip,
-        dst_ip: t.pod_ip,
+        dst_ip: p.t.pod_ip,
         src_port: p.k.src_port,
-        dst_port: t.pod_port,
+        dst_port: p.t.pod_port,
         _pad: 0,
     };
     if !apply(ctx, p) {
@@ -197,7 +234,7 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     count(reason::HOSTPORT_DNAT);
-    deliver_translated(ctx, IpKey::v6(t.pod_ip.0))
+    deliver_translated(ctx, IpKey::v6(p.t.pod_ip.0))
 }
 
 /// What [`from_pod`] did, as one register: [`NOT_OURS`], [`TRANSLATED`], or a
@@ -217,10 +254,9 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
             true
         }
         None => {
-            let Some(t) = lookup(&p.k.dst_ip, p.k.dst_port, p.k.proto) else {
+            if !lookup_into(p) {
                 return NOT_OURS;
-            };
-            p.t = t;
+            }
             if !hairpin(&HP_CT6, &p.k, &p.t, (&mut p.rk, &mut p.back), &mut p.f) {
                 note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
                 return TC_ACT_SHOT;
