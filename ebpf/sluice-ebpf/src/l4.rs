@@ -14,6 +14,7 @@ use sluice_common::{reason, Addr6};
 
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
 /// IPv4 header checksum offset.
 pub(crate) const IP_CSUM: usize = ETH_LEN + 10;
 pub(crate) const PROTO_ICMP: u8 = 1;
@@ -73,6 +74,12 @@ pub(crate) fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
         return None;
     }
     ctx.load::<Ipv4Hdr>(ETH_LEN).ok()
+}
+
+/// Whether the frame is IPv6.
+#[inline(always)]
+pub(crate) fn is_ipv6(ctx: &TcContext) -> bool {
+    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
 }
 
 #[inline(always)]

@@ -149,7 +149,7 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
 #[inline(always)]
 pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
     config()?;
-    if v6::is_ipv6(ctx) {
+    if l4::is_ipv6(ctx) {
         let v = v6::from_uplink(ctx);
         return (v != v6::NOT_OURS).then_some(v);
     }
@@ -223,7 +223,7 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
     if config().is_none() {
         return Translated::No;
     }
-    if v6::is_ipv6(ctx) {
+    if l4::is_ipv6(ctx) {
         return v6::translated(v6::from_pod(ctx));
     }
     let Some((ip, l4)) = parse(ctx) else {

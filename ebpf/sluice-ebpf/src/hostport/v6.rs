@@ -29,7 +29,6 @@ use crate::{
 };
 
 const AF_INET6: u32 = 10;
-const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
 const SRC_OFF: usize = ETH_LEN + 8;
 const DST_OFF: usize = ETH_LEN + 24;
 const L4_OFF: usize = ETH_LEN + 40;
@@ -38,12 +37,6 @@ const LOOPBACK: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
 
 /// What the tc entry points return for a packet that is not theirs.
 pub const NOT_OURS: i32 = i32::MIN;
-
-/// Whether the frame is IPv6.
-#[inline(always)]
-pub fn is_ipv6(ctx: &TcContext) -> bool {
-    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
-}
 
 /// The mapping for `dst`:`port`: one of that exact address, else a wildcard one
 /// when `dst` is one of the node's.

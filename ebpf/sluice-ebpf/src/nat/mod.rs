@@ -91,7 +91,7 @@ pub fn snat(ctx: &TcContext) -> i32 {
     // the 512 bytes of stack a chain of calls may use. (The settings are read
     // after the family: held across that read, the pointer took a slot of this
     // frame.)
-    if v6::is_ipv6(ctx) {
+    if crate::l4::is_ipv6(ctx) {
         match config() {
             Some(cfg) => v6::snat6(ctx, cfg),
             None => TCX_NEXT,
@@ -356,7 +356,7 @@ pub fn dnat(ctx: &TcContext) -> Option<i32> {
     if !crate::kernel::masq6() {
         return dnat4_inner(ctx, cfg);
     }
-    let v = if v6::is_ipv6(ctx) {
+    let v = if crate::l4::is_ipv6(ctx) {
         match v6::dnat6(ctx, cfg) {
             v6::ICMP6_ERROR => icmp6::icmp6_error(ctx),
             v => v,

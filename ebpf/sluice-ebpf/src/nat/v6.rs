@@ -31,7 +31,6 @@ use crate::{
     TCX_NEXT,
 };
 
-const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
 /// Extension headers walked before the L4 header.
 const EXT_MAX: usize = 4;
 /// Offsets of the source and destination addresses in the frame.
@@ -53,12 +52,6 @@ pub(super) fn config6() -> Option<Masq6Config> {
         return None;
     }
     Some(c)
-}
-
-/// Whether the frame is IPv6.
-#[inline(always)]
-pub(super) fn is_ipv6(ctx: &TcContext) -> bool {
-    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
 }
 
 /// The addresses and next header of an IPv6 frame (read one by one: the
