@@ -22,6 +22,8 @@ pub trait Family: 'static {
     const HP_CT: MapSpec;
     const HP_SOCK: MapSpec;
     const NODE_ADDRS: MapSpec;
+    /// How a wildcard mapping's host address shows: `*`, `[::]`.
+    const ANY: &'static str;
     /// `192.0.2.1`, `[fd00::1]`.
     fn show(a: &Self::Addr) -> String;
     /// The pod address a socket entry points at.
@@ -40,6 +42,7 @@ impl Family for V4 {
     const HP_CT: MapSpec = maps::HP_CT;
     const HP_SOCK: MapSpec = maps::HP_SOCK;
     const NODE_ADDRS: MapSpec = maps::NODE_ADDRS;
+    const ANY: &'static str = "*";
     fn show(a: &[u8; 4]) -> String {
         Ipv4Addr::from(*a).to_string()
     }
@@ -55,6 +58,7 @@ impl Family for V6 {
     const HP_CT: MapSpec = maps::HP_CT6;
     const HP_SOCK: MapSpec = maps::HP_SOCK6;
     const NODE_ADDRS: MapSpec = maps::NODE_ADDRS6;
+    const ANY: &'static str = "[::]";
     fn show(a: &Addr6) -> String {
         format!("[{}]", Ipv6Addr::from(a.0))
     }
@@ -85,12 +89,10 @@ pub fn proto_name(n: u8) -> &'static str {
 /// `*:8080/tcp`, `192.168.1.5:8080/tcp`, `[::]:8080/tcp` (every node IPv6
 /// address), `[fd00::5]:8080/tcp`.
 pub fn describe<F: Family>(k: &PortKeyOf<F::Addr>) -> String {
-    let host = if k.host_ip != F::Addr::default() {
-        F::show(&k.host_ip)
-    } else if F::PORTS.name == maps::PORTS.name {
-        "*".to_string()
+    let host = if k.host_ip == F::Addr::default() {
+        F::ANY.to_string()
     } else {
-        "[::]".to_string()
+        F::show(&k.host_ip)
     };
     format!("{host}:{}/{}", k.port(), proto_name(k.proto))
 }
@@ -167,9 +169,43 @@ pub fn add<F: Family>(root: &PinRoot, entries: &[Mapping<F>], netns_cookie: u64)
     if entries.is_empty() {
         return Ok(());
     }
+    publish::<F>(root, entries)?;
+    activate(root, netns_cookie)
+}
+
+/// A pod's mappings of both families, as [`add`] publishes one family's: all
+/// or none across both. When the IPv6 side fails, only the IPv4 keys this call
+/// took go again; those the pod held from an earlier ADD stay.
+pub fn add_pod(
+    root: &PinRoot,
+    v4: &[Mapping<V4>],
+    v6: &[Mapping<V6>],
+    netns_cookie: u64,
+) -> Result<()> {
+    if v4.is_empty() && v6.is_empty() {
+        return Ok(());
+    }
+    let taken = publish::<V4>(root, v4)?;
+    if let Err(e) = publish::<V6>(root, v6) {
+        if let Ok(mut map) = ports::<V4>(root) {
+            for k in &taken {
+                let _ = map.remove(k);
+            }
+        }
+        return Err(e);
+    }
+    activate(root, netns_cookie)
+}
+
+/// [`add`]'s rules for one family without turning the path on. Returns the
+/// keys it took (those that were free); on an error it has given them back.
+fn publish<F: Family>(root: &PinRoot, entries: &[Mapping<F>]) -> Result<Vec<PortKeyOf<F::Addr>>> {
+    let mut taken: Vec<PortKeyOf<F::Addr>> = Vec::new();
+    if entries.is_empty() {
+        return Ok(taken);
+    }
     let mut map = ports::<F>(root)?;
     let node_addrs = node_addrs::<F>(root)?;
-    let mut taken: Vec<PortKeyOf<F::Addr>> = Vec::new();
     let mut result = Ok(());
     'entries: for (k, t) in entries {
         for o in overlapping(k, &node_addrs) {
@@ -207,13 +243,13 @@ pub fn add<F: Family>(root: &PinRoot, entries: &[Mapping<F>], netns_cookie: u64)
             }
         }
     }
-    if result.is_err() {
+    if let Err(e) = result {
         for k in &taken {
             let _ = map.remove(k);
         }
-        return result;
+        return Err(e);
     }
-    activate(root, netns_cookie)
+    Ok(taken)
 }
 
 /// Removes the mapping at `k` whatever its owner; `false` when there was none.

@@ -344,7 +344,9 @@ async fn node_settings(
             None
         },
         node_addrs: if maps_ports {
-            Some(host_nl.local_addrs().await?)
+            // IPv6 addresses only for a pod with an IPv6 side to publish.
+            let v6 = ips.iter().any(|c| c.address.is_ipv6());
+            Some(host_nl.local_addrs(v6).await?)
         } else {
             None
         },

@@ -305,7 +305,9 @@ impl Datapath {
         )?;
         if let Some(addrs) = &settings.node_addrs {
             sluice_maps::hostport::set_node_addrs::<V4>(&self.root, &addrs.v4)?;
-            sluice_maps::hostport::set_node_addrs::<V6>(&self.root, &addrs.v6)?;
+            if let Some(v6) = &addrs.v6 {
+                sluice_maps::hostport::set_node_addrs::<V6>(&self.root, v6)?;
+            }
         }
         Ok(prepared)
     }
@@ -525,14 +527,7 @@ impl Datapath {
                 Some(c) => c,
                 None => links::learn_netns_cookie(&self.root)?,
             };
-            sluice_maps::hostport::add::<V4>(&self.root, &ports.v4, cookie)?;
-            if let Err(e) = sluice_maps::hostport::add::<V6>(&self.root, &ports.v6, cookie) {
-                // All or none: the pod's IPv4 mappings go with the IPv6 ones.
-                for (k, _) in &ports.v4 {
-                    let _ = sluice_maps::hostport::remove_key::<V4>(&self.root, k);
-                }
-                return Err(e.into());
-            }
+            sluice_maps::hostport::add_pod(&self.root, &ports.v4, &ports.v6, cookie)?;
         }
         Ok(())
     }

@@ -86,9 +86,11 @@ async fn reattach_one(
         .as_ref()
         .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
     if !rec.port_mappings.is_empty() {
-        let addrs = host_nl.local_addrs().await?;
+        let addrs = host_nl.local_addrs(ips.iter().any(IpAddr::is_ipv6)).await?;
         sluice_maps::hostport::set_node_addrs::<V4>(&dp.root, &addrs.v4)?;
-        sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, &addrs.v6)?;
+        if let Some(v6) = &addrs.v6 {
+            sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, v6)?;
+        }
         if let Some(cg) = &conf.host_port_cgroup {
             if !links::hooks_attached(&dp.root) {
                 links::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;

@@ -3,7 +3,10 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::packet_route::{
+    address::{AddressAttribute, AddressFlags},
+    AddressFamily,
+};
 
 use super::{errno, nl_err, Netlink};
 use crate::error::Error;
@@ -70,33 +73,52 @@ impl Netlink {
 
     /// The addresses of this namespace that hostPorts match (what iptables
     /// calls `--dst-type LOCAL`, which the reference portmap matches),
-    /// deduplicated: every IPv4 address but loopback ones, every IPv6 address
-    /// but `::1` and link-local ones (each pod veth has one).
-    pub async fn local_addrs(&self) -> Result<NodeAddrs, Error> {
-        let mut s = self.handle.address().get().execute();
-        let mut out = NodeAddrs::default();
+    /// deduplicated: every IPv4 address but loopback ones and, when `v6`,
+    /// every IPv6 address but `::1` and link-local ones. Each dump is filtered
+    /// by family in the kernel (strict checking, see `Netlink::open`): the IPv6
+    /// one lists every pod veth's link-local address, so it grows with the
+    /// pods on the node and is made only for a pod with IPv6 mappings.
+    pub async fn local_addrs(&self, v6: bool) -> Result<NodeAddrs, Error> {
+        let mut out = NodeAddrs {
+            v4: Vec::new(),
+            v6: v6.then(Vec::new),
+        };
+        for a in self.addrs_of(AddressFamily::Inet).await? {
+            if let IpAddr::V4(a) = a {
+                if !a.is_loopback() && !out.v4.contains(&a.octets()) {
+                    out.v4.push(a.octets());
+                }
+            }
+        }
+        if let Some(list) = out.v6.as_mut() {
+            for a in self.addrs_of(AddressFamily::Inet6).await? {
+                if let IpAddr::V6(a) = a {
+                    let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
+                    let a6 = sluice_common::Addr6(a.octets());
+                    if !a.is_loopback() && !link_local && !list.contains(&a6) {
+                        list.push(a6);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every address of `family` in this namespace.
+    async fn addrs_of(&self, family: AddressFamily) -> Result<Vec<IpAddr>, Error> {
+        let mut req = self.handle.address().get();
+        req.message_mut().header.family = family;
+        let mut s = req.execute();
+        let mut out = Vec::new();
         while let Some(m) = s
             .try_next()
             .await
-            .map_err(|e| nl_err("list the node's addresses", e))?
+            .map_err(|e| nl_err(format!("list the node's {family:?} addresses"), e))?
         {
-            for a in &m.attributes {
-                match a {
-                    AddressAttribute::Address(std::net::IpAddr::V4(v4))
-                        if !v4.is_loopback() && !out.v4.contains(&v4.octets()) =>
-                    {
-                        out.v4.push(v4.octets());
-                    }
-                    AddressAttribute::Address(std::net::IpAddr::V6(v6)) => {
-                        let link_local = v6.segments()[0] & 0xffc0 == 0xfe80;
-                        let a = sluice_common::Addr6(v6.octets());
-                        if !v6.is_loopback() && !link_local && !out.v6.contains(&a) {
-                            out.v6.push(a);
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            out.extend(m.attributes.iter().filter_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            }));
         }
         Ok(out)
     }
@@ -106,5 +128,6 @@ impl Netlink {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeAddrs {
     pub v4: Vec<[u8; 4]>,
-    pub v6: Vec<sluice_common::Addr6>,
+    /// `None`: not dumped (the pod has no IPv6 mappings); the map is left as it is.
+    pub v6: Option<Vec<sluice_common::Addr6>>,
 }
