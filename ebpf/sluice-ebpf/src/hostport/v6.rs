@@ -38,25 +38,21 @@ const LOOPBACK: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
 /// What the tc entry points return for a packet that is not theirs.
 pub const NOT_OURS: i32 = i32::MIN;
 
-/// The mapping for `dst`:`port`: one of that exact address, else a wildcard one
-/// when `dst` is one of the node's.
+/// The mapping for `k`: one of that exact address, else a wildcard one when
+/// the address is one of the node's (then `k.host_ip` is left as the wildcard).
+/// The key is the caller's: on the stack of a socket hook, in the scratch
+/// entry on tc's path (see [`lookup_into`]).
 #[inline(always)]
-fn lookup(dst: &Addr6, port: u16, proto: u8) -> Option<PortTarget6> {
-    let mut k = PortKey6 {
-        host_ip: *dst,
-        host_port: port,
-        proto,
-        _pad: 0,
-    };
+fn lookup(k: &mut PortKey6) -> Option<&'static PortTarget6> {
     // SAFETY: map values are only read.
-    if let Some(t) = unsafe { PORTS6.get(&k) } {
-        return Some(*t);
+    if let Some(t) = unsafe { PORTS6.get(&*k) } {
+        return Some(t);
     }
     // SAFETY: as above.
-    unsafe { NODE_ADDRS6.get(dst) }?;
+    unsafe { NODE_ADDRS6.get(&k.host_ip) }?;
     k.host_ip = Addr6::default();
     // SAFETY: as above.
-    unsafe { PORTS6.get(&k) }.copied()
+    unsafe { PORTS6.get(&*k) }
 }
 
 /// Whether two addresses are equal, compared as four words (a derived `==` on
@@ -137,18 +133,7 @@ fn lookup_into(p: &mut Scratch) -> bool {
     p.pk.host_ip = p.k.dst_ip;
     p.pk.host_port = p.k.dst_port;
     p.pk.proto = p.k.proto;
-    // SAFETY: map values are only read.
-    if let Some(t) = unsafe { PORTS6.get(&p.pk) } {
-        p.t = *t;
-        return true;
-    }
-    // SAFETY: as above.
-    if unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }.is_none() {
-        return false;
-    }
-    p.pk.host_ip = Addr6::default();
-    // SAFETY: as above.
-    match unsafe { PORTS6.get(&p.pk) } {
+    match lookup(&mut p.pk) {
         Some(t) => {
             p.t = *t;
             true
@@ -334,18 +319,19 @@ fn sock_target(ctx: &SockAddrContext) -> Option<(PortTarget6, Addr6, u16)> {
     let dst = user_ip6(ctx);
     // `user_port` holds the port in network byte order in its first two bytes.
     let port = port as u16;
-    let t = if same(&dst, &LOOPBACK) {
-        let k = PortKey6 {
-            host_ip: Addr6::default(),
-            host_port: port,
-            proto: proto as u8,
-            _pad: 0,
-        };
-        // SAFETY: map values are only read.
-        *unsafe { PORTS6.get(&k) }?
-    } else {
-        lookup(&dst, port, proto as u8)?
+    // `[::1]` matches the wildcard mappings only (it is in no node address
+    // list, so the fallback finds nothing more).
+    let mut k = PortKey6 {
+        host_ip: if same(&dst, &LOOPBACK) {
+            Addr6::default()
+        } else {
+            dst
+        },
+        host_port: port,
+        proto: proto as u8,
+        _pad: 0,
     };
+    let t = *lookup(&mut k)?;
     Some((t, dst, port))
 }
 
