@@ -45,7 +45,16 @@ fn sa6(ip: &str, port: u16) -> SocketAddr {
 /// A dual-stack hostPort world: IPv6 on the uplink (node and external host,
 /// which has no route to the pods) and dual-stack pods from `pods6`.
 fn world(subnet: &str, pods6: &str) -> HpWorld {
-    let mut w = HpWorld::new(subnet, "auto", &json!({})).unwrap();
+    world_xdp(subnet, pods6, "auto")
+}
+
+/// [`world`] with the uplink's XDP mode `xdp`; `native` also turns off the
+/// external side's TX checksum offload, so native XDP sees complete checksums.
+fn world_xdp(subnet: &str, pods6: &str, xdp: &str) -> HpWorld {
+    let mut w = HpWorld::new(subnet, xdp, &json!({})).unwrap();
+    if xdp == "native" {
+        host::tx_checksum_off(&w.ext.netns_path(), EXT_IF).unwrap();
+    }
     host::ip(
         w.node.name(),
         &[
@@ -191,6 +200,44 @@ fn ipv6_tcp_and_udp_from_outside_reach_the_pod_at_the_node_ipv6_address() {
     let out = ports(&w.node, &["del", "--host-port", "9000", "--host-ip", "::"]).unwrap();
     assert!(out.success(), "{out}");
     assert!(w.ports(&["--port", "9000"]).is_empty());
+    w.del(&a);
+    assert!(w.ports(&[]).is_empty(), "{:#?}", w.ports(&[]));
+    w.node.assert_clean(NETWORK);
+}
+
+/// With native XDP on the uplink, IPv6 from outside to `[node IPv6]:hostPort`
+/// is translated and delivered by `uplink_xdp` (before 5.13 native XDP falls
+/// back to off and tc does it); the replies still go through tc.
+#[test]
+fn ipv6_hostport_from_outside_with_native_xdp() {
+    let w = world_xdp("10.98.5.0/24", "fd00:7c:5::/64", "native");
+    let a = w.add("a", "hp6-xdp-a", &tcp_udp(""));
+    let server = server6(&a);
+    let mode = sluice_tests::kernel::xdp_mode("native");
+    let st = w.node.status().unwrap();
+    assert_eq!(st["uplink"]["xdp"], mode, "{st:#}");
+    let c0 = w.counters();
+    from_outside(&w, sa6(NODE6, HP)).unwrap();
+    // A second connection: every packet of a flow is translated alike.
+    let s = tcp_connect(&w.ext.netns_path(), None, sa6(NODE6, HP)).unwrap();
+    tcp_echo_on(&s, 256 << 10, 5).unwrap();
+    drop(s);
+    let d = w.counters().since(&c0);
+    eprintln!("xdp {mode}: {d}");
+    let peers = server.peers();
+    assert_eq!(peers.tcp.len(), 2, "{peers:?}");
+    assert!(
+        peers.tcp.iter().all(|p| p.ip() == IpAddr::V6(v6(EXT6))),
+        "{peers:?}"
+    );
+    assert!(!peers.udp.is_empty(), "{peers:?}");
+    assert!(d.get("hostport_dnat") >= 4, "{d}");
+    assert!(d.get("hostport_reply") >= 4, "{d}");
+    if mode == "native" {
+        // Through XDP: the translated frames went straight into the pod.
+        assert!(d.get("xdp_to_pod") >= 4, "{d}");
+        assert!(d.get("xdp_to_pod") + 2 >= d.get("hostport_dnat"), "{d}");
+    }
     w.del(&a);
     assert!(w.ports(&[]).is_empty(), "{:#?}", w.ports(&[]));
     w.node.assert_clean(NETWORK);

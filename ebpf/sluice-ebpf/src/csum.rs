@@ -3,6 +3,7 @@
 //! checksums, which is why the XDP translations run in native mode only (a
 //! generic-XDP skb may carry a partial one; tc and its helpers handle those).
 use network_types::ip::Ipv4Hdr;
+use sluice_common::Addr6;
 
 use crate::l4::{PROTO_ICMP, PROTO_UDP};
 
@@ -84,5 +85,45 @@ pub(crate) unsafe fn set_dst_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
         )
         .to_ne_bytes();
         (*ip).dst_addr = addr;
+    }
+}
+
+/// XDP, IPv6: the TCP or UDP checksum at `csum` after the destination address
+/// `old_addr` became `new_addr` and the destination port `old_port` became
+/// `new_port`: the pseudo header holds all eight words of the address (RFC
+/// 8200 section 8.1). A UDP checksum 0 (none, which IPv6 does not allow) stays
+/// 0; one that becomes 0 is sent as 0xffff.
+///
+/// # Safety
+/// `csum` points into the frame and was bounds checked.
+#[inline(always)]
+pub(crate) unsafe fn l4_replace6(
+    csum: *mut u16,
+    proto: u8,
+    (old_addr, new_addr): (&Addr6, &Addr6),
+    (old_port, new_port): (u16, u16),
+) {
+    let w = |a: &Addr6, i: usize| u16::from_ne_bytes([a.0[i * 2], a.0[i * 2 + 1]]);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let cur = *csum;
+        if proto == PROTO_UDP && cur == 0 {
+            return;
+        }
+        // RFC 1624 as in `csum_update`, over nine words.
+        let mut sum = u32::from(!cur) + u32::from(!old_port) + u32::from(new_port);
+        let mut i = 0;
+        while i < 8 {
+            sum += u32::from(!w(old_addr, i)) + u32::from(w(new_addr, i));
+            i += 1;
+        }
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        let nc = !(sum as u16);
+        *csum = if proto == PROTO_UDP && nc == 0 {
+            0xffff
+        } else {
+            nc
+        };
     }
 }

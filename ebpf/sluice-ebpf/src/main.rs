@@ -368,12 +368,12 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
         // Masquerade replies, then hostPorts (hostport counts its own).
         let pod = match nat::dnat_xdp(ctx, &h) {
-            Some(pod) => Some((pod, true)),
+            Some(pod) => Some((IpKey::v4(pod), true)),
             None => hostport::from_uplink_xdp(ctx, &h).map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
-            return match unsafe { ENDPOINTS.get(IpKey::v4(pod)) } {
+            return match unsafe { ENDPOINTS.get(pod) } {
                 Some(ep)
                     if ep.flags & endpoint_flags::XDP_READY != 0
                         && h.ttl() > 1

@@ -174,9 +174,15 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]
 /// with incremental checksum updates; returns the pod to deliver to.
 #[inline(always)]
-pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
+pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<IpKey> {
     config()?;
-    let v4 = h.v4_fields()?;
+    let Some(v4) = h.v4_fields() else {
+        return if v6::from_uplink_xdp(ctx) {
+            v6::xdp_pod()
+        } else {
+            None
+        };
+    };
     let (ip, src, dst, proto) = (v4.hdr, v4.src, v4.dst, v4.proto);
     if v4.fragment() {
         return None;
@@ -204,7 +210,7 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<[u8; 4]> {
         csum::set_dst_addr(ip, t.pod_ip);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(t.pod_ip)
+    Some(IpKey::v4(t.pod_ip))
 }
 
 /// What [`from_pod`] did.

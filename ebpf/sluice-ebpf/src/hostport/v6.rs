@@ -13,7 +13,7 @@
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    programs::{SockAddrContext, TcContext},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use sluice_common::{
     reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6, SockKey6, SockOrig6,
@@ -22,10 +22,12 @@ use sluice_common::{
 use super::{config, hairpin, Translated};
 use crate::{
     counters::count,
+    csum,
     endpoint::deliver_translated,
     events::note_drop,
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
     maps::{HP_CT6, HP_SCRATCH6, HP_SOCK6, NODE_ADDRS6, PORTS6},
+    packet::ptr_at,
 };
 
 const AF_INET6: u32 = 10;
@@ -177,29 +179,7 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     if !lookup_into(p) {
         return NOT_OURS;
     }
-    // How the pod's answers to this client are translated back.
-    p.rk = Nat6Key::new(
-        p.t.pod_ip,
-        p.k.src_ip,
-        p.t.pod_port,
-        p.k.src_port,
-        p.k.proto,
-    );
-    p.back = HpFlow6 {
-        src_ip: p.k.dst_ip,
-        dst_ip: p.k.src_ip,
-        src_port: p.k.dst_port,
-        dst_port: p.k.src_port,
-        _pad: 0,
-    };
-    // Written only when new or changed: the LRU refreshes its recency on
-    // lookups.
-    // SAFETY: map values are only read.
-    let known = unsafe { HP_CT6.get(&p.rk) }
-        .is_some_and(|f| same(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
-    if !known {
-        let _ = HP_CT6.insert(&p.rk, &p.back, 0);
-    }
+    remember_reply(p);
     p.f = HpFlow6 {
         src_ip: p.k.src_ip,
         dst_ip: p.t.pod_ip,
@@ -213,6 +193,114 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     }
     count(reason::HOSTPORT_DNAT);
     deliver_translated(ctx, IpKey::v6(p.t.pod_ip.0))
+}
+
+/// Records how the pod's answers to the client of `p` (from outside, to a
+/// mapping found by [`lookup_into`]) are translated back.
+#[inline(always)]
+fn remember_reply(p: &mut Scratch) {
+    // Field by field: a whole key built first is a 40-byte temporary on the
+    // stack (and a `memmove`), which `uplink_xdp`'s chain has no room for.
+    // The padding stays the zero the per-CPU entry starts with.
+    p.rk.src_ip = p.t.pod_ip;
+    p.rk.dst_ip = p.k.src_ip;
+    p.rk.src_port = p.t.pod_port;
+    p.rk.dst_port = p.k.src_port;
+    p.rk.proto = p.k.proto;
+    p.back.src_ip = p.k.dst_ip;
+    p.back.dst_ip = p.k.src_ip;
+    p.back.src_port = p.k.dst_port;
+    p.back.dst_port = p.k.src_port;
+    // Written only when new or changed: the LRU refreshes its recency on
+    // lookups.
+    // SAFETY: map values are only read.
+    let known = unsafe { HP_CT6.get(&p.rk) }
+        .is_some_and(|f| same(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
+    if !known {
+        let _ = HP_CT6.insert(&p.rk, &p.back, 0);
+    }
+}
+
+/// XDP (native mode only, see `nat::dnat_xdp`), IPv6: [`from_uplink`] with
+/// the checksum updated by hand (`csum::l4_replace6`); `true` when translated,
+/// the pod in [`xdp_pod`]. A call of its own, its state in the scratch entry:
+/// `uplink_xdp`'s own frame is over 300 bytes of the 512 a chain may use.
+#[inline(never)]
+pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
+    if config().is_none() {
+        return false;
+    }
+    let Some(proto) = ptr_at::<u8>(ctx, ETH_LEN + 6) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let proto = unsafe { *proto };
+    // Fragments and extension headers are the kernel's (next header not L4).
+    if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
+        return false;
+    }
+    // Addresses as eight 16-bit words: in the frame they are 2-byte aligned
+    // only (after the 14-byte Ethernet header).
+    let (Some(src), Some(dst), Some(ports)) = (
+        ptr_at::<[u16; 8]>(ctx, SRC_OFF),
+        ptr_at::<[u16; 8]>(ctx, DST_OFF),
+        ptr_at::<[u16; 2]>(ctx, L4_OFF),
+    ) else {
+        return false;
+    };
+    let Some(p) = HP_SCRATCH6.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's entry, used by this program run only; the packet
+    // pointers were bounds checked by ptr_at.
+    let p = unsafe { &mut *p };
+    // SAFETY: as above.
+    unsafe {
+        p.k.src_ip = Addr6(core::mem::transmute::<[u16; 8], [u8; 16]>(*src));
+        p.k.dst_ip = Addr6(core::mem::transmute::<[u16; 8], [u8; 16]>(*dst));
+        p.k.src_port = (*ports)[0];
+        p.k.dst_port = (*ports)[1];
+        p.k.proto = proto;
+    }
+    if !lookup_into(p) {
+        return false;
+    }
+    remember_reply(p);
+    // The checksum pointer is taken on the path that uses it (5.10's verifier
+    // loses a pointer chosen on a merged path, see `csum::l4_replace`).
+    let ports_change = (p.k.dst_port, p.t.pod_port);
+    let addrs = (&p.k.dst_ip, &p.t.pod_ip);
+    match proto {
+        PROTO_TCP => {
+            let Some(c) = ptr_at::<u16>(ctx, L4_OFF + 16) else {
+                return false;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            unsafe { csum::l4_replace6(c, proto, addrs, ports_change) };
+        }
+        PROTO_UDP => {
+            let Some(c) = ptr_at::<u16>(ctx, L4_OFF + 6) else {
+                return false;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            unsafe { csum::l4_replace6(c, proto, addrs, ports_change) };
+        }
+        // SCTP's CRC32c covers no pseudo header, and the port keeps its number.
+        _ => {}
+    }
+    // SAFETY: bounds checked by ptr_at.
+    unsafe {
+        (*ports)[1] = p.t.pod_port;
+        *dst = core::mem::transmute::<[u8; 16], [u16; 8]>(p.t.pod_ip.0);
+    }
+    count(reason::HOSTPORT_DNAT);
+    true
+}
+
+/// The pod [`from_uplink_xdp`] translated the packet to.
+#[inline(always)]
+pub fn xdp_pod() -> Option<IpKey> {
+    HP_SCRATCH6.get(0).map(|p| IpKey::v6(p.t.pod_ip.0))
 }
 
 /// What [`from_pod`] did, as one register: [`NOT_OURS`], [`TRANSLATED`], or a
