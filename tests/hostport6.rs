@@ -17,6 +17,7 @@ use std::{
 
 use serde_json::{json, Value};
 use sluice_tests::{
+    ctl::{wait_lease, CtlChild},
     fixtures::{EXT_IF, UPLINK},
     host,
     hostport::{mapping, node_client, node_ip, ports, ClientReport, HpPod, HpWorld},
@@ -132,9 +133,34 @@ fn ipv6_tcp_and_udp_from_outside_reach_the_pod_at_the_node_ipv6_address() {
     let w = world("10.98.1.0/24", "fd00:7c:1::/64");
     let a = w.add("a", "hp6-ext-a", &tcp_udp(""));
     let server = server6(&a);
+    let m = CtlChild::monitor(&w.node, &["--json", "--type", "hostport", "--count", "2"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
     let c0 = w.counters();
     from_outside(&w, sa6(NODE6, HP)).unwrap();
     let d = w.counters().since(&c0);
+    // The monitor shows both new flows: client -> [node]:hostPort, to the pod.
+    let end = m.wait(Duration::from_secs(10)).unwrap();
+    let events = end.json();
+    assert_eq!(events.len(), 2, "{end:#?}");
+    for proto in ["tcp", "udp"] {
+        let ev = events
+            .iter()
+            .find(|e| e["proto"] == proto)
+            .unwrap_or_else(|| panic!("no {proto} event: {events:#?}"));
+        let want = json!({
+            "type": "hostport-new",
+            "reason": "hostport_dnat",
+            "family": 6,
+            "src": EXT6,
+            "dst": NODE6,
+            "dport": HP,
+            "natAddress": ip6_of(&a).to_string(),
+            "natPort": CPORT,
+        });
+        for (k, v) in want.as_object().unwrap() {
+            assert_eq!(&ev[k], v, "{k} of {ev:#}");
+        }
+    }
     let peers = server.peers();
     assert_eq!(peers.tcp.len(), 1, "{peers:?}");
     // No source translation from outside: the pod sees the client.

@@ -180,10 +180,10 @@ pub fn flow6(
     if !monitor_on(now) {
         return;
     }
-    let r = if kind == event_kind::NAT_INBOUND {
-        reason::MASQ_INBOUND_FLOW
-    } else {
-        reason::MASQ_NEW_FLOW
+    let r = match kind {
+        event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
+        event_kind::HOSTPORT_NEW => reason::HOSTPORT_DNAT,
+        _ => reason::MASQ_NEW_FLOW,
     };
     let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
         count(reason::EVENTS_LOST);

@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use sluice_common::{
-    reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6, SockKey6, SockOrig6,
+    event_kind, reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6, SockKey6, SockOrig6,
 };
 
 use super::{config, hairpin, Translated};
@@ -24,7 +24,7 @@ use crate::{
     counters::count,
     csum,
     endpoint::deliver_translated,
-    events::note_drop,
+    events::{self, note_drop},
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
     maps::{HP_CT6, HP_SCRATCH6, HP_SOCK6, NODE_ADDRS6, PORTS6},
     packet::ptr_at,
@@ -218,6 +218,14 @@ fn remember_reply(p: &mut Scratch) {
         .is_some_and(|f| same(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
     if !known {
         let _ = HP_CT6.insert(&p.rk, &p.back, 0);
+        // client -> [node]:hostPort, translated to [pod]:containerPort.
+        events::flow6(
+            event_kind::HOSTPORT_NEW,
+            &p.k,
+            Some(&p.t.pod_ip),
+            p.t.pod_port,
+            p.t.pod_ifindex,
+        );
     }
 }
 
