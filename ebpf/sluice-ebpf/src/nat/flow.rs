@@ -9,7 +9,9 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
 };
-use sluice_common::{nat_flags, nat_state, reason, MasqConfig, NatKey};
+use sluice_common::{
+    nat_flags, nat_port_index, nat_state, reason, MasqConfig, NatKey, NAT_PORT_TRIES,
+};
 
 use super::family::{Entry, Family, FlowKey, Rev, V4};
 use crate::{
@@ -18,8 +20,6 @@ use crate::{
 };
 
 const EEXIST: i32 = 17;
-/// Ports tried for a new flow before giving up.
-const PORT_TRIES: u32 = 32;
 /// `last_seen_ns` is refreshed at most this often (fewer writes to a shared line).
 const REFRESH_NS: u64 = 1_000_000_000;
 
@@ -151,6 +151,7 @@ pub(super) fn allocate<F: Family>(
     };
     let range = n1 + n2;
     let h = flow_hash::<F>(k);
+
     let rev = Rev::<F> {
         pod_ip: k.src_ip,
         pod_port: k.src_port,
@@ -163,8 +164,8 @@ pub(super) fn allocate<F: Family>(
         state,
     };
     let mut i = 0;
-    while i < PORT_TRIES {
-        let nat_port = candidate_port(cfg, h.wrapping_add(i) % range, n1);
+    while i < NAT_PORT_TRIES {
+        let nat_port = candidate_port(cfg, nat_port_index(h, i, range), n1);
         if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
             return r;
         }
@@ -174,7 +175,7 @@ pub(super) fn allocate<F: Family>(
     // meets it: the first candidate's holder is checked, once, after the loop.
     // (Checked inside the loop, 5.10's verifier walked every iteration apart
     // and gave up at a million instructions.)
-    let nat_port = candidate_port(cfg, h % range, n1);
+    let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
     if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
         if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
             return r;
