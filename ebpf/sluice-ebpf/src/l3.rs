@@ -3,7 +3,7 @@ use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
-use sluice_common::{reason, IpKey};
+use sluice_common::{reason, Addr6, IpKey};
 
 use crate::{
     l4::ETH_LEN,
@@ -14,6 +14,16 @@ pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86DD;
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
+
+/// Whether two IPv6 addresses are equal, compared as four words (a derived
+/// `==` on 16 bytes became an i128 comparison that crashed the BPF backend).
+#[inline(always)]
+pub(crate) fn same6(a: &Addr6, b: &Addr6) -> bool {
+    let w = |x: &Addr6, i: usize| {
+        u32::from_ne_bytes([x.0[i * 4], x.0[i * 4 + 1], x.0[i * 4 + 2], x.0[i * 4 + 3]])
+    };
+    w(a, 0) == w(b, 0) && w(a, 1) == w(b, 1) && w(a, 2) == w(b, 2) && w(a, 3) == w(b, 3)
+}
 
 /// The parsed headers of an IP packet.
 pub struct Headers {

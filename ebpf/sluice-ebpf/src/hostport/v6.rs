@@ -25,6 +25,7 @@ use crate::{
     csum,
     endpoint::deliver_translated,
     events::{self, note_drop},
+    l3::same6,
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
     maps::{HP_CT6, HP_SCRATCH6, HP_SOCK6, NODE_ADDRS6, PORTS6},
     packet::ptr_at,
@@ -57,16 +58,6 @@ fn lookup(k: &mut PortKey6) -> Option<&'static PortTarget6> {
     unsafe { PORTS6.get(&*k) }
 }
 
-/// Whether two addresses are equal, compared as four words (a derived `==` on
-/// 16 bytes became an i128 comparison that crashed the BPF backend).
-#[inline(always)]
-fn same(a: &Addr6, b: &Addr6) -> bool {
-    let w = |x: &Addr6, i: usize| {
-        u32::from_ne_bytes([x.0[i * 4], x.0[i * 4 + 1], x.0[i * 4 + 2], x.0[i * 4 + 3]])
-    };
-    w(a, 0) == w(b, 0) && w(a, 1) == w(b, 1) && w(a, 2) == w(b, 2) && w(a, 3) == w(b, 3)
-}
-
 /// Rewrites the packet (flow `p.k`) to `p.f`: source and destination, address
 /// and port, each only where it changes, reading the addresses where they are
 /// in the scratch entry. Inline: a call of its own (and the `memset` calls the
@@ -78,7 +69,7 @@ fn apply(ctx: &TcContext, p: &Scratch) -> bool {
     let Some(dport_off) = l4.dport_off else {
         return false;
     };
-    if !same(&k.src_ip, &f.src_ip) || k.src_port != f.src_port {
+    if !same6(&k.src_ip, &f.src_ip) || k.src_port != f.src_port {
         let r = Rewrite6 {
             addr_off: SRC_OFF,
             old_addr: &k.src_ip,
@@ -91,7 +82,7 @@ fn apply(ctx: &TcContext, p: &Scratch) -> bool {
             return false;
         }
     }
-    if !same(&k.dst_ip, &f.dst_ip) || k.dst_port != f.dst_port {
+    if !same6(&k.dst_ip, &f.dst_ip) || k.dst_port != f.dst_port {
         let r = Rewrite6 {
             addr_off: DST_OFF,
             old_addr: &k.dst_ip,
@@ -215,7 +206,7 @@ fn remember_reply(p: &mut Scratch) {
     // lookups.
     // SAFETY: map values are only read.
     let known = unsafe { HP_CT6.get(&p.rk) }
-        .is_some_and(|f| same(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
+        .is_some_and(|f| same6(&f.src_ip, &p.back.src_ip) && f.src_port == p.back.src_port);
     if !known {
         let _ = HP_CT6.insert(&p.rk, &p.back, 0);
         // client -> [node]:hostPort, translated to [pod]:containerPort.
@@ -418,7 +409,7 @@ fn sock_target(ctx: &SockAddrContext) -> Option<(PortTarget6, Addr6, u16)> {
     // `[::1]` matches the wildcard mappings only (it is in no node address
     // list, so the fallback finds nothing more).
     let mut k = PortKey6 {
-        host_ip: if same(&dst, &LOOPBACK) {
+        host_ip: if same6(&dst, &LOOPBACK) {
             Addr6::default()
         } else {
             dst
