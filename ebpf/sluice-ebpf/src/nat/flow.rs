@@ -9,11 +9,9 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
 };
-use sluice_common::{
-    nat_flags, nat_port_index, nat_state, reason, MasqConfig, NatKey, NAT_PORT_TRIES,
-};
+use sluice_common::{nat_flags, nat_port_index, nat_state, reason, MasqConfig, NAT_PORT_TRIES};
 
-use super::family::{Entry, Family, FlowKey, Rev, V4};
+use super::family::{Entry, Family, FlowKey, Rev};
 use crate::{
     counters::count,
     l4::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -274,12 +272,13 @@ fn claim<F: Family>(k: &FlowKey<F>, nat_port: u16, n: &New<F>) -> Option<Result<
     }
 }
 
-/// Takes a node echo's own identifier as its NAT identifier, if no flow holds it.
+/// Takes a node echo's own identifier as its NAT identifier, if no flow holds
+/// it (the echo leaves with its own address, `k.src_ip`).
 #[inline(always)]
-pub(super) fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
-    let flow = New::<V4> {
-        addr: cfg.addr,
-        rev: Rev::<V4> {
+pub(super) fn reserve<F: Family>(k: &FlowKey<F>) -> Result<(), ()> {
+    let flow = New::<F> {
+        addr: k.src_ip,
+        rev: Rev::<F> {
             pod_ip: k.src_ip,
             pod_port: k.src_port,
             _pad: 0,
@@ -287,7 +286,7 @@ pub(super) fn reserve(k: &NatKey, cfg: &MasqConfig) -> Result<(), ()> {
         pod_ifindex: 0,
         state: nat_state::ICMP,
     };
-    match claim::<V4>(k, k.src_port, &flow) {
+    match claim::<F>(k, k.src_port, &flow) {
         // Held by a pod's flow.
         None => Err(()),
         // Made, made by another CPU, or the map is full (the echo leaves

@@ -6,7 +6,7 @@ use network_types::ip::Ipv4Hdr;
 use sluice_common::{nat_state, reason, IpKey, MasqConfig, NatKey};
 
 use super::{
-    family::V4,
+    family::{Family, FlowKey, V4},
     flow::{allocate, reserve, touch},
     is_nat_addr,
 };
@@ -15,15 +15,13 @@ use crate::{
     endpoint::deliver_translated as deliver,
     events::note_drop,
     l4::{l4, rewrite, Rewrite, ETH_LEN, ICMP_ECHO, IP_CSUM, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
-    maps::{NAT_FWD, NAT_REV},
+    maps::NAT_REV,
 };
 
 /// The node's own ICMP echo requests. Echo identifiers are not split like ports
 /// (ping sockets hand out all 65535), so a node ping could use a pod flow's NAT
 /// identifier to the same destination and its reply would be delivered into the
-/// pod. So node echoes are flows too (`pod_ifindex` 0): a free identifier is
-/// reserved as it is, one a pod flow holds is translated like a pod's. Node
-/// traffic is never dropped here: without room in the maps it leaves untracked.
+/// pod. So node echoes are flows too, see [`node_echo_flow`].
 #[inline(always)]
 pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
@@ -31,15 +29,9 @@ pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
         return;
     };
     let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, 0, PROTO_ICMP);
-    if NAT_FWD.get_ptr(key).is_none() && reserve(&key, cfg).is_err() {
-        let _ = allocate::<V4>(&key, cfg, cfg.addr, 0, nat_state::ICMP);
-    }
-    let Some(e) = NAT_FWD.get_ptr_mut(key) else {
+    let Some((nat_id, _)) = node_echo_flow::<V4>(cfg, &key) else {
         return;
     };
-    touch(e, PROTO_ICMP, 0, false);
-    // SAFETY: a live map value.
-    let nat_id = unsafe { (*e).nat_port };
     if nat_id != l4.sport {
         let r = Rewrite {
             addr_off: ETH_LEN + 12,
@@ -53,6 +45,23 @@ pub(super) fn node_echo(ctx: &TcContext, cfg: &MasqConfig, ip: &Ipv4Hdr) {
             count(reason::MASQ_SNAT);
         }
     }
+}
+
+/// The flow of a node's echo request `k` (source: the masquerade address,
+/// IPv4 or IPv6), `pod_ifindex` 0: a free identifier is reserved as it is, one
+/// a pod flow holds is translated like a pod's. Its NAT identifier and whether
+/// the flow is new; `None`: no room in the maps, the echo leaves untracked
+/// (node traffic is never dropped).
+#[inline(always)]
+pub(super) fn node_echo_flow<F: Family>(cfg: &MasqConfig, k: &FlowKey<F>) -> Option<(u16, bool)> {
+    let new = F::fwd().get_ptr(k).is_none();
+    if new && reserve::<F>(k).is_err() {
+        let _ = allocate::<F>(k, cfg, k.src_ip, 0, nat_state::ICMP);
+    }
+    let e = F::fwd().get_ptr_mut(k)?;
+    touch(e, k.proto, 0, false);
+    // SAFETY: a live map value.
+    Some((unsafe { (*e).nat_port }, new))
 }
 
 /// An ICMP error quoting a masqueraded packet (its inner source is the masquerade
