@@ -8,7 +8,8 @@
 //! is translated; a router's Packet Too Big reaches the pod (path MTU discovery
 //! through a 1280-byte hop); two pods with the same source port to the same
 //! server get distinct NAT ports, and `sluicectl monitor` shows their new flows
-//! with the node's IPv6 address; idle flows expire (`nat_expired`) and come
+//! with the node's IPv6 address; a node's ping with a pod flow's NAT
+//! identifier gets its own reply; idle flows expire (`nat_expired`) and come
 //! back as new flows while an open connection's flow stays; DEL leaves no flow
 //! behind.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
@@ -508,6 +509,35 @@ fn icmpv6_packet_too_big_reaches_the_pod_and_path_mtu_discovery_works() {
     }
     eprintln!("router {ROUTER6_IP}: Packet Too Big translated back to the pod");
     drop(s);
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+/// A node's own ping may take any identifier (ping sockets hand out all 65535):
+/// one equal to a pod flow's NAT identifier, to the same destination, must still
+/// get its own reply. The node's echo is a flow of its own (origin "node"),
+/// leaving with another identifier.
+#[test]
+fn a_node_ipv6_ping_with_a_pod_flows_nat_identifier_gets_its_reply() {
+    let w = World::new(&json!({}));
+    let Some(a) = w.add_masq6("np6", "masq6-node-ping") else {
+        return;
+    };
+    Pinger6::new(&a.pod.path)
+        .unwrap()
+        .ping(ext6(), ICMP_ID, 1, 3, Duration::from_secs(2))
+        .unwrap();
+    let nat_id = nat_port(flow(&w.flows_of(&a), "icmpv6"));
+    Pinger6::new(&w.node.netns_path())
+        .unwrap()
+        .ping(ext6(), nat_id, 1, 3, Duration::from_secs(1))
+        .unwrap();
+    let flows = w.flows(&["--proto", "icmpv6"]);
+    let node: Vec<&Value> = flows.iter().filter(|f| f["origin"] == "node").collect();
+    assert_eq!(node.len(), 1, "{flows:#?}");
+    assert_eq!(node[0]["podIp"], NODE_IP6, "{flows:#?}");
+    assert_eq!(node[0]["podPort"], nat_id, "{flows:#?}");
+    assert_ne!(nat_port(node[0]), nat_id, "{flows:#?}");
     w.del(&a);
     w.node.assert_clean(NETWORK);
 }

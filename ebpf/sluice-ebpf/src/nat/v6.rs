@@ -12,17 +12,19 @@
 //!   answer what the outside sent to the pod's own address and leave as they
 //!   are, and neighbour discovery (link-local) never meets the uplink with a pod
 //!   address. ICMPv6 errors arriving about masqueraded flows are translated
-//!   back (`icmp6`).
+//!   back (`icmp6`). The node's own echo requests from the masquerade address
+//!   are flows too, as in IPv4 (`icmp::node_echo_flow`).
 use aya_ebpf::{bindings::TC_ACT_SHOT, maps::lpm_trie::Key, programs::TcContext};
 use sluice_common::{
     event_kind, masq_flags, reason, Addr6, IpKey, Masq6Config, MasqConfig, Nat6Key,
 };
 
-use super::{family::V6, flow_back, flow_out};
+use super::{family::V6, flow_back, flow_out, icmp::node_echo_flow};
 use crate::{
     counters::count,
     endpoint::deliver_translated as deliver,
     events::{self, note_drop},
+    l3::same6,
     l4::{
         l4, rewrite6, Rewrite6, ETH_LEN, ICMP6_DEST_UNREACH, ICMP6_ECHO, ICMP6_ECHO_REPLY,
         ICMP6_PARAM_PROBLEM, L4, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP,
@@ -93,6 +95,7 @@ pub(super) fn upper_layer(ctx: &TcContext, first: u8) -> Result<(u8, usize), u32
 pub struct Leaving {
     key: Nat6Key,
     l4: L4,
+    /// 0: the node's own echo request.
     pod_ifindex: u32,
     tcp_flags: u8,
     /// The translation: address and port.
@@ -117,7 +120,12 @@ pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     if v != CONTINUE {
         return v;
     }
-    match flow_out6(cfg, &p.key, p.pod_ifindex, p.tcp_flags, &mut p.out) {
+    let r = if p.pod_ifindex == 0 {
+        node_echo6(cfg, &p.key, &mut p.out)
+    } else {
+        flow_out6(cfg, &p.key, p.pod_ifindex, p.tcp_flags, &mut p.out)
+    };
+    match r {
         TRANSLATE => {}
         TRANSLATE_NEW => {
             events::flow6(
@@ -134,6 +142,10 @@ pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
             return TC_ACT_SHOT;
         }
     }
+    // A node echo that keeps its identifier.
+    if p.out.1 == p.key.src_port && same6(&p.out.0, &p.key.src_ip) {
+        return TCX_NEXT;
+    }
     translate_source(ctx, p)
 }
 
@@ -149,7 +161,7 @@ fn classify(ctx: &TcContext, p: &mut Leaving) -> i32 {
     };
     // SAFETY: map values are only read.
     let Some(ep) = (unsafe { ENDPOINTS.get(IpKey::v6(src.0)) }) else {
-        return TCX_NEXT;
+        return node_echo(ctx, p, &src, &dst, next_hdr);
     };
     let ifindex = ep.ifindex;
     if NON_MASQ6.get(Key::new(128, dst.0)).is_some() {
@@ -196,6 +208,27 @@ fn classify(ctx: &TcContext, p: &mut Leaving) -> i32 {
     CONTINUE
 }
 
+/// [`classify`] for a packet from no pod: [`CONTINUE`] with `p` filled in
+/// (`pod_ifindex` 0) for an echo request of the node's own from the masquerade
+/// address, else [`TCX_NEXT`] (node traffic is never dropped here).
+#[inline(always)]
+fn node_echo(ctx: &TcContext, p: &mut Leaving, src: &Addr6, dst: &Addr6, next_hdr: u8) -> i32 {
+    if !config6().is_some_and(|c| same6(&c.addr, src)) {
+        return TCX_NEXT;
+    }
+    let Ok((PROTO_ICMPV6, l4_off)) = upper_layer(ctx, next_hdr) else {
+        return TCX_NEXT;
+    };
+    let Ok(l4) = l4(ctx, PROTO_ICMPV6, l4_off, ICMP6_ECHO) else {
+        return TCX_NEXT;
+    };
+    p.key = Nat6Key::new(*src, *dst, l4.sport, 0, PROTO_ICMPV6);
+    p.l4 = l4;
+    p.pod_ifindex = 0;
+    p.tcp_flags = 0;
+    CONTINUE
+}
+
 /// Gives a leaving packet the flow's address and port.
 #[inline(never)]
 fn translate_source(ctx: &TcContext, p: &Leaving) -> i32 {
@@ -208,6 +241,10 @@ fn translate_source(ctx: &TcContext, p: &Leaving) -> i32 {
         new_port: p.out.1,
     };
     if rewrite6(ctx, &p.l4, &r).is_err() {
+        // The node's own echo is never dropped (see `icmp::node_echo`).
+        if p.pod_ifindex == 0 {
+            return TCX_NEXT;
+        }
         note_drop(reason::DROP_MASQ_MALFORMED, p.pod_ifindex);
         return TC_ACT_SHOT;
     }
@@ -252,13 +289,33 @@ fn flow_out6(
     }
 }
 
+/// [`node_echo_flow`] for the node's echo request `key`, a call of its own as
+/// [`flow_out6`] is: [`TRANSLATE`] (or [`TRANSLATE_NEW`]) with its identifier
+/// in `out`, [`INBOUND`] when it leaves untracked (no room in the maps).
+#[inline(never)]
+fn node_echo6(cfg: &MasqConfig, key: &Nat6Key, out: &mut (Addr6, u16)) -> i64 {
+    match node_echo_flow::<V6>(cfg, key) {
+        Some((nat_id, new)) => {
+            *out = (key.src_ip, nat_id);
+            if new {
+                TRANSLATE_NEW
+            } else {
+                TRANSLATE
+            }
+        }
+        None => INBOUND,
+    }
+}
+
 /// What [`dnat6`] returns for an ICMPv6 error to the masquerade address, for
 /// the caller to hand to `icmp6::icmp6_error`: a call of its own, made from the
 /// program rather than from here (one frame less deep, for the 512-byte stack).
 pub(super) const ICMP6_ERROR: i32 = i32::MIN + 1;
 
 /// uplink ingress, IPv6: replies to masqueraded flows, translated back and
-/// delivered into the pod; [`super::NOT_NAT`]: not masquerade traffic.
+/// delivered into the pod (a node echo's reply, translated back to the node's
+/// address, is no endpoint's: it goes on to the kernel, as in IPv4);
+/// [`super::NOT_NAT`]: not masquerade traffic.
 #[inline(never)]
 pub(super) fn dnat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     dnat6_inner(ctx, cfg).unwrap_or(super::NOT_NAT)
