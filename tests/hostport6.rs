@@ -269,6 +269,59 @@ fn ipv6_hostport_from_outside_with_native_xdp() {
     w.node.assert_clean(NETWORK);
 }
 
+/// Extension headers are not walked on the hostPort path: a datagram with a
+/// destination-options header to `[node IPv6]:hostPort` is left to the node's
+/// kernel, never half translated (the pod sees nothing of it, nothing is
+/// counted as translated); a plain one to the same port reaches the pod.
+#[test]
+fn an_ipv6_datagram_with_extension_headers_is_left_to_the_node() {
+    let w = world("10.98.6.0/24", "fd00:7c:6::/64");
+    let a = w.add("a", "hp6-exthdr-a", &tcp_udp(""));
+    let server = server6(&a);
+    let with_opts = udp_socket(&w.ext.netns_path(), sa6(EXT6, 0)).unwrap();
+    // Eight bytes of destination options (RFC 8200 4.6): next header and
+    // length (the kernel fills them in), then a PadN option of four bytes.
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: `opts` is live for the call and of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&with_opts),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            opts.as_ptr().cast(),
+            8,
+        )
+    };
+    assert_eq!(r, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+    let c0 = w.counters();
+    let to = sa6(NODE6, HP);
+    let r = udp_echo_on(
+        &with_opts,
+        to,
+        b"with options",
+        2,
+        Duration::from_millis(500),
+    );
+    let d = w.counters().since(&c0);
+    assert!(
+        r.is_err(),
+        "an echo of the datagram with options: {r:?} ({d})"
+    );
+    assert_eq!(d.get("hostport_dnat"), 0, "{d}");
+    assert!(server.peers().udp.is_empty(), "{:?}", server.peers());
+    let plain = udp_socket(&w.ext.netns_path(), sa6(EXT6, 0)).unwrap();
+    udp_echo_on(&plain, to, b"plain", 3, Duration::from_secs(2)).unwrap();
+    assert_eq!(
+        server.peers().udp_sources().len(),
+        1,
+        "{:?}",
+        server.peers()
+    );
+    drop((with_opts, plain));
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
 #[test]
 fn the_node_reaches_ipv6_hostports_at_loopback_and_its_own_address() {
     let w = world("10.98.2.0/24", "fd00:7c:2::/64");
