@@ -17,6 +17,10 @@ use std::{
     collections::BTreeSet,
     io::{Read, Write},
     net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -756,5 +760,94 @@ fn idle_ipv6_flows_expire_and_come_back_as_new_flows() {
     drop((open, u));
     w.del(&a);
     assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
+    w.node.assert_clean(NETWORK);
+}
+
+/// A server that answers one byte on each connection and closes it first, so
+/// that the connection stays in `TIME_WAIT` on its side (60 s); bounded by
+/// `stop`, which a last connection wakes.
+fn closing_server(
+    netns: &std::path::Path,
+) -> (SocketAddr, Arc<AtomicBool>, thread::JoinHandle<()>) {
+    let l = in_netns(netns, || {
+        TcpListener::bind(SocketAddr::new(ext6().into(), 0))
+            .map_err(|e| sluice_tests::err!("bind: {e}"))
+    })
+    .unwrap();
+    let addr = l.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let t = thread::spawn(move || {
+        while !s2.load(Ordering::Relaxed) {
+            let Ok((mut c, _)) = l.accept() else { break };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut b = [0u8; 1];
+            if c.read_exact(&mut b).is_ok() {
+                let _ = c.write_all(&b);
+            }
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    (addr, stop, t)
+}
+
+/// A server keeps each connection it closed in `TIME_WAIT` and refuses a SYN
+/// for the same address and port pair that carries another connection's
+/// timestamps (PAWS: Linux offsets timestamps per connection), so the client
+/// waits a second for the retransmission. Once a pod's closed flows expired,
+/// its next connections to that server must not land on NAT ports other
+/// connections of it left in `TIME_WAIT` there: none refused, no SYN sent twice.
+/// (With NAT ports drawn from a hash of the whole flow, about one in twenty of
+/// these connections was.)
+#[test]
+fn new_connections_do_not_meet_the_servers_time_wait_once_flows_expired() {
+    let w = World::new(&json!({"natTimeouts": {"tcpClosing": 1}}));
+    let Some(a) = w.add_masq6("tw", "masq6-timewait") else {
+        return;
+    };
+    let (to, stop, server) = closing_server(&w.ext.netns_path());
+    let batch = |n: usize| {
+        for i in 0..n {
+            let mut s = tcp_connect(&a.pod.path, None, to).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(b"x").unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b)
+                .unwrap_or_else(|e| panic!("connection {i} to {to}: {e}"));
+        }
+    };
+    batch(2000);
+    // The closed flows expire (closing timeout 1 s, the sweeper once a second).
+    let gone = wait_for(Duration::from_secs(15), || {
+        w.flows_of(&a).iter().all(|f| f["proto"] != "tcp")
+    });
+    assert!(gone, "flows left: {:#?}", w.flows_of(&a));
+    let (ext0, pod0) = (
+        look::snmp(&w.ext.netns_path()).unwrap(),
+        look::snmp(&a.pod.path).unwrap(),
+    );
+    batch(2000);
+    let (ext1, pod1) = (
+        look::snmp(&w.ext.netns_path()).unwrap(),
+        look::snmp(&a.pod.path).unwrap(),
+    );
+    let delta =
+        |a: &std::collections::BTreeMap<String, u64>,
+         b: &std::collections::BTreeMap<String, u64>,
+         k: &str| { b.get(k).copied().unwrap_or(0) - a.get(k).copied().unwrap_or(0) };
+    stop.store(true, Ordering::Relaxed);
+    let _ = tcp_connect(&a.pod.path, None, to);
+    server.join().unwrap();
+    assert_eq!(
+        delta(&ext0, &ext1, "TcpExt.PAWSTimewait"),
+        0,
+        "SYNs the server refused"
+    );
+    assert_eq!(
+        delta(&pod0, &pod1, "TcpExt.TCPSynRetrans"),
+        0,
+        "SYNs the pod sent again"
+    );
+    w.del(&a);
     w.node.assert_clean(NETWORK);
 }

@@ -360,7 +360,9 @@ fn read_link_info(pin: &Path) -> Result<LinkInfo> {
 /// `/proc/net/snmp6` under their own names (`Ip6OutForwDatagrams`, ...).
 pub fn snmp(netns: &Path) -> Result<std::collections::BTreeMap<String, u64>> {
     let mut m = std::collections::BTreeMap::new();
-    let v4 = exec::tool(Some(netns), "cat", &["/proc/net/snmp"])?;
+    // `netstat` has the `TcpExt` group (PAWS, SYN retransmissions), in the
+    // same two-line format.
+    let v4 = exec::tool(Some(netns), "cat", &["/proc/net/snmp", "/proc/net/netstat"])?;
     let lines: Vec<&str> = v4.lines().collect();
     for pair in lines.chunks(2) {
         let [names, values] = pair else { continue };

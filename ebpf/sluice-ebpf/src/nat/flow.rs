@@ -119,16 +119,19 @@ fn free_if_stale<F: Family>(cfg: &MasqConfig, rk: &FlowKey<F>) -> u32 {
     }
 }
 
+/// Where a flow's NAT port tries start (see `nat_port_index`): a hash of
+/// everything but the pod's source port, plus that port, so that a pod's
+/// consecutive source ports take consecutive NAT ports.
 #[inline(always)]
 fn flow_hash<F: Family>(k: &FlowKey<F>) -> u32 {
     let a = F::fold(&k.src_ip);
     let b = F::fold(&k.dst_ip);
-    let c = (u32::from(k.src_port) << 16) | u32::from(k.dst_port);
-    let mut h = a ^ b.rotate_left(11) ^ c.rotate_left(22) ^ u32::from(k.proto);
+    let mut h = a ^ b.rotate_left(11) ^ u32::from(k.dst_port).rotate_left(22) ^ u32::from(k.proto);
     h ^= h >> 16;
     h = h.wrapping_mul(0x7feb_352d);
     h ^= h >> 15;
-    h.wrapping_mul(0x846c_a68b)
+    h = h.wrapping_mul(0x846c_a68b);
+    h.wrapping_add(u32::from(u16::from_be(k.src_port)))
 }
 
 /// Takes a NAT port for a new flow leaving with `addr`: reverse entry first
