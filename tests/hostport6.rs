@@ -21,7 +21,7 @@ use sluice_tests::{
     fixtures::{EXT_IF, UPLINK},
     host,
     hostport::{mapping, node_client, node_ip, ports, ClientReport, HpPod, HpWorld},
-    masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
+    masq::{set_dstopts, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
     NETWORK,
 };
 
@@ -279,20 +279,7 @@ fn an_ipv6_datagram_with_extension_headers_is_left_to_the_node() {
     let a = w.add("a", "hp6-exthdr-a", &tcp_udp(""));
     let server = server6(&a);
     let with_opts = udp_socket(&w.ext.netns_path(), sa6(EXT6, 0)).unwrap();
-    // Eight bytes of destination options (RFC 8200 4.6): next header and
-    // length (the kernel fills them in), then a PadN option of four bytes.
-    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: `opts` is live for the call and of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&with_opts),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_DSTOPTS,
-            opts.as_ptr().cast(),
-            8,
-        )
-    };
-    assert_eq!(r, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+    set_dstopts(&with_opts).unwrap();
     let c0 = w.counters();
     let to = sa6(NODE6, HP);
     let r = udp_echo_on(

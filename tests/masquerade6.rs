@@ -32,8 +32,8 @@ use sluice_tests::{
     host, kernel, look,
     masq::{
         in_netns, masq_external_host, nat_list, path_mtu6, payload, routed_external_host6,
-        tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for, EchoServer, Pinger6, FAR6_IP,
-        NODE6_ROUTED, ROUTER6_IP,
+        set_dstopts, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for, EchoServer,
+        Pinger6, FAR6_IP, NODE6_ROUTED, ROUTER6_IP,
     },
     Host, Node, Pod, NETWORK,
 };
@@ -419,20 +419,7 @@ fn ipv6_with_a_destination_options_header_is_translated() {
     };
     let server = w.server();
     let u = udp_socket(&a.pod.path, SocketAddr::new(a.ip6.into(), 0)).unwrap();
-    // Eight bytes of destination options (RFC 8200 4.6): next header and length
-    // (the kernel fills them in), then a PadN option of four bytes.
-    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: `opts` is live for the call and of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&u),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_DSTOPTS,
-            opts.as_ptr().cast(),
-            8,
-        )
-    };
-    assert_eq!(r, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+    set_dstopts(&u).unwrap();
     let c0 = w.node.counters().unwrap();
     udp_echo_on(&u, server.addr, &payload(200, 3), 3, Duration::from_secs(2)).unwrap();
     let d = w.node.counters().unwrap().since(&c0);

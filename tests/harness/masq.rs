@@ -461,6 +461,28 @@ pub fn udp_socket(netns: &Path, bind: SocketAddr) -> Result<UdpSocket> {
     })
 }
 
+/// Makes every datagram `s` sends carry a destination-options extension
+/// header (RFC 8200 4.6) of eight bytes: next header and length (the kernel
+/// fills them in), then a `PadN` option of four bytes.
+pub fn set_dstopts(s: &UdpSocket) -> Result<()> {
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: `opts` is live for the call and of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            opts.as_ptr().cast(),
+            8,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(err!("IPV6_DSTOPTS: {}", std::io::Error::last_os_error()))
+    }
+}
+
 /// Sends `data` to `to` and waits up to `wait` for the same bytes back from
 /// `to`, `tries` times at most. Returns the attempt that got the echo (1-based).
 pub fn udp_echo_on(
