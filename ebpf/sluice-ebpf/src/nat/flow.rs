@@ -152,7 +152,6 @@ pub(super) fn allocate<F: Family>(
     };
     let range = n1 + n2;
     let h = flow_hash::<F>(k);
-
     let rev = Rev::<F> {
         pod_ip: k.src_ip,
         pod_port: k.src_port,
