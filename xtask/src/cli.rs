@@ -173,6 +173,8 @@ pub(crate) enum BenchTable {
     Hostport,
     /// pods with bandwidth limits (10 Mbit/s, 100 Mbit/s, 1 Gbit/s; bursts of 10, 100, 300 ms) both ways.
     Bandwidth,
+    /// ADD and DEL as a node fills up to 1,000 pods, without and with a hostPort each.
+    Filling,
 }
 
 #[derive(Debug, Args)]

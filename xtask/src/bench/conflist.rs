@@ -26,6 +26,8 @@ pub(super) struct Conflist {
 pub(super) struct Attachment {
     pub container_id: String,
     pub netns: PathBuf,
+    /// The interface name the runtime asked for (`CNI_IFNAME`).
+    pub ifname: String,
     pub runtime_config: Value,
     pub result: Value,
 }
@@ -53,12 +55,24 @@ impl Conflist {
         c
     }
 
-    /// ADD of the whole list in `node`: the attachment and the time the plugins
-    /// took, all of them one after the other, in ms.
+    /// ADD of the whole list in `node` as `eth0`: the attachment and the time
+    /// the plugins took, all of them one after the other, in ms.
     pub(super) fn add(
         &self,
         node: &Path,
         container_id: &str,
+        netns: &Path,
+        runtime_config: Value,
+    ) -> Result<(Attachment, f64)> {
+        self.add_as(node, (container_id, "eth0"), netns, runtime_config)
+    }
+
+    /// The same with interface name `ifname` (several networks' interfaces in
+    /// one pod namespace).
+    pub(super) fn add_as(
+        &self,
+        node: &Path,
+        (container_id, ifname): (&str, &str),
         netns: &Path,
         runtime_config: Value,
     ) -> Result<(Attachment, f64)> {
@@ -67,7 +81,8 @@ impl Conflist {
             let mut prev: Option<Value> = None;
             for (plugin, conf) in &self.plugins {
                 let c = self.plugin_conf(conf, &runtime_config, prev.as_ref());
-                prev = Some(exec(plugin, "ADD", &c, container_id, netns)?);
+                let at = (container_id, ifname, netns);
+                prev = Some(exec(plugin, "ADD", &c, at)?);
             }
             let ms = started.elapsed().as_secs_f64() * 1e3;
             let result = prev.context("a conflist without plugins")?;
@@ -75,6 +90,7 @@ impl Conflist {
                 Attachment {
                     container_id: container_id.to_string(),
                     netns: netns.to_path_buf(),
+                    ifname: ifname.to_string(),
                     runtime_config,
                     result,
                 },
@@ -89,7 +105,7 @@ impl Conflist {
             let started = Instant::now();
             for (plugin, conf) in self.plugins.iter().rev() {
                 let c = self.plugin_conf(conf, &a.runtime_config, Some(&a.result));
-                exec(plugin, "DEL", &c, &a.container_id, &a.netns)?;
+                exec(plugin, "DEL", &c, (&a.container_id, &a.ifname, &a.netns))?;
             }
             Ok(started.elapsed().as_secs_f64() * 1e3)
         })
@@ -113,12 +129,18 @@ pub(super) fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> Result<T> + Send)
     })
 }
 
-/// One plugin run, from the calling thread (already in the node namespace).
-fn exec(plugin: &Path, command: &str, conf: &Value, cid: &str, netns: &Path) -> Result<Value> {
+/// One plugin run, from the calling thread (already in the node namespace):
+/// container `cid`'s interface `ifname` in `netns`.
+fn exec(
+    plugin: &Path,
+    command: &str,
+    conf: &Value,
+    (cid, ifname, netns): (&str, &str, &Path),
+) -> Result<Value> {
     let run = Invocation {
         command,
         container_id: cid,
-        ifname: "eth0",
+        ifname,
         netns: Some(netns),
     };
     run.run(None, plugin, conf)

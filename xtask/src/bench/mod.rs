@@ -11,6 +11,7 @@
 //! `--only <table>` runs one table's setups and figures alone.
 mod conflist;
 mod connloop;
+mod filling;
 pub(crate) mod hostport;
 mod measure;
 mod report;
@@ -55,6 +56,11 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?
     } else {
         Vec::new()
+    };
+    let fill_cgroup = if want(BenchTable::Filling) {
+        Some(hostport::Cgroup::new("sfl")?)
+    } else {
+        None
     };
     // The reference bandwidth plugin makes an ifb device (in the node
     // namespace): the host's own are listed to check that none was added.
@@ -114,6 +120,10 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     if let Some(before) = &ifbs_before {
         check_ifbs(&tb, &bw, before)?;
     }
+    let fill = match &fill_cgroup {
+        Some(cg) => filling::setups(&mut tb, &bins, cg)?,
+        None => Vec::new(),
+    };
     let mut report = Report::new(args.only);
     if let Some((_, s)) = bw.iter().find(|(k, _)| *k == SLUICE_BW) {
         report.sluice_egress = Some(sluice_egress(&tb, &bins, s)?);
@@ -142,8 +152,12 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     for (_, s) in &mut bw {
         topology::bandwidth_del(&tb, s)?;
     }
+    if !fill.is_empty() {
+        filling::run(&mut tb, &fill, &mut report)?;
+    }
     drop(tb);
     drop(cgroups);
+    drop(fill_cgroup);
     if let Some(before) = ifbs_before {
         let added: Vec<String> = host_ifbs()?
             .into_iter()

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use crate::cli::{BenchArgs, BenchTable};
 
 use super::{
+    filling::{FILL_AT, FILL_PODS, FILL_WINDOW},
     measure::CPU,
     measure::UDP_LEN,
     topology::{
@@ -55,6 +56,15 @@ pub(super) enum Figure {
     BwCpuPerGbit {
         ingress: bool,
     },
+    /// ADD p50 (ms) of the pods that brought a node to `FILL_AT[i]` pods (the
+    /// setup says which `i`), each pod with a hostPort or none.
+    FillAddP50 {
+        hostport: bool,
+    },
+    /// DEL p50 (ms) of the pods taken from a node holding `FILL_AT[i]` pods.
+    FillDelP50 {
+        hostport: bool,
+    },
 }
 
 /// Where a bandwidth figure was measured: (index into `BW_RATES`, index into
@@ -81,9 +91,13 @@ pub(super) const SLUICE_BW: usize = 12;
 /// The IPv6 masquerade setups (the masquerade figures, on IPv6).
 pub(super) const REFERENCE_MASQ6: usize = 13;
 pub(super) const SLUICE_MASQ6: usize = 14;
+/// The filling-up setups: reference and Sluice at `FILL_AT[0]` pods; at
+/// `FILL_AT[i]` they are `2 * i` further on.
+pub(super) const REFERENCE_FILL: usize = 15;
+pub(super) const SLUICE_FILL: usize = 16;
 
 /// Setup names, by index.
-const NAMES: [&str; 15] = [
+const NAMES: [&str; 21] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -99,10 +113,21 @@ const NAMES: [&str; 15] = [
     "sluice",
     "bridge ipMasq",
     "sluice ipMasq",
+    "bridge+host-local(+portmap)",
+    "sluice",
+    "bridge+host-local(+portmap)",
+    "sluice",
+    "bridge+host-local(+portmap)",
+    "sluice",
 ];
 
 /// The setup of `base` (`REFERENCE_HP` or `SLUICE_HP`) with `HP_SIZES[i]` mappings.
 pub(super) const fn hp(base: usize, i: usize) -> usize {
+    base + 2 * i
+}
+
+/// The setup of `base` (`REFERENCE_FILL` or `SLUICE_FILL`) at `FILL_AT[i]` pods.
+pub(super) const fn filling(base: usize, i: usize) -> usize {
     base + 2 * i
 }
 
@@ -137,7 +162,7 @@ const MASQ_FIGURES: &[Figure] = &[
     Figure::MasqConnsPerSec,
 ];
 
-const TABLES: [Table; 5] = [
+const TABLES: [Table; 6] = [
     Table {
         which: BenchTable::Routing,
         by_size: false,
@@ -201,6 +226,19 @@ const TABLES: [Table; 5] = [
         which: BenchTable::Bandwidth,
         by_size: false,
     },
+    Table {
+        title: "A node filling up (each ADD and DEL as the node goes to 1,000 pods and back)",
+        figures: &[
+            Figure::FillAddP50 { hostport: false },
+            Figure::FillAddP50 { hostport: true },
+            Figure::FillDelP50 { hostport: false },
+            Figure::FillDelP50 { hostport: true },
+        ],
+        columns: &[REFERENCE_FILL, SLUICE_FILL],
+        ratios: &[("sluice/reference", SLUICE_FILL, REFERENCE_FILL)],
+        which: BenchTable::Filling,
+        by_size: false,
+    },
 ];
 
 impl Figure {
@@ -232,6 +270,10 @@ impl Figure {
             Self::BwLoadedRttP99(_) => "TCP RTT p99 under load (us)",
             Self::BwUdpMbps { .. } => "UDP sent at 2x the limit, received (Mbit/s)",
             Self::BwCpuPerGbit { .. } => "CPU per Gbit/s, TCP (CPU-seconds per Gbit)",
+            Self::FillAddP50 { hostport: false } => "ADD p50, pods without mappings (ms)",
+            Self::FillAddP50 { hostport: true } => "ADD p50, pods with a hostPort each (ms)",
+            Self::FillDelP50 { hostport: false } => "DEL p50, pods without mappings (ms)",
+            Self::FillDelP50 { hostport: true } => "DEL p50, pods with a hostPort each (ms)",
         }
     }
 
@@ -331,6 +373,9 @@ impl Report {
         }
         if t.which == BenchTable::Bandwidth {
             return self.bw_rows(t);
+        }
+        if t.which == BenchTable::Filling {
+            return self.filling_rows(t);
         }
         t.figures
             .iter()
@@ -466,6 +511,102 @@ impl Report {
         rows
     }
 
+    /// Rows of the filling-up table: per figure, one row per node size
+    /// (`FILL_AT`), then each column's growth from the smallest to the largest.
+    fn filling_rows(&self, t: &Table) -> Vec<Vec<String>> {
+        let mut rows = Vec::new();
+        let last = FILL_AT.len() - 1;
+        for f in t.figures {
+            let label = format!("{} [lower is better]", f.label());
+            for (i, n) in FILL_AT.iter().enumerate() {
+                let mut row = vec![label.clone(), thousands(*n)];
+                row.extend(t.columns.iter().map(|s| self.cell(*f, filling(*s, i))));
+                row.extend(t.ratios.iter().map(|(_, a, b)| {
+                    ratio_text(
+                        self.value(*f, filling(*a, i)),
+                        self.value(*f, filling(*b, i)),
+                    )
+                }));
+                rows.push(row);
+            }
+            let mut row = vec![
+                label,
+                format!("{} / {}", thousands(FILL_AT[last]), thousands(FILL_AT[0])),
+            ];
+            row.extend(t.columns.iter().map(|s| {
+                self.growth(*f, *s)
+                    .map_or_else(|| "-".into(), |g| format!("{g:.2}x"))
+            }));
+            row.extend(t.ratios.iter().map(|_| String::new()));
+            rows.push(row);
+        }
+        rows
+    }
+
+    /// `f` at the most pods over `f` at the fewest, for the filling setups
+    /// starting at `base`.
+    fn growth(&self, f: Figure, base: usize) -> Option<f64> {
+        let first = self.value(f, filling(base, 0))?;
+        let last = self.value(f, filling(base, FILL_AT.len() - 1))?;
+        (first != 0.0).then(|| last / first)
+    }
+
+    /// Issue 18: ADD flat as the node fills up, DEL well under the reference's.
+    fn filling_targets(&self) -> Vec<String> {
+        let check = |ok: bool| if ok { "met" } else { "NOT met" };
+        let ms = |f, base, i| {
+            self.value(f, filling(base, i))
+                .map_or_else(|| "-".into(), |v| format!("{v:.1} ms"))
+        };
+        let (first, last) = (thousands(FILL_AT[0]), thousands(FILL_AT[FILL_AT.len() - 1]));
+        let top = FILL_AT.len() - 1;
+        let mut out = Vec::new();
+        for hostport in [false, true] {
+            let what = if hostport {
+                "a hostPort each"
+            } else {
+                "no mappings"
+            };
+            let add = Figure::FillAddP50 { hostport };
+            let g = self.growth(add, SLUICE_FILL);
+            out.push(format!(
+                "ADD p50 at {last} pods <= 1.2x ADD p50 at {first} ({what}): {} ({} -> {}), {}; \
+                 reference {} ({} -> {})",
+                g.map_or_else(|| "-".into(), |g| format!("{g:.2}x")),
+                ms(add, SLUICE_FILL, 0),
+                ms(add, SLUICE_FILL, top),
+                check(g.is_some_and(|g| g <= 1.2)),
+                self.growth(add, REFERENCE_FILL)
+                    .map_or_else(|| "-".into(), |g| format!("{g:.2}x")),
+                ms(add, REFERENCE_FILL, 0),
+                ms(add, REFERENCE_FILL, top),
+            ));
+        }
+        for hostport in [false, true] {
+            let what = if hostport {
+                "a hostPort each"
+            } else {
+                "no mappings"
+            };
+            let del = Figure::FillDelP50 { hostport };
+            let r = match (
+                self.value(del, filling(SLUICE_FILL, top)),
+                self.value(del, filling(REFERENCE_FILL, top)),
+            ) {
+                (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+                _ => None,
+            };
+            out.push(format!(
+                "DEL p50 at {last} pods <= 0.6x the reference's ({what}): {} ({} vs {}), {}",
+                r.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
+                ms(del, SLUICE_FILL, top),
+                ms(del, REFERENCE_FILL, top),
+                check(r.is_some_and(|r| r <= 0.6)),
+            ));
+        }
+        out
+    }
+
     /// Change of `f` in percent from the fewest to the most mappings, for the
     /// port-mapping setups starting at `base`.
     fn change(&self, f: Figure, base: usize) -> Option<f64> {
@@ -478,6 +619,9 @@ impl Report {
         let mut h = vec!["figure".to_string()];
         if t.by_size {
             h.push("mappings".into());
+        }
+        if t.which == BenchTable::Filling {
+            h.push("pods on the node".into());
         }
         let bw = t.which == BenchTable::Bandwidth;
         if bw {
@@ -548,6 +692,7 @@ impl Report {
                 }
                 BenchTable::Hostport => out.extend(self.hostport_targets()),
                 BenchTable::Bandwidth => out.extend(self.bandwidth_targets()),
+                BenchTable::Filling => out.extend(self.filling_targets()),
             }
         }
         out
@@ -676,6 +821,7 @@ impl Report {
                 BenchTable::Masquerade6 => &["masquerade", "masquerade6"],
                 BenchTable::Hostport => &["hostport"],
                 BenchTable::Bandwidth => &["bandwidth"],
+                BenchTable::Filling => &["filling"],
             };
             for s in sections {
                 if !names.contains(s) {
@@ -779,6 +925,14 @@ impl Report {
     }
 }
 
+/// `a / b` as "1.23x", or "-" without both.
+fn ratio_text(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
+}
+
 /// 10000 -> "10,000".
 fn thousands(n: usize) -> String {
     let s = n.to_string();
@@ -849,6 +1003,9 @@ fn method_vars(args: &BenchArgs, sluice_egress: Option<&str>) -> Vec<(&'static s
         ("udp_len", UDP_LEN.to_string()),
         ("udp", rate_text(BW_RATES[BW_UDP_RATE])),
         ("cpu_rate", rate_text(BW_RATES[BW_CPU_RATE])),
+        ("fill_pods", thousands(FILL_PODS)),
+        ("fill_at", FILL_AT.map(thousands).join(", ")),
+        ("fill_window", FILL_WINDOW.to_string()),
     ]
 }
 
@@ -1018,6 +1175,9 @@ mod tests {
         ];
         for i in 0..HP_SIZES.len() {
             setups.extend([hp(REFERENCE_HP, i), hp(SLUICE_HP, i)]);
+        }
+        for i in 0..FILL_AT.len() {
+            setups.extend([filling(REFERENCE_FILL, i), filling(SLUICE_FILL, i)]);
         }
         let n = setups.len();
         setups.sort_unstable();

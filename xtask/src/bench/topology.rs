@@ -230,7 +230,7 @@ pub(super) fn reference_masq(tb: &mut Testbed, family: Family) -> Result<Setup> 
 /// The reference bridge plugin's config: a gateway bridge `bridge`, host-local
 /// on `family`'s ranges of node `n` (see [`Family::ipam`]), its data under the
 /// testbed's dir.
-fn bridge_conf(
+pub(super) fn bridge_conf(
     tb: &Testbed,
     tag: &str,
     bridge: &str,
@@ -290,7 +290,12 @@ fn check_masquerade_rule(tb: &Testbed, tag: &str, s: &Setup, family: Family) -> 
 /// Sluice's config (without name/cniVersion) for node `tag`: its own pin
 /// root, state and IPAM directories, the built-in IPAM on `family`'s ranges of
 /// node `n` (see [`Family::ipam`]), and the keys of `extra`.
-fn sluice_conf(tb: &Testbed, tag: &str, (n, family): (u8, Family), extra: Value) -> Value {
+pub(super) fn sluice_conf(
+    tb: &Testbed,
+    tag: &str,
+    (n, family): (u8, Family),
+    extra: Value,
+) -> Value {
     let mut ipam = family.ipam(n);
     ipam["type"] = json!("sluice");
     ipam["dataDir"] = json!(tb.dir.join(format!("{tag}-ipam")));

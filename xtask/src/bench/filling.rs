@@ -1,0 +1,202 @@
+//! The "node filling up" table: how ADD and DEL cost changes as a node goes
+//! from no pods to `FILL_PODS`. Four nodes (bridge + host-local and Sluice,
+//! each once without mappings and once with a hostPort per pod, the reference
+//! then with portmap) take the same pods one by one, the nodes interleaved and
+//! their order rotated from pod to pod (so drift and the kernel's deferred work
+//! land on all of them alike), then give them back in reverse. "At N pods" is
+//! the median of the `FILL_WINDOW` ADDs that brought the node to N pods, and of
+//! the `FILL_WINDOW` DELs that started from N pods.
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use super::{
+    conflist::{Attachment, Conflist},
+    hostport::Cgroup,
+    measure,
+    report::{filling, Figure, Report, REFERENCE_FILL, SLUICE_FILL},
+    topology,
+};
+use crate::{build::Binaries, testbed::Testbed};
+
+/// Pods each node takes.
+pub(super) const FILL_PODS: usize = 1_000;
+/// The node sizes the table shows (each at most `FILL_PODS`, at least `FILL_WINDOW`).
+pub(super) const FILL_AT: [usize; 3] = [20, 500, 1_000];
+/// ADDs (DELs) each median is taken over.
+pub(super) const FILL_WINDOW: usize = 20;
+/// The container port of every mapping, and the first host port.
+const CONTAINER_PORT: u16 = 80;
+const FIRST_HOST_PORT: u16 = 40_000;
+
+/// One node of the table.
+pub(super) struct FillSetup {
+    tag: String,
+    node: usize,
+    list: Conflist,
+    /// A hostPort mapping per pod.
+    hostport: bool,
+    /// Setup index in the report (see [`filling`]).
+    index: usize,
+    /// The pods' interface name on this node's network (the pods are shared).
+    ifname: String,
+}
+
+/// The four nodes; `cgroup` for the Sluice node with mappings (its socket hooks).
+pub(super) fn setups(tb: &mut Testbed, bins: &Binaries, cgroup: &Cgroup) -> Result<Vec<FillSetup>> {
+    let mut out = Vec::new();
+    for (k, hostport) in [false, true].into_iter().enumerate() {
+        let n = 71 + 2 * u8::try_from(k)?;
+        let tag = format!("rfl{k}");
+        let mut plugins = vec![(
+            "/usr/lib/cni/bridge".into(),
+            wide(topology::bridge_conf(
+                tb,
+                &tag,
+                &format!("br{tag}"),
+                (n, topology::Family::V4),
+                false,
+            )),
+        )];
+        if hostport {
+            plugins.push((
+                "/usr/lib/cni/portmap".into(),
+                json!({"type": "portmap", "capabilities": {"portMappings": true}}),
+            ));
+        }
+        out.push(node(
+            tb,
+            tag,
+            n,
+            plugins,
+            "1.0.0",
+            (hostport, REFERENCE_FILL),
+        )?);
+        let n = n + 1;
+        let tag = format!("sfl{k}");
+        let extra = if hostport {
+            json!({"capabilities": {"portMappings": true}, "hostPortCgroup": cgroup.path})
+        } else {
+            json!({})
+        };
+        let conf = wide(topology::sluice_conf(
+            tb,
+            &tag,
+            (n, topology::Family::V4),
+            extra,
+        ));
+        let plugins = vec![(bins.sluice.clone(), conf)];
+        out.push(node(tb, tag, n, plugins, "1.1.0", (hostport, SLUICE_FILL))?);
+    }
+    for (i, s) in out.iter_mut().enumerate() {
+        s.ifname = format!("eth{i}");
+    }
+    Ok(out)
+}
+
+/// The plugin config with a /20 pod range (4,094 addresses) instead of the /24.
+fn wide(mut conf: Value) -> Value {
+    if let Some(s) = conf["ipam"]["subnet"].as_str() {
+        let wide = s.replace("/24", "/20");
+        conf["ipam"]["subnet"] = json!(wide);
+    }
+    conf
+}
+
+fn node(
+    tb: &mut Testbed,
+    tag: String,
+    n: u8,
+    plugins: Vec<(std::path::PathBuf, Value)>,
+    cni_version: &str,
+    (hostport, base): (bool, usize),
+) -> Result<FillSetup> {
+    let (node, _, _) = tb.node_with_uplink(&tag, n, None)?;
+    Ok(FillSetup {
+        list: Conflist {
+            name: format!("bench{tag}"),
+            cni_version: cni_version.into(),
+            plugins,
+        },
+        tag,
+        node,
+        hostport,
+        index: base,
+        ifname: String::new(),
+    })
+}
+
+/// Fills every node to `FILL_PODS` pods and empties it again, timing each
+/// ADD and DEL, and records the medians at `FILL_AT`.
+pub(super) fn run(tb: &mut Testbed, setups: &[FillSetup], r: &mut Report) -> Result<()> {
+    let pods = (0..FILL_PODS)
+        .map(|i| tb.netns(&format!("fl{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let mut adds = vec![Vec::with_capacity(FILL_PODS); setups.len()];
+    let mut attached: Vec<Vec<Attachment>> = (0..setups.len())
+        .map(|_| Vec::with_capacity(FILL_PODS))
+        .collect();
+    for (i, pod) in pods.iter().enumerate() {
+        for j in 0..setups.len() {
+            let k = (i + j) % setups.len();
+            let s = &setups[k];
+            let host_port = FIRST_HOST_PORT + u16::try_from(i)?;
+            let rc = if s.hostport {
+                topology::port_mappings(&[(host_port, CONTAINER_PORT)])
+            } else {
+                json!({})
+            };
+            let (a, ms) = s
+                .list
+                .add_as(
+                    &tb.ns(s.node).path(),
+                    (&format!("{}-{i}", s.tag), &s.ifname),
+                    &tb.ns(*pod).path(),
+                    rc,
+                )
+                .with_context(|| format!("{}: ADD of pod {i}", s.tag))?;
+            adds[k].push(ms);
+            attached[k].push(a);
+        }
+        if (i + 1) % 100 == 0 {
+            eprintln!("bench: filling: {} pods on each node", i + 1);
+        }
+    }
+    // dels[k][i]: the DEL of pod i (taken from a node holding i + 1 pods).
+    let mut dels = vec![vec![0.0; FILL_PODS]; setups.len()];
+    for i in (0..FILL_PODS).rev() {
+        for j in 0..setups.len() {
+            let k = (i + j) % setups.len();
+            let s = &setups[k];
+            let a = attached[k]
+                .pop()
+                .context("a pod attached fewer times than it was filled")?;
+            dels[k][i] = s
+                .list
+                .del(&tb.ns(s.node).path(), &a)
+                .with_context(|| format!("{}: DEL of pod {i}", s.tag))?;
+        }
+    }
+    for (k, s) in setups.iter().enumerate() {
+        for (at, n) in FILL_AT.iter().enumerate() {
+            let window = n - FILL_WINDOW..*n;
+            let (add, _) = measure::p50_p99(adds[k][window.clone()].to_vec());
+            let (del, _) = measure::p50_p99(dels[k][window].to_vec());
+            let index = filling(s.index, at);
+            r.add(
+                Figure::FillAddP50 {
+                    hostport: s.hostport,
+                },
+                index,
+                add,
+            );
+            r.add(
+                Figure::FillDelP50 {
+                    hostport: s.hostport,
+                },
+                index,
+                del,
+            );
+        }
+    }
+    Ok(())
+}
