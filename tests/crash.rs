@@ -77,7 +77,7 @@ const SWEEP_CALLS: [&str; 8] = [
 const SWEEP_MAX_PER_CALL: usize = 120;
 
 /// An ADD killed right after it wrote an attachment record's temporary file
-/// (`<stateDir>/<network>/attachments/<cid>.<ifname>.tmp<pid>`) and before it
+/// (`<stateDir>/<network>/attachments/.tmp/<cid>.<ifname>.tmp<pid>`) and before it
 /// renamed it leaves that file behind: DEL removes only `<cid>.<ifname>.json`,
 /// GC and the store's listing skip what does not end in `.json`, and the pid
 /// in the name is the dead process's, so no later save of the same attachment
@@ -85,7 +85,7 @@ const SWEEP_MAX_PER_CALL: usize = 120;
 /// removes its own temporary files under its lock; the state store does not.
 const BUG_TEMP_RECORD: &str =
     "BUG: an ADD killed between writing an attachment record's temporary \
-     file and renaming it leaves <stateDir>/<network>/attachments/<cid>.<ifname>.tmp<pid> behind; \
+     file and renaming it leaves <stateDir>/<network>/attachments/.tmp/<cid>.<ifname>.tmp<pid> behind; \
      DEL (exit 0) and GC never remove it. Reproduce: kill ADD at its 2nd rename(2) \
      (strace --inject=rename:signal=KILL:when=2), then DEL";
 /// An ADD killed between its two map writes of `Maps::insert_interface` (the
@@ -286,7 +286,8 @@ impl Seen {
             reserved: !node.reservations(NETWORK).unwrap().is_empty(),
             record,
             complete,
-            temp_record: records
+            temp_record: look::files(&dir.join(".tmp"))
+                .unwrap_or_default()
                 .iter()
                 .any(|f| f.starts_with(&format!("{cid}.eth0.tmp"))),
             veth: !node.host_veths().unwrap().is_empty(),
@@ -441,7 +442,7 @@ fn known_bug(inv: &Inventory, cid: &str, seen: &Seen) -> Option<&'static str> {
         state_files: inv.state_files.clone(),
         ..Inventory::default()
     };
-    let prefix = format!("{NETWORK}/attachments/{cid}.eth0.tmp");
+    let prefix = format!("{NETWORK}/attachments/.tmp/{cid}.eth0.tmp");
     if *inv == only_files
         && inv.state_files.len() == 1
         && inv.state_files[0]

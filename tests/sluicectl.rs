@@ -1808,8 +1808,23 @@ fn ports_add_and_del_are_reflected_in_external_traffic() {
     let s = tcp_connect(&w.ext.netns_path(), None, sa(node_ip(), 18080)).unwrap();
     tcp_echo_on(&s, 4096, 6).unwrap();
     drop(s);
+    // An operator mapping is in no attachment record: the pod's DEL still
+    // takes it, with the CNI one.
+    let out = w.ctl(&[
+        "ports",
+        "add",
+        "--host-port",
+        "7002",
+        "--pod",
+        &ia,
+        "--container-port",
+        "8080",
+    ]);
+    assert!(out.success(), "{out}");
+    assert_eq!(list(&[]).len(), 2);
     w.del(&a);
-    assert!(list(&[]).is_empty());
+    assert!(list(&[]).is_empty(), "{:#?}", list(&[]));
+    assert_ext_tcp_refused(&w, sa(node_ip(), 7002));
     w.node.assert_clean(NETWORK);
 }
 

@@ -79,6 +79,21 @@ pub struct StateStore {
     dir: PathBuf,
 }
 
+/// Removes `p` if it is a copy half-written by an ADD that died
+/// (`<name>.tmp<pid>`, its pid gone).
+fn remove_if_dead_copy(p: &Path) {
+    if let Some(pid) = p
+        .extension()
+        .and_then(|e| e.to_str())
+        .and_then(|e| e.strip_prefix("tmp"))
+        .and_then(|n| n.parse::<u32>().ok())
+    {
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
 impl StateStore {
     /// Records under `state_dir` (already `<stateDir>/<network>`).
     pub fn new(state_dir: &Path) -> Self {
@@ -99,11 +114,25 @@ impl StateStore {
         }
     }
 
+    /// Where records are written before they are renamed into place: a
+    /// directory of its own, so what a killed ADD left is found without
+    /// listing every record.
+    fn tmp_dir(&self) -> PathBuf {
+        self.dir.join(".tmp")
+    }
+
     /// Writes (or replaces) a record atomically.
     pub fn save(&self, rec: &AttachmentRecord) -> Result<(), Error> {
-        create_dirs(&self.dir)?;
+        let tmp_dir = self.tmp_dir();
+        create_dirs(&tmp_dir)?;
         let path = self.path(&rec.id());
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = tmp_dir.join(format!(
+            "{}.tmp{}",
+            path.file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("record"),
+            std::process::id()
+        ));
         let body = serde_json::to_vec_pretty(rec).map_err(|e| Error::Decode {
             what: "attachment record".into(),
             reason: e.to_string(),
@@ -141,12 +170,13 @@ impl StateStore {
     }
 
     /// Removes the record of `id`, and any half-written copy of it an ADD killed
-    /// between write and rename left (`<name>.tmp<pid>`); a missing one is fine.
+    /// between write and rename left (`.tmp/<name>.tmp<pid>`); a missing one is
+    /// fine. Reads `.tmp`, which is empty but for such copies.
     pub fn remove(&self, id: &AttachmentId) -> Result<(), Error> {
         let path = self.path(id);
         if let (Some(stem), Ok(rd)) = (
             path.file_stem().and_then(|s| s.to_str()),
-            fs::read_dir(&self.dir),
+            fs::read_dir(self.tmp_dir()),
         ) {
             let prefix = format!("{stem}.tmp");
             for e in rd.filter_map(Result::ok) {
@@ -173,20 +203,16 @@ impl StateStore {
             Err(e) => return Err(Error::io(format!("listing {}", self.dir.display()), e)),
         };
         let mut out = Vec::new();
+        if let Ok(tmp) = fs::read_dir(self.tmp_dir()) {
+            for entry in tmp.filter_map(Result::ok) {
+                remove_if_dead_copy(&entry.path());
+            }
+        }
         for entry in rd.filter_map(Result::ok) {
             let p = entry.path();
             if p.extension().and_then(|e| e.to_str()) != Some("json") {
-                // A copy half-written by an ADD that died (its pid is gone).
-                if let Some(pid) = p
-                    .extension()
-                    .and_then(|e| e.to_str())
-                    .and_then(|e| e.strip_prefix("tmp"))
-                    .and_then(|n| n.parse::<u32>().ok())
-                {
-                    if !Path::new("/proc").join(pid.to_string()).exists() {
-                        let _ = fs::remove_file(&p);
-                    }
-                }
+                // Where versions before `.tmp` wrote their copies.
+                remove_if_dead_copy(&p);
                 continue;
             }
             match fs::read(&p)
@@ -251,12 +277,22 @@ mod tests {
         s.remove(&id("c1", "eth0")).unwrap();
         s.remove(&id("c1", "eth0")).unwrap();
         assert_eq!(s.list().unwrap().len(), 1);
-        let leftovers: Vec<_> = fs::read_dir(dir.path().join("attachments"))
+        let att = dir.path().join("attachments");
+        let leftovers: Vec<_> = fs::read_dir(&att)
             .unwrap()
             .filter_map(Result::ok)
+            .filter(|e| e.file_name() != ".tmp")
             .filter(|e| e.path().extension().and_then(|x| x.to_str()) != Some("json"))
+            .chain(
+                fs::read_dir(att.join(".tmp"))
+                    .unwrap()
+                    .filter_map(Result::ok),
+            )
             .collect();
-        assert!(leftovers.is_empty(), "temp files left behind");
+        assert!(
+            leftovers.is_empty(),
+            "temp files left behind: {leftovers:?}"
+        );
     }
 
     /// What an ADD killed between write and rename leaves: DEL (remove) takes
@@ -266,7 +302,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::new(dir.path());
         s.save(&record("c1")).unwrap();
-        let att = dir.path().join("attachments");
+        let att = dir.path().join("attachments").join(".tmp");
         let dead = 0x7fff_fff0u32; // above pid_max: no such process
         let me = std::process::id();
         fs::write(att.join(format!("c1.eth0.tmp{dead}")), b"{").unwrap();

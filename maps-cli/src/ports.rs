@@ -234,6 +234,8 @@ fn add(dp: &Datapath, a: &PortsAddArgs) -> Result<()> {
         ),
     };
     let (proto, ifindex) = (proto_number(&a.proto), pod.endpoint.ifindex);
+    // Before the mapping exists, so a DEL of the pod racing this one looks for it.
+    sluice_maps::hostport::mark_operator_mappings(&dp.root)?;
     match (pod.ip, a.host_ip) {
         (IpAddr::V4(ip), host) => {
             let host = match host {

@@ -257,6 +257,52 @@ pub fn remove_key<F: Family>(root: &PinRoot, k: &PortKeyOf<F::Addr>) -> Result<b
     Ok(ports::<F>(root)?.remove(k).is_ok())
 }
 
+/// A directory `sluicectl ports add` makes in the pin root (bpffs holds
+/// directories as well as pins): operator mappings may exist. They are in no
+/// attachment record, so while it is there a pod's DEL looks through every
+/// mapping for those of the pod ([`remove_of_pods`]); without it, the pod's own
+/// keys are removed one by one ([`remove_mappings`]), whatever the number of
+/// mappings on the node.
+const OPERATOR_MARK: &str = "operator-ports";
+
+/// Notes that operator mappings may exist (see [`OPERATOR_MARK`]).
+pub fn mark_operator_mappings(root: &PinRoot) -> Result<()> {
+    let path = root.path().join(OPERATOR_MARK);
+    match std::fs::create_dir(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(Error::Io {
+            op: format!("creating {}", path.display()),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Whether operator mappings may exist (see [`OPERATOR_MARK`]).
+pub fn operator_mappings_marked(root: &PinRoot) -> bool {
+    root.path().join(OPERATOR_MARK).exists()
+}
+
+/// Removes a pod's own mappings by key: each of `entries` whose key still goes
+/// to that entry's pod (a key another pod holds now is left alone). One
+/// lookup and one delete per mapping; returns how many went.
+pub fn remove_mappings<F: Family>(root: &PinRoot, entries: &[Mapping<F>]) -> Result<usize> {
+    if entries.is_empty() || !root.has(&F::PORTS) {
+        return Ok(0);
+    }
+    let mut map = ports::<F>(root)?;
+    let mut n = 0;
+    for (k, t) in entries {
+        if map
+            .get(k, 0)
+            .is_ok_and(|found| found.pod_ifindex == t.pod_ifindex)
+            && map.remove(k).is_ok()
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Removes every mapping whose pod is on one of `ifindexes` (operator mappings
 /// included). Walks the whole map. Returns how many went.
 pub fn remove_of_pods<F: Family>(root: &PinRoot, ifindexes: &[u32]) -> Result<usize> {

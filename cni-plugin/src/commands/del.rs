@@ -3,7 +3,7 @@
 //! releases the address reservation.
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
-    datapath::Datapath,
+    datapath::{Datapath, Known},
     error::{Error, Errors},
     ipam::Ipam,
     netlink::Netlink,
@@ -99,11 +99,24 @@ async fn teardown_node(
         .flatten();
     steps.done("veth delete");
     // The recorded index, or (an ADD killed before its record had it, after
-    // the counters entry was made) the index of the veth just deleted.
+    // the counters entry was made) the index of the veth just deleted. A
+    // record with the index is complete: its addresses and mappings are what
+    // the datapath holds for the pod.
+    let ips: Vec<IpAddr> = record
+        .map(|r| r.ips.iter().map(IpNetwork::ip).collect())
+        .unwrap_or_default();
+    let known = record.and_then(|r| {
+        Some(Known {
+            host_ifindex: r.host_ifindex?,
+            ips: &ips,
+            port_mappings: &r.port_mappings,
+        })
+    });
     errors.note(Datapath::new(&conf.pin_root).detach(
         &host_ifname,
         record.and_then(|r| r.host_ifindex).or(deleted),
         id,
+        known.as_ref(),
     ));
     errors.finish()
 }

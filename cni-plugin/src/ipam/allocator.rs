@@ -34,8 +34,10 @@ pub enum Duplicates {
 }
 
 /// Reserves one address per range set for `id`, using `requested` where given.
-/// On error, whatever this call reserved is released again. Reading which
-/// addresses are taken lists file names only.
+/// On error, whatever this call reserved is released again. Which addresses
+/// are taken is asked address by address from the last one reserved on, not
+/// read from a listing of every reservation: an ADD costs the same on a node
+/// with 20 pods or 1,000.
 pub fn allocate<S: Store + ?Sized>(
     store: &mut S,
     sets: &[RangeSet],
@@ -47,12 +49,11 @@ pub fn allocate<S: Store + ?Sized>(
     if duplicates == Duplicates::Refuse {
         refuse_duplicate(sets, &store.reservations()?, id)?;
     }
-    let existing = store.reserved_ips()?;
     let mut done: Vec<Allocation> = Vec::with_capacity(sets.len());
     for (idx, (set, want)) in sets.iter().zip(wanted).enumerate() {
         let got = match want {
             Some(ip) => reserve_requested(store, set, idx, id, ip),
-            None => reserve_next(store, set, idx, id, &existing),
+            None => reserve_next(store, set, idx, id),
         };
         match got {
             Ok(a) => done.push(a),
@@ -168,36 +169,31 @@ fn reserve_requested<S: Store + ?Sized>(
     allocation(set, idx, ip)
 }
 
-/// The first free address after the set's last reserved one, wrapping around.
+/// The first free address after the set's last reserved one, wrapping around
+/// (host-local's order). Each candidate is looked up on its own (one `lstat`
+/// on disk) before the reservation is tried, which a race may still lose.
 fn reserve_next<S: Store + ?Sized>(
     store: &mut S,
     set: &RangeSet,
     idx: usize,
     id: &AttachmentId,
-    existing: &[IpAddr],
 ) -> Result<Allocation, Error> {
     let capacity = set.capacity();
-    let mut taken: HashSet<IpAddr> = existing
-        .iter()
-        .copied()
-        .filter(|ip| set.is_allocatable(*ip))
-        .collect();
     // A last address outside the set (ranges changed) restarts at the beginning.
     let mut cur = store.last_reserved(idx)?.filter(|ip| set.contains(*ip));
     let mut tried: u128 = 0;
-    while (taken.len() as u128) < capacity && tried < capacity {
+    while tried < capacity {
         let Some(ip) = set.next_after(cur) else {
             break;
         };
         cur = Some(ip);
         tried += 1;
-        if taken.contains(&ip) {
+        if store.is_reserved(ip)? {
             continue;
         }
         if store.reserve(id, ip, idx)? {
             return allocation(set, idx, ip);
         }
-        taken.insert(ip);
     }
     Err(Error::IpamExhausted {
         ranges: format!("range set {idx}: {set}"),

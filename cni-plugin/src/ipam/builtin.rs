@@ -234,11 +234,17 @@ mod tests {
         BuiltinIpam::new("testnet", &cfg, None).unwrap()
     }
 
+    /// The store's files; its temporary-file directory must be empty and is
+    /// left out.
     fn files(dir: &Path) -> BTreeSet<String> {
-        fs::read_dir(dir)
+        let mut names: BTreeSet<String> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
+            .collect();
+        if names.remove(".sluice-tmp") {
+            assert_eq!(fs::read_dir(dir.join(".sluice-tmp")).unwrap().count(), 0);
+        }
+        names
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! On disk, per network: `<dataDir>/<network>/<ip>` holding `<containerid>\r\n<ifname>`,
 //! `last_reserved_ip.<range set index>` holding the address, and `lock`, flocked for the
-//! whole of an operation.
+//! whole of an operation. Files are written in `.sluice-tmp/` first and linked or
+//! renamed into place, so the sweep for what a crash left there reads a directory
+//! that is empty, not one entry per pod.
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, OpenOptions};
@@ -89,6 +91,11 @@ pub trait Store {
     /// Every reservation, ordered by address.
     fn reservations(&self) -> Result<Vec<Reservation>, Error>;
 
+    /// Whether `ip` is reserved, without reading who holds it.
+    fn is_reserved(&self, ip: IpAddr) -> Result<bool, Error> {
+        Ok(self.owner_of(ip)?.is_some())
+    }
+
     /// Every reserved address, without reading who holds it (the disk store
     /// lists file names only: cheap however many pods the node has).
     fn reserved_ips(&self) -> Result<Vec<IpAddr>, Error> {
@@ -173,8 +180,8 @@ pub fn check_network_name(network: &str) -> Result<(), Error> {
 
 const LOCK_FILE: &str = "lock";
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
-/// Temporary files start with a dot so they can never parse as an address.
-const TEMP_PREFIX: &str = ".sluice-tmp.";
+/// The directory of temporary files (a dot, so it never parses as an address).
+const TEMP_DIR: &str = ".sluice-tmp";
 /// Between container id and interface (host-local's `LineBreak`).
 const LINE_BREAK: &str = "\r\n";
 
@@ -196,7 +203,7 @@ impl DiskStore {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(&dir)
+            .create(dir.join(TEMP_DIR))
             .map_err(|e| Error::io(format!("creating IPAM directory {}", dir.display()), e))?;
         Ok(Self {
             dir,
@@ -222,7 +229,7 @@ impl DiskStore {
         self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_set}"))
     }
 
-    /// Writes `content` to a new temporary file (0600) in the store dir. No fsync:
+    /// Writes `content` to a new temporary file (0600) in `TEMP_DIR`. No fsync:
     /// the temp file + link/rename is what keeps a killed process from leaving a
     /// partial reservation; fsync would only add power-loss durability (~0.3 ms per
     /// call on the ADD path), and after a power loss every pod is gone and GC
@@ -233,7 +240,8 @@ impl DiskStore {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let path = self
                 .dir
-                .join(format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
+                .join(TEMP_DIR)
+                .join(format!("{}.{n}", std::process::id()));
             let mut file = match OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -264,15 +272,13 @@ impl DiskStore {
     }
 
     /// Temporary files left by a crash; only called with the lock held, when no
-    /// writer can be mid-way.
+    /// writer can be mid-way. Reads `TEMP_DIR` only, which is empty but for them.
     fn remove_stale_temps(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else {
+        let Ok(entries) = fs::read_dir(self.dir.join(TEMP_DIR)) else {
             return;
         };
         for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-                let _ = fs::remove_file(entry.path());
-            }
+            let _ = fs::remove_file(entry.path());
         }
     }
 
@@ -371,6 +377,16 @@ impl Store for DiskStore {
         Ok(self.read_reservation(ip))
     }
 
+    /// One `lstat`, whatever the number of reservations.
+    fn is_reserved(&self, ip: IpAddr) -> Result<bool, Error> {
+        let path = self.ip_path(ip);
+        match fs::symlink_metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
     fn reserved_ips(&self) -> Result<Vec<IpAddr>, Error> {
         let entries = fs::read_dir(&self.dir)
             .map_err(|e| Error::io(format!("listing {}", self.dir.display()), e))?;
@@ -458,11 +474,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// The store's files; its temporary-file directory must be empty and is
+    /// left out.
     fn names(dir: &Path) -> BTreeSet<String> {
-        fs::read_dir(dir)
+        let mut names: BTreeSet<String> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
+            .collect();
+        if names.remove(TEMP_DIR) {
+            assert_eq!(fs::read_dir(dir.join(TEMP_DIR)).unwrap().count(), 0);
+        }
+        names
     }
 
     /// The same behaviour from both stores.
@@ -642,19 +664,17 @@ pub(crate) mod tests {
             None,
             "a failed reserve records nothing"
         );
-        assert_eq!(
-            names(s.dir()).iter().filter(|n| n.starts_with('.')).count(),
-            0
-        );
+        assert_eq!(names(&s.dir().join(TEMP_DIR)).len(), 0);
     }
 
     #[test]
     fn stale_temporary_files_are_removed_under_the_lock() {
         let tmp = tempfile::tempdir().unwrap();
         let s = DiskStore::open(tmp.path(), "net").unwrap();
-        fs::write(s.dir().join(".sluice-tmp.1.0"), "half").unwrap();
+        let stale = s.dir().join(TEMP_DIR).join("1.0");
+        fs::write(&stale, "half").unwrap();
         let _lock = s.lock().unwrap();
-        assert!(!s.dir().join(".sluice-tmp.1.0").exists());
+        assert!(!stale.exists());
         assert!(s.reservations().unwrap().is_empty());
     }
 

@@ -72,8 +72,31 @@ pub fn monotonic_ns() -> u64 {
 
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on a unified
 /// system, `/sys/fs/cgroup/unified` on a hybrid (v1 + v2) one. Socket hooks
-/// attach to v2 cgroups only.
+/// attach to v2 cgroups only. Those two are asked with `statfs` first: the
+/// mount table holds a namespace bind mount per pod (`/run/netns/...`), so
+/// reading it costs an ADD more the more pods the node has.
 pub fn cgroup2_mount() -> Option<PathBuf> {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let is_cgroup2 = |dir: &str| -> bool {
+        let Ok(path) = std::ffi::CString::new(dir) else {
+            return false;
+        };
+        // SAFETY: a NUL-terminated path and a zeroed out struct of the right type.
+        #[allow(
+            clippy::useless_conversion,
+            reason = "f_type is an i64 here, a narrower type on other targets"
+        )]
+        unsafe {
+            let mut st: libc::statfs = core::mem::zeroed();
+            libc::statfs(path.as_ptr(), &raw mut st) == 0
+                && i64::from(st.f_type) == CGROUP2_SUPER_MAGIC
+        }
+    };
+    for dir in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        if is_cgroup2(dir) {
+            return Some(PathBuf::from(dir));
+        }
+    }
     let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
     mounts.lines().find_map(|l| {
         let mut f = l.split_whitespace();
