@@ -209,6 +209,13 @@ fn traffic_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> R
     }
     for (i, s) in setups.iter().enumerate() {
         r.add(
+            Figure::PodPodConnsPerSec,
+            i,
+            measure::conns_per_sec(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?,
+        );
+    }
+    for (i, s) in setups.iter().enumerate() {
+        r.add(
             Figure::PodExtGbps,
             i,
             measure::tcp_gbps(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,

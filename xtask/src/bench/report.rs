@@ -20,6 +20,9 @@ pub(super) enum Figure {
     PodPodRttP50,
     PodPodRttP99,
     PodPodUdpKpps,
+    /// New TCP connections per second, pod -> pod (connect, one byte each
+    /// way, the server closes first).
+    PodPodConnsPerSec,
     PodExtGbps,
     PodExtRttP50,
     ExtPodGbps,
@@ -172,6 +175,7 @@ const TABLES: [Table; 6] = [
             Figure::PodPodRttP50,
             Figure::PodPodRttP99,
             Figure::PodPodUdpKpps,
+            Figure::PodPodConnsPerSec,
             Figure::PodExtGbps,
             Figure::PodExtRttP50,
             Figure::ExtPodGbps,
@@ -248,6 +252,7 @@ impl Figure {
             Self::PodPodRttP50 => "pod->pod TCP RTT median (us)",
             Self::PodPodRttP99 => "pod->pod TCP RTT p99 (us)",
             Self::PodPodUdpKpps => "pod->pod UDP 64 B received (kpps)",
+            Self::PodPodConnsPerSec => "pod->pod new TCP connections per second",
             Self::PodExtGbps => "pod->external TCP throughput (Gbit/s)",
             Self::PodExtRttP50 => "pod->external TCP RTT median (us)",
             Self::ExtPodGbps => "external->pod TCP throughput (Gbit/s)",
@@ -292,6 +297,7 @@ impl Figure {
             self,
             Self::PodPodGbps
                 | Self::PodPodUdpKpps
+                | Self::PodPodConnsPerSec
                 | Self::PodExtGbps
                 | Self::ExtPodGbps
                 | Self::MasqGbps
@@ -648,6 +654,9 @@ impl Report {
                     let tput_ref = v(Figure::PodPodGbps, SLUICE) / v(Figure::PodPodGbps, REFERENCE);
                     let rtt_lim = v(Figure::PodPodRttP50, SLUICE) / v(Figure::PodPodRttP50, LIMIT);
                     let add_ref = v(Figure::AddP50, SLUICE) / v(Figure::AddP50, REFERENCE);
+                    let lim = |f| v(f, SLUICE) / v(f, LIMIT);
+                    let (conns_lim, udp_lim) =
+                        (lim(Figure::PodPodConnsPerSec), lim(Figure::PodPodUdpKpps));
                     out.extend([
                         format!(
                             "pod->pod throughput >= 0.95x limit: {tput_lim:.3}x, {}",
@@ -664,6 +673,18 @@ impl Report {
                         format!(
                             "ADD p50 <= 0.5x reference: {add_ref:.3}x, {}",
                             check(add_ref <= 0.5)
+                        ),
+                        format!(
+                            "pod->pod median RTT <= 1.05x limit (issue 18, veth pods): {rtt_lim:.3}x, {}",
+                            check(rtt_lim <= 1.05)
+                        ),
+                        format!(
+                            "pod->pod new connections/s >= 0.95x limit: {conns_lim:.3}x, {}",
+                            check(conns_lim >= 0.95)
+                        ),
+                        format!(
+                            "pod->pod UDP 64 B >= 0.95x limit: {udp_lim:.3}x, {}",
+                            check(udp_lim >= 0.95)
                         ),
                     ]);
                 }
