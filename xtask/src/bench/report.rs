@@ -414,41 +414,42 @@ impl Report {
     /// (cells and ratios of the setups with that many), then the change from
     /// the fewest to the most mappings for each column.
     fn size_rows(&self, t: &Table) -> Vec<Vec<String>> {
-        let mut rows = Vec::new();
         let last = HP_SIZES.len() - 1;
+        let change = format!(
+            "change {} -> {}",
+            thousands(HP_SIZES[0]),
+            thousands(HP_SIZES[last])
+        );
+        self.rows_by(t, &HP_SIZES, hp, &change, |f, s| {
+            self.change(f, s)
+                .map_or_else(|| "-".into(), |c| format!("{c:+.1}%"))
+        })
+    }
+
+    /// Rows per size: for each figure, one row per entry of `sizes` (the cells
+    /// of setup `at(column, i)` and their ratios), then a row `last` with
+    /// `summary(figure, column)` for each column.
+    fn rows_by(
+        &self,
+        t: &Table,
+        sizes: &[usize],
+        at: fn(usize, usize) -> usize,
+        last: &str,
+        summary: impl Fn(Figure, usize) -> String,
+    ) -> Vec<Vec<String>> {
+        let mut rows = Vec::new();
         for f in t.figures {
-            let label = format!(
-                "{}{}",
-                f.label(),
-                if f.higher_is_better() {
-                    ""
-                } else {
-                    " [lower is better]"
-                }
-            );
-            for (i, n) in HP_SIZES.iter().enumerate() {
+            let label = with_direction(*f);
+            for (i, n) in sizes.iter().enumerate() {
                 let mut row = vec![label.clone(), thousands(*n)];
-                row.extend(t.columns.iter().map(|s| self.cell(*f, hp(*s, i))));
+                row.extend(t.columns.iter().map(|s| self.cell(*f, at(*s, i))));
                 row.extend(t.ratios.iter().map(|(_, a, b)| {
-                    match (self.value(*f, hp(*a, i)), self.value(*f, hp(*b, i))) {
-                        (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
-                        _ => "-".into(),
-                    }
+                    ratio_text(self.value(*f, at(*a, i)), self.value(*f, at(*b, i)))
                 }));
                 rows.push(row);
             }
-            let mut row = vec![
-                label,
-                format!(
-                    "change {} -> {}",
-                    thousands(HP_SIZES[0]),
-                    thousands(HP_SIZES[last])
-                ),
-            ];
-            row.extend(t.columns.iter().map(|s| {
-                self.change(*f, *s)
-                    .map_or_else(|| "-".into(), |c| format!("{c:+.1}%"))
-            }));
+            let mut row = vec![label, last.to_string()];
+            row.extend(t.columns.iter().map(|s| summary(*f, *s)));
             row.extend(t.ratios.iter().map(|_| String::new()));
             rows.push(row);
         }
@@ -520,33 +521,15 @@ impl Report {
     /// Rows of the filling-up table: per figure, one row per node size
     /// (`FILL_AT`), then each column's growth from the smallest to the largest.
     fn filling_rows(&self, t: &Table) -> Vec<Vec<String>> {
-        let mut rows = Vec::new();
-        let last = FILL_AT.len() - 1;
-        for f in t.figures {
-            let label = format!("{} [lower is better]", f.label());
-            for (i, n) in FILL_AT.iter().enumerate() {
-                let mut row = vec![label.clone(), thousands(*n)];
-                row.extend(t.columns.iter().map(|s| self.cell(*f, filling(*s, i))));
-                row.extend(t.ratios.iter().map(|(_, a, b)| {
-                    ratio_text(
-                        self.value(*f, filling(*a, i)),
-                        self.value(*f, filling(*b, i)),
-                    )
-                }));
-                rows.push(row);
-            }
-            let mut row = vec![
-                label,
-                format!("{} / {}", thousands(FILL_AT[last]), thousands(FILL_AT[0])),
-            ];
-            row.extend(t.columns.iter().map(|s| {
-                self.growth(*f, *s)
-                    .map_or_else(|| "-".into(), |g| format!("{g:.2}x"))
-            }));
-            row.extend(t.ratios.iter().map(|_| String::new()));
-            rows.push(row);
-        }
-        rows
+        let last = format!(
+            "{} / {}",
+            thousands(FILL_AT[FILL_AT.len() - 1]),
+            thousands(FILL_AT[0])
+        );
+        self.rows_by(t, &FILL_AT, filling, &last, |f, s| {
+            self.growth(f, s)
+                .map_or_else(|| "-".into(), |g| format!("{g:.2}x"))
+        })
     }
 
     /// `f` at the most pods over `f` at the fewest, for the filling setups
@@ -1255,6 +1238,63 @@ mod tests {
         assert_eq!(method.len(), 3, "{method:#?}");
         assert!(method[1].starts_with("Masquerade:"), "{}", method[1]);
         assert!(method[2].starts_with("IPv6 masquerade:"), "{}", method[2]);
+    }
+
+    #[test]
+    fn the_filling_table_shows_each_size_the_growth_and_judges_it() {
+        let mut r = Report::new(Some(BenchTable::Filling));
+        // ADD p50 by node size: the reference 10, 20, 40 ms; Sluice 5, 5.5, 6 ms.
+        for (i, (rf, sl)) in [(10.0, 5.0), (20.0, 5.5), (40.0, 6.0)]
+            .into_iter()
+            .enumerate()
+        {
+            for hostport in [false, true] {
+                r.add(
+                    Figure::FillAddP50 { hostport },
+                    filling(REFERENCE_FILL, i),
+                    rf,
+                );
+                r.add(Figure::FillAddP50 { hostport }, filling(SLUICE_FILL, i), sl);
+                r.add(
+                    Figure::FillDelP50 { hostport },
+                    filling(REFERENCE_FILL, i),
+                    4.0 * rf,
+                );
+                r.add(
+                    Figure::FillDelP50 { hostport },
+                    filling(SLUICE_FILL, i),
+                    25.0,
+                );
+            }
+        }
+        let t = TABLES
+            .iter()
+            .find(|t| t.which == BenchTable::Filling)
+            .unwrap();
+        let rows = r.rows(t);
+        assert_eq!(rows.len(), 4 * (FILL_AT.len() + 1));
+        assert_eq!(
+            rows[2],
+            [
+                "ADD p50, pods without mappings (ms) [lower is better]",
+                "1,000",
+                "40.00",
+                "6.00",
+                "0.15x"
+            ]
+        );
+        assert_eq!(rows[3][1..4], ["1,000 / 20", "4.00x", "1.20x"]);
+        let targets = r.targets();
+        assert_eq!(
+            targets[0],
+            "ADD p50 at 1,000 pods <= 1.2x ADD p50 at 20 (no mappings): 1.20x (5.0 ms -> 6.0 ms), \
+             met; reference 4.00x (10.0 ms -> 40.0 ms)"
+        );
+        assert_eq!(
+            targets[3],
+            "DEL p50 at 1,000 pods <= 0.6x the reference's (a hostPort each): 0.16x \
+             (25.0 ms vs 160.0 ms), met"
+        );
     }
 
     #[test]
