@@ -613,13 +613,15 @@ impl Datapath {
 
     /// The hostPort mappings of the pods on `ifindexes`: by key from what
     /// `known` says the pod was given, unless operator mappings may exist
-    /// (they are in no record); then, or without `known`, by a walk of every
-    /// mapping.
+    /// (they are in no record); then, without `known`, or with a record whose
+    /// mappings no longer make keys, by a walk of every mapping.
     fn remove_mappings(&self, ifindexes: &[u32], known: Option<&Known<'_>>) -> Result<(), Error> {
-        if let Some(k) =
-            known.filter(|_| !sluice_maps::hostport::operator_mappings_marked(&self.root))
-        {
-            let ports = hostport::entries(k.port_mappings, PORT_MAPPINGS, k.ips, k.host_ifindex)?;
+        let by_key = known
+            .filter(|_| !sluice_maps::hostport::operator_mappings_marked(&self.root))
+            .and_then(|k| {
+                hostport::entries(k.port_mappings, PORT_MAPPINGS, k.ips, k.host_ifindex).ok()
+            });
+        if let Some(ports) = by_key {
             sluice_maps::hostport::remove_mappings::<V4>(&self.root, &ports.v4)?;
             sluice_maps::hostport::remove_mappings::<V6>(&self.root, &ports.v6)?;
             return Ok(());
