@@ -7,7 +7,9 @@
 //! masquerade on two more (the same, dual-stack, measured on IPv6), port mapping
 //! on six more (both plugins with 1, 1,000 and 10,000 mappings on the node),
 //! bandwidth limits on two more (bridge + the reference `bandwidth` plugin, and
-//! Sluice, each a node with one pod per limit).
+//! Sluice, each a node with one pod per limit), and the control plane on four
+//! more (`filling`: both plugins, without and with a hostPort per pod, as a
+//! node fills up to 1,000 pods and empties again).
 //! `--only <table>` runs one table's setups and figures alone.
 mod conflist;
 mod connloop;
