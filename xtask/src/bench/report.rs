@@ -549,7 +549,9 @@ impl Report {
         };
         let (first, last) = (thousands(FILL_AT[0]), thousands(FILL_AT[FILL_AT.len() - 1]));
         let top = FILL_AT.len() - 1;
+        let times = |g: Option<f64>| g.map_or_else(|| "-".into(), |g| format!("{g:.2}x"));
         let mut out = Vec::new();
+        let mut dels = Vec::new();
         for hostport in [false, true] {
             let what = if hostport {
                 "a hostPort each"
@@ -561,22 +563,14 @@ impl Report {
             out.push(format!(
                 "ADD p50 at {last} pods <= 1.2x ADD p50 at {first} ({what}): {} ({} -> {}), {}; \
                  reference {} ({} -> {})",
-                g.map_or_else(|| "-".into(), |g| format!("{g:.2}x")),
+                times(g),
                 ms(add, SLUICE_FILL, 0),
                 ms(add, SLUICE_FILL, top),
                 check(g.is_some_and(|g| g <= 1.2)),
-                self.growth(add, REFERENCE_FILL)
-                    .map_or_else(|| "-".into(), |g| format!("{g:.2}x")),
+                times(self.growth(add, REFERENCE_FILL)),
                 ms(add, REFERENCE_FILL, 0),
                 ms(add, REFERENCE_FILL, top),
             ));
-        }
-        for hostport in [false, true] {
-            let what = if hostport {
-                "a hostPort each"
-            } else {
-                "no mappings"
-            };
             let del = Figure::FillDelP50 { hostport };
             let r = match (
                 self.value(del, filling(SLUICE_FILL, top)),
@@ -585,14 +579,15 @@ impl Report {
                 (Some(a), Some(b)) if b != 0.0 => Some(a / b),
                 _ => None,
             };
-            out.push(format!(
+            dels.push(format!(
                 "DEL p50 at {last} pods <= 0.6x the reference's ({what}): {} ({} vs {}), {}",
-                r.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
+                times(r),
                 ms(del, SLUICE_FILL, top),
                 ms(del, REFERENCE_FILL, top),
                 check(r.is_some_and(|r| r <= 0.6)),
             ));
         }
+        out.extend(dels);
         out
     }
 
