@@ -157,12 +157,18 @@ fn assert_cni_entry(m: &Value, p: &HpPod, host_ip: &str, host_port: u16, proto: 
 /// server sees the external client's address; replies come from
 /// node:hostPort (the client's connected socket and `udp_echo_on` require it)
 /// and never with the pod's address; the node's kernel forwards nothing.
-fn external_clients_reach_the_pod(subnet: &str, xdp: &str, masq: bool, cid: &str) {
-    let w = HpWorld::new(subnet, xdp, &json!({"ipMasq": masq})).unwrap();
+/// `extra`: config keys (`ipMasq`, `podDevice`).
+fn external_clients_reach_the_pod(subnet: &str, xdp: &str, extra: &Value, cid: &str) {
+    let w = HpWorld::new(subnet, xdp, extra).unwrap();
     if xdp == "native" {
         tx_checksum_off(&w.ext.netns_path(), EXT_IF).unwrap();
     }
     let a = w.add("a", cid, &tcp_udp(HP, CPORT, ""));
+    let device = match extra["podDevice"].as_str() {
+        Some("auto") => kernel::auto_pod_device(),
+        _ => "veth",
+    };
+    kernel::assert_device_kind(&w.node, &a.added.host_veth, device);
     // Nothing listens in the pod yet: its reset comes back translated.
     assert_ext_tcp_refused(&w, sa(node_ip(), HP));
     let server = server_in(&a);
@@ -178,7 +184,7 @@ fn external_clients_reach_the_pod(subnet: &str, xdp: &str, masq: bool, cid: &str
     let d = w.counters().since(&c0);
     let fwd = w.node.snmp().unwrap()["Ip.ForwDatagrams"] - fwd0;
     let leaked = leak.stop().unwrap();
-    eprintln!("xdp {xdp} ipMasq {masq}: {d}");
+    eprintln!("xdp {xdp} {extra}: {d}");
     let (tcp_local, udp_local, tcp_local2) = match (tcp_local, udp_local, tcp_local2) {
         (Ok(t), Ok(u), Ok(t2)) => (t, u, t2),
         (t, u, t2) => panic!(
@@ -221,17 +227,33 @@ fn external_clients_reach_the_pod(subnet: &str, xdp: &str, masq: bool, cid: &str
 
 #[test]
 fn external_tcp_and_udp_reach_the_pod_through_the_host_port() {
-    external_clients_reach_the_pod("10.97.1.0/24", "auto", false, "hp-ext-a");
+    external_clients_reach_the_pod("10.97.1.0/24", "auto", &json!({}), "hp-ext-a");
+}
+
+/// The same into a netkit pod where the kernel has netkit (`podDevice: auto`).
+#[test]
+fn external_tcp_and_udp_reach_a_netkit_pod_through_the_host_port() {
+    external_clients_reach_the_pod(
+        "10.97.30.0/24",
+        "auto",
+        &json!({"podDevice": "auto"}),
+        "hp-extnk-a",
+    );
 }
 
 #[test]
 fn external_tcp_and_udp_reach_the_pod_with_masquerade_on() {
-    external_clients_reach_the_pod("10.97.2.0/24", "auto", true, "hp-extm-a");
+    external_clients_reach_the_pod(
+        "10.97.2.0/24",
+        "auto",
+        &json!({"ipMasq": true}),
+        "hp-extm-a",
+    );
 }
 
 #[test]
 fn external_tcp_and_udp_reach_the_pod_with_native_xdp() {
-    external_clients_reach_the_pod("10.97.3.0/24", "native", false, "hp-extx-a");
+    external_clients_reach_the_pod("10.97.3.0/24", "native", &json!({}), "hp-extx-a");
 }
 
 /// With masquerade on, a hostPort that is also a masquerade port must not

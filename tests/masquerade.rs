@@ -219,9 +219,14 @@ fn capture_from(ext: &Host, src: Ipv4Addr) -> Capture {
 
 // --- 1. TCP, UDP and ICMP echo are masqueraded --------------------------------
 
-fn masqueraded_echoes(subnet: &str, xdp: &str) {
-    let w = World::new(subnet, xdp, &json!({}));
+fn masqueraded_echoes(subnet: &str, xdp: &str, extra: &Value) {
+    let w = World::new(subnet, xdp, extra);
     let a = w.add("a", "masq-echo-a");
+    let device = match extra["podDevice"].as_str() {
+        Some("auto") => kernel::auto_pod_device(),
+        _ => "veth",
+    };
+    kernel::assert_device_kind(&w.node, &a.added.host_veth, device);
     let st = w.node.status().unwrap();
     let mode = if xdp == "native" {
         kernel::xdp_mode("native")
@@ -344,12 +349,21 @@ fn masqueraded_echoes(subnet: &str, xdp: &str) {
 
 #[test]
 fn tcp_udp_and_icmp_echo_leave_with_the_node_address() {
-    masqueraded_echoes("10.96.1.0/24", "auto");
+    masqueraded_echoes("10.96.1.0/24", "auto", &json!({}));
+}
+
+/// The same from a netkit pod where the kernel has netkit (`podDevice: auto`):
+/// `from_netkit_pod` translates and redirects out of the uplink from the pod
+/// device's transmit; replies go into the pod with `bpf_redirect_peer`, which
+/// netkit supports as veth does.
+#[test]
+fn netkit_pods_masquerade_tcp_udp_and_icmp() {
+    masqueraded_echoes("10.96.30.0/24", "auto", &json!({"podDevice": "auto"}));
 }
 
 #[test]
 fn tcp_udp_and_icmp_echo_leave_with_the_node_address_native_xdp() {
-    masqueraded_echoes("10.96.2.0/24", "native");
+    masqueraded_echoes("10.96.2.0/24", "native", &json!({}));
 }
 
 /// In native XDP mode the replies' TCP flags must drive the flow's state as in

@@ -81,15 +81,18 @@ fn pinned_hash(node: &Node) -> String {
 fn pinned_programs(node: &Node) -> BTreeMap<String, u64> {
     [
         "from_pod",
+        "from_netkit_pod",
         "to_pod",
+        "to_netkit_pod",
         "uplink_in",
         "uplink_out",
         "uplink_xdp",
         "nat_sweep",
     ]
     .iter()
-    // No NAT sweeper before 5.15 (its program is not loaded).
+    // No NAT sweeper before 5.15, no netkit program before 6.7 (not loaded).
     .filter(|n| **n != "nat_sweep" || kernel::has("sweeper"))
+    .filter(|n| !n.contains("netkit") || kernel::version() >= (6, 7))
     .map(|n| {
         let id = look::pinned_prog_id(&node.pin_root().join("progs").join(n)).unwrap();
         ((*n).to_string(), id)
@@ -101,6 +104,17 @@ fn pinned_programs(node: &Node) -> BTreeMap<String, u64> {
 fn attached(node: &Node, a: &Added) -> (u64, u64) {
     let ifindex = look::ifindex(node.name(), &a.host_veth).unwrap();
     pod_programs(node, &a.host_veth, ifindex)
+}
+
+/// The programs of pod `a` (what it sends, what goes to it): the netkit ones
+/// on a netkit pod.
+fn pod_program_names(node: &Node, a: &Added) -> (&'static str, &'static str) {
+    let link = look::link(node.name(), &a.host_veth).unwrap().unwrap();
+    if look::kind(&link) == Some("netkit") {
+        ("from_netkit_pod", "to_netkit_pod")
+    } else {
+        ("from_pod", "to_pod")
+    }
 }
 
 /// Every link pin but the NAT sweeper's: name -> (link id, program id). (A
@@ -196,20 +210,21 @@ fn assert_upgraded(
     );
     let progs = pinned_programs(node);
     for (a, (from0, to0)) in pods.iter().zip(before) {
+        let (from, to) = pod_program_names(node, a);
         let (from1, to1) = attached(node, a);
-        assert_ne!(from1, *from0, "{}: from_pod was not replaced", a.host_veth);
-        assert_ne!(to1, *to0, "{}: to_pod was not replaced", a.host_veth);
+        assert_ne!(from1, *from0, "{}: {from} was not replaced", a.host_veth);
+        assert_ne!(to1, *to0, "{}: {to} was not replaced", a.host_veth);
         assert_eq!(
-            from1, progs["from_pod"],
-            "{}: from_pod is not the pinned one",
+            from1, progs[from],
+            "{}: {from} is not the pinned one",
             a.host_veth
         );
         assert_eq!(
-            to1, progs["to_pod"],
-            "{}: to_pod is not the pinned one",
+            to1, progs[to],
+            "{}: {to} is not the pinned one",
             a.host_veth
         );
-        for (id, name) in [(from1, "from_pod"), (to1, "to_pod")] {
+        for (id, name) in [(from1, from), (to1, to)] {
             assert_eq!(look::bpf_prog(id).unwrap()["name"], name);
         }
     }
@@ -237,6 +252,8 @@ fn del_with(node: &Node, binary: &Path, conf: &Value, cid: &str, pod: &Pod, a: &
 }
 
 /// Two pods with a stream between them: the upgrade `how` happens mid-stream.
+/// `pod_attach`: `tc`, `tcx`, or `netkit` for `podDevice: auto` (netkit
+/// where the kernel has it).
 fn pods_across_an_upgrade(subnet: &str, pod_attach: &str, via_add: bool) {
     let (cur, next) = hashes();
     let next_bin = sluice_next_bin().unwrap();
@@ -244,7 +261,11 @@ fn pods_across_an_upgrade(subnet: &str, pod_attach: &str, via_add: bool) {
     let a = node.pod("a").unwrap();
     let b = node.pod("b").unwrap();
     let mut conf = node.conf("1.0.0", subnet);
-    conf["podAttach"] = json!(pod_attach);
+    if pod_attach == "netkit" {
+        conf["podDevice"] = json!("auto");
+    } else {
+        conf["podAttach"] = json!(pod_attach);
+    }
     let added_a = add(&node, &conf, "up-a", &a);
     let added_b = add(&node, &conf, "up-b", &b);
     assert_eq!(pinned_hash(&node), cur);
@@ -286,7 +307,10 @@ fn pods_across_an_upgrade(subnet: &str, pod_attach: &str, via_add: bool) {
     }
     if let Some(added_c) = &added_c {
         let (from_c, _) = attached(&node, added_c);
-        assert_eq!(from_c, pinned_programs(&node)["from_pod"]);
+        assert_eq!(
+            from_c,
+            pinned_programs(&node)[pod_program_names(&node, added_c).0]
+        );
         tcp_echo(&c, added_c.ip(), &a, 64 << 10).unwrap();
         del_with(&node, &next_bin, &conf, "up-c", &c, added_c);
     }
@@ -308,6 +332,13 @@ fn reload_mid_stream_replaces_tcx_programs_and_keeps_the_maps() {
 #[test]
 fn add_by_the_next_binary_mid_stream_replaces_the_programs() {
     pods_across_an_upgrade("10.93.3.0/24", "tc", true);
+}
+
+/// netkit pods (where the kernel has netkit): their links are updated in
+/// place like tcx links.
+#[test]
+fn reload_mid_stream_replaces_netkit_programs_and_keeps_the_maps() {
+    pods_across_an_upgrade("10.93.20.0/24", "netkit", false);
 }
 
 #[test]

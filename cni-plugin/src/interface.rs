@@ -1,6 +1,6 @@
-//! The pod's network interface: a veth pair whose host end stays in the node's
-//! namespace (no bridge: every pod packet enters the node through its own veth,
-//! where the datapath sees it).
+//! The pod's network interface: a veth (or netkit, `podDevice`) pair whose
+//! host end stays in the node's namespace (no bridge: every pod packet enters
+//! the node through its own pair, where the datapath sees it).
 //!
 //! Addressing is point-to-point, as the reference `ptp` plugin does it:
 //! - pod: the IPAM address (without the kernel's subnet route), `gw/32 dev eth0
@@ -16,7 +16,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnetwork::IpNetwork;
 
 use crate::{
-    cni::result::{IpConfig, Route},
+    cni::{
+        config::PodDeviceKind,
+        result::{IpConfig, Route},
+    },
     error::Error,
     netlink::{LinkInfo, Netlink, RouteSpec},
     netns::Netns,
@@ -26,13 +29,17 @@ use crate::{
 pub const DEFAULT_GW_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const DEFAULT_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
-/// Both ends of a pod's veth after creation.
-pub struct VethPair {
+/// Both ends of a pod's pair after creation.
+pub struct PodPair {
     pub host: LinkInfo,
     pub pod: LinkInfo,
+    /// A netkit pair (else a veth).
+    pub netkit: bool,
 }
 
-/// Creates the veth pair and sets both ends up.
+/// Creates the pod's pair (`device` decides veth or netkit) and sets both ends
+/// up.
+#[expect(clippy::too_many_arguments, reason = "one pair, described in full")]
 pub async fn create(
     host_nl: &Netlink,
     pod_nl: &Netlink,
@@ -41,16 +48,27 @@ pub async fn create(
     pod_name: &str,
     mtu: u32,
     pod_mac: Option<[u8; 6]>,
-) -> Result<VethPair, Error> {
-    host_nl
-        .create_veth(&crate::netlink::VethSpec {
-            host_name,
-            peer_name: pod_name,
-            peer_ns: pod_ns,
-            mtu,
-            peer_mac: pod_mac,
-        })
-        .await?;
+    device: PodDeviceKind,
+) -> Result<PodPair, Error> {
+    let spec = crate::netlink::VethSpec {
+        host_name,
+        peer_name: pod_name,
+        peer_ns: pod_ns,
+        mtu,
+        peer_mac: pod_mac,
+    };
+    let netkit = match device {
+        PodDeviceKind::Veth => false,
+        PodDeviceKind::Netkit | PodDeviceKind::Auto if !crate::datapath::features::netkit() => {
+            no_netkit(device)?
+        }
+        PodDeviceKind::Netkit | PodDeviceKind::Auto => {
+            host_nl.create_netkit(&spec).await? || no_netkit(device)?
+        }
+    };
+    if !netkit {
+        host_nl.create_veth(&spec).await?;
+    }
     let host = host_nl
         .link_by_name(host_name)
         .await?
@@ -61,7 +79,19 @@ pub async fn create(
         .ok_or_else(|| Error::netlink(format!("find {pod_name}"), "not in the pod namespace"))?;
     host_nl.set_up(host.index).await?;
     pod_nl.set_up(pod.index).await?;
-    Ok(VethPair { host, pod })
+    Ok(PodPair { host, pod, netkit })
+}
+
+/// The kernel has no netkit: `auto` takes a veth (`Ok(false)`), `netkit` fails.
+fn no_netkit(device: PodDeviceKind) -> Result<bool, Error> {
+    if device == PodDeviceKind::Auto {
+        return Ok(false);
+    }
+    Err(Error::config(
+        "podDevice",
+        "netkit",
+        "this kernel has no netkit devices (Linux 6.7+ with CONFIG_NETKIT); use veth or auto",
+    ))
 }
 
 /// The gateway of each family the pod has addresses in: IPAM's, or the default.
@@ -101,7 +131,7 @@ fn gw_for(gws: &[IpAddr], v6: bool) -> Option<IpAddr> {
 /// Addresses, routes and the gateway neighbour inside the pod.
 pub async fn configure_pod(
     pod_nl: &Netlink,
-    pair: &VethPair,
+    pair: &PodPair,
     ips: &[IpConfig],
     routes: &[Route],
     gws: &[IpAddr],
@@ -160,7 +190,7 @@ pub async fn configure_pod(
 /// The gateway address, pod routes and pod neighbours on the node side.
 pub async fn configure_host(
     host_nl: &Netlink,
-    pair: &VethPair,
+    pair: &PodPair,
     ips: &[IpConfig],
     gws: &[IpAddr],
 ) -> Result<(), Error> {

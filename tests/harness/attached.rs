@@ -46,11 +46,41 @@ fn must<T>(r: crate::Result<T>) -> T {
 }
 
 /// The programs attached to `host_veth`, read from the kernel: (`from_pod` id,
-/// `to_pod` id). Either pinned tcx links (`podAttach: tcx`; their interface and
-/// direction are checked against `host_ifindex`) or `cls_bpf` filters on the
-/// clsact hooks (`podAttach: tc`, the default).
+/// `to_pod` id). Pinned netkit links on a netkit pod (`from_netkit_pod` and
+/// `to_netkit_pod` in their place; hook and device checked), pinned tcx links
+/// (`podAttach: tcx`; their interface and direction are checked against
+/// `host_ifindex`) or `cls_bpf` filters on the clsact hooks (`podAttach: tc`,
+/// the default).
 #[track_caller]
 pub fn pod_programs(node: &Node, host_veth: &str, host_ifindex: u64) -> (u64, u64) {
+    let links = node.pin_root().join("links");
+    let netkit_pin = links.join(format!("{host_veth}-from_netkit_pod"));
+    if netkit_pin.exists() {
+        // The peer hook's link is on the peer (the pod's device, whose index
+        // the host device reports as its link).
+        let peer_index = must(look::link(node.name(), host_veth))
+            .and_then(|l| l["link_index"].as_u64())
+            .unwrap_or_else(|| panic!("{host_veth} has no peer index"));
+        let mut ids = [0u64; 2];
+        for (i, (pin, peer, name)) in [
+            (netkit_pin, true, "from_netkit_pod"),
+            (
+                links.join(format!("{host_veth}-to_netkit_pod")),
+                false,
+                "to_netkit_pod",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (_, prog, ifindex, on_peer) = must(look::netkit_link(&pin));
+            let want = if peer { peer_index } else { host_ifindex };
+            assert_eq!(u64::from(ifindex), want, "{name} netkit link ifindex");
+            assert_eq!(on_peer, peer, "{name} netkit link hook (peer?)");
+            ids[i] = u64::from(prog);
+        }
+        return (ids[0], ids[1]);
+    }
     let tcx_pin = node
         .pin_root()
         .join("links")

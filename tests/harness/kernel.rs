@@ -29,6 +29,58 @@ pub fn has_sch_fq() -> bool {
     })
 }
 
+/// Whether this kernel makes netkit devices (Linux 6.7+ with `CONFIG_NETKIT`,
+/// built in or loadable), found by making one in a namespace of the test's
+/// own, as the plugin's ADD does, unless the run disables it
+/// (`SLUICE_DISABLE_FEATURES=netkit`). Asked once.
+pub fn has_netkit() -> bool {
+    static NETKIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NETKIT.get_or_init(|| {
+        let disabled = std::env::var(exec::DISABLE_FEATURES).unwrap_or_default();
+        if disabled.split(',').any(|f| f.trim() == "netkit") {
+            return false;
+        }
+        let probe = || -> Result<bool> {
+            let ns = crate::Host::new()?;
+            // (Debian 12's iproute2 predates netkit: it sends the kind, but
+            // takes no netkit options such as a peer name; the kernel then
+            // names the peer `nk%d`, so the primary must not be `nk0`.)
+            match ns.ip(&["link", "add", "probe0", "type", "netkit"]) {
+                Ok(_) => Ok(true),
+                Err(e) => {
+                    eprintln!("netkit probe: {e}");
+                    Ok(false)
+                }
+            }
+        };
+        match probe() {
+            Ok(nk) => nk,
+            Err(e) => panic!("cannot probe for netkit: {e}"),
+        }
+    })
+}
+
+/// The kind of the pod's host-side device `podDevice: auto` makes here:
+/// netkit where the kernel has it, else veth.
+pub fn auto_pod_device() -> &'static str {
+    if has_netkit() {
+        "netkit"
+    } else {
+        "veth"
+    }
+}
+
+/// Asserts that `node`'s host-side device `dev` is a `want` (`veth`, `netkit`).
+#[track_caller]
+pub fn assert_device_kind(node: &Node, dev: &str, want: &str) {
+    let link = match look::link(node.name(), dev) {
+        Ok(Some(l)) => l,
+        Ok(None) => panic!("{dev} is not on the node"),
+        Err(e) => panic!("cannot look at {dev}: {e}"),
+    };
+    assert_eq!(look::kind(&link), Some(want), "kind of {dev}: {link}");
+}
+
 /// (major, minor) of the running kernel.
 pub fn version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

@@ -207,6 +207,9 @@ pub struct TcxLink {
 const BPF_LINK_TYPE_TCX: u32 = 11;
 const BPF_TCX_INGRESS: u32 = 46;
 const BPF_TCX_EGRESS: u32 = 47;
+const BPF_LINK_TYPE_NETKIT: u32 = 13;
+const BPF_NETKIT_PRIMARY: u32 = 54;
+const BPF_NETKIT_PEER: u32 = 55;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
@@ -322,6 +325,27 @@ pub fn tcx_link(pin: &Path) -> Result<TcxLink> {
         ifindex: info.tcx_ifindex,
         ingress,
     })
+}
+
+/// What the kernel says about a pinned netkit link: (link id, program id,
+/// ifindex of the primary device, `true` for the peer hook `BPF_NETKIT_PEER`,
+/// `false` for the primary's own). Its `bpf_link_info` member has the tcx
+/// layout (ifindex, attach type).
+pub fn netkit_link(pin: &Path) -> Result<(u32, u32, u32, bool)> {
+    let info = read_link_info(pin)?;
+    if info.link_type != BPF_LINK_TYPE_NETKIT {
+        return Err(err!(
+            "{} is a link of type {}, not netkit ({BPF_LINK_TYPE_NETKIT})",
+            pin.display(),
+            info.link_type
+        ));
+    }
+    let peer = match info.tcx_attach_type {
+        BPF_NETKIT_PEER => true,
+        BPF_NETKIT_PRIMARY => false,
+        t => return Err(err!("{} has attach type {t}", pin.display())),
+    };
+    Ok((info.id, info.prog_id, info.tcx_ifindex, peer))
 }
 
 /// Opens the BPF object (map, program, link) pinned at `pin` (`BPF_OBJ_GET`,

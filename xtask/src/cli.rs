@@ -158,6 +158,10 @@ pub(crate) struct VmBenchArgs {
     /// Each kernel's run is killed after this many minutes.
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=240))]
     pub timeout_mins: u32,
+    /// The table each guest runs: `bandwidth` (EDT, which the host's kernel
+    /// lacks) or `routing` (with netkit pods, from 6.7), ...
+    #[arg(long, value_enum, default_value_t = BenchTable::Bandwidth)]
+    pub only: BenchTable,
 }
 
 /// The tables of `cargo xtask bench`.

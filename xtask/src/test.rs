@@ -150,17 +150,18 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// Under emulation, what each kernel runs: every feature's main traffic
 /// tests (`binary:filter|filter`, libtest's substring filters). The host runs
 /// everything, churn, crash and fuzz included.
-const TCG_MAIN_TESTS: [&str; 12] = [
+const TCG_MAIN_TESTS: [&str; 13] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
-    "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack",
+    "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods",
     "uplink:xdp_native_carries|xdp_generic_carries|xdp_off_leaves",
-    "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire",
+    "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire|netkit_pods",
     "masquerade6",
-    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports",
+    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod",
     "hostport6",
     "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt",
-    "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp",
+    "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp|netkit",
+    "netkit",
     "two_nodes:xdp_auto",
     "gc_status:status_reports",
 ];

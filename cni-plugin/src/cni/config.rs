@@ -46,6 +46,19 @@ pub enum PodAttach {
     Tcx,
 }
 
+/// The pod's network device (config `podDevice`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodDeviceKind {
+    /// A veth pair (the default; every kernel).
+    Veth,
+    /// A netkit pair (Linux 6.7+ with `CONFIG_NETKIT`): the pod programs run
+    /// in the pod device's own transmit, with no backlog queue between the pod
+    /// and them. An ADD fails on a kernel without netkit.
+    Netkit,
+    /// netkit where the kernel has it, veth elsewhere.
+    Auto,
+}
+
 /// Masquerade settings: `nonMasqueradeCIDRs`, `masqueradeAddress`,
 /// `masqueradePorts`, `natMaxFlows`, `natTimeouts`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -296,6 +309,7 @@ pub struct NetConf {
     pub host_port_cgroup: Option<PathBuf>,
     pub xdp: XdpMode,
     pub pod_attach: PodAttach,
+    pub pod_device: PodDeviceKind,
     /// Static routes to other nodes' pod ranges.
     pub nodes: Vec<RemoteNode>,
     /// GC: `cni.dev/valid-attachments`.
@@ -471,6 +485,7 @@ impl NetConf {
         let uplink = st.add_only(parse_uplink(o), None)?;
         let xdp = st.add_only(parse_xdp(o), XdpMode::Auto)?;
         let pod_attach = st.add_only(parse_pod_attach(o), PodAttach::Tc)?;
+        let pod_device = st.add_only(parse_pod_device(o), PodDeviceKind::Veth)?;
         let nodes = st.add_only(parse_nodes(o), Vec::new())?;
 
         Ok(Self {
@@ -493,6 +508,7 @@ impl NetConf {
             bandwidth,
             xdp,
             pod_attach,
+            pod_device,
             nodes,
             valid_attachments,
             strictness,
@@ -616,6 +632,19 @@ fn parse_pod_attach(o: &json::Object) -> Result<PodAttach, Error> {
     }
 }
 
+fn parse_pod_device(o: &json::Object) -> Result<PodDeviceKind, Error> {
+    match string(o, "podDevice", "")?.as_deref() {
+        None | Some("veth") => Ok(PodDeviceKind::Veth),
+        Some("netkit") => Ok(PodDeviceKind::Netkit),
+        Some("auto") => Ok(PodDeviceKind::Auto),
+        Some(other) => Err(Error::config(
+            "podDevice",
+            other,
+            "must be veth, netkit or auto",
+        )),
+    }
+}
+
 fn parse_nodes(o: &json::Object) -> Result<Vec<RemoteNode>, Error> {
     let mut out = Vec::new();
     for (i, n) in array(o, "nodes", "")?.iter().enumerate() {
@@ -697,6 +726,7 @@ mod tests {
         assert!(!c.debug);
         assert_eq!(c.xdp, XdpMode::Auto);
         assert_eq!(c.pod_attach, PodAttach::Tc);
+        assert_eq!(c.pod_device, PodDeviceKind::Veth);
         assert!(c.nodes.is_empty() && c.uplink.is_none());
     }
 
@@ -764,8 +794,19 @@ mod tests {
     }
 
     #[test]
+    fn pod_device_takes_veth_netkit_or_auto() {
+        for (v, want) in [
+            ("veth", PodDeviceKind::Veth),
+            ("netkit", PodDeviceKind::Netkit),
+            ("auto", PodDeviceKind::Auto),
+        ] {
+            assert_eq!(parse(with("podDevice", json!(v))).unwrap().pod_device, want);
+        }
+    }
+
+    #[test]
     fn teardown_ignores_bad_add_only_keys_and_full_does_not() {
-        let bad: [(&str, Value); 16] = [
+        let bad: [(&str, Value); 17] = [
             (
                 "runtimeConfig",
                 json!({"portMappings": [{"HostPort": "x"}]}),
@@ -784,6 +825,7 @@ mod tests {
             ("uplink", json!("way-too-long-ifname")),
             ("xdp", json!("offload")),
             ("podAttach", json!("netkit")),
+            ("podDevice", json!("macvlan")),
             ("nodes", json!([{"podCIDR": "x"}])),
         ];
         for (k, v) in bad {
@@ -923,6 +965,7 @@ mod tests {
             ),
             (with("xdp", json!("offload")), "xdp", "offload"),
             (with("podAttach", json!("netkit")), "podAttach", "netkit"),
+            (with("podDevice", json!("tap")), "podDevice", "tap"),
             (
                 with("nonMasqueradeCIDRs", json!(["10.0.0.0"])),
                 "nonMasqueradeCIDRs[0]",

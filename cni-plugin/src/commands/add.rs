@@ -189,6 +189,7 @@ async fn add_steps(
         &id.ifname,
         mtu,
         pod_mac.map(|m| m.0),
+        conf.pod_device,
     )
     .await?;
     steps.done("veth");
@@ -201,14 +202,16 @@ async fn add_steps(
     node::enable_forwarding(&ipam_result.ips)?;
     node::ensure_remote_routes(host_nl, &conf.nodes).await?;
     // Without GRO the pod end would drop XDP-redirected frames; the uplink's XDP
-    // program then leaves this pod's traffic to tc.
-    let xdp_ready = match interface::enable_gro(pod_ns, &id.ifname) {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!("sluice: {e}; XDP will not deliver to this pod");
-            false
-        }
-    };
+    // program then leaves this pod's traffic to tc. A netkit device takes no
+    // XDP frames at all (no `ndo_xdp_xmit`).
+    let xdp_ready = !pair.netkit
+        && match interface::enable_gro(pod_ns, &id.ifname) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("sluice: {e}; XDP will not deliver to this pod");
+                false
+            }
+        };
 
     // EDT egress shaping needs fq on the pod's own interface; a kernel without
     // sch_fq leaves the pod's egress limit to the policer (docs/bandwidth.md).
@@ -246,6 +249,7 @@ async fn add_steps(
             netns_ino: pod_ns.inode(),
             xdp_ready,
             attach: conf.pod_attach,
+            netkit: pair.netkit,
             port_mappings: &conf.runtime.port_mappings,
             bandwidth: conf.bandwidth.as_ref(),
             device: Some(PodDevice {

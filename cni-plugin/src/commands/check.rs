@@ -5,7 +5,12 @@
 use std::net::IpAddr;
 
 use crate::{
-    cni::{config::NetConf, env::Env, result::Interface, runtime_config::Mac},
+    cni::{
+        config::{NetConf, PodDeviceKind},
+        env::Env,
+        result::Interface,
+        runtime_config::Mac,
+    },
     datapath::{Datapath, PodDevice, PodSpec},
     error::Error,
     ipam::Ipam,
@@ -46,7 +51,7 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
             netns_path.display()
         ))
     })?;
-    check_link(&pod_link, pod_if)?;
+    check_link(&pod_link, pod_if, kinds(conf.pod_device))?;
 
     let expected_ips: Vec<_> = prev
         .ips
@@ -90,7 +95,12 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         .await?
         .ok_or_else(|| Error::check(format!("host veth {host_ifname} is missing")))?;
     if let Some(host_if) = prev.interfaces.iter().find(|i| i.name == host_ifname) {
-        check_link(&host_link, host_if)?;
+        // Both ends of one pair: the kind the pod's end has.
+        check_link(
+            &host_link,
+            host_if,
+            &[pod_link.kind.as_deref().unwrap_or("none")],
+        )?;
     }
     if host_link.peer_index != Some(pod_link.index) {
         return Err(Error::check(format!(
@@ -113,6 +123,7 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
                 netns_ino: pod_ns.inode(),
                 xdp_ready: false,
                 attach: conf.pod_attach,
+                netkit: host_link.kind.as_deref() == Some("netkit"),
                 port_mappings: &conf.runtime.port_mappings,
                 bandwidth: conf.bandwidth.as_ref(),
                 device: Some(PodDevice {
@@ -130,10 +141,25 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)
 }
 
-/// A link is a veth, up, with the MAC and MTU the result names.
-fn check_link(link: &LinkInfo, want: &Interface) -> Result<(), Error> {
-    if link.kind.as_deref() != Some("veth") {
-        return Err(Error::check(format!("{} is not a veth", link.name)));
+/// The device kinds `podDevice` allows.
+fn kinds(device: PodDeviceKind) -> &'static [&'static str] {
+    match device {
+        PodDeviceKind::Veth => &["veth"],
+        PodDeviceKind::Netkit => &["netkit"],
+        PodDeviceKind::Auto => &["netkit", "veth"],
+    }
+}
+
+/// A link is of a kind in `kinds` (a veth, a netkit), up, with the MAC and MTU
+/// the result names.
+fn check_link(link: &LinkInfo, want: &Interface, kinds: &[&str]) -> Result<(), Error> {
+    let kind = link.kind.as_deref().unwrap_or("none");
+    if !kinds.contains(&kind) {
+        return Err(Error::check(format!(
+            "{} is a {kind} device, not {}",
+            link.name,
+            kinds.join(" or ")
+        )));
     }
     if !link.up {
         return Err(Error::check(format!("{} is down", link.name)));

@@ -121,18 +121,19 @@ async fn teardown_node(
     errors.finish()
 }
 
-/// Deletes our host veth (and with it the pod end and everything on both), and
-/// returns the index it had. Only a veth is ever deleted, whatever its name.
+/// Deletes our host veth or netkit device (and with it the pod end and
+/// everything on both), and returns the index it had. Only a pair device is
+/// ever deleted, whatever its name.
 pub(super) async fn delete_host_veth(
     host_nl: &Netlink,
     host_ifname: &str,
 ) -> Result<Option<u32>, Error> {
     if let Some(link) = host_nl.link_by_name(host_ifname).await? {
-        if link.kind.as_deref() != Some("veth") {
+        if !matches!(link.kind.as_deref(), Some("veth" | "netkit")) {
             return Err(Error::netlink(
                 format!("delete {host_ifname}"),
                 format!(
-                    "it is a {} interface, not a veth Sluice made",
+                    "it is a {} interface, not a veth or netkit device Sluice made",
                     link.kind.as_deref().unwrap_or("plain")
                 ),
             ));

@@ -130,6 +130,14 @@ pub fn veth_xdp() -> bool {
     *VETH_XDP.get_or_init(|| !off("veth_xdp") && kernel_at_least((5, 13)))
 }
 
+/// netkit devices and their BPF hooks (Linux 6.7): whether `from_netkit_pod`
+/// is loaded at all. Whether the device type is there (`CONFIG_NETKIT`) only
+/// creating one tells (see `interface::create`).
+pub fn netkit() -> bool {
+    static NETKIT: OnceLock<bool> = OnceLock::new();
+    *NETKIT.get_or_init(|| !off("netkit") && kernel_at_least((6, 7)))
+}
+
 /// Whether the running kernel's release (`uname -r`) is `want` or newer.
 fn kernel_at_least(want: (u32, u32)) -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

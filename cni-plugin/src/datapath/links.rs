@@ -9,12 +9,12 @@
 //! one.
 use std::{
     fs,
-    os::fd::AsFd,
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
 use aya::programs::{
-    links::{FdLink, PinnedLink},
+    links::{FdLink, LinkType, PinnedLink},
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     xdp::XdpLink,
@@ -27,7 +27,7 @@ use sluice_common::{
 };
 use sluice_maps::PinRoot;
 
-use super::bpffs::unpin;
+use super::{bpffs::unpin, sys::NetkitHook};
 use crate::{
     cni::config::{PodAttach, XdpMode as XdpConfig},
     error::Error,
@@ -172,6 +172,56 @@ fn attach_tcx_pinned(
     pin_link(link, lp)
 }
 
+/// The programs of a netkit pod on its host device `host_ifname` (`ifindex`):
+/// `from_netkit_pod` on the peer hook, `to_netkit_pod` on the primary's, as pinned
+/// netkit links `<host device>-<program>` (a pin left by a crashed ADD of the
+/// same attachment is detached first).
+pub(super) fn attach_pod_netkit(
+    root: &PinRoot,
+    host_ifname: &str,
+    ifindex: u32,
+) -> Result<(), Error> {
+    for p in programs::POD_NETKIT {
+        let prog = open_tc(root, p.name)?;
+        let hook = if p.kind == ProgKind::PodNetkit {
+            NetkitHook::Peer
+        } else {
+            NetkitHook::Primary
+        };
+        let lp = pod_link_path(root, host_ifname, p.name);
+        detach_pinned(&lp)?;
+        let prog_fd = prog
+            .fd()
+            .map_err(|e| dp_err(format!("program {}", p.name), e))?;
+        let link = super::sys::netkit_link_create(prog_fd.as_fd().as_raw_fd(), ifindex, hook)
+            .map_err(|e| dp_err(format!("attach {} to netkit {host_ifname}", p.name), e))?;
+        super::sys::obj_pin(&link, &lp)?;
+    }
+    Ok(())
+}
+
+/// Whether the netkit pod programs are attached to `host_ifname`: each pinned
+/// link is there and runs the pinned program of its name.
+pub(super) fn check_pod_netkit(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
+    for p in programs::POD_NETKIT {
+        let lp = pod_link_path(root, host_ifname, p.name);
+        let pinned = PinnedLink::from_pin(&lp)
+            .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
+        let info = FdLink::from(pinned)
+            .info()
+            .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?;
+        let want = sluice_maps::programs::id(root, p.name)?;
+        if info.program_id() != want {
+            return Err(Error::check(format!(
+                "{} on netkit {host_ifname} runs program id {}, not the pinned one ({want})",
+                p.name,
+                info.program_id()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn add_clsact(ifname: &str) -> Result<(), Error> {
     match qdisc_add_clsact(ifname) {
         Ok(()) => Ok(()),
@@ -282,6 +332,10 @@ pub(super) fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error>
         host_ifname,
         programs::POD_DEVICE.name,
     )));
+    // netkit links go with the device; only their pins stay.
+    for p in programs::POD_NETKIT {
+        errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
+    }
     for p in programs::POD {
         errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
         if let Ok(link) = SchedClassifierLink::attached(
@@ -621,12 +675,25 @@ pub(super) fn link_pins_of(root: &PinRoot, prog: &str) -> Result<Vec<PathBuf>, E
         .collect())
 }
 
-/// Points the pinned tcx link at `prog` without detaching it (`bpf_link_update`).
-/// A link whose interface is gone cannot be updated; its pin is dropped.
+/// Points the pinned tcx or netkit link at `prog` without detaching it
+/// (`bpf_link_update`). A link whose interface is gone cannot be updated; its
+/// pin is dropped.
 pub(super) fn replace_tc_link(prog: &mut SchedClassifier, link_path: &Path) -> Result<(), Error> {
     let pinned = PinnedLink::from_pin(link_path)
         .map_err(|e| dp_err(format!("open pinned link {}", link_path.display()), e))?;
-    let link: SchedClassifierLink = FdLink::from(pinned)
+    let fd = FdLink::from(pinned);
+    let kind = fd.info().ok().and_then(|i| i.link_type().ok());
+    if kind == Some(LinkType::Netkit) {
+        // aya 0.14 has no netkit link type of its own: the raw update.
+        let prog_fd = prog
+            .fd()
+            .map_err(|e| dp_err(format!("program for {}", link_path.display()), e))?;
+        return match super::sys::link_update(link_path, prog_fd.as_fd().as_raw_fd()) {
+            Ok(()) => Ok(()),
+            Err(e) => drop_dead_link(link_path, &e),
+        };
+    }
+    let link: SchedClassifierLink = fd
         .try_into()
         .map_err(|e| dp_err(format!("use pinned link {}", link_path.display()), e))?;
     match prog.attach_to_link(link) {

@@ -32,12 +32,16 @@ pub(super) fn has_object() -> bool {
 }
 
 /// The programs this kernel runs: all of them, but the NAT sweeper where the
-/// kernel cannot keep it running (see [`super::features`]).
+/// kernel cannot keep it running and the netkit pod program where it has no
+/// netkit (see [`super::features`]).
 fn wanted() -> impl Iterator<Item = &'static programs::ProgSpec> {
     let sweeper = super::features::get().sweeper;
-    programs::ALL
-        .iter()
-        .filter(move |p| sweeper || p.kind != ProgKind::PerfEvent)
+    let netkit = super::features::netkit();
+    programs::ALL.iter().filter(move |p| match p.kind {
+        ProgKind::PerfEvent => sweeper,
+        ProgKind::PodNetkit | ProgKind::PodNetkitPrimary => netkit,
+        _ => true,
+    })
 }
 
 /// Whether every program this kernel runs is pinned.
@@ -138,6 +142,8 @@ pub(super) fn load_and_pin(
             }
             ProgKind::PodIngress
             | ProgKind::PodEgress
+            | ProgKind::PodNetkit
+            | ProgKind::PodNetkitPrimary
             | ProgKind::PodDevice
             | ProgKind::UplinkIngress
             | ProgKind::UplinkEgress => {
@@ -153,7 +159,7 @@ pub(super) fn load_and_pin(
                     // namespace; it keeps the program it was attached with
                     // (sharing the maps) until the pod goes. tcx links (6.6+)
                     // are replaced above like the others. docs/bandwidth.md.
-                    ProgKind::PodDevice => &[],
+                    ProgKind::PodDevice | ProgKind::PodNetkit | ProgKind::PodNetkitPrimary => &[],
                     _ => &uplink_filters,
                 };
                 for ifname in filtered {

@@ -129,6 +129,9 @@ pub struct PodSpec<'a> {
     /// The pod end takes XDP frames (see `endpoint_flags::XDP_READY`).
     pub xdp_ready: bool,
     pub attach: PodAttach,
+    /// The pair is netkit (its programs attach to netkit's hooks; `attach`
+    /// is for a veth's).
+    pub netkit: bool,
     pub port_mappings: &'a [PortMapping],
     pub bandwidth: Option<&'a Bandwidth>,
     /// The pod's own interface, where EDT shapes an egress limit; `None`: the
@@ -485,11 +488,15 @@ impl Datapath {
             created_unix: now_unix(),
         };
         eps.insert_interface(pod.host_ifindex, &info)?;
-        links::attach_pod(
-            &self.root,
-            pod.host_ifname,
-            features::pod_attach(pod.attach),
-        )?;
+        if pod.netkit {
+            links::attach_pod_netkit(&self.root, pod.host_ifname, pod.host_ifindex)?;
+        } else {
+            links::attach_pod(
+                &self.root,
+                pod.host_ifname,
+                features::pod_attach(pod.attach),
+            )?;
+        }
         for ip in pod.ips {
             let mut flags = if ip.is_ipv6() {
                 endpoint_flags::IPV6
@@ -636,6 +643,7 @@ impl Datapath {
     /// mappings and bandwidth limits.
     pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
         match features::pod_attach(pod.attach) {
+            _ if pod.netkit => links::check_pod_netkit(&self.root, pod.host_ifname)?,
             PodAttach::Tc => self.check_filters(host_nl, pod).await?,
             PodAttach::Tcx => links::check_pod_tcx(&self.root, pod.host_ifname)?,
         }

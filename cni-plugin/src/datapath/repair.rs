@@ -82,9 +82,12 @@ async fn reattach_one(
         .as_deref()
         .map(|p| Netns::open(p.as_ref()))
         .transpose()?;
-    let xdp_ready = pod_ns
-        .as_ref()
-        .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
+    let netkit = link.kind.as_deref() == Some("netkit");
+    // XDP cannot redirect into a netkit device (no `ndo_xdp_xmit`).
+    let xdp_ready = !netkit
+        && pod_ns
+            .as_ref()
+            .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
     if !rec.port_mappings.is_empty() {
         let addrs = host_nl.local_addrs(ips.iter().any(IpAddr::is_ipv6)).await?;
         sluice_maps::hostport::set_node_addrs::<V4>(&dp.root, &addrs.v4)?;
@@ -110,6 +113,7 @@ async fn reattach_one(
             netns_ino: pod_ns.as_ref().map_or(0, Netns::inode),
             xdp_ready,
             attach: conf.pod_attach,
+            netkit,
             port_mappings: &rec.port_mappings,
             bandwidth: rec.bandwidth.as_ref(),
             // A repaired pod's egress limit is the policer (its fq qdisc stays).

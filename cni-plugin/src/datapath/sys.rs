@@ -1,6 +1,7 @@
 //! The few bpf(2) commands aya does not expose: opening a pin as an fd
-//! (`BPF_OBJ_GET`), pointing a link at another program (`BPF_LINK_UPDATE`) and
-//! detaching a link now (`BPF_LINK_DETACH`).
+//! (`BPF_OBJ_GET`) and pinning one (`BPF_OBJ_PIN`), netkit links
+//! (`BPF_LINK_CREATE`), pointing a link at another program (`BPF_LINK_UPDATE`)
+//! and detaching a link now (`BPF_LINK_DETACH`).
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::Path,
@@ -8,7 +9,9 @@ use std::{
 
 use crate::error::Error;
 
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
@@ -53,6 +56,53 @@ pub(super) fn obj_get(path: &Path) -> Result<OwnedFd, Error> {
         .map_err(|e| Error::datapath(format!("open pin {}", path.display()), e))?;
     // SAFETY: BPF_OBJ_GET returned a new fd that only this owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// netkit's hooks (`enum bpf_attach_type`, Linux 6.7): the primary device's
+/// own transmit, and its peer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NetkitHook {
+    Primary = 54,
+    Peer = 55,
+}
+
+/// A netkit link of program `prog_fd` on the hook of the netkit pair whose
+/// primary (host) device is `ifindex` (`BPF_LINK_CREATE`; aya 0.14 has no
+/// netkit links). Appended after any program already there.
+pub(super) fn netkit_link_create(
+    prog_fd: RawFd,
+    ifindex: u32,
+    hook: NetkitHook,
+) -> std::io::Result<OwnedFd> {
+    // link_create: prog_fd, target_ifindex, attach_type, flags (u32 each); the
+    // netkit part (relative_fd, expected_revision) stays zero.
+    let fd = bpf_cmd(
+        BPF_LINK_CREATE,
+        &[
+            u32_pair(prog_fd.cast_unsigned(), ifindex),
+            u32_pair(hook as u32, 0),
+        ],
+    )?;
+    let fd = RawFd::try_from(fd).map_err(std::io::Error::other)?;
+    // SAFETY: BPF_LINK_CREATE returned a new fd that only this owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Pins the BPF object `fd` at `path` (`BPF_OBJ_PIN`).
+pub(super) fn obj_pin(fd: &OwnedFd, path: &Path) -> Result<(), Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| Error::datapath(format!("pin {}", path.display()), e))?;
+    // obj_pin: pathname (a pointer), bpf_fd, file_flags.
+    bpf_cmd(
+        BPF_OBJ_PIN,
+        &[
+            c.as_ptr() as u64,
+            u32_pair(fd.as_raw_fd().cast_unsigned(), 0),
+        ],
+    )
+    .map(drop)
+    .map_err(|e| Error::datapath(format!("pin {}", path.display()), e))
 }
 
 /// Points the link pinned at `link_path` at program `prog_fd` in place

@@ -6,6 +6,12 @@
 pub enum ProgKind {
     /// tc ingress of a pod's host veth.
     PodIngress,
+    /// A netkit pod's hook for what the pod sends (`BPF_NETKIT_PEER`, on the
+    /// host device; the program runs in the pod device's transmit).
+    PodNetkit,
+    /// A netkit pod's hook for what goes to it (`BPF_NETKIT_PRIMARY`: the host
+    /// device's transmit).
+    PodNetkitPrimary,
     /// tc egress of a pod's host veth.
     PodEgress,
     /// tc egress of the pod's own `eth0`, inside its namespace (EDT).
@@ -48,6 +54,14 @@ pub mod prog_names {
     pub const FROM_POD: &str = "from_pod";
     /// tc egress of a host veth: packets going to the pod.
     pub const TO_POD: &str = "to_pod";
+    /// `from_pod` for a netkit pod (`BPF_NETKIT_PEER`): the same checks, but
+    /// another pod on the node is reached with `bpf_redirect`, as
+    /// `bpf_redirect_peer` only works from tc ingress.
+    pub const FROM_NETKIT_POD: &str = "from_netkit_pod";
+    /// `to_pod` for a netkit pod (`BPF_NETKIT_PRIMARY`). netkit has switched
+    /// `skb->dev` to the pod's device when it runs, so the pod is found by
+    /// the packet's destination instead.
+    pub const TO_NETKIT_POD: &str = "to_netkit_pod";
     /// tc egress of a pod's own `eth0` (in its namespace, with `fq` as its
     /// root qdisc): EDT departure times for the pod's egress limit.
     pub const POD_EDT: &str = "pod_edt";
@@ -91,6 +105,13 @@ const fn prog(name: &'static str, kind: ProgKind) -> ProgSpec {
 pub const POD: [ProgSpec; 2] = [
     prog(prog_names::FROM_POD, ProgKind::PodIngress),
     prog(prog_names::TO_POD, ProgKind::PodEgress),
+];
+
+/// The programs of a netkit pod, attached through netkit's own hooks on its
+/// host device: what the pod sends, what goes to it.
+pub const POD_NETKIT: [ProgSpec; 2] = [
+    prog(prog_names::FROM_NETKIT_POD, ProgKind::PodNetkit),
+    prog(prog_names::TO_NETKIT_POD, ProgKind::PodNetkitPrimary),
 ];
 
 /// The EDT program, attached to a limited pod's own `eth0`.
@@ -139,9 +160,11 @@ pub const SOCK_HOOKS: [ProgSpec; 8] = [
 ];
 
 /// Every program of the object, in load order.
-pub const ALL: [ProgSpec; 16] = [
+pub const ALL: [ProgSpec; 18] = [
     POD[0],
     POD[1],
+    POD_NETKIT[0],
+    POD_NETKIT[1],
     POD_DEVICE,
     UPLINK_TC[0],
     UPLINK_TC[1],

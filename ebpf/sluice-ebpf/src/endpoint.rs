@@ -64,6 +64,58 @@ pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
 }
 
+/// `skb->cb[0]` of a packet `from_netkit_pod` hands to another pod, with the
+/// target's ifindex in `cb[1]`. The control block survives the redirect to
+/// the target's host device (no qdisc on a host veth or netkit device uses it
+/// on the way), where `to_pod` (`to_netkit_pod`) runs: it sees the packet was
+/// admitted and counted already. Two words, so a stale control block (the stack uses it
+/// too) matches by chance practically never.
+const DELIVERED: u32 = 0x5e1c_0de1;
+
+/// From a netkit pod's peer hook: delivers into another pod with `bpf_redirect`
+/// to its host device (`bpf_redirect_peer` is for tc ingress only:
+/// `skb_do_redirect` drops a peer redirect outside it), whose transmit puts it
+/// into the pod. Admission and counting as in [`deliver_tc`]; `to_pod` or
+/// `to_netkit_pod` on the target then passes it on without doing them again
+/// ([`take_delivered`]).
+#[inline(always)]
+pub fn deliver_from_netkit(
+    ctx: &TcContext,
+    h: &Headers,
+    ep: &Endpoint,
+    len: u32,
+    reason: u32,
+) -> i32 {
+    if !bandwidth::admit(ep.ifindex, len, true) {
+        return TC_ACT_SHOT;
+    }
+    prepare(h, ep, len);
+    count(reason);
+    // SAFETY: `skb` points at the context the kernel passed in; tc programs may
+    // write cb[0..5].
+    unsafe {
+        (*ctx.skb.skb).cb[0] = DELIVERED;
+        (*ctx.skb.skb).cb[1] = ep.ifindex;
+    }
+    // SAFETY: plain helper call; a bad ifindex makes the kernel drop the packet.
+    unsafe { bpf_redirect(ep.ifindex, 0) as i32 }
+}
+
+/// In `to_pod` on `ifindex`: whether `from_netkit_pod` delivered this packet
+/// (and already admitted and counted it). Clears the mark.
+#[inline(always)]
+pub fn take_delivered(ctx: &TcContext, ifindex: u32) -> bool {
+    // SAFETY: as above.
+    unsafe {
+        let skb = ctx.skb.skb;
+        if (*skb).cb[0] == DELIVERED && (*skb).cb[1] == ifindex {
+            (*skb).cb[0] = 0;
+            return true;
+        }
+    }
+    false
+}
+
 /// XDP: redirects the frame to the host veth, whose `ndo_xdp_xmit` puts it on the
 /// pod end's receive queue. Returns the XDP verdict.
 #[inline(always)]

@@ -4,6 +4,8 @@
 //!   `bpf_redirect_peer` into it; otherwise FIB lookup and redirect out of the
 //!   egress device, or pass to the kernel where the FIB says local.
 //! - `to_pod` (tc egress of a host veth): what the kernel sends into a pod.
+//! - `from_netkit_pod`, `to_netkit_pod`: the same on a netkit pod's host
+//!   device, through netkit's own hooks.
 //! - `pod_edt` (tc egress of a limited pod's own `eth0`, in its namespace): EDT
 //!   departure times for the pod's egress limit, which `fq` there enforces.
 //! - `uplink_in` (tc ingress of the node's uplink): packets for local pods go
@@ -129,12 +131,24 @@ fn tc_exit(ctx: &TcContext, verdict: i32, pod_ifindex: u32) -> i32 {
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     let ifindex = skb_field_ifindex(&ctx);
-    let v = from_pod_verdict(&ctx, ifindex);
+    let v = from_pod_verdict(&ctx, ifindex, false);
     tc_exit(&ctx, v, ifindex)
 }
 
+/// `from_pod` on a netkit pod's peer hook: it runs in the pod device's
+/// transmit with `skb->dev` already the host device, so `ifindex` is the same
+/// key; the verdicts are netkit's, which share tc's values (`NETKIT_NEXT` -1,
+/// `NETKIT_PASS` 0, `NETKIT_DROP` 2, `NETKIT_REDIRECT` 7; include/uapi/linux/if_link.h).
+#[classifier]
+pub fn from_netkit_pod(ctx: TcContext) -> i32 {
+    let ifindex = skb_field_ifindex(&ctx);
+    let v = from_pod_verdict(&ctx, ifindex, true);
+    tc_exit(&ctx, v, ifindex)
+}
+
+/// `netkit`: the program runs on a netkit peer hook, not at tc ingress.
 #[inline(always)]
-fn from_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
+fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     endpoint::count_from_pod(ifindex, ctx.len());
     // Before any translation or limit: a forged source never gets further.
     if !source_is_own(ctx, ifindex) {
@@ -169,6 +183,15 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
             count(reason::PASS_TTL);
             return TCX_NEXT;
         }
+        if netkit {
+            return endpoint::deliver_from_netkit(
+                ctx,
+                &h,
+                ep,
+                bandwidth::wire_len(ctx),
+                reason::FROM_POD_TO_LOCAL_POD,
+            );
+        }
         return endpoint::deliver_tc(
             &h,
             ep,
@@ -194,8 +217,44 @@ pub fn to_pod(ctx: TcContext) -> i32 {
     tc_exit(&ctx, v, ifindex)
 }
 
+/// `to_pod` on a netkit pod's primary hook. netkit has made `skb->dev` the
+/// pod's own device (an index in the pod's namespace) before its programs run,
+/// so the pod's key, its host device's index, comes from the endpoint of the
+/// packet's destination. Without one (a neighbour solicitation to a multicast
+/// address), the packet passes uncounted.
+#[classifier]
+pub fn to_netkit_pod(ctx: TcContext) -> i32 {
+    let Some(ifindex) = destination_ifindex(&ctx) else {
+        return TCX_NEXT;
+    };
+    let v = to_pod_verdict(&ctx, ifindex);
+    tc_exit(&ctx, v, ifindex)
+}
+
+/// The host device index of the endpoint the packet is addressed to.
+#[inline(always)]
+fn destination_ifindex(ctx: &TcContext) -> Option<u32> {
+    pull(ctx, HEADERS_LEN);
+    let eth = ptr_at::<[u8; 14]>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    let key = match et {
+        // SAFETY: bounds checked by ptr_at.
+        l3::ETH_P_IP => IpKey::v4(unsafe { *ptr_at::<[u8; 4]>(ctx, 14 + 16)? }),
+        // SAFETY: as above.
+        l3::ETH_P_IPV6 => IpKey::v6(unsafe { *ptr_at::<[u8; 16]>(ctx, 14 + 24)? }),
+        _ => return None,
+    };
+    // SAFETY: the map value is only read.
+    unsafe { ENDPOINTS.get(key) }.map(|ep| ep.ifindex)
+}
+
 #[inline(always)]
 fn to_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
+    // Delivered by `from_netkit_pod`, which admitted and counted it already.
+    if endpoint::take_delivered(ctx, ifindex) {
+        return TCX_NEXT;
+    }
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
     if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), true) {

@@ -30,8 +30,9 @@ use crate::{
 };
 
 use report::{
-    Figure, Report, BW_CPU_RATE, BW_UDP_RATE, REFERENCE_BW, REFERENCE_HP, REFERENCE_MASQ,
-    REFERENCE_MASQ6, SLUICE_BW, SLUICE_HP, SLUICE_MASQ, SLUICE_MASQ6,
+    Figure, Report, BW_CPU_RATE, BW_UDP_RATE, LIMIT, REFERENCE, REFERENCE_BW, REFERENCE_HP,
+    REFERENCE_MASQ, REFERENCE_MASQ6, SLUICE, SLUICE_BW, SLUICE_HP, SLUICE_MASQ, SLUICE_MASQ6,
+    SLUICE_NETKIT,
 };
 use topology::{
     bw_pod, BwSetup, Family, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES,
@@ -72,12 +73,15 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         None
     };
     let mut tb = Testbed::new("slbench")?;
+    // Each with its index in the report; netkit pods where the kernel has them.
     let routing = if want(BenchTable::Routing) {
-        vec![
-            topology::limit(&mut tb)?,
-            topology::reference(&mut tb)?,
-            topology::sluice(&mut tb, &bins)?,
-        ]
+        let mut v = vec![
+            (LIMIT, topology::limit(&mut tb)?),
+            (REFERENCE, topology::reference(&mut tb)?),
+            (SLUICE, topology::sluice(&mut tb, &bins)?),
+        ];
+        v.extend(topology::sluice_netkit(&mut tb, &bins)?.map(|s| (SLUICE_NETKIT, s)));
+        v
     } else {
         Vec::new()
     };
@@ -187,36 +191,37 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// One value of every traffic figure for every setup, setups interleaved.
-fn traffic_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> Result<()> {
+/// One value of every traffic figure for every setup (each with its index in
+/// the report), setups interleaved.
+fn traffic_round(tb: &Testbed, setups: &[(usize, Setup)], secs: u32, r: &mut Report) -> Result<()> {
     let ns = |i| tb.ns(i);
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         r.add(
             Figure::PodPodGbps,
             i,
             measure::tcp_gbps(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?,
         );
     }
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         let (p50, p99) = measure::tcp_rtt_us(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?;
         r.add(Figure::PodPodRttP50, i, p50);
         r.add(Figure::PodPodRttP99, i, p99);
     }
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         r.add(
             Figure::PodPodUdpKpps,
             i,
             measure::udp_small_pps(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)? / 1e3,
         );
     }
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         r.add(
             Figure::PodPodConnsPerSec,
             i,
             measure::conns_per_sec(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?,
         );
     }
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         r.add(
             Figure::PodExtGbps,
             i,
@@ -225,7 +230,7 @@ fn traffic_round(tb: &Testbed, setups: &[Setup], secs: u32, r: &mut Report) -> R
         let (p50, _) = measure::tcp_rtt_us(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?;
         r.add(Figure::PodExtRttP50, i, p50);
     }
-    for (i, s) in setups.iter().enumerate() {
+    for &(i, ref s) in setups {
         r.add(
             Figure::ExtPodGbps,
             i,
@@ -265,8 +270,8 @@ fn masq_round(tb: &Testbed, setups: &[(usize, Setup)], secs: u32, r: &mut Report
 
 /// ADD and DEL latency over `pods` pods, on a node whose datapath (or bridge) is
 /// already up (its two pods stay attached), setups interleaved.
-fn lifecycle(tb: &Testbed, setups: &[Setup], pods: usize, r: &mut Report) -> Result<()> {
-    for (i, s) in setups.iter().enumerate() {
+fn lifecycle(tb: &Testbed, setups: &[(usize, Setup)], pods: usize, r: &mut Report) -> Result<()> {
+    for &(i, ref s) in setups {
         let Some(c) = &s.cni else { continue };
         let (adds, dels) = measure::add_del_ms(tb.ns(c.node), &c.plugin, &c.conf, pods)?;
         let (a50, a99) = measure::p50_p99(adds);

@@ -98,9 +98,13 @@ pub(super) const SLUICE_MASQ6: usize = 14;
 /// `FILL_AT[i]` they are `2 * i` further on.
 pub(super) const REFERENCE_FILL: usize = 15;
 pub(super) const SLUICE_FILL: usize = 16;
+/// Sluice with netkit pods, in the routing table (kernels with netkit only).
+pub(super) const SLUICE_NETKIT: usize = 21;
+/// Setups a run may not have: their columns and ratios are left out then.
+const OPTIONAL: [usize; 1] = [SLUICE_NETKIT];
 
 /// Setup names, by index.
-const NAMES: [&str; 21] = [
+const NAMES: [&str; 22] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -122,6 +126,7 @@ const NAMES: [&str; 21] = [
     "sluice",
     "bridge+host-local(+portmap)",
     "sluice",
+    "sluice netkit",
 ];
 
 /// The setup of `base` (`REFERENCE_HP` or `SLUICE_HP`) with `HP_SIZES[i]` mappings.
@@ -185,10 +190,11 @@ const TABLES: [Table; 6] = [
             Figure::DelP50,
             Figure::DelP99,
         ],
-        columns: &[LIMIT, REFERENCE, SLUICE],
+        columns: &[LIMIT, REFERENCE, SLUICE, SLUICE_NETKIT],
         ratios: &[
             ("sluice/reference", SLUICE, REFERENCE),
             ("sluice/limit", SLUICE, LIMIT),
+            ("netkit/limit", SLUICE_NETKIT, LIMIT),
         ],
     },
     Table {
@@ -341,6 +347,27 @@ impl Report {
             .filter(|t| self.only.is_none_or(|o| o == t.which))
     }
 
+    /// Whether this run measured `setup` (a setup in [`OPTIONAL`] may be left
+    /// out: netkit where the kernel has none).
+    fn measured(&self, setup: usize) -> bool {
+        !OPTIONAL.contains(&setup) || self.values.iter().any(|(_, s, _)| *s == setup)
+    }
+
+    /// The columns of `t` this run has.
+    fn columns<'a>(&'a self, t: &'a Table) -> impl Iterator<Item = usize> + 'a {
+        t.columns.iter().copied().filter(|s| self.measured(*s))
+    }
+
+    /// The ratios of `t` whose setups this run has.
+    fn ratios<'a>(
+        &'a self,
+        t: &'a Table,
+    ) -> impl Iterator<Item = &'a (&'static str, usize, usize)> + 'a {
+        t.ratios
+            .iter()
+            .filter(|(_, a, b)| self.measured(*a) && self.measured(*b))
+    }
+
     pub(super) fn add(&mut self, f: Figure, setup: usize, v: f64) {
         self.values.push((f, setup, v));
     }
@@ -399,10 +426,9 @@ impl Report {
                         " [lower is better]"
                     }
                 )];
-                row.extend(t.columns.iter().map(|s| self.cell(*f, *s)));
+                row.extend(self.columns(t).map(|s| self.cell(*f, s)));
                 row.extend(
-                    t.ratios
-                        .iter()
+                    self.ratios(t)
                         .map(|(_, a, b)| ratio(self.value(*f, *a), self.value(*f, *b))),
                 );
                 row
@@ -599,7 +625,7 @@ impl Report {
         (first != 0.0).then(|| (last / first - 1.0) * 100.0)
     }
 
-    fn header(t: &Table) -> Vec<String> {
+    fn header(&self, t: &Table) -> Vec<String> {
         let mut h = vec!["figure".to_string()];
         if t.by_size {
             h.push("mappings".into());
@@ -611,11 +637,11 @@ impl Report {
         if bw {
             h.push("limit".into());
         }
-        h.extend(t.columns.iter().map(|s| NAMES[*s].to_string()));
+        h.extend(self.columns(t).map(|s| NAMES[s].to_string()));
         if bw {
             h.extend(t.columns.iter().map(|s| format!("{}/limit", NAMES[*s])));
         }
-        h.extend(t.ratios.iter().map(|(name, _, _)| (*name).to_string()));
+        h.extend(self.ratios(t).map(|(name, _, _)| (*name).to_string()));
         h
     }
 
@@ -665,6 +691,28 @@ impl Report {
                             check(udp_lim >= 0.95)
                         ),
                     ]);
+                    if self.values.iter().any(|(_, s, _)| *s == SLUICE_NETKIT) {
+                        let nk = |f| v(f, SLUICE_NETKIT) / v(f, LIMIT);
+                        let (rtt, conns, udp) = (
+                            nk(Figure::PodPodRttP50),
+                            nk(Figure::PodPodConnsPerSec),
+                            nk(Figure::PodPodUdpKpps),
+                        );
+                        out.extend([
+                            format!(
+                                "netkit pod->pod median RTT <= 1.05x limit (issue 18): {rtt:.3}x, {}",
+                                check(rtt <= 1.05)
+                            ),
+                            format!(
+                                "netkit pod->pod new connections/s >= 0.95x limit: {conns:.3}x, {}",
+                                check(conns >= 0.95)
+                            ),
+                            format!(
+                                "netkit pod->pod UDP 64 B >= 0.95x limit: {udp:.3}x, {}",
+                                check(udp >= 0.95)
+                            ),
+                        ]);
+                    }
                 }
                 BenchTable::Masquerade | BenchTable::Masquerade6 => {
                     let &[(_, sluice, reference)] = t.ratios else {
@@ -840,7 +888,7 @@ impl Report {
         let mut out = String::new();
         for t in self.tables() {
             let rows = self.rows(t);
-            let header = Self::header(t);
+            let header = self.header(t);
             let mut widths: Vec<usize> = header.iter().map(String::len).collect();
             for r in &rows {
                 for (w, c) in widths.iter_mut().zip(r) {
@@ -894,7 +942,7 @@ impl Report {
     pub(super) fn markdown_results(&self, level: &str) -> String {
         let mut md = format!("Machine: {}\n\n", machine());
         for t in self.tables() {
-            let header = Self::header(t);
+            let header = self.header(t);
             let _ = writeln!(md, "{level} {}\n", t.title);
             let _ = writeln!(md, "| {} |", header.join(" | "));
             let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
@@ -1171,6 +1219,7 @@ mod tests {
             SLUICE_MASQ6,
             REFERENCE_BW,
             SLUICE_BW,
+            SLUICE_NETKIT,
         ];
         for i in 0..HP_SIZES.len() {
             setups.extend([hp(REFERENCE_HP, i), hp(SLUICE_HP, i)]);
@@ -1183,6 +1232,38 @@ mod tests {
         setups.dedup();
         assert_eq!(setups.len(), n, "two setups share an index");
         assert_eq!(n, NAMES.len());
+    }
+
+    #[test]
+    fn the_netkit_column_shows_only_where_the_run_measured_it() {
+        let figures = [
+            Figure::PodPodRttP50,
+            Figure::PodPodConnsPerSec,
+            Figure::PodPodUdpKpps,
+        ];
+        let mut r = Report::new(Some(BenchTable::Routing));
+        for (setup, x) in [(LIMIT, 10.0), (REFERENCE, 14.0), (SLUICE, 11.0)] {
+            for f in figures {
+                r.add(f, setup, x);
+            }
+        }
+        let out = r.render(&args(Some(BenchTable::Routing)));
+        assert!(!out.contains("netkit"), "{out}");
+        for f in figures {
+            r.add(f, SLUICE_NETKIT, 10.2);
+        }
+        let out = r.render(&args(Some(BenchTable::Routing)));
+        assert!(out.contains("sluice netkit"), "{out}");
+        assert!(out.contains("netkit/limit"), "{out}");
+        // RTT 10.2 / 10 = 1.02x the limit: met; conns and UDP 1.02x: met.
+        assert!(
+            out.contains("netkit pod->pod median RTT <= 1.05x limit (issue 18): 1.020x, met"),
+            "{out}"
+        );
+        assert!(
+            out.contains("netkit pod->pod new connections/s >= 0.95x limit: 1.020x, met"),
+            "{out}"
+        );
     }
 
     #[test]

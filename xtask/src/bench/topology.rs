@@ -327,6 +327,36 @@ pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> 
     }
 }
 
+/// Sluice with netkit pods (`podDevice: netkit`, Linux 6.7+), otherwise as
+/// [`sluice`]: `None` where the kernel makes no netkit devices.
+pub(super) fn sluice_netkit(tb: &mut Testbed, bins: &Binaries) -> Result<Option<Setup>> {
+    if !has_netkit(tb)? {
+        return Ok(None);
+    }
+    let tag = "snk";
+    let mut conf = sluice_conf(
+        tb,
+        tag,
+        (95, Family::V4),
+        json!({"ipMasq": false, "podDevice": "netkit"}),
+    );
+    conf["cniVersion"] = json!("1.1.0");
+    conf["name"] = json!(format!("bench{tag}"));
+    node_with_pods(tb, tag, (95, Family::V4), &bins.sluice, conf, false).map(Some)
+}
+
+/// Whether this kernel makes netkit pairs: one made (and removed with the
+/// testbed) in a namespace of the testbed's own.
+fn has_netkit(tb: &mut Testbed) -> Result<bool> {
+    let ns = tb.netns("nkprobe")?;
+    // Debian 12's iproute2 predates netkit: it sends the kind but takes no
+    // netkit options; the kernel names the peer `nk%d`.
+    Ok(tb
+        .ns(ns)
+        .ip(&["link", "add", "probe0", "type", "netkit"])
+        .is_ok())
+}
+
 fn sluice_with(
     tb: &mut Testbed,
     bins: &Binaries,
