@@ -145,6 +145,39 @@ fn pod_root_qdisc(p: &sluice_tests::bandwidth::BwPod) -> String {
         .to_string()
 }
 
+/// A netkit pod where the kernel has netkit (`podDevice: auto`), limited both
+/// ways at 200 Mbit/s with the reference's 10 ms burst: its egress is EDT on its
+/// own `eth0` (the netkit peer) where the kernel has `sch_fq`, else the policer
+/// in `from_netkit_pod`; its ingress the policer on delivery. Both hold.
+#[test]
+fn a_netkit_pod_is_limited_both_ways() {
+    let rate = 200 * M;
+    let burst = rate / 100;
+    let mut w = BwWorld::new("10.96.27.0/24").unwrap();
+    w.conf["podDevice"] = json!("auto");
+    let conf = w.conf_runtime(&limits(Some(rate), Some(burst), Some(rate), Some(burst)));
+    let p = w.add("a", "bw-netkit", &conf);
+    kernel::assert_device_kind(&w.node, &p.added.host_veth, kernel::auto_pod_device());
+    let got = bw_list(&w.node).unwrap();
+    let mode = if kernel::has_sch_fq() {
+        "edt"
+    } else {
+        "policer"
+    };
+    assert_eq!(got[0]["egressMode"], mode, "{got:#?}");
+    w.check(&p).unwrap().ok_silent();
+    let eg = measure_egress(&w, &p, SECS, &[]).unwrap();
+    assert_band(&format!("TCP egress ({mode}) of a netkit pod"), &eg, rate);
+    let ing = measure_ingress(&w, &p, SECS, &[]).unwrap();
+    assert_band("TCP ingress (policer) of a netkit pod", &ing, rate);
+    if mode == "edt" {
+        let row = bw_list(&w.node).unwrap();
+        assert_eq!(row[0]["egress"]["dropped"], 0, "EDT dropped: {row:#?}");
+    }
+    w.del(&p);
+    w.node.assert_clean(NETWORK);
+}
+
 /// EDT egress (docs/bandwidth.md). Where the kernel has `sch_fq`, a pod with an
 /// egress limit gets `fq` as its `eth0`'s root qdisc and `pod_edt` on its
 /// egress; `sluicectl` and CHECK say and verify so; a TCP stream at 200 Mbit/s

@@ -80,6 +80,15 @@ Examples:
     /// Per-pod bandwidth limits: list, get, set (live).
     #[command(subcommand)]
     Bandwidth(BandwidthCommand),
+    /// The datapath's counters and gauges in the Prometheus text format: printed
+    /// once (for the textfile collector of `node_exporter`), or served on `/metrics`
+    /// with `--listen`.
+    #[command(after_help = "\
+Examples:
+  sluicectl -n pods metrics > /var/lib/node_exporter/textfile/sluice.prom.$$ && mv ...
+  sluicectl -n pods metrics --listen 127.0.0.1:9964       # until Ctrl-C or SIGTERM
+  sluicectl -n pods metrics --listen [::]:9964 --max-endpoints 200")]
+    Metrics(MetricsArgs),
     /// Print a shell completion script (e.g. `sluicectl completions bash >
     /// /etc/bash_completion.d/sluicectl`).
     Completions(CompletionsArgs),
@@ -156,6 +165,21 @@ pub(crate) struct MonitorArgs {
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub duration: Option<u64>,
+}
+
+#[derive(Args)]
+pub(crate) struct MetricsArgs {
+    /// Serve `/metrics` on this address instead of printing once.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// With --listen: stop after this many seconds (default: until SIGINT/SIGTERM).
+    #[arg(long, value_name = "SECONDS", requires = "listen",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub duration: Option<u64>,
+    /// Pod interfaces that get series of their own, at most (the node-wide
+    /// series count every pod).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub max_endpoints: u64,
 }
 
 #[derive(Args)]

@@ -16,20 +16,37 @@ use crate::{
 
 /// One pod interface: its addresses, owner, traffic and drops.
 #[derive(Clone, Default)]
-struct EndpointCounters {
-    ifindex: u32,
-    host_ifname: String,
-    container_id: String,
-    ifname: String,
-    ips: Vec<String>,
-    sent: (u64, u64),
-    received: (u64, u64),
-    drops: BTreeMap<&'static str, u64>,
+pub(crate) struct EndpointCounters {
+    pub ifindex: u32,
+    pub host_ifname: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub ips: Vec<String>,
+    /// (packets, bytes) the pod sent, and received.
+    pub sent: (u64, u64),
+    pub received: (u64, u64),
+    pub drops: BTreeMap<&'static str, u64>,
 }
 
-struct Reading {
-    node: Vec<(&'static str, u64)>,
-    endpoints: Vec<EndpointCounters>,
+pub(crate) struct Reading {
+    /// Every reason of the node and its count.
+    pub node: Vec<(&'static str, u64)>,
+    pub endpoints: Vec<EndpointCounters>,
+}
+
+/// The node's counters and every endpoint's (`sluicectl metrics`).
+pub(crate) fn read_all(dp: &Datapath) -> Result<Reading> {
+    read(
+        dp,
+        &CountersArgs {
+            json: false,
+            pod: None,
+            node: false,
+            all: true,
+            watch: None,
+            count: None,
+        },
+    )
 }
 
 pub(crate) fn execute(t: &Target, a: &CountersArgs) -> Result<()> {

@@ -8,6 +8,7 @@ mod caps;
 mod counters;
 mod datapath;
 mod endpoints;
+mod metrics;
 mod monitor;
 mod nat;
 mod ports;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         args::Command::Nat(c) => nat::execute(&cli.target, c),
         args::Command::Ports(c) => ports::execute(&cli.target, c),
         args::Command::Bandwidth(c) => bandwidth::execute(&cli.target, c),
+        args::Command::Metrics(a) => metrics::execute(&cli.target, a),
         args::Command::Completions(a) => {
             use clap::CommandFactory;
             clap_complete::generate(

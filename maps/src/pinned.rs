@@ -50,6 +50,15 @@ impl PinRoot {
         self.map_path(spec).exists()
     }
 
+    /// How many entries pinned map `spec` holds at most (its `max_entries`,
+    /// fixed when it was created: `natMaxFlows` for the NAT maps).
+    pub fn capacity(&self, spec: &MapSpec) -> Result<u32> {
+        let path = self.map_path(spec);
+        aya::maps::MapInfo::from_pin(&path)
+            .map(|i| i.max_entries())
+            .map_err(|e| Error::map(format!("read {}", path.display()), spec.name, e))
+    }
+
     /// Opens pinned map `spec`. A pin the caller may not see (the pin root is
     /// root-only) is reported as such, not as missing.
     pub(crate) fn open(&self, spec: &MapSpec) -> Result<Map> {

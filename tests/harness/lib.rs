@@ -33,6 +33,7 @@ pub mod look;
 pub mod masq;
 pub mod node;
 pub mod oci;
+pub mod prometheus;
 pub mod raw;
 pub mod schema;
 pub mod stream;

@@ -9,6 +9,7 @@ mod ebpf;
 mod elf;
 mod host;
 mod leaks;
+mod prometheus;
 mod setup;
 mod test;
 mod testbed;

@@ -100,10 +100,12 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
         let variant = ebpf::build_variant(ws)?;
         build::build_next_sluice(ws, &variant, &object)
     })?;
+    let prometheus = st.run("prometheus", || crate::prometheus::fetch(ws))?;
     let env = TestEnv {
         object,
         bins,
         next_sluice: next,
+        prometheus,
     };
     st.run("integration", || integration(ws, args, ci, &env))?;
     if args.kernels.as_deref() == Some(&["none".to_string()]) {
@@ -172,6 +174,8 @@ pub(crate) struct TestEnv {
     pub object: PathBuf,
     pub bins: Binaries,
     pub next_sluice: PathBuf,
+    /// Debian's Prometheus, unpacked (the metrics tests scrape with it).
+    pub prometheus: crate::prometheus::Prometheus,
 }
 
 impl TestEnv {
@@ -182,20 +186,24 @@ impl TestEnv {
         let bins = build::build_bins(ws, &object, false)?;
         let variant = ebpf::build_variant(ws)?;
         let next_sluice = build::build_next_sluice(ws, &variant, &object)?;
+        let prometheus = crate::prometheus::fetch(ws)?;
         Ok(Self {
             object,
             bins,
             next_sluice,
+            prometheus,
         })
     }
 
-    pub(crate) fn vars(&self) -> [(&'static str, &Path); 5] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 7] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
             ("SLUICECTL_BIN", &self.bins.sluicectl),
             ("SLUICE_NEXT_BIN", &self.next_sluice),
             ("SLUICE_CNI_PATH", Path::new(CNI_PATH)),
+            ("SLUICE_PROMETHEUS_BIN", &self.prometheus.server),
+            ("SLUICE_PROMTOOL_BIN", &self.prometheus.promtool),
         ]
     }
 

@@ -64,13 +64,15 @@ pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
 }
 
-/// `skb->cb[0]` of a packet `from_netkit_pod` hands to another pod, with the
-/// target's ifindex in `cb[1]`. The control block survives the redirect to
-/// the target's host device (no qdisc on a host veth or netkit device uses it
-/// on the way), where `to_pod` (`to_netkit_pod`) runs: it sees the packet was
-/// admitted and counted already. Two words, so a stale control block (the stack uses it
-/// too) matches by chance practically never.
+/// `skb->cb[0]` of a packet `from_netkit_pod` hands to another pod, with
+/// [`DELIVERED_LEN`] xor the packet's length in `cb[1]`. The control block
+/// survives the redirect to the target's host device (no qdisc on a host veth
+/// or netkit device uses it on the way), where `to_pod` (`to_netkit_pod`)
+/// runs: it sees the packet was admitted and counted already, without a map
+/// lookup. Two words, one of them the length, so a stale control block (the
+/// stack uses it too) matches by chance practically never.
 const DELIVERED: u32 = 0x5e1c_0de1;
+const DELIVERED_LEN: u32 = 0x0de1_5e1c;
 
 /// From a netkit pod's peer hook: delivers into another pod with `bpf_redirect`
 /// to its host device (`bpf_redirect_peer` is for tc ingress only:
@@ -94,21 +96,22 @@ pub fn deliver_from_netkit(
     // SAFETY: `skb` points at the context the kernel passed in; tc programs may
     // write cb[0..5].
     unsafe {
-        (*ctx.skb.skb).cb[0] = DELIVERED;
-        (*ctx.skb.skb).cb[1] = ep.ifindex;
+        let skb = ctx.skb.skb;
+        (*skb).cb[0] = DELIVERED;
+        (*skb).cb[1] = DELIVERED_LEN ^ (*skb).len;
     }
     // SAFETY: plain helper call; a bad ifindex makes the kernel drop the packet.
     unsafe { bpf_redirect(ep.ifindex, 0) as i32 }
 }
 
-/// In `to_pod` on `ifindex`: whether `from_netkit_pod` delivered this packet
-/// (and already admitted and counted it). Clears the mark.
+/// In `to_pod` / `to_netkit_pod`: whether `from_netkit_pod` delivered this
+/// packet (and already admitted and counted it). Clears the mark.
 #[inline(always)]
-pub fn take_delivered(ctx: &TcContext, ifindex: u32) -> bool {
+pub fn take_delivered(ctx: &TcContext) -> bool {
     // SAFETY: as above.
     unsafe {
         let skb = ctx.skb.skb;
-        if (*skb).cb[0] == DELIVERED && (*skb).cb[1] == ifindex {
+        if (*skb).cb[0] == DELIVERED && (*skb).cb[1] == DELIVERED_LEN ^ (*skb).len {
             (*skb).cb[0] = 0;
             return true;
         }

@@ -212,6 +212,10 @@ pub fn pod_edt(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
+    // Delivered by `from_netkit_pod`, which admitted and counted it already.
+    if endpoint::take_delivered(&ctx) {
+        return TCX_NEXT;
+    }
     let ifindex = skb_field_ifindex(&ctx);
     let v = to_pod_verdict(&ctx, ifindex);
     tc_exit(&ctx, v, ifindex)
@@ -224,6 +228,10 @@ pub fn to_pod(ctx: TcContext) -> i32 {
 /// address), the packet passes uncounted.
 #[classifier]
 pub fn to_netkit_pod(ctx: TcContext) -> i32 {
+    // Another pod's delivery first: it needs no lookup.
+    if endpoint::take_delivered(&ctx) {
+        return TCX_NEXT;
+    }
     let Some(ifindex) = destination_ifindex(&ctx) else {
         return TCX_NEXT;
     };
@@ -251,10 +259,6 @@ fn destination_ifindex(ctx: &TcContext) -> Option<u32> {
 
 #[inline(always)]
 fn to_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
-    // Delivered by `from_netkit_pod`, which admitted and counted it already.
-    if endpoint::take_delivered(ctx, ifindex) {
-        return TCX_NEXT;
-    }
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
     if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), true) {

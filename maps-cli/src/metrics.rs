@@ -1,0 +1,539 @@
+//! `sluicectl metrics`: the datapath's counters and gauges in the Prometheus
+//! text exposition format (version 0.0.4), printed once (for `node_exporter`'s
+//! textfile collector) or served on `/metrics` (`--listen`), read afresh from
+//! the pinned maps at each scrape.
+//!
+//! Names follow Prometheus conventions (`_total` counters, base units) and,
+//! where a figure is the same, Cilium's (`drop_count_total{reason,direction}`,
+//! `forward_count_total`, `forward_bytes_total`, `bpf_map_pressure{map_name}`),
+//! with the `sluice_` prefix, so a Cilium dashboard translates by renaming.
+//! Per-pod series are bounded: at most `--max-endpoints` pod interfaces get
+//! their own series (the rest are summed into the node-wide ones, which always
+//! hold everything).
+use std::{
+    fmt::Write as _,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use sluice_common::{config_flags, maps};
+use sluice_maps::hostport::{V4, V6};
+
+use crate::{
+    args::{MetricsArgs, Target},
+    counters::{self, EndpointCounters},
+    signals,
+    target::Datapath,
+};
+
+/// `Content-Type` of the text format.
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Longest a scrape's request may take to arrive.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request head read.
+const MAX_REQUEST: usize = 8 << 10;
+
+pub(crate) fn execute(t: &Target, a: &MetricsArgs) -> Result<()> {
+    let dp = Datapath::open(t)?;
+    let Some(addr) = a.listen else {
+        print!("{}", render(&dp, max_endpoints(a))?);
+        return Ok(());
+    };
+    serve(&dp, addr, a)
+}
+
+fn max_endpoints(a: &MetricsArgs) -> usize {
+    usize::try_from(a.max_endpoints).unwrap_or(usize::MAX)
+}
+
+/// Serves `/metrics` on `addr` until SIGINT/SIGTERM or `--duration`, one
+/// request at a time (a scrape every few seconds needs no more).
+fn serve(dp: &Datapath, addr: SocketAddr, a: &MetricsArgs) -> Result<()> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("listen on {addr}"))?;
+    listener.set_nonblocking(true)?;
+    signals::install();
+    eprintln!(
+        "sluicectl: serving metrics on http://{}/metrics",
+        listener.local_addr()?
+    );
+    let end = a.duration.map(|s| Instant::now() + Duration::from_secs(s));
+    loop {
+        if end.is_some_and(|e| Instant::now() >= e) || signals::stop_requested() {
+            return Ok(());
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = answer(dp, stream, max_endpoints(a)) {
+                    eprintln!("sluicectl: a metrics request failed: {e:#}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if signals::sleep(Duration::from_millis(50)) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e).context("accept a metrics connection"),
+        }
+    }
+}
+
+/// Reads one request and answers it: `GET /metrics` (or `/`) gets the
+/// exposition, anything else 404 or 405. The connection is then closed.
+fn answer(dp: &Datapath, mut stream: TcpStream, max_endpoints: usize) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let (status, body, ctype) = match route(&head) {
+        Route::Metrics { .. } => match render(dp, max_endpoints) {
+            Ok(text) => ("200 OK", text, CONTENT_TYPE),
+            Err(e) => (
+                "500 Internal Server Error",
+                format!("reading the datapath failed: {e:#}\n"),
+                "text/plain",
+            ),
+        },
+        Route::NotFound => ("404 Not Found", "try /metrics\n".into(), "text/plain"),
+        Route::NotAllowed => (
+            "405 Method Not Allowed",
+            "only GET and HEAD\n".into(),
+            "text/plain",
+        ),
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if route(&head) != (Route::Metrics { head: true }) {
+        out.push_str(&body);
+    }
+    stream.write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    /// `GET` or (`head`) `HEAD` of `/metrics` or `/`.
+    Metrics {
+        head: bool,
+    },
+    NotFound,
+    NotAllowed,
+}
+
+/// The route of a request from its first line (`GET /metrics?x HTTP/1.1`).
+fn route(request: &str) -> Route {
+    let mut parts = request
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics" | "/") => Route::Metrics {
+            head: method == "HEAD",
+        },
+        ("GET" | "HEAD", _) => Route::NotFound,
+        _ => Route::NotAllowed,
+    }
+}
+
+/// The exposition text: `# HELP` and `# TYPE` once per family, then its samples.
+#[derive(Default)]
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// A label value as the text format wants it: `\`, `"` and newlines escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Which way a drop reason's packets were going, as Cilium labels drops:
+/// `egress` (sent by a pod), `ingress` (on the way to one), `unknown` (both).
+fn drop_direction(name: &str) -> &'static str {
+    match name {
+        "drop_bw_ingress" => "ingress",
+        "drop_malformed" => "unknown",
+        _ => "egress",
+    }
+}
+
+/// A container id as `crictl ps` shows it (12 characters).
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// Every figure of the datapath at `dp`, per-pod series for at most
+/// `max_endpoints` pod interfaces.
+fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
+    let mut x = Exposition::default();
+    let meta = sluice_maps::node::read_meta(&dp.root)?;
+    let cfg = sluice_maps::node::config(&dp.root)?;
+    let xdp = if cfg.flags & config_flags::XDP_NATIVE != 0 {
+        "native"
+    } else if cfg.flags & config_flags::XDP_GENERIC != 0 {
+        "generic"
+    } else {
+        "off"
+    };
+    x.family(
+        "sluice_datapath_info",
+        "gauge",
+        "The loaded datapath: its object hash, map layout and uplink XDP mode (always 1).",
+    );
+    x.sample(
+        "sluice_datapath_info",
+        &[
+            ("object_hash", &format!("{:016x}", meta.object_hash)),
+            ("layout_version", &meta.layout_version.to_string()),
+            ("xdp", xdp),
+        ],
+        1,
+    );
+    x.family(
+        "sluice_datapath_loaded_timestamp_seconds",
+        "gauge",
+        "When the datapath's programs were loaded (Unix time).",
+    );
+    x.sample(
+        "sluice_datapath_loaded_timestamp_seconds",
+        &[],
+        meta.loaded_unix,
+    );
+
+    let reading = counters::read_all(dp)?;
+    x.family(
+        "sluice_datapath_packets_total",
+        "counter",
+        "Packets the programs redirected, translated or passed to the kernel, by reason (sluicectl counters).",
+    );
+    for (name, n) in reading.node.iter().filter(|(n, _)| !n.starts_with("drop_")) {
+        x.sample("sluice_datapath_packets_total", &[("reason", name)], n);
+    }
+    x.family(
+        "sluice_drop_count_total",
+        "counter",
+        "Packets the programs dropped, by reason and direction (egress: sent by a pod).",
+    );
+    for (name, n) in reading.node.iter().filter(|(n, _)| n.starts_with("drop_")) {
+        let short = name.trim_start_matches("drop_");
+        x.sample(
+            "sluice_drop_count_total",
+            &[("reason", short), ("direction", drop_direction(name))],
+            n,
+        );
+    }
+    endpoint_families(&mut x, &reading.endpoints, max_endpoints);
+
+    x.family(
+        "sluice_nat_flows",
+        "gauge",
+        "Masqueraded flows in the NAT table, by address family.",
+    );
+    let flows = [
+        (
+            "ipv4",
+            sluice_maps::nat::flows(&dp.root)?.len(),
+            maps::NAT_FWD,
+        ),
+        (
+            "ipv6",
+            sluice_maps::nat::flows6(&dp.root)?.len(),
+            maps::NAT6_FWD,
+        ),
+    ];
+    for (family, n, _) in &flows {
+        x.sample("sluice_nat_flows", &[("family", family)], n);
+    }
+    x.family(
+        "sluice_nat_flows_max",
+        "gauge",
+        "Flows the NAT table holds at most (natMaxFlows), by address family.",
+    );
+    let mut pressure = Vec::new();
+    for (family, n, spec) in &flows {
+        let cap = dp.root.capacity(spec)?;
+        x.sample("sluice_nat_flows_max", &[("family", family)], cap);
+        pressure.push((spec.name, *n as f64 / f64::from(cap.max(1))));
+    }
+    x.family(
+        "sluice_bpf_map_pressure",
+        "gauge",
+        "Fill of a bounded map: entries in use over its capacity (0 to 1).",
+    );
+    for (map, p) in pressure {
+        x.sample("sluice_bpf_map_pressure", &[("map_name", map)], p);
+    }
+
+    x.family(
+        "sluice_hostport_mappings",
+        "gauge",
+        "hostPort mappings (from pods' portMappings and sluicectl ports add), by address family.",
+    );
+    x.sample(
+        "sluice_hostport_mappings",
+        &[("family", "ipv4")],
+        sluice_maps::hostport::list::<V4>(&dp.root)?.len(),
+    );
+    x.sample(
+        "sluice_hostport_mappings",
+        &[("family", "ipv6")],
+        sluice_maps::hostport::list::<V6>(&dp.root)?.len(),
+    );
+
+    bandwidth_families(&mut x, dp, &reading.endpoints, max_endpoints)?;
+    Ok(x.out)
+}
+
+/// Node-wide traffic of every pod, then the per-pod series.
+fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
+    let sum = |f: fn(&EndpointCounters) -> u64| eps.iter().map(f).sum::<u64>();
+    x.family(
+        "sluice_forward_count_total",
+        "counter",
+        "Packets of the node's pods through the datapath: sent by them (egress) and delivered to them (ingress).",
+    );
+    x.sample(
+        "sluice_forward_count_total",
+        &[("direction", "egress")],
+        sum(|e| e.sent.0),
+    );
+    x.sample(
+        "sluice_forward_count_total",
+        &[("direction", "ingress")],
+        sum(|e| e.received.0),
+    );
+    x.family(
+        "sluice_forward_bytes_total",
+        "counter",
+        "Bytes of those packets.",
+    );
+    x.sample(
+        "sluice_forward_bytes_total",
+        &[("direction", "egress")],
+        sum(|e| e.sent.1),
+    );
+    x.sample(
+        "sluice_forward_bytes_total",
+        &[("direction", "ingress")],
+        sum(|e| e.received.1),
+    );
+    x.family(
+        "sluice_endpoints",
+        "gauge",
+        "Pod interfaces attached to the datapath.",
+    );
+    x.sample("sluice_endpoints", &[], eps.len());
+    x.family(
+        "sluice_endpoint_series_truncated",
+        "gauge",
+        "1 when more pod interfaces exist than --max-endpoints lets have their own series.",
+    );
+    x.sample(
+        "sluice_endpoint_series_truncated",
+        &[],
+        u8::from(eps.len() > max),
+    );
+    let shown = &eps[..eps.len().min(max)];
+    for (name, help, f) in [
+        (
+            "sluice_endpoint_packets_total",
+            "Packets a pod interface sent (egress) and received (ingress).",
+            (|e: &EndpointCounters| (e.sent.0, e.received.0))
+                as fn(&EndpointCounters) -> (u64, u64),
+        ),
+        (
+            "sluice_endpoint_bytes_total",
+            "Bytes a pod interface sent (egress) and received (ingress).",
+            |e: &EndpointCounters| (e.sent.1, e.received.1),
+        ),
+    ] {
+        x.family(name, "counter", help);
+        for e in shown {
+            let (out, inn) = f(e);
+            let id = short_id(&e.container_id);
+            for (dir, v) in [("egress", out), ("ingress", inn)] {
+                x.sample(
+                    name,
+                    &[
+                        ("container_id", id),
+                        ("interface", &e.ifname),
+                        ("direction", dir),
+                    ],
+                    v,
+                );
+            }
+        }
+    }
+    x.family(
+        "sluice_endpoint_drop_count_total",
+        "counter",
+        "Packets of a pod interface the programs dropped, by reason.",
+    );
+    for e in shown {
+        for (reason, n) in &e.drops {
+            x.sample(
+                "sluice_endpoint_drop_count_total",
+                &[
+                    ("container_id", short_id(&e.container_id)),
+                    ("interface", &e.ifname),
+                    ("reason", reason.trim_start_matches("drop_")),
+                    ("direction", drop_direction(reason)),
+                ],
+                n,
+            );
+        }
+    }
+}
+
+/// Pods with bandwidth limits and each one's limits (bits/s).
+fn bandwidth_families(
+    x: &mut Exposition,
+    dp: &Datapath,
+    eps: &[EndpointCounters],
+    max: usize,
+) -> Result<()> {
+    let limited = sluice_maps::bandwidth::list(&dp.root)?;
+    x.family(
+        "sluice_bandwidth_limited_pods",
+        "gauge",
+        "Pod interfaces with a bandwidth limit.",
+    );
+    x.sample("sluice_bandwidth_limited_pods", &[], limited.len());
+    x.family(
+        "sluice_bandwidth_limit_bits_per_second",
+        "gauge",
+        "A pod interface's bandwidth limit, by direction (drops over it: sluice_drop_count_total{reason=~\"bw_.*\"}).",
+    );
+    let shown = &eps[..eps.len().min(max)];
+    for (ifindex, state) in &limited {
+        let Some(e) = shown.iter().find(|e| e.ifindex == *ifindex) else {
+            continue;
+        };
+        for (dir, bucket) in [("egress", &state.egress), ("ingress", &state.ingress)] {
+            if bucket.rate == 0 {
+                continue;
+            }
+            x.sample(
+                "sluice_bandwidth_limit_bits_per_second",
+                &[
+                    ("container_id", short_id(&e.container_id)),
+                    ("interface", &e.ifname),
+                    ("direction", dir),
+                ],
+                bucket.rate.saturating_mul(8),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut x = Exposition::default();
+        x.sample("m_total", &[("a", "x\"y\\z\nw")], 3);
+        assert_eq!(x.out, "m_total{a=\"x\\\"y\\\\z\\nw\"} 3\n");
+    }
+
+    #[test]
+    fn families_have_help_and_type_before_samples() {
+        let mut x = Exposition::default();
+        x.family("sluice_endpoints", "gauge", "Pods.");
+        x.sample("sluice_endpoints", &[], 2);
+        assert_eq!(
+            x.out,
+            "# HELP sluice_endpoints Pods.\n# TYPE sluice_endpoints gauge\nsluice_endpoints 2\n"
+        );
+    }
+
+    #[test]
+    fn drop_reasons_get_a_direction_and_ids_are_shortened() {
+        assert_eq!(drop_direction("drop_bw_ingress"), "ingress");
+        assert_eq!(drop_direction("drop_spoofed"), "egress");
+        assert_eq!(drop_direction("drop_malformed"), "unknown");
+        assert_eq!(short_id("0123456789abcdef"), "0123456789ab");
+        assert_eq!(short_id("abc"), "abc");
+    }
+
+    #[test]
+    fn only_get_and_head_of_metrics_are_served() {
+        let get = Route::Metrics { head: false };
+        assert_eq!(route("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), get);
+        assert_eq!(route("GET /metrics?name[]=up HTTP/1.1\r\n"), get);
+        assert_eq!(route("GET / HTTP/1.0\r\n"), get);
+        assert_eq!(
+            route("HEAD /metrics HTTP/1.1\r\n"),
+            Route::Metrics { head: true }
+        );
+        assert_eq!(route("GET /other HTTP/1.1\r\n"), Route::NotFound);
+        assert_eq!(route("POST /metrics HTTP/1.1\r\n"), Route::NotAllowed);
+        assert_eq!(route(""), Route::NotAllowed);
+    }
+
+    #[test]
+    fn per_pod_series_stop_at_the_limit_and_say_so() {
+        let eps: Vec<EndpointCounters> = (0..3)
+            .map(|i| EndpointCounters {
+                ifindex: i,
+                container_id: format!("container{i}xxxxxxxxx"),
+                ifname: "eth0".into(),
+                sent: (1, 100),
+                received: (2, 200),
+                ..Default::default()
+            })
+            .collect();
+        let mut x = Exposition::default();
+        endpoint_families(&mut x, &eps, 2);
+        assert!(x
+            .out
+            .contains("sluice_forward_count_total{direction=\"egress\"} 3\n"));
+        assert!(x
+            .out
+            .contains("sluice_forward_bytes_total{direction=\"ingress\"} 600\n"));
+        assert!(x.out.contains("sluice_endpoint_series_truncated 1\n"));
+        assert!(x.out.contains("container_id=\"container1xx\""));
+        assert!(!x.out.contains("container_id=\"container2xx\""));
+    }
+}
