@@ -161,7 +161,7 @@ const TCG_MAIN_TESTS: [&str; 13] = [
     "masquerade6",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod",
     "hostport6",
-    "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt",
+    "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt|netkit",
     "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp|netkit",
     "netkit",
     "two_nodes:xdp_auto",
