@@ -177,6 +177,27 @@ fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
     ctl(&["endpoints"])?;
     ctl(&["counters"])?;
 
+    step("the same for Prometheus: sluicectl metrics (--listen ADDR serves /metrics)");
+    let mut c = Command::new(&bins.sluicectl);
+    c.arg("--pin-root").arg(&pin_root).arg("metrics");
+    let text = cmd::stdout(&mut c)?;
+    println!(
+        "$ sluicectl metrics | grep -E '^sluice_(forward|endpoints |nat_flows|bpf_map_pressure|hostport)'"
+    );
+    let shown = [
+        "sluice_forward_",
+        "sluice_endpoints ",
+        "sluice_nat_flows",
+        "sluice_bpf_map_pressure",
+        "sluice_hostport_mappings",
+    ];
+    for l in text
+        .lines()
+        .filter(|l| shown.iter().any(|p| l.starts_with(p)))
+    {
+        println!("{l}");
+    }
+
     step("CHECK, then DEL (twice: DEL is idempotent)");
     for ((pod, id), r) in [(web, "web"), (db, "db")].into_iter().zip(&results) {
         let mut with_prev = pod_conf(id);
