@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice_common::{config_flags, maps};
+use sluice_common::maps;
 use sluice_maps::hostport::{V4, V6};
 
 use crate::{
@@ -207,13 +207,7 @@ fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
     let mut x = Exposition::default();
     let meta = sluice_maps::node::read_meta(&dp.root)?;
     let cfg = sluice_maps::node::config(&dp.root)?;
-    let xdp = if cfg.flags & config_flags::XDP_NATIVE != 0 {
-        "native"
-    } else if cfg.flags & config_flags::XDP_GENERIC != 0 {
-        "generic"
-    } else {
-        "off"
-    };
+    let xdp = crate::status::xdp_mode(cfg.flags);
     x.family(
         "sluice_datapath_info",
         "gauge",

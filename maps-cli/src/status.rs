@@ -32,13 +32,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         .collect();
     pods.sort();
     pods.dedup();
-    let xdp = if cfg.flags & config_flags::XDP_NATIVE != 0 {
-        "native"
-    } else if cfg.flags & config_flags::XDP_GENERIC != 0 {
-        "generic"
-    } else {
-        "off"
-    };
+    let xdp = xdp_mode(cfg.flags);
     let counters: Vec<(&str, u64)> = sluice_maps::counters::named(&dp.root)?
         .into_iter()
         .filter(|(_, v)| *v > 0)
@@ -155,6 +149,17 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         println!("counter:    {k} {v}");
     }
     Ok(())
+}
+
+/// The uplink's XDP mode from `sl_config`'s flags: native, generic or off.
+pub(crate) fn xdp_mode(flags: u32) -> &'static str {
+    if flags & config_flags::XDP_NATIVE != 0 {
+        "native"
+    } else if flags & config_flags::XDP_GENERIC != 0 {
+        "generic"
+    } else {
+        "off"
+    }
 }
 
 fn addr(a: [u8; 4]) -> Option<String> {

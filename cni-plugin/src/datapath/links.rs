@@ -204,22 +204,27 @@ pub(super) fn attach_pod_netkit(
 /// link is there and runs the pinned program of its name.
 pub(super) fn check_pod_netkit(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
     for p in programs::POD_NETKIT {
-        let lp = pod_link_path(root, host_ifname, p.name);
-        let pinned = PinnedLink::from_pin(&lp)
-            .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
-        let info = FdLink::from(pinned)
-            .info()
-            .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?;
+        let have = pinned_link_program(&pod_link_path(root, host_ifname, p.name))?;
         let want = sluice_maps::programs::id(root, p.name)?;
-        if info.program_id() != want {
+        if have != want {
             return Err(Error::check(format!(
-                "{} on netkit {host_ifname} runs program id {}, not the pinned one ({want})",
-                p.name,
-                info.program_id()
+                "{} on netkit {host_ifname} runs program id {have}, not the pinned one ({want})",
+                p.name
             )));
         }
     }
     Ok(())
+}
+
+/// The program id of the link pinned at `lp` (CHECK: a missing or unreadable
+/// pin is a failed check).
+fn pinned_link_program(lp: &Path) -> Result<u32, Error> {
+    let pinned = PinnedLink::from_pin(lp)
+        .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
+    FdLink::from(pinned)
+        .info()
+        .map(|i| i.program_id())
+        .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))
 }
 
 fn add_clsact(ifname: &str) -> Result<(), Error> {
@@ -367,20 +372,14 @@ pub(super) fn pod_program_ids(root: &PinRoot) -> Result<Vec<(&'static str, bool,
 /// whose programs are attached to it (tcx query).
 pub(super) fn check_pod_tcx(root: &PinRoot, host_ifname: &str) -> Result<(), Error> {
     for p in programs::POD {
-        let lp = pod_link_path(root, host_ifname, p.name);
-        let pinned = PinnedLink::from_pin(&lp)
-            .map_err(|e| Error::check(format!("pinned link {} is missing: {e}", lp.display())))?;
-        let info = FdLink::from(pinned)
-            .info()
-            .map_err(|e| Error::check(format!("link {} unreadable: {e}", lp.display())))?;
+        let program_id = pinned_link_program(&pod_link_path(root, host_ifname, p.name))?;
         let (_, progs) = SchedClassifier::query_tcx(host_ifname, tc_hook(p.kind)).map_err(|e| {
             Error::check(format!("cannot query tcx programs of {host_ifname}: {e}"))
         })?;
-        if !progs.iter().any(|q| q.id() == info.program_id()) {
+        if !progs.iter().any(|q| q.id() == program_id) {
             return Err(Error::check(format!(
-                "{} (program id {}) is not attached to {host_ifname}",
-                p.name,
-                info.program_id()
+                "{} (program id {program_id}) is not attached to {host_ifname}",
+                p.name
             )));
         }
     }

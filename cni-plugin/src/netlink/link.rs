@@ -27,6 +27,18 @@ pub struct LinkInfo {
     pub peer_index: Option<u32>,
 }
 
+/// The peer's half of a pair's creation: its name, MTU, namespace and MAC.
+fn peer_message(spec: &VethSpec<'_>) -> LinkMessage {
+    let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(spec.peer_name.to_string())
+        .mtu(spec.mtu)
+        .setns_by_fd(spec.peer_ns.fd().as_raw_fd());
+    if let Some(mac) = spec.peer_mac {
+        peer = peer.address(mac.to_vec());
+    }
+    peer.build()
+}
+
 /// `msg` (a netkit link) with `peer` as its peer's message: rtnetlink's
 /// builder names the peer but cannot give it a namespace, MTU or address.
 fn with_netkit_peer(mut msg: LinkMessage, peer: LinkMessage) -> LinkMessage {
@@ -129,16 +141,9 @@ impl Netlink {
     /// Creates a veth pair (`ip link add <host> mtu M type veth peer <peer> netns <ns>`).
     /// `EEXIST` is reported as such so the caller can name the clash.
     pub async fn create_veth(&self, spec: &VethSpec<'_>) -> Result<(), Error> {
-        let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
-            .name(spec.peer_name.to_string())
-            .mtu(spec.mtu)
-            .setns_by_fd(spec.peer_ns.fd().as_raw_fd());
-        if let Some(mac) = spec.peer_mac {
-            peer = peer.address(mac.to_vec());
-        }
         let msg = LinkVeth::new(spec.host_name, spec.peer_name)
             .mtu(spec.mtu)
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_message(spec))))
             .build();
         self.handle.link().add(msg).execute().await.map_err(|e| {
             if errno(&e) == Some(libc::EEXIST) {
@@ -163,17 +168,10 @@ impl Netlink {
     /// as with a veth. `Ok(false)`: this kernel has no netkit (EOPNOTSUPP,
     /// rtnetlink's "unknown device type").
     pub async fn create_netkit(&self, spec: &VethSpec<'_>) -> Result<bool, Error> {
-        let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
-            .name(spec.peer_name.to_string())
-            .mtu(spec.mtu)
-            .setns_by_fd(spec.peer_ns.fd().as_raw_fd());
-        if let Some(mac) = spec.peer_mac {
-            peer = peer.address(mac.to_vec());
-        }
         let msg = LinkNetkit::new(spec.host_name, spec.peer_name, NetkitMode::L2)
             .mtu(spec.mtu)
             .build();
-        let msg = with_netkit_peer(msg, peer.build());
+        let msg = with_netkit_peer(msg, peer_message(spec));
         let what = || format!("create netkit {} / {}", spec.host_name, spec.peer_name);
         match self.handle.link().add(msg).execute().await {
             Ok(()) => Ok(true),
