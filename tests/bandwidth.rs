@@ -157,7 +157,7 @@ fn a_netkit_pod_is_limited_both_ways() {
     w.conf["podDevice"] = json!("auto");
     let conf = w.conf_runtime(&limits(Some(rate), Some(burst), Some(rate), Some(burst)));
     let p = w.add("a", "bw-netkit", &conf);
-    kernel::assert_device_kind(&w.node, &p.added.host_veth, kernel::auto_pod_device());
+    kernel::assert_device_kind(&w.node, &p.added.host_veth, kernel::pod_device(&w.conf));
     let got = bw_list(&w.node).unwrap();
     let mode = if kernel::has_sch_fq() {
         "edt"

@@ -164,10 +164,7 @@ fn external_clients_reach_the_pod(subnet: &str, xdp: &str, extra: &Value, cid: &
         tx_checksum_off(&w.ext.netns_path(), EXT_IF).unwrap();
     }
     let a = w.add("a", cid, &tcp_udp(HP, CPORT, ""));
-    let device = match extra["podDevice"].as_str() {
-        Some("auto") => kernel::auto_pod_device(),
-        _ => "veth",
-    };
+    let device = kernel::pod_device(extra);
     kernel::assert_device_kind(&w.node, &a.added.host_veth, device);
     // Nothing listens in the pod yet: its reset comes back translated.
     assert_ext_tcp_refused(&w, sa(node_ip(), HP));

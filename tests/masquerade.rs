@@ -222,10 +222,7 @@ fn capture_from(ext: &Host, src: Ipv4Addr) -> Capture {
 fn masqueraded_echoes(subnet: &str, xdp: &str, extra: &Value) {
     let w = World::new(subnet, xdp, extra);
     let a = w.add("a", "masq-echo-a");
-    let device = match extra["podDevice"].as_str() {
-        Some("auto") => kernel::auto_pod_device(),
-        _ => "veth",
-    };
+    let device = kernel::pod_device(extra);
     kernel::assert_device_kind(&w.node, &a.added.host_veth, device);
     let st = w.node.status().unwrap();
     let mode = if xdp == "native" {

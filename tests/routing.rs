@@ -76,10 +76,7 @@ fn pod_to_pod(
     let added_a = add(&node, &conf, "route-a", &a);
     let added_b = add(&node, &conf, "route-b", &b);
     let (ip_a, ip_b) = (pick(&added_a), pick(&added_b));
-    let device = match conf["podDevice"].as_str() {
-        Some("auto") => kernel::auto_pod_device(),
-        _ => "veth",
-    };
+    let device = kernel::pod_device(&conf);
     for added in [&added_a, &added_b] {
         kernel::assert_device_kind(&node, &added.host_veth, device);
     }

@@ -92,7 +92,7 @@ fn pinned_programs(node: &Node) -> BTreeMap<String, u64> {
     .iter()
     // No NAT sweeper before 5.15, no netkit program before 6.7 (not loaded).
     .filter(|n| **n != "nat_sweep" || kernel::has("sweeper"))
-    .filter(|n| !n.contains("netkit") || kernel::version() >= (6, 7))
+    .filter(|n| !n.contains("netkit") || kernel::has("netkit"))
     .map(|n| {
         let id = look::pinned_prog_id(&node.pin_root().join("progs").join(n)).unwrap();
         ((*n).to_string(), id)

@@ -320,36 +320,23 @@ fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
 /// Node-wide traffic of every pod, then the per-pod series.
 fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
     let sum = |f: fn(&EndpointCounters) -> u64| eps.iter().map(f).sum::<u64>();
-    x.family(
-        "sluice_forward_count_total",
-        "counter",
-        "Packets of the node's pods through the datapath: sent by them (egress) and delivered to them (ingress).",
-    );
-    x.sample(
-        "sluice_forward_count_total",
-        &[("direction", "egress")],
-        sum(|e| e.sent.0),
-    );
-    x.sample(
-        "sluice_forward_count_total",
-        &[("direction", "ingress")],
-        sum(|e| e.received.0),
-    );
-    x.family(
-        "sluice_forward_bytes_total",
-        "counter",
-        "Bytes of those packets.",
-    );
-    x.sample(
-        "sluice_forward_bytes_total",
-        &[("direction", "egress")],
-        sum(|e| e.sent.1),
-    );
-    x.sample(
-        "sluice_forward_bytes_total",
-        &[("direction", "ingress")],
-        sum(|e| e.received.1),
-    );
+    let node_wide: [(&str, &str, [u64; 2]); 2] = [
+        (
+            "sluice_forward_count_total",
+            "Packets of the node's pods through the datapath: sent by them (egress) and delivered to them (ingress).",
+            [sum(|e| e.sent.0), sum(|e| e.received.0)],
+        ),
+        (
+            "sluice_forward_bytes_total",
+            "Bytes of those packets.",
+            [sum(|e| e.sent.1), sum(|e| e.received.1)],
+        ),
+    ];
+    for (name, help, [egress, ingress]) in node_wide {
+        x.family(name, "counter", help);
+        x.sample(name, &[("direction", "egress")], egress);
+        x.sample(name, &[("direction", "ingress")], ingress);
+    }
     x.family(
         "sluice_endpoints",
         "gauge",

@@ -111,6 +111,16 @@ impl Netns {
         ip(&self.name, args)
     }
 
+    /// Whether the kernel makes a netkit pair here (Linux 6.7+ with
+    /// `CONFIG_NETKIT`, built in or loadable); the pair made stays in this
+    /// namespace, gone with it. Debian 12's iproute2 predates netkit: it sends
+    /// the kind but takes no netkit options such as a peer name, so the kernel
+    /// names the peer `nk%d` and the primary must not be `nk0`.
+    pub fn makes_netkit(&self) -> bool {
+        self.ip(&["link", "add", "probe0", "type", "netkit"])
+            .is_ok()
+    }
+
     /// `nsenter --net=<path> -- program`, to be given arguments and run: in the
     /// namespace without remounting /sys (`ip netns exec` does), so bpffs and
     /// the cgroup mounts stay visible.

@@ -34,6 +34,11 @@ impl Host {
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         self.ns.ip(args)
     }
+
+    /// Whether the kernel makes a netkit pair in this namespace.
+    pub fn makes_netkit(&self) -> bool {
+        self.ns.makes_netkit()
+    }
 }
 
 /// `ethtool -K <dev> tx off` in the namespace at `netns` (one of the test's own):

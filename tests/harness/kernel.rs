@@ -29,44 +29,27 @@ pub fn has_sch_fq() -> bool {
     })
 }
 
-/// Whether this kernel makes netkit devices (Linux 6.7+ with `CONFIG_NETKIT`,
-/// built in or loadable), found by making one in a namespace of the test's
-/// own, as the plugin's ADD does, unless the run disables it
-/// (`SLUICE_DISABLE_FEATURES=netkit`). Asked once.
+/// Whether the plugin makes netkit pairs in this run: it loads the netkit
+/// programs ([`has`]`("netkit")`: Linux 6.7, not disabled) and the kernel makes
+/// the device (`CONFIG_NETKIT`, built in or loadable), found by making one in a
+/// namespace of the test's own, as the plugin's ADD does. Asked once.
 pub fn has_netkit() -> bool {
     static NETKIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *NETKIT.get_or_init(|| {
-        let disabled = std::env::var(exec::DISABLE_FEATURES).unwrap_or_default();
-        if disabled.split(',').any(|f| f.trim() == "netkit") {
-            return false;
-        }
-        let probe = || -> Result<bool> {
-            let ns = crate::Host::new()?;
-            // (Debian 12's iproute2 predates netkit: it sends the kind, but
-            // takes no netkit options such as a peer name; the kernel then
-            // names the peer `nk%d`, so the primary must not be `nk0`.)
-            match ns.ip(&["link", "add", "probe0", "type", "netkit"]) {
-                Ok(_) => Ok(true),
-                Err(e) => {
-                    eprintln!("netkit probe: {e}");
-                    Ok(false)
-                }
+        has("netkit")
+            && match crate::Host::new() {
+                Ok(ns) => ns.makes_netkit(),
+                Err(e) => panic!("cannot probe for netkit: {e}"),
             }
-        };
-        match probe() {
-            Ok(nk) => nk,
-            Err(e) => panic!("cannot probe for netkit: {e}"),
-        }
     })
 }
 
-/// The kind of the pod's host-side device `podDevice: auto` makes here:
-/// netkit where the kernel has it, else veth.
-pub fn auto_pod_device() -> &'static str {
-    if has_netkit() {
-        "netkit"
-    } else {
-        "veth"
+/// The kind of the pod's host-side device a config's `podDevice` makes here:
+/// with `auto`, netkit where the plugin makes it, else (and by default) veth.
+pub fn pod_device(conf: &serde_json::Value) -> &'static str {
+    match conf["podDevice"].as_str() {
+        Some("auto" | "netkit") if has_netkit() => "netkit",
+        _ => "veth",
     }
 }
 
@@ -93,13 +76,14 @@ pub fn version() -> (u32, u32) {
 
 /// The kernel features the plugin falls back without (its
 /// `datapath/features.rs`), and the kernel that brought each.
-const FEATURES: [(&str, (u32, u32)); 6] = [
+const FEATURES: [(&str, (u32, u32)); 7] = [
     ("tcx", (6, 6)),
     ("ktime_coarse", (5, 11)),
     ("check_mtu", (5, 12)),
     ("veth_xdp", (5, 13)),
     ("netns_cookie", (5, 14)),
     ("sweeper", (5, 15)),
+    ("netkit", (6, 7)),
 ];
 
 /// Whether the plugin uses `feature` in this run: the kernel has it and the

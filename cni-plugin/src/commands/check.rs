@@ -123,7 +123,7 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
                 netns_ino: pod_ns.inode(),
                 xdp_ready: false,
                 attach: conf.pod_attach,
-                netkit: host_link.kind.as_deref() == Some("netkit"),
+                netkit: host_link.is_netkit(),
                 port_mappings: &conf.runtime.port_mappings,
                 bandwidth: conf.bandwidth.as_ref(),
                 device: Some(PodDevice {

@@ -82,7 +82,7 @@ async fn reattach_one(
         .as_deref()
         .map(|p| Netns::open(p.as_ref()))
         .transpose()?;
-    let netkit = link.kind.as_deref() == Some("netkit");
+    let netkit = link.is_netkit();
     // XDP cannot redirect into a netkit device (no `ndo_xdp_xmit`).
     let xdp_ready = !netkit
         && pod_ns

@@ -27,6 +27,13 @@ pub struct LinkInfo {
     pub peer_index: Option<u32>,
 }
 
+impl LinkInfo {
+    /// A netkit device (a pod pair made with `podDevice: netkit`).
+    pub fn is_netkit(&self) -> bool {
+        self.kind.as_deref() == Some("netkit")
+    }
+}
+
 /// The peer's half of a pair's creation: its name, MTU, namespace and MAC.
 fn peer_message(spec: &VethSpec<'_>) -> LinkMessage {
     let mut peer = LinkMessageBuilder::<LinkUnspec>::new()

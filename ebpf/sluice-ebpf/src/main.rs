@@ -89,34 +89,38 @@ fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
 /// malformed by the parser.
 #[inline(always)]
 fn source_is_own(ctx: &TcContext, ifindex: u32) -> bool {
-    pull(ctx, HEADERS_LEN);
-    let Some(eth) = ptr_at::<[u8; 14]>(ctx, 0) else {
+    let Some(key) = frame_addr(ctx, true) else {
         return true;
     };
-    // SAFETY: bounds checked by ptr_at.
-    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
-    let key = match et {
-        l3::ETH_P_IP => match ptr_at::<[u8; 4]>(ctx, 14 + 12) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(src) => IpKey::v4(unsafe { *src }),
-            None => return true,
-        },
-        l3::ETH_P_IPV6 => match ptr_at::<[u8; 16]>(ctx, 14 + 8) {
-            Some(src) => {
-                // SAFETY: bounds checked by ptr_at.
-                let a = unsafe { *src };
-                let link_local = a[0] == 0xfe && a[1] & 0xc0 == 0x80;
-                if link_local || a == [0; 16] {
-                    return true;
-                }
-                IpKey::v6(a)
-            }
-            None => return true,
-        },
-        _ => return true,
-    };
+    // (An IPv4 key is v4-mapped: never link-local nor all zeros.)
+    let a = &key.addr;
+    if (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || *a == [0; 16] {
+        return true;
+    }
     // SAFETY: the map value is only read.
     unsafe { ENDPOINTS.get(key) }.is_some_and(|ep| ep.ifindex == ifindex)
+}
+
+/// The frame's source (`src`) or destination address as an endpoint key, read
+/// straight from its IPv4 or IPv6 header; `None` for other frames and for
+/// frames too short to hold it.
+#[inline(always)]
+fn frame_addr(ctx: &TcContext, src: bool) -> Option<IpKey> {
+    pull(ctx, HEADERS_LEN);
+    let eth = ptr_at::<[u8; 14]>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    match et {
+        // SAFETY: bounds checked by ptr_at.
+        l3::ETH_P_IP => Some(IpKey::v4(unsafe {
+            *ptr_at::<[u8; 4]>(ctx, 14 + if src { 12 } else { 16 })?
+        })),
+        // SAFETY: as above.
+        l3::ETH_P_IPV6 => Some(IpKey::v6(unsafe {
+            *ptr_at::<[u8; 16]>(ctx, 14 + if src { 8 } else { 24 })?
+        })),
+        _ => None,
+    }
 }
 
 /// A tc program's verdict, with its drops reported (see `events`).
@@ -242,17 +246,7 @@ pub fn to_netkit_pod(ctx: TcContext) -> i32 {
 /// The host device index of the endpoint the packet is addressed to.
 #[inline(always)]
 fn destination_ifindex(ctx: &TcContext) -> Option<u32> {
-    pull(ctx, HEADERS_LEN);
-    let eth = ptr_at::<[u8; 14]>(ctx, 0)?;
-    // SAFETY: bounds checked by ptr_at.
-    let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
-    let key = match et {
-        // SAFETY: bounds checked by ptr_at.
-        l3::ETH_P_IP => IpKey::v4(unsafe { *ptr_at::<[u8; 4]>(ctx, 14 + 16)? }),
-        // SAFETY: as above.
-        l3::ETH_P_IPV6 => IpKey::v6(unsafe { *ptr_at::<[u8; 16]>(ctx, 14 + 24)? }),
-        _ => return None,
-    };
+    let key = frame_addr(ctx, false)?;
     // SAFETY: the map value is only read.
     unsafe { ENDPOINTS.get(key) }.map(|ep| ep.ifindex)
 }

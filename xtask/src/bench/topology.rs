@@ -345,16 +345,11 @@ pub(super) fn sluice_netkit(tb: &mut Testbed, bins: &Binaries) -> Result<Option<
     node_with_pods(tb, tag, (95, Family::V4), &bins.sluice, conf, false).map(Some)
 }
 
-/// Whether this kernel makes netkit pairs: one made (and removed with the
-/// testbed) in a namespace of the testbed's own.
+/// Whether this kernel makes netkit pairs, tried in a namespace of the
+/// testbed's own (removed with it).
 fn has_netkit(tb: &mut Testbed) -> Result<bool> {
     let ns = tb.netns("nkprobe")?;
-    // Debian 12's iproute2 predates netkit: it sends the kind but takes no
-    // netkit options; the kernel names the peer `nk%d`.
-    Ok(tb
-        .ns(ns)
-        .ip(&["link", "add", "probe0", "type", "netkit"])
-        .is_ok())
+    Ok(tb.ns(ns).makes_netkit())
 }
 
 fn sluice_with(
