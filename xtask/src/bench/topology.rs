@@ -313,7 +313,7 @@ pub(super) fn sluice_conf(
 
 /// Sluice with its defaults (`cls_bpf` pod attachment, XDP auto on the uplink).
 pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
-    sluice_with(tb, bins, "sl", (82, Family::V4), false)
+    sluice_with(tb, bins, "sl", (82, Family::V4), false, json!({}))
 }
 
 /// The same with `ipMasq: true`: SNAT on the uplink's tc egress, replies back
@@ -322,8 +322,8 @@ pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
 /// (the default `masqueradeAddress`).
 pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> Result<Setup> {
     match family {
-        Family::V4 => sluice_with(tb, bins, "smq", (84, family), true),
-        Family::V6 => sluice_with(tb, bins, "sm6", (94, family), true),
+        Family::V4 => sluice_with(tb, bins, "smq", (84, family), true, json!({})),
+        Family::V6 => sluice_with(tb, bins, "sm6", (94, family), true, json!({})),
     }
 }
 
@@ -333,16 +333,15 @@ pub(super) fn sluice_netkit(tb: &mut Testbed, bins: &Binaries) -> Result<Option<
     if !has_netkit(tb)? {
         return Ok(None);
     }
-    let tag = "snk";
-    let mut conf = sluice_conf(
+    sluice_with(
         tb,
-        tag,
+        bins,
+        "snk",
         (95, Family::V4),
-        json!({"ipMasq": false, "podDevice": "netkit"}),
-    );
-    conf["cniVersion"] = json!("1.1.0");
-    conf["name"] = json!(format!("bench{tag}"));
-    node_with_pods(tb, tag, (95, Family::V4), &bins.sluice, conf, false).map(Some)
+        false,
+        json!({"podDevice": "netkit"}),
+    )
+    .map(Some)
 }
 
 /// Whether this kernel makes netkit pairs, tried in a namespace of the
@@ -352,14 +351,17 @@ fn has_netkit(tb: &mut Testbed) -> Result<bool> {
     Ok(tb.ns(ns).makes_netkit())
 }
 
+/// Sluice's node `tag` with `ipMasq: masq` and the config keys `extra`.
 fn sluice_with(
     tb: &mut Testbed,
     bins: &Binaries,
     tag: &str,
     at: (u8, Family),
     masq: bool,
+    mut extra: Value,
 ) -> Result<Setup> {
-    let mut conf = sluice_conf(tb, tag, at, json!({"ipMasq": masq}));
+    extra["ipMasq"] = json!(masq);
+    let mut conf = sluice_conf(tb, tag, at, extra);
     conf["cniVersion"] = json!("1.1.0");
     conf["name"] = json!(format!("bench{tag}"));
     node_with_pods(tb, tag, at, &bins.sluice, conf, masq)
