@@ -97,37 +97,63 @@ pub fn write_config6(root: &PinRoot, mut cfg: Masq6Config) -> Result<()> {
     Ok(())
 }
 
-/// Makes the non-masquerade trie hold exactly `cidrs` (prefix length, network):
-/// new prefixes are added before stale ones go, so traffic inside the cluster
+/// Who put a prefix into a non-masquerade trie: the value is a set of these
+/// bits, and the datapath only asks whether a prefix is there.
+pub mod non_masq_owner {
+    /// The network config (`nonMasqueradeCIDRs` or its defaults), set by ADD.
+    pub const CONFIG: u8 = 1;
+    /// Another node's pod range, kept by `sluice-node route-sync`.
+    pub const NODES: u8 = 2;
+}
+
+/// Makes the non-masquerade trie hold exactly `cidrs` (prefix length, network)
+/// for `owner` ([`non_masq_owner`]); prefixes of the other owner stay. New
+/// prefixes are added before stale ones go, so traffic inside the cluster
 /// range is never masqueraded while it changes.
-pub fn set_non_masq(root: &PinRoot, cidrs: &[(u32, [u8; 4])]) -> Result<()> {
-    set_trie(root, &maps::NON_MASQ, cidrs, |a| Ipv4Addr::from(a).into())
+pub fn set_non_masq(root: &PinRoot, owner: u8, cidrs: &[(u32, [u8; 4])]) -> Result<()> {
+    set_trie(root, &maps::NON_MASQ, owner, cidrs, |a| {
+        Ipv4Addr::from(a).into()
+    })
 }
 
 /// [`set_non_masq`] for the IPv6 prefixes.
-pub fn set_non_masq6(root: &PinRoot, cidrs: &[(u32, [u8; 16])]) -> Result<()> {
-    set_trie(root, &maps::NON_MASQ6, cidrs, |a| Ipv6Addr::from(a).into())
+pub fn set_non_masq6(root: &PinRoot, owner: u8, cidrs: &[(u32, [u8; 16])]) -> Result<()> {
+    set_trie(root, &maps::NON_MASQ6, owner, cidrs, |a| {
+        Ipv6Addr::from(a).into()
+    })
 }
 
 fn set_trie<A: Pod + PartialEq>(
     root: &PinRoot,
     spec: &MapSpec,
+    owner: u8,
     cidrs: &[(u32, A)],
     ip: fn(A) -> IpAddr,
 ) -> Result<()> {
     let mut trie: LpmTrie<MapData, A, u8> = root.typed(spec)?;
-    let have: Vec<LpmKey<A>> = trie.keys().filter_map(std::result::Result::ok).collect();
+    let have: Vec<(LpmKey<A>, u8)> = trie.iter().filter_map(std::result::Result::ok).collect();
     let same = |h: &LpmKey<A>, len: u32, addr: A| h.prefix_len() == len && h.data() == addr;
     for (len, addr) in cidrs {
-        if !have.iter().any(|h| same(h, *len, *addr)) {
-            trie.insert(&LpmKey::new(*len, *addr), 1, 0)
+        let cur = have
+            .iter()
+            .find(|(h, _)| same(h, *len, *addr))
+            .map_or(0, |(_, v)| *v);
+        if cur & owner == 0 {
+            trie.insert(&LpmKey::new(*len, *addr), cur | owner, 0)
                 .map_err(|e| Error::map(format!("add {}/{len}", ip(*addr)), spec.name, e))?;
         }
     }
-    for h in have {
-        if !cidrs.iter().any(|(len, addr)| same(&h, *len, *addr)) {
-            let _ = trie.remove(&h);
+    for (h, v) in have {
+        if v & owner == 0 || cidrs.iter().any(|(len, addr)| same(&h, *len, *addr)) {
+            continue;
         }
+        // Another owner's prefix stays; one written before owners existed
+        // (value 1) counts as the config's.
+        let _ = if v & !owner == 0 {
+            trie.remove(&h)
+        } else {
+            trie.insert(&h, v & !owner, 0)
+        };
     }
     Ok(())
 }

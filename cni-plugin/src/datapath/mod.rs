@@ -36,6 +36,7 @@ use sluice_common::{
 use sluice_maps::{
     endpoint::Endpoints,
     hostport::{V4, V6},
+    nat::non_masq_owner,
     PinRoot,
 };
 
@@ -301,8 +302,8 @@ impl Datapath {
         };
         // Prefixes first: the cluster range must never be masqueraded.
         if let Some(m) = &settings.masq {
-            sluice_maps::nat::set_non_masq(&self.root, &m.non_masq)?;
-            sluice_maps::nat::set_non_masq6(&self.root, &m.non_masq6)?;
+            sluice_maps::nat::set_non_masq(&self.root, non_masq_owner::CONFIG, &m.non_masq)?;
+            sluice_maps::nat::set_non_masq6(&self.root, non_masq_owner::CONFIG, &m.non_masq6)?;
             sluice_maps::nat::write_config(&self.root, m.config)?;
             sluice_maps::nat::write_config6(&self.root, m.config6)?;
         } else {

@@ -5,7 +5,9 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::{
     packet_route::{
-        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope},
+        route::{
+            RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope,
+        },
         AddressFamily,
     },
     RouteMessageBuilder,
@@ -28,6 +30,9 @@ pub struct RouteSpec {
     pub mtu: Option<u32>,
     pub priority: Option<u32>,
     pub table: Option<u32>,
+    /// `proto`: who made the route (`rtm_protocol`; the kernel's default for
+    /// routes added by hand is `boot`).
+    pub protocol: Option<u8>,
 }
 
 impl RouteSpec {
@@ -41,6 +46,7 @@ impl RouteSpec {
             mtu: None,
             priority: None,
             table: None,
+            protocol: None,
         }
     }
 
@@ -67,6 +73,9 @@ impl RouteSpec {
         }
         if let Some(t) = self.table {
             b = b.table_id(t);
+        }
+        if let Some(p) = self.protocol {
+            b = b.protocol(RouteProtocol::from(p));
         }
         let mut msg = b.build();
         if let Some(mtu) = self.mtu {
@@ -150,6 +159,7 @@ impl Netlink {
                 }
             }
             r.link_scope = m.header.scope == RouteScope::Link;
+            r.protocol = Some(u8::from(m.header.protocol));
             out.push(r);
         }
         Ok(out)

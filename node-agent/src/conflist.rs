@@ -1,0 +1,204 @@
+//! The network configuration list a node's runtime reads, made from the pod
+//! ranges Kubernetes gave the node (`spec.podCIDRs`: at most one per family,
+//! IPv4 first on a dual-stack node when the cluster lists IPv4 first).
+use ipnetwork::IpNetwork;
+use serde_json::{json, Map, Value};
+
+use crate::error::{Error, Result};
+
+/// What goes into the conflist besides the fixed parts.
+#[derive(Clone, Debug)]
+pub(crate) struct Spec {
+    /// The network name (also the pin root's last component).
+    pub(crate) name: String,
+    /// The conflist's `cniVersion`.
+    pub(crate) cni_version: String,
+    /// This node's pod ranges, in the Node's order.
+    pub(crate) pod_cidrs: Vec<IpNetwork>,
+    /// The whole cluster's pod ranges, if given: never masqueraded. Without
+    /// them the plugin's default applies (this node's ranges), and
+    /// `sluice-node route-sync` adds the other nodes' ranges as they come.
+    pub(crate) cluster_cidrs: Vec<IpNetwork>,
+    pub(crate) masquerade: bool,
+    /// More keys of the plugin's entry (`uplink`, `mtu`, `podDevice`, ...),
+    /// given by the operator; they win over the defaults here.
+    pub(crate) extra: Map<String, Value>,
+}
+
+/// Keys of the plugin entry this module owns; `extra` may not set them.
+const OWNED: [&str; 3] = ["type", "ipam", "capabilities"];
+
+/// Checks that `cidrs` (named `what`) are network addresses, at most one per
+/// family when `one_per_family`.
+pub(crate) fn check_cidrs(what: &str, cidrs: &[IpNetwork], one_per_family: bool) -> Result<()> {
+    for c in cidrs {
+        if c.network() != c.ip() {
+            return Err(Error::invalid(
+                what,
+                c,
+                format!(
+                    "has host bits set (the range is {}/{})",
+                    c.network(),
+                    c.prefix()
+                ),
+            ));
+        }
+    }
+    if one_per_family {
+        for v6 in [false, true] {
+            if cidrs.iter().filter(|c| c.is_ipv6() == v6).count() > 1 {
+                return Err(Error::invalid(
+                    what,
+                    join(cidrs),
+                    "lists two ranges of one family (a node has at most one per family)",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn join(cidrs: &[IpNetwork]) -> String {
+    cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The conflist for `spec`.
+pub(crate) fn render(spec: &Spec) -> Result<Value> {
+    if spec.pod_cidrs.is_empty() {
+        return Err(Error::invalid(
+            "pod CIDRs",
+            "",
+            "none: the node has no spec.podCIDRs yet (is the controller manager's --allocate-node-cidrs on?) and none were given with --pod-cidrs",
+        ));
+    }
+    check_cidrs("pod CIDRs", &spec.pod_cidrs, true)?;
+    check_cidrs("cluster CIDRs", &spec.cluster_cidrs, false)?;
+    if let Some(k) = OWNED.iter().find(|k| spec.extra.contains_key(**k)) {
+        return Err(Error::invalid(
+            "plugin config",
+            k,
+            "is written by sluice-node from the node's pod CIDRs; leave it out",
+        ));
+    }
+    let ranges: Vec<Value> = spec
+        .pod_cidrs
+        .iter()
+        .map(|c| json!([{ "subnet": c.to_string() }]))
+        .collect();
+    let routes: Vec<Value> = spec
+        .pod_cidrs
+        .iter()
+        .map(|c| json!({ "dst": if c.is_ipv6() { "::/0" } else { "0.0.0.0/0" } }))
+        .collect();
+    let mut plugin = json!({
+        "type": "sluice",
+        "ipMasq": spec.masquerade,
+        "ipam": { "type": "sluice", "ranges": ranges, "routes": routes },
+        // The runtime fills runtimeConfig from the pod spec: hostPorts and the
+        // bandwidth annotations (CNI conventions, "Well-known Capabilities").
+        "capabilities": { "portMappings": true, "bandwidth": true },
+    });
+    if !spec.cluster_cidrs.is_empty() {
+        plugin["nonMasqueradeCIDRs"] = json!(spec
+            .cluster_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>());
+    }
+    if let Some(p) = plugin.as_object_mut() {
+        for (k, v) in &spec.extra {
+            p.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(json!({
+        "cniVersion": spec.cni_version,
+        "name": spec.name,
+        "plugins": [plugin],
+    }))
+}
+
+/// Whether `conflist` is one [`render`] wrote for network `name` (what
+/// uninstall may remove).
+pub(crate) fn is_ours(conflist: &Value, name: &str) -> bool {
+    conflist["name"] == name
+        && conflist["plugins"]
+            .as_array()
+            .is_some_and(|p| p.len() == 1 && p[0]["type"] == "sluice")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(pod: &[&str]) -> Spec {
+        Spec {
+            name: "sluice".into(),
+            cni_version: "1.0.0".into(),
+            pod_cidrs: pod.iter().map(|c| c.parse().unwrap()).collect(),
+            cluster_cidrs: Vec::new(),
+            masquerade: true,
+            extra: Map::new(),
+        }
+    }
+
+    #[test]
+    fn dual_stack_node_gets_both_ranges_and_default_routes() {
+        let c = render(&spec(&["10.244.3.0/24", "fd00:10:244:3::/64"])).unwrap();
+        assert_eq!(c["name"], "sluice");
+        assert_eq!(c["cniVersion"], "1.0.0");
+        let p = &c["plugins"][0];
+        assert_eq!(p["type"], "sluice");
+        assert_eq!(p["ipMasq"], true);
+        assert_eq!(
+            p["ipam"]["ranges"],
+            json!([[{"subnet": "10.244.3.0/24"}], [{"subnet": "fd00:10:244:3::/64"}]])
+        );
+        assert_eq!(
+            p["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+        );
+        assert_eq!(
+            p["capabilities"],
+            json!({"portMappings": true, "bandwidth": true})
+        );
+        assert!(p.get("nonMasqueradeCIDRs").is_none());
+        assert!(is_ours(&c, "sluice"));
+        assert!(!is_ours(&c, "other"));
+    }
+
+    #[test]
+    fn cluster_ranges_and_extra_keys() {
+        let mut s = spec(&["10.244.3.0/24"]);
+        s.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        s.extra.insert("uplink".into(), json!("ens3"));
+        s.extra.insert("ipMasq".into(), json!(false));
+        let c = render(&s).unwrap();
+        let p = &c["plugins"][0];
+        assert_eq!(p["nonMasqueradeCIDRs"], json!(["10.244.0.0/16"]));
+        assert_eq!(p["uplink"], "ens3");
+        assert_eq!(p["ipMasq"], false);
+    }
+
+    #[test]
+    fn refusals_name_the_value() {
+        let e = render(&spec(&[])).unwrap_err().to_string();
+        assert!(e.contains("podCIDRs"), "{e}");
+        let e = render(&spec(&["10.244.3.1/24"])).unwrap_err().to_string();
+        assert!(
+            e.contains("10.244.3.1/24") && e.contains("10.244.3.0/24"),
+            "{e}"
+        );
+        let e = render(&spec(&["10.1.0.0/24", "10.2.0.0/24"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("10.1.0.0/24,10.2.0.0/24"), "{e}");
+        let mut s = spec(&["10.1.0.0/24"]);
+        s.extra.insert("ipam".into(), json!({}));
+        let e = render(&s).unwrap_err().to_string();
+        assert!(e.contains("ipam"), "{e}");
+    }
+}

@@ -1,0 +1,217 @@
+//! `sluice-node`: Sluice's optional per-node agent for Kubernetes. The plugin
+//! itself stays agentless (a runtime executes it per pod); this binary does the
+//! node-level work a cluster needs around it:
+//!
+//! - `install` (a DaemonSet's init container): copies the plugin into the
+//!   host's CNI bin directory and writes the conflist from the Node's
+//!   `spec.podCIDRs`, both atomically;
+//! - `route-sync` (the DaemonSet's container): routes to other nodes' pods;
+//! - `uninstall`.
+mod atomic;
+mod cluster;
+mod conflist;
+mod error;
+mod install;
+mod routes;
+mod sync;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use ipnetwork::IpNetwork;
+use serde_json::{Map, Value};
+
+use error::{Error, Result};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-node",
+    version,
+    about = "Sluice's node agent for Kubernetes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Copy the plugin into the CNI bin directory and write the conflist
+    /// from the Node's pod CIDRs (both atomically).
+    Install(InstallArgs),
+    /// Remove the conflist (if sluice-node wrote it) and the plugin.
+    Uninstall(Dirs),
+    /// Keep routes to other nodes' pod CIDRs (`podCIDR via InternalIP`) and
+    /// the datapath's non-masquerade ranges in step with the cluster's Nodes.
+    RouteSync(SyncArgs),
+}
+
+#[derive(clap::Args)]
+struct Dirs {
+    /// The host's CNI bin directory, as mounted in the container.
+    #[arg(long, env = "SLUICE_CNI_BIN_DIR", default_value = "/host/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// The host's CNI config directory, as mounted in the container.
+    #[arg(
+        long,
+        env = "SLUICE_CNI_CONF_DIR",
+        default_value = "/host/etc/cni/net.d"
+    )]
+    cni_conf_dir: PathBuf,
+    /// File name of the conflist.
+    #[arg(
+        long,
+        env = "SLUICE_CONFLIST_NAME",
+        default_value = "10-sluice.conflist"
+    )]
+    conflist_name: String,
+    /// The network's name (the conflist's `name`).
+    #[arg(long, env = "SLUICE_NETWORK", default_value = "sluice")]
+    network: String,
+}
+
+#[derive(clap::Args)]
+struct InstallArgs {
+    #[command(flatten)]
+    dirs: Dirs,
+    /// Directory holding the `sluice` binary to install (default: this
+    /// binary's directory).
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// The Node whose spec.podCIDRs the conflist uses (the downward API's
+    /// spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Pod CIDRs to use instead of reading the Node (comma-separated, at
+    /// most one per family).
+    #[arg(long, env = "SLUICE_POD_CIDRS", value_delimiter = ',')]
+    pod_cidrs: Vec<IpNetwork>,
+    /// The cluster's pod CIDRs (comma-separated): never masqueraded. Without
+    /// them, route-sync adds the other nodes' ranges as they appear.
+    #[arg(long, env = "SLUICE_CLUSTER_CIDRS", value_delimiter = ',')]
+    cluster_cidrs: Vec<IpNetwork>,
+    /// Do not masquerade pod traffic leaving the cluster.
+    #[arg(long, env = "SLUICE_NO_MASQUERADE")]
+    no_masquerade: bool,
+    /// The conflist's cniVersion (containerd 1.6 reads up to 1.0.0).
+    #[arg(long, env = "SLUICE_CNI_VERSION", default_value = "1.0.0")]
+    cni_version: String,
+    /// More keys of the plugin's entry, a JSON object (e.g. {"uplink":"ens3","podDevice":"auto"}).
+    #[arg(long, env = "SLUICE_PLUGIN_CONFIG")]
+    plugin_config: Option<String>,
+    /// How long to wait for the Node to get pod CIDRs, in seconds.
+    #[arg(long, default_value_t = 300)]
+    wait_secs: u64,
+    /// Mount bpffs here if it is not mounted (needs `CAP_SYS_ADMIN` and
+    /// bidirectional mount propagation; otherwise the plugin does it).
+    #[arg(long)]
+    bpffs: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct SyncArgs {
+    /// This node's name: its own pod CIDRs get no route.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The network's name; its datapath is pinned under /sys/fs/bpf/sluice/<network>.
+    #[arg(long, env = "SLUICE_NETWORK", default_value = "sluice")]
+    network: String,
+    /// The datapath's pin root, if the conflist sets `pinRoot`.
+    #[arg(long, env = "SLUICE_PIN_ROOT")]
+    pin_root: Option<PathBuf>,
+    /// Reconcile everything this often (seconds) even without a change.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    resync_secs: u64,
+}
+
+/// One line on stderr (the container's log).
+pub(crate) fn log(msg: &str) {
+    eprintln!("sluice-node: {msg}");
+}
+
+fn plugin_extra(json: Option<&str>) -> Result<Map<String, Value>> {
+    match json {
+        None => Ok(Map::new()),
+        Some(s) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err(Error::invalid("--plugin-config", s, "is not a JSON object")),
+            Err(e) => Err(Error::invalid("--plugin-config", s, e.to_string())),
+        },
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Install(a) => {
+            let from = match a.from {
+                Some(f) => f,
+                None => std::env::current_exe()
+                    .map_err(|e| Error::io("finding this binary", e))?
+                    .parent()
+                    .map(PathBuf::from)
+                    .unwrap_or_default(),
+            };
+            install::install(install::Options {
+                from,
+                spec: conflist::Spec {
+                    name: a.dirs.network.clone(),
+                    cni_version: a.cni_version,
+                    pod_cidrs: a.pod_cidrs,
+                    cluster_cidrs: a.cluster_cidrs,
+                    masquerade: !a.no_masquerade,
+                    extra: plugin_extra(a.plugin_config.as_deref())?,
+                },
+                cni_bin_dir: a.dirs.cni_bin_dir,
+                cni_conf_dir: a.dirs.cni_conf_dir,
+                conflist_name: a.dirs.conflist_name,
+                node_name: a.node_name,
+                wait: Duration::from_secs(a.wait_secs),
+                bpffs: a.bpffs,
+            })
+            .await
+        }
+        Cmd::Uninstall(d) => install::uninstall(
+            &d.cni_bin_dir,
+            &d.cni_conf_dir,
+            &d.conflist_name,
+            &d.network,
+        ),
+        Cmd::RouteSync(a) => {
+            let client = cluster::client().await?;
+            sync::run(
+                client,
+                &sync::Options {
+                    pin_root: a.pin_root.unwrap_or_else(|| {
+                        PathBuf::from(sluice_cni::datapath::bpffs::BPFFS_MOUNT)
+                            .join("sluice")
+                            .join(&a.network)
+                    }),
+                    node_name: a.node_name,
+                    resync: Duration::from_secs(a.resync_secs),
+                },
+            )
+            .await
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            log(&format!("starting the runtime: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log(&format!("error: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! `sluice-node route-sync`: watches the cluster's Nodes and keeps this node's
+//! routes to the other nodes' pods, and the datapath's view of their pod
+//! ranges, in step. Per-pod work stays in the plugin; this process only
+//! follows Nodes (kindnet's model).
+//!
+//! Nothing is removed when it stops: pods keep their routes across a restart or
+//! an upgrade of the agent, and the next start reconciles.
+use std::{collections::BTreeMap, os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
+
+use futures::StreamExt;
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    runtime::{watcher, WatchStreamExt},
+    Api, Client,
+};
+use sluice_cni::netlink::Netlink;
+use sluice_common::maps;
+use sluice_maps::PinRoot;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    cluster::{node_info, NodeInfo},
+    error::{Error, Result},
+    log,
+    routes::{self, Route},
+};
+
+/// How often the datapath's pins are looked at: a datapath loaded (or
+/// re-created) after the agent started gets the remote ranges this soon.
+const PIN_POLL: Duration = Duration::from_secs(2);
+
+pub(crate) struct Options {
+    pub(crate) node_name: String,
+    pub(crate) pin_root: PathBuf,
+    /// Everything is reconciled this often even without a change (a route
+    /// someone deleted by hand comes back).
+    pub(crate) resync: Duration,
+}
+
+/// The Nodes as the watch has delivered them.
+#[derive(Default)]
+struct Nodes {
+    known: BTreeMap<String, NodeInfo>,
+    /// Filled during a (re)list; replaces `known` when it is complete.
+    listing: BTreeMap<String, NodeInfo>,
+    /// A complete list has arrived at least once (before that, an empty set
+    /// would delete every route).
+    ready: bool,
+}
+
+impl Nodes {
+    /// Takes one watch event; `true` when the set changed.
+    fn take(&mut self, ev: watcher::Event<Node>) -> bool {
+        match ev {
+            watcher::Event::Init => {
+                self.listing.clear();
+                false
+            }
+            watcher::Event::InitApply(n) => {
+                if let Some(i) = parse(&n) {
+                    self.listing.insert(i.name.clone(), i);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                self.known = std::mem::take(&mut self.listing);
+                self.ready = true;
+                true
+            }
+            watcher::Event::Apply(n) => match parse(&n) {
+                Some(i) => self.known.insert(i.name.clone(), i.clone()).as_ref() != Some(&i),
+                None => false,
+            },
+            watcher::Event::Delete(n) => n
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|name| self.known.remove(name).is_some()),
+        }
+    }
+}
+
+fn parse(n: &Node) -> Option<NodeInfo> {
+    match node_info(n) {
+        Ok(i) => Some(i),
+        Err(e) => {
+            log(&format!("ignoring a Node: {e}"));
+            None
+        }
+    }
+}
+
+pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
+    let api: Api<Node> = Api::all(client);
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let nl = Netlink::open()?;
+    let root = PinRoot::new(&opts.pin_root);
+    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("SIGTERM handler", e))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("SIGINT handler", e))?;
+    let mut resync = tokio::time::interval(opts.resync);
+    let mut pins = tokio::time::interval(PIN_POLL);
+    let mut nodes = Nodes::default();
+    let mut state = Applied::default();
+    log(&format!(
+        "route-sync for node {:?}: watching Nodes; datapath {}",
+        opts.node_name,
+        opts.pin_root.display()
+    ));
+    loop {
+        let mut full = false;
+        tokio::select! {
+            ev = stream.next() => match ev {
+                Some(Ok(ev)) => full = nodes.take(ev),
+                // The watcher retries with backoff; say why it had to.
+                Some(Err(e)) => log(&format!("watching Nodes: {e}")),
+                None => return Err(Error::invalid("Node watch", "", "ended")),
+            },
+            _ = resync.tick() => full = true,
+            _ = pins.tick() => {}
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        }
+        if !nodes.ready {
+            continue;
+        }
+        let all: Vec<NodeInfo> = nodes.known.values().cloned().collect();
+        let (want, notes) = routes::desired(&all, &opts.node_name);
+        if full {
+            if let Err(e) = state.routes(&nl, &want, &notes).await {
+                log(&format!("routes: {e}"));
+            }
+        }
+        if let Err(e) = state.datapath(&root, &want, full) {
+            log(&format!("datapath: {e}"));
+        }
+    }
+}
+
+/// What the agent last did, to log changes only.
+#[derive(Default)]
+struct Applied {
+    notes: Vec<String>,
+    /// Inode of the non-masquerade map's pin and the ranges written into it.
+    datapath: Option<(u64, Vec<IpNetwork>)>,
+}
+
+impl Applied {
+    async fn routes(&mut self, nl: &Netlink, want: &[Route], notes: &[String]) -> Result<()> {
+        if notes != self.notes {
+            for n in notes {
+                log(n);
+            }
+            self.notes = notes.to_vec();
+        }
+        let p = routes::apply(nl, want).await?;
+        for r in &p.del {
+            log(&format!("route removed: {} via {}", r.dst, r.via));
+        }
+        for r in &p.add {
+            log(&format!(
+                "route added: {} via {} (node {})",
+                r.dst, r.via, r.node
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the remote ranges when they changed, when the map is a new one
+    /// (first load, or a datapath removed and loaded again), or on a full pass.
+    fn datapath(&mut self, root: &PinRoot, want: &[Route], full: bool) -> Result<()> {
+        let Ok(meta) = std::fs::metadata(root.map_path(&maps::NON_MASQ)) else {
+            self.datapath = None;
+            return Ok(());
+        };
+        let ranges: Vec<IpNetwork> = want.iter().map(|r| r.dst).collect();
+        let now = (meta.ino(), ranges);
+        if !full && self.datapath.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        if routes::apply_datapath(root, &now.1)? && self.datapath.as_ref() != Some(&now) {
+            log(&format!(
+                "datapath: {} remote pod range(s) never masqueraded",
+                now.1.len()
+            ));
+        }
+        self.datapath = Some(now);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, cidr: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDRs": [cidr]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.9"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn nothing_counts_until_a_full_list_arrived() {
+        let mut n = Nodes::default();
+        assert!(!n.take(watcher::Event::Init));
+        assert!(!n.take(watcher::Event::InitApply(node("a", "10.1.0.0/24"))));
+        assert!(!n.ready && n.known.is_empty());
+        assert!(n.take(watcher::Event::InitDone));
+        assert!(n.ready && n.known.contains_key("a"));
+        // The same object again is no change; a new range is.
+        assert!(!n.take(watcher::Event::Apply(node("a", "10.1.0.0/24"))));
+        assert!(n.take(watcher::Event::Apply(node("a", "10.2.0.0/24"))));
+        assert!(n.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
+        assert!(!n.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
+        // A relist replaces the set only when complete: a node gone meanwhile goes.
+        n.take(watcher::Event::Apply(node("b", "10.3.0.0/24")));
+        n.take(watcher::Event::Init);
+        n.take(watcher::Event::InitApply(node("c", "10.4.0.0/24")));
+        assert!(n.known.contains_key("b"));
+        n.take(watcher::Event::InitDone);
+        assert_eq!(n.known.keys().collect::<Vec<_>>(), ["c"]);
+    }
+}
