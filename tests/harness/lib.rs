@@ -7,6 +7,7 @@
 //! Binaries come from the environment, never from guessed paths:
 //! - `SLUICE_BIN`: the `sluice` plugin (absolute path, required);
 //! - `SLUICECTL_BIN`: `sluicectl` (absolute path, required by the tests using it);
+//! - `SLUICE_NODE_BIN`: `sluice-node`, the node agent (required by its tests);
 //! - `SLUICE_CNI_PATH`: directory of the reference plugins (default `/usr/lib/cni`);
 //! - `SLUICE_NEXT_BIN`: a second `sluice` embedding another eBPF object (absolute
 //!   path, required by the upgrade tests).
@@ -18,6 +19,7 @@
 // values that fit the fields they go into.
 #![expect(clippy::cast_possible_truncation, reason = "test packets: values fit")]
 
+pub mod apiserver;
 pub mod attached;
 pub mod bandwidth;
 pub mod cni;
@@ -81,6 +83,11 @@ pub fn sluice_bin() -> Result<PathBuf> {
 /// `sluicectl` (`SLUICECTL_BIN`).
 pub fn sluicectl_bin() -> Result<PathBuf> {
     binary_from_env("SLUICECTL_BIN", "sluicectl")
+}
+
+/// `sluice-node`, the node agent (`SLUICE_NODE_BIN`).
+pub fn sluice_node_bin() -> Result<PathBuf> {
+    binary_from_env("SLUICE_NODE_BIN", "sluice-node")
 }
 
 /// A `sluice` embedding a different eBPF object than [`sluice_bin`]'s

@@ -17,6 +17,8 @@ use crate::{
 pub(crate) struct Binaries {
     pub sluice: PathBuf,
     pub sluicectl: PathBuf,
+    /// `sluice-node`, the node agent.
+    pub node: PathBuf,
 }
 
 pub(crate) fn run(ws: &Workspace, args: &BuildArgs) -> Result<()> {
@@ -49,7 +51,7 @@ pub(crate) fn build_next_sluice(
     Ok(next)
 }
 
-/// `cargo build --bin sluice --bin sluicectl` with `SLUICE_EBPF_OBJECT=object`.
+/// `cargo build --bin sluice --bin sluicectl --bin sluice-node` with `SLUICE_EBPF_OBJECT=object`.
 pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result<Binaries> {
     let mut c = Command::new("cargo");
     c.arg("build");
@@ -60,8 +62,8 @@ pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result
         c.args(["--bin", bin]);
     }
     cmd::run(c.current_dir(&ws.root).env("SLUICE_EBPF_OBJECT", object))?;
-    let [sluice, sluicectl] = BINS.map(|name| ws.bin(release, name));
-    for bin in [&sluice, &sluicectl] {
+    let [sluice, sluicectl, node] = BINS.map(|name| ws.bin(release, name));
+    for bin in [&sluice, &sluicectl, &node] {
         ensure!(
             bin.is_file(),
             "cargo build did not produce {}",
@@ -69,5 +71,9 @@ pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result
         );
         println!("binary: {}", bin.display());
     }
-    Ok(Binaries { sluice, sluicectl })
+    Ok(Binaries {
+        sluice,
+        sluicectl,
+        node,
+    })
 }

@@ -195,11 +195,12 @@ impl TestEnv {
         })
     }
 
-    pub(crate) fn vars(&self) -> [(&'static str, &Path); 7] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 8] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
             ("SLUICECTL_BIN", &self.bins.sluicectl),
+            ("SLUICE_NODE_BIN", &self.bins.node),
             ("SLUICE_NEXT_BIN", &self.next_sluice),
             ("SLUICE_CNI_PATH", Path::new(CNI_PATH)),
             ("SLUICE_PROMETHEUS_BIN", &self.prometheus.server),

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 /// Target triple of the eBPF programs.
 pub(crate) const EBPF_TARGET: &str = "bpfel-unknown-none";
 /// The userspace binaries `cargo xtask build` produces.
-pub(crate) const BINS: [&str; 2] = ["sluice", "sluicectl"];
+pub(crate) const BINS: [&str; 3] = ["sluice", "sluicectl", "sluice-node"];
 
 pub(crate) struct Workspace {
     /// The repository root (the workspace `Cargo.toml`).

@@ -115,11 +115,15 @@ impl Netlink {
 
     /// The routes of the main table of one family: (dst, gateway, oif).
     pub async fn routes(&self, v6: bool) -> Result<Vec<RouteSpec>, Error> {
-        let q = if v6 {
+        let mut q = if v6 {
             RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
         } else {
             RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
         };
+        // With strict checking the kernel filters a dump by the request's
+        // protocol (`ip_valid_fib_dump_req`), and the builder's default is
+        // `boot`: unspecified lists routes of every origin.
+        q.header.protocol = RouteProtocol::Unspec;
         let mut s = self.handle.route().get(q).execute();
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(|e| nl_err("list routes", e))? {

@@ -372,6 +372,10 @@ fn prebuilt() -> Result<Binaries> {
     Ok(Binaries {
         sluice: var("SLUICE_BIN")?,
         sluicectl: var("SLUICECTL_BIN")?,
+        // No bench runs the node agent.
+        node: std::env::var_os("SLUICE_NODE_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_default(),
     })
 }
 
