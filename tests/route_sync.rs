@@ -73,7 +73,10 @@ fn non_masq(node: &Node) -> Vec<(String, u8)> {
 }
 
 fn owner_of(node: &Node, prefix: &str) -> Option<u8> {
-    non_masq(node).into_iter().find(|(p, _)| p == prefix).map(|(_, o)| o)
+    non_masq(node)
+        .into_iter()
+        .find(|(p, _)| p == prefix)
+        .map(|(_, o)| o)
 }
 
 /// Starts `sluice-node route-sync` for `name` in `node`, reaching the API at
@@ -117,7 +120,10 @@ fn follow(what: &str, nodes: [&Node; 2], cond: impl FnMut() -> bool) {
             .iter()
             .map(|n| fs::read_to_string(n.dir().join("agent.log")).unwrap_or_default())
             .collect();
-        panic!("no {what} within {FOLLOW:?}; agent logs:\n{}", logs.join("\n---\n"));
+        panic!(
+            "no {what} within {FOLLOW:?}; agent logs:\n{}",
+            logs.join("\n---\n")
+        );
     }
 }
 
@@ -125,7 +131,15 @@ fn follow(what: &str, nodes: [&Node; 2], cond: impl FnMut() -> bool) {
 fn routes_and_non_masquerade_ranges_follow_the_nodes() {
     let a = Node::new().unwrap();
     let b = Node::new().unwrap();
-    wire(a.name(), WIRE, &format!("{A_IP}/24"), b.name(), WIRE, &format!("{B_IP}/24")).unwrap();
+    wire(
+        a.name(),
+        WIRE,
+        &format!("{A_IP}/24"),
+        b.name(),
+        WIRE,
+        &format!("{B_IP}/24"),
+    )
+    .unwrap();
     let conf = |n: &Node, cidr: &str| {
         let mut c = n.conf("1.0.0", cidr);
         c["uplink"] = json!(WIRE);
@@ -150,15 +164,21 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
         agent_routes(&a) == [(B_CIDR.into(), B_IP.into())]
             && agent_routes(&b) == [(A_CIDR.into(), A_IP.into())]
     });
-    follow("the other node's range in the non-masquerade prefixes", log, || {
-        owner_of(&a, B_CIDR) == Some(2) && owner_of(&b, A_CIDR) == Some(2)
-    });
+    follow(
+        "the other node's range in the non-masquerade prefixes",
+        log,
+        || owner_of(&a, B_CIDR) == Some(2) && owner_of(&b, A_CIDR) == Some(2),
+    );
     // The config's own prefix is the config's (bit 1), not the agent's.
     assert_eq!(owner_of(&a, A_CIDR), Some(1), "{:?}", non_masq(&a));
 
     // Pod to pod across the nodes, not masqueraded: the server sees the pod.
     let seen = tcp_echo(&pb, added_b.ip(), &pa, 64 << 10).unwrap();
-    assert_eq!(seen.ip(), added_a.ip(), "pod a's traffic to pod b was translated");
+    assert_eq!(
+        seen.ip(),
+        added_a.ip(),
+        "pod a's traffic to pod b was translated"
+    );
 
     // An ADD rewrites the config's prefixes and keeps the agent's.
     let pa2 = a.pod("a2").unwrap();
@@ -166,7 +186,11 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
     assert_eq!(owner_of(&a, B_CIDR), Some(2), "{:?}", non_masq(&a));
 
     // An operator's route of another proto stays whatever the agent does.
-    sluice_testbed::netns::ip(a.name(), &["route", "add", "10.93.9.0/24", "via", "192.168.61.9"]).unwrap();
+    sluice_testbed::netns::ip(
+        a.name(),
+        &["route", "add", "10.93.9.0/24", "via", "192.168.61.9"],
+    )
+    .unwrap();
 
     // A node joins, moves, leaves.
     api.set_node("node-c", &[C_CIDR], &["192.168.61.3"]);
@@ -189,7 +213,11 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
     assert!(look::route(&routes, "10.93.9.0/24").is_some(), "{routes:?}");
 
     // It watched (not polled), on both nodes.
-    let watches = api.requests().iter().filter(|r| r.contains("watch=true")).count();
+    let watches = api
+        .requests()
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count();
     assert!(watches >= 2, "{:?}", api.requests());
 
     // SIGTERM: a clean exit, and the routes stay for the pods.

@@ -209,12 +209,24 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
     }
     if path == "/api/v1/nodes" {
         if param("watch").is_some_and(|w| w == "true" || w == "1") {
-            let from = param("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-            let secs = param("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(60);
-            return watch(&mut out, shared, from, Duration::from_secs(secs).min(MAX_WATCH));
+            let from = param("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let secs = param("timeoutSeconds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(60);
+            return watch(
+                &mut out,
+                shared,
+                from,
+                Duration::from_secs(secs).min(MAX_WATCH),
+            );
         }
         let list = {
-            let i = shared.inner.lock().map_err(|_| err!("stand-in state poisoned"))?;
+            let i = shared
+                .inner
+                .lock()
+                .map_err(|_| err!("stand-in state poisoned"))?;
             json!({
                 "apiVersion": "v1",
                 "kind": "NodeList",
@@ -234,7 +246,11 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
             .cloned();
         return match node {
             Some(n) => respond(&mut out, 200, &n),
-            None => respond(&mut out, 404, &status(404, "NotFound", &format!("nodes \"{name}\" not found"))),
+            None => respond(
+                &mut out,
+                404,
+                &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+            ),
         };
     }
     respond(&mut out, 404, &status(404, "NotFound", path))
@@ -268,7 +284,10 @@ fn watch(s: &mut TcpStream, shared: &Shared, from: u64, limit: Duration) -> Resu
     )?;
     let end = Instant::now() + limit;
     let mut sent = from;
-    let mut guard = shared.inner.lock().map_err(|_| err!("stand-in state poisoned"))?;
+    let mut guard = shared
+        .inner
+        .lock()
+        .map_err(|_| err!("stand-in state poisoned"))?;
     while Instant::now() < end && !shared.stop.load(Ordering::Relaxed) {
         let new: Vec<String> = guard
             .events
@@ -284,7 +303,10 @@ fn watch(s: &mut TcpStream, shared: &Shared, from: u64, limit: Duration) -> Resu
                 s.write_all(b"\n")?;
             }
             s.flush()?;
-            guard = shared.inner.lock().map_err(|_| err!("stand-in state poisoned"))?;
+            guard = shared
+                .inner
+                .lock()
+                .map_err(|_| err!("stand-in state poisoned"))?;
             continue;
         }
         guard = shared

@@ -8,6 +8,7 @@
 //! - `SLUICE_BIN`: the `sluice` plugin (absolute path, required);
 //! - `SLUICECTL_BIN`: `sluicectl` (absolute path, required by the tests using it);
 //! - `SLUICE_NODE_BIN`: `sluice-node`, the node agent (required by its tests);
+//! - `SLUICE_KUBE_VALIDATE_BIN`: `kubernetes-validate` (the manifest test);
 //! - `SLUICE_CNI_PATH`: directory of the reference plugins (default `/usr/lib/cni`);
 //! - `SLUICE_NEXT_BIN`: a second `sluice` embedding another eBPF object (absolute
 //!   path, required by the upgrade tests).
@@ -83,6 +84,12 @@ pub fn sluice_bin() -> Result<PathBuf> {
 /// `sluicectl` (`SLUICECTL_BIN`).
 pub fn sluicectl_bin() -> Result<PathBuf> {
     binary_from_env("SLUICECTL_BIN", "sluicectl")
+}
+
+/// `kubernetes-validate` (`SLUICE_KUBE_VALIDATE_BIN`; `cargo xtask test`
+/// installs it in a virtualenv whose `python` has PyYAML).
+pub fn kube_validate_bin() -> Result<PathBuf> {
+    binary_from_env("SLUICE_KUBE_VALIDATE_BIN", "kubernetes-validate")
 }
 
 /// `sluice-node`, the node agent (`SLUICE_NODE_BIN`).

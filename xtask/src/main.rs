@@ -8,6 +8,7 @@ mod demo;
 mod ebpf;
 mod elf;
 mod host;
+mod kubevalidate;
 mod leaks;
 mod prometheus;
 mod setup;

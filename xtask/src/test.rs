@@ -101,11 +101,13 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
         build::build_next_sluice(ws, &variant, &object)
     })?;
     let prometheus = st.run("prometheus", || crate::prometheus::fetch(ws))?;
+    let kube_validate = st.run("kubernetes-validate", || crate::kubevalidate::fetch(ws))?;
     let env = TestEnv {
         object,
         bins,
         next_sluice: next,
         prometheus,
+        kube_validate,
     };
     st.run("integration", || integration(ws, args, ci, &env))?;
     if args.kernels.as_deref() == Some(&["none".to_string()]) {
@@ -152,7 +154,7 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// Under emulation, what each kernel runs: every feature's main traffic
 /// tests (`binary:filter|filter`, libtest's substring filters). The host runs
 /// everything, churn, crash and fuzz included.
-const TCG_MAIN_TESTS: [&str; 13] = [
+const TCG_MAIN_TESTS: [&str; 14] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods",
@@ -166,6 +168,7 @@ const TCG_MAIN_TESTS: [&str; 13] = [
     "netkit",
     "two_nodes:xdp_auto",
     "gc_status:status_reports",
+    "route_sync",
 ];
 
 /// What the integration tests are given: the eBPF object and the binaries
@@ -176,6 +179,8 @@ pub(crate) struct TestEnv {
     pub next_sluice: PathBuf,
     /// Debian's Prometheus, unpacked (the metrics tests scrape with it).
     pub prometheus: crate::prometheus::Prometheus,
+    /// `kubernetes-validate` in a virtualenv (the manifest test).
+    pub kube_validate: PathBuf,
 }
 
 impl TestEnv {
@@ -187,15 +192,17 @@ impl TestEnv {
         let variant = ebpf::build_variant(ws)?;
         let next_sluice = build::build_next_sluice(ws, &variant, &object)?;
         let prometheus = crate::prometheus::fetch(ws)?;
+        let kube_validate = crate::kubevalidate::fetch(ws)?;
         Ok(Self {
             object,
             bins,
             next_sluice,
             prometheus,
+            kube_validate,
         })
     }
 
-    pub(crate) fn vars(&self) -> [(&'static str, &Path); 8] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 9] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
@@ -205,6 +212,7 @@ impl TestEnv {
             ("SLUICE_CNI_PATH", Path::new(CNI_PATH)),
             ("SLUICE_PROMETHEUS_BIN", &self.prometheus.server),
             ("SLUICE_PROMTOOL_BIN", &self.prometheus.promtool),
+            ("SLUICE_KUBE_VALIDATE_BIN", &self.kube_validate),
         ]
     }
 
