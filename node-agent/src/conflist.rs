@@ -26,7 +26,10 @@ pub(crate) struct Spec {
 }
 
 /// Keys of the plugin entry this module owns; `extra` may not set them.
-const OWNED: [&str; 3] = ["type", "ipam", "capabilities"];
+const OWNED: [&str; 2] = ["type", "capabilities"];
+/// Keys of the IPAM section this module owns; `extra.ipam` may set the others
+/// (`dataDir`, `routes`, ...).
+const IPAM_OWNED: [&str; 2] = ["type", "ranges"];
 
 /// Checks that `cidrs` (named `what`) are network addresses, at most one per
 /// family when `one_per_family`.
@@ -81,6 +84,24 @@ pub(crate) fn render(spec: &Spec) -> Result<Value> {
         return Err(Error::invalid(
             "plugin config",
             k,
+            "is written by sluice-node; leave it out",
+        ));
+    }
+    let extra_ipam = match spec.extra.get("ipam") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            return Err(Error::invalid(
+                "plugin config ipam",
+                other,
+                "is not a JSON object",
+            ))
+        }
+    };
+    if let Some(k) = IPAM_OWNED.iter().find(|k| extra_ipam.contains_key(**k)) {
+        return Err(Error::invalid(
+            "plugin config ipam",
+            k,
             "is written by sluice-node from the node's pod CIDRs; leave it out",
         ));
     }
@@ -110,8 +131,13 @@ pub(crate) fn render(spec: &Spec) -> Result<Value> {
             .collect::<Vec<_>>());
     }
     if let Some(p) = plugin.as_object_mut() {
-        for (k, v) in &spec.extra {
+        for (k, v) in spec.extra.iter().filter(|(k, _)| *k != "ipam") {
             p.insert(k.clone(), v.clone());
+        }
+    }
+    if let Some(ipam) = plugin["ipam"].as_object_mut() {
+        for (k, v) in extra_ipam {
+            ipam.insert(k, v);
         }
     }
     Ok(json!({
@@ -176,8 +202,12 @@ mod tests {
         s.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
         s.extra.insert("uplink".into(), json!("ens3"));
         s.extra.insert("ipMasq".into(), json!(false));
+        s.extra
+            .insert("ipam".into(), json!({"dataDir": "/var/lib/sluice/ipam"}));
         let c = render(&s).unwrap();
         let p = &c["plugins"][0];
+        assert_eq!(p["ipam"]["dataDir"], "/var/lib/sluice/ipam");
+        assert_eq!(p["ipam"]["ranges"], json!([[{"subnet": "10.244.3.0/24"}]]));
         assert_eq!(p["nonMasqueradeCIDRs"], json!(["10.244.0.0/16"]));
         assert_eq!(p["uplink"], "ens3");
         assert_eq!(p["ipMasq"], false);
@@ -196,9 +226,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("10.1.0.0/24,10.2.0.0/24"), "{e}");
-        let mut s = spec(&["10.1.0.0/24"]);
-        s.extra.insert("ipam".into(), json!({}));
-        let e = render(&s).unwrap_err().to_string();
-        assert!(e.contains("ipam"), "{e}");
+        for (k, v) in [
+            ("type", json!("bridge")),
+            ("ipam", json!({"ranges": []})),
+            ("ipam", json!("host-local")),
+        ] {
+            let mut s = spec(&["10.1.0.0/24"]);
+            s.extra.insert(k.into(), v);
+            let e = render(&s).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
     }
 }

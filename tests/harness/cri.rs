@@ -31,10 +31,12 @@ use std::{
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    ImageStatusRequest, LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxStatusRequest, PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StatusRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, KeyValue,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PortMapping, Protocol,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
+    StopPodSandboxRequest,
 };
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -64,6 +66,8 @@ pub struct PodSpec {
     pub ports: Vec<(u16, u16, &'static str)>,
     /// Pod annotations (`kubernetes.io/ingress-bandwidth`, ...).
     pub annotations: Vec<(String, String)>,
+    /// `hostNetwork: true`: the node's namespace, no CNI.
+    pub host_network: bool,
 }
 
 impl PodSpec {
@@ -83,6 +87,23 @@ impl PodSpec {
         self.annotations.push((key.to_string(), value.to_string()));
         self
     }
+
+    pub fn host_network(mut self) -> Self {
+        self.host_network = true;
+        self
+    }
+}
+
+/// A container as a pod spec describes it (the CRI fields the kubelet fills).
+#[derive(Clone, Debug, Default)]
+pub struct ContainerSpec {
+    pub name: String,
+    /// Image reference; empty: the busybox image of [`oci`].
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// (host path, container path, read-only), as hostPath volumes give.
+    pub mounts: Vec<(PathBuf, String, bool)>,
 }
 
 /// A pod sandbox containerd runs.
@@ -90,9 +111,11 @@ impl PodSpec {
 pub struct Sandbox {
     pub id: String,
     pub name: String,
-    /// The address containerd reports (from the CNI result).
+    /// The address containerd reports (from the CNI result); unspecified for
+    /// a host-network pod.
     pub ip: IpAddr,
-    /// The pod's network namespace (`/var/run/netns/cni-...`).
+    /// The pod's network namespace (`/var/run/netns/cni-...`); empty for a
+    /// host-network pod.
     pub netns: PathBuf,
     config: PodSandboxConfig,
 }
@@ -129,6 +152,20 @@ impl Containerd {
         conflist: &Value,
         plugins: &[PathBuf],
     ) -> Result<Self> {
+        Self::start_with(node_netns, dir, Some(conflist), plugins, &[])
+    }
+
+    /// [`Self::start`] with no network yet (`conflist` `None`: containerd
+    /// reports `NetworkReady` false until a conflist appears in
+    /// [`Self::cni_conf_dir`]; only host-network pods run) and more images
+    /// (OCI archives) imported.
+    pub fn start_with(
+        node_netns: &Path,
+        dir: &Path,
+        conflist: Option<&Value>,
+        plugins: &[PathBuf],
+        images: &[PathBuf],
+    ) -> Result<Self> {
         let bin = dir.join("cni/bin");
         let conf = dir.join("cni/conf");
         for d in [&bin, &conf, &dir.join("logs"), &dir.join("image")] {
@@ -141,9 +178,11 @@ impl Containerd {
                 .ok_or_else(|| err!("plugin path {} has no file name", p.display()))?;
             symlink(p, bin.join(name)).map_err(|e| err!("linking {}: {e}", p.display()))?;
         }
-        let conf_file = conf.join("10-test.conflist");
-        fs::write(&conf_file, conflist.to_string())
-            .map_err(|e| err!("writing {}: {e}", conf_file.display()))?;
+        if let Some(conflist) = conflist {
+            let conf_file = conf.join("10-test.conflist");
+            fs::write(&conf_file, conflist.to_string())
+                .map_err(|e| err!("writing {}: {e}", conf_file.display()))?;
+        }
         let image = oci::build(&dir.join("image"))?;
 
         let sock = dir.join("containerd.sock");
@@ -188,22 +227,40 @@ impl Containerd {
         };
         // From here on, Drop cleans up.
         c.wait_serving()?;
-        exec::tool(
-            None,
-            "ctr",
-            &[
-                "-a",
-                &c.sock.display().to_string(),
-                "-n",
-                CTR_NAMESPACE,
-                "images",
-                "import",
-                &image.display().to_string(),
-            ],
-        )
-        .map_err(|e| err!("ctr images import: {e}"))?;
-        c.wait_ready()?;
+        for archive in std::iter::once(&image).chain(images) {
+            exec::tool(
+                None,
+                "ctr",
+                &[
+                    "-a",
+                    &c.sock.display().to_string(),
+                    "-n",
+                    CTR_NAMESPACE,
+                    "images",
+                    "import",
+                    &archive.display().to_string(),
+                ],
+            )
+            .map_err(|e| err!("ctr images import {}: {e}", archive.display()))?;
+        }
+        c.wait_ready(conflist.is_some())?;
         Ok(c)
+    }
+
+    /// The CNI bin directory containerd runs plugins from.
+    pub fn cni_bin_dir(&self) -> PathBuf {
+        self.dir.join("cni/bin")
+    }
+
+    /// The CNI config directory containerd reads (and watches).
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        self.dir.join("cni/conf")
+    }
+
+    /// Waits until containerd reports `NetworkReady` (it found a conflist
+    /// and its plugins).
+    pub fn wait_network_ready(&self) -> Result<()> {
+        self.wait_ready(true)
     }
 
     /// The last lines containerd logged (for failure messages).
@@ -263,9 +320,9 @@ impl Containerd {
         }
     }
 
-    /// Waits until the CRI plugin has the imported image and reports
-    /// `NetworkReady` (it found the conflist and its plugins).
-    fn wait_ready(&self) -> Result<()> {
+    /// Waits until the CRI plugin has the imported image and, with
+    /// `network`, reports `NetworkReady` (it found the conflist and its plugins).
+    fn wait_ready(&self, network: bool) -> Result<()> {
         let deadline = Instant::now() + READY;
         loop {
             let mut images = ImageServiceClient::new(self.channel.clone());
@@ -286,7 +343,7 @@ impl Containerd {
                     .iter()
                     .any(|c| c.r#type == "NetworkReady" && c.status)
             });
-            if image.image.is_some() && network_ready {
+            if image.image.is_some() && (network_ready || !network) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -312,7 +369,13 @@ impl Containerd {
                 namespace: POD_NAMESPACE.into(),
                 attempt: 0,
             }),
-            hostname: spec.name.clone(),
+            // A host-network pod shares the node's UTS namespace: the kubelet
+            // sends no hostname for it (runc refuses one).
+            hostname: if spec.host_network {
+                String::new()
+            } else {
+                spec.name.clone()
+            },
             log_directory: self.dir.join("logs").join(&spec.name).display().to_string(),
             port_mappings: spec
                 .ports
@@ -331,6 +394,13 @@ impl Containerd {
             annotations: spec.annotations.iter().cloned().collect(),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: self.cgroup_parent.clone(),
+                security_context: spec.host_network.then(|| LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..NamespaceOption::default()
+                    }),
+                    ..LinuxSandboxSecurityContext::default()
+                }),
                 ..LinuxPodSandboxConfig::default()
             }),
             ..PodSandboxConfig::default()
@@ -363,6 +433,15 @@ impl Containerd {
             pods.push((id.clone(), netns.clone().unwrap_or_default()));
         }
         let st = st?;
+        if spec.host_network {
+            return Ok(Sandbox {
+                id,
+                name: spec.name.clone(),
+                ip: IpAddr::from([0, 0, 0, 0]),
+                netns: PathBuf::new(),
+                config,
+            });
+        }
         let ip = st
             .status
             .as_ref()
@@ -393,6 +472,24 @@ impl Containerd {
 
     /// `CreateContainer` + `StartContainer` of `command` in the image, in `sb`.
     pub fn run_container(&self, sb: &Sandbox, name: &str, command: &[&str]) -> Result<String> {
+        self.run_container_spec(
+            sb,
+            &ContainerSpec {
+                name: name.into(),
+                command: command.iter().map(|s| (*s).to_string()).collect(),
+                ..ContainerSpec::default()
+            },
+        )
+    }
+
+    /// `CreateContainer` + `StartContainer` of `c` in `sb`.
+    pub fn run_container_spec(&self, sb: &Sandbox, c: &ContainerSpec) -> Result<String> {
+        let name = &c.name;
+        let image = if c.image.is_empty() {
+            oci::IMAGE.to_string()
+        } else {
+            c.image.clone()
+        };
         let mut rs = self.runtime();
         let id = self
             .call(
@@ -401,14 +498,32 @@ impl Containerd {
                     pod_sandbox_id: sb.id.clone(),
                     config: Some(ContainerConfig {
                         metadata: Some(ContainerMetadata {
-                            name: name.into(),
+                            name: name.clone(),
                             attempt: 0,
                         }),
                         image: Some(ImageSpec {
-                            image: oci::IMAGE.into(),
+                            image,
                             ..ImageSpec::default()
                         }),
-                        command: command.iter().map(|s| (*s).to_string()).collect(),
+                        command: c.command.clone(),
+                        envs: c
+                            .env
+                            .iter()
+                            .map(|(key, value)| KeyValue {
+                                key: key.clone(),
+                                value: value.clone(),
+                            })
+                            .collect(),
+                        mounts: c
+                            .mounts
+                            .iter()
+                            .map(|(host, container, readonly)| Mount {
+                                host_path: host.display().to_string(),
+                                container_path: container.clone(),
+                                readonly: *readonly,
+                                ..Mount::default()
+                            })
+                            .collect(),
                         log_path: format!("{name}.log"),
                         ..ContainerConfig::default()
                     }),
@@ -423,6 +538,50 @@ impl Containerd {
             }),
         )?;
         Ok(id)
+    }
+
+    /// Waits at most `timeout` for container `id` (named `name` in `sb`) to
+    /// exit; its exit code and what it wrote (the CRI log's messages).
+    pub fn wait_exited(
+        &self,
+        sb: &Sandbox,
+        id: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(i32, String)> {
+        let deadline = Instant::now() + timeout;
+        let log = Path::new(&sb.config.log_directory).join(format!("{name}.log"));
+        let read_log = || {
+            // "<time> <stream> <F|P> <message>" per line.
+            fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| l.splitn(4, ' ').nth(3).unwrap_or(l).to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        loop {
+            let mut rs = self.runtime();
+            let st = self.call(
+                &format!("ContainerStatus {name}"),
+                rs.container_status(ContainerStatusRequest {
+                    container_id: id.into(),
+                    verbose: false,
+                }),
+            )?;
+            if let Some(st) = st.status {
+                if st.state == ContainerState::ContainerExited as i32 {
+                    return Ok((st.exit_code, read_log()));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(err!(
+                    "container {name} still runs after {timeout:?}; it wrote:\n{}",
+                    read_log()
+                ));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `ExecSync` `cmd` in container `id`, at most `timeout_secs`.

@@ -23,6 +23,9 @@ pub(crate) enum Command {
     BuildEbpf(BuildEbpfArgs),
     /// Build the eBPF object, then `sluice` and `sluicectl` with it embedded.
     Build(BuildArgs),
+    /// The OCI image the Kubernetes DaemonSet runs (buildah, from scratch):
+    /// target/image/sluice.oci.tar, reference localhost/sluice:<version>.
+    Image(ImageArgs),
     /// The whole suite, what CI runs: setup, eBPF build, lints, unit tests,
     /// privileged integration tests (as root) with a leak check.
     Test(TestArgs),
@@ -72,6 +75,13 @@ pub(crate) struct BuildArgs {
     /// Build the userspace binaries with the release profile.
     #[arg(long)]
     pub release: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ImageArgs {
+    /// Put the debug binaries in the image (faster to build).
+    #[arg(long)]
+    pub debug: bool,
 }
 
 #[derive(Debug, Args)]

@@ -8,6 +8,7 @@ mod demo;
 mod ebpf;
 mod elf;
 mod host;
+mod image;
 mod kubevalidate;
 mod leaks;
 mod prometheus;
@@ -43,6 +44,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Setup(args) => setup::run(&args),
         Command::BuildEbpf(args) => ebpf::run(&ws, &args),
         Command::Build(args) => build::run(&ws, &args),
+        Command::Image(args) => image::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::VmTest(args) => vm::run(&ws, &args),
         Command::Demo(_) => demo::run(&ws),

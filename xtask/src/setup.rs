@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub(crate) const PACKAGES: [&str; 17] = [
+pub(crate) const PACKAGES: [&str; 18] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -44,6 +44,8 @@ pub(crate) const PACKAGES: [&str; 17] = [
     "containerd",
     "runc",
     "protobuf-compiler",
+    // `cargo xtask image` (and the image the CRI install test runs).
+    "buildah",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub(crate) const NIGHTLY: &str = "nightly";

@@ -102,12 +102,14 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
     })?;
     let prometheus = st.run("prometheus", || crate::prometheus::fetch(ws))?;
     let kube_validate = st.run("kubernetes-validate", || crate::kubevalidate::fetch(ws))?;
+    let image = st.run("image", || crate::image::build(ws, &bins))?;
     let env = TestEnv {
         object,
         bins,
         next_sluice: next,
         prometheus,
         kube_validate,
+        image,
     };
     st.run("integration", || integration(ws, args, ci, &env))?;
     if args.kernels.as_deref() == Some(&["none".to_string()]) {
@@ -181,6 +183,9 @@ pub(crate) struct TestEnv {
     pub prometheus: crate::prometheus::Prometheus,
     /// `kubernetes-validate` in a virtualenv (the manifest test).
     pub kube_validate: PathBuf,
+    /// The OCI archive of `cargo xtask image` with these binaries (the CRI
+    /// install test).
+    pub image: PathBuf,
 }
 
 impl TestEnv {
@@ -193,16 +198,18 @@ impl TestEnv {
         let next_sluice = build::build_next_sluice(ws, &variant, &object)?;
         let prometheus = crate::prometheus::fetch(ws)?;
         let kube_validate = crate::kubevalidate::fetch(ws)?;
+        let image = crate::image::build(ws, &bins)?;
         Ok(Self {
             object,
             bins,
             next_sluice,
             prometheus,
             kube_validate,
+            image,
         })
     }
 
-    pub(crate) fn vars(&self) -> [(&'static str, &Path); 9] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 10] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
@@ -213,6 +220,7 @@ impl TestEnv {
             ("SLUICE_PROMETHEUS_BIN", &self.prometheus.server),
             ("SLUICE_PROMTOOL_BIN", &self.prometheus.promtool),
             ("SLUICE_KUBE_VALIDATE_BIN", &self.kube_validate),
+            ("SLUICE_IMAGE_ARCHIVE", &self.image),
         ]
     }
 

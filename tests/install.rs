@@ -1,0 +1,206 @@
+//! The Kubernetes install path end to end (issue 19): the image `cargo xtask
+//! image` builds, imported into a real containerd (Debian's, CRI plugin, runc,
+//! as in `tests/cri.rs`) that starts with no network at all. The DaemonSet's
+//! init container is run the way the kubelet runs it: a host-network pod, the
+//! image's `sluice-node install`, the node's CNI directories mounted from the
+//! host as `deploy/kubernetes/sluice.yaml` mounts them, `NODE_NAME` set, and the
+//! Kubernetes API reached through a kubeconfig (the stand-in of
+//! `harness/apiserver.rs`: no kube-apiserver can be had from the registries
+//! here). Then containerd must find the network by itself, and a pod must be
+//! attached through the installed binary with an address from the Node's
+//! `spec.podCIDRs` and answer from outside the node. Installing again (an
+//! upgrade with the same image) changes nothing and leaves the pod serving.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::PathBuf,
+    thread,
+    time::{Duration, Instant},
+};
+
+use ipnetwork::IpNetwork;
+use serde_json::{json, Value};
+use sluice_tests::{
+    apiserver::ApiServer,
+    cri::{ContainerSpec, Containerd, PodSpec, Sandbox},
+    exec,
+    fixtures::{external_host, NODE_IP, UPLINK},
+    look, oci, Node,
+};
+
+const CIDR: &str = "10.98.0.0/24";
+const NODE_NAME: &str = "node-install";
+/// The image's reference (`cargo xtask image`; the manifest's `image:`).
+const IMAGE: &str = concat!("localhost/sluice:", env!("CARGO_PKG_VERSION"));
+const INSTALL_WAIT: Duration = Duration::from_mins(1);
+const LISTEN_WAIT: Duration = Duration::from_secs(10);
+
+fn image_archive() -> PathBuf {
+    let p = PathBuf::from(
+        std::env::var_os("SLUICE_IMAGE_ARCHIVE")
+            .expect("SLUICE_IMAGE_ARCHIVE (cargo xtask test builds the image)"),
+    );
+    assert!(p.is_file(), "no image archive at {}", p.display());
+    p
+}
+
+/// Runs the image's `sluice-node install` as the DaemonSet's init container;
+/// its exit code and log.
+fn install(
+    ctrd: &Containerd,
+    node: &Node,
+    kube_dir: &std::path::Path,
+    attempt: u32,
+) -> (i32, String) {
+    let pod = ctrd
+        .run_pod(&PodSpec::new(&format!("sluice-install-{attempt}")).host_network())
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    // What the ConfigMap's plugin-config would carry, plus this test's own
+    // pin root and directories (nothing machine-wide).
+    let plugin_config = json!({
+        "uplink": UPLINK,
+        "pinRoot": node.pin_root(),
+        "stateDir": node.state_dir(),
+        "ipam": {"dataDir": node.ipam_dir()},
+    });
+    let spec = ContainerSpec {
+        name: "install".into(),
+        image: IMAGE.into(),
+        command: vec!["/usr/local/bin/sluice-node".into(), "install".into()],
+        env: vec![
+            ("NODE_NAME".into(), NODE_NAME.into()),
+            ("KUBECONFIG".into(), "/etc/sluice-test/kubeconfig".into()),
+            ("SLUICE_PLUGIN_CONFIG".into(), plugin_config.to_string()),
+        ],
+        mounts: vec![
+            (ctrd.cni_bin_dir(), "/host/opt/cni/bin".into(), false),
+            (ctrd.cni_conf_dir(), "/host/etc/cni/net.d".into(), false),
+            (kube_dir.to_path_buf(), "/etc/sluice-test".into(), true),
+        ],
+    };
+    let id = ctrd
+        .run_container_spec(&pod, &spec)
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    let done = ctrd
+        .wait_exited(&pod, &id, "install", INSTALL_WAIT)
+        .unwrap();
+    ctrd.remove_pod(&pod).unwrap();
+    done
+}
+
+#[track_caller]
+fn wait_listening(pod: &Sandbox, port: u16) {
+    let deadline = Instant::now() + LISTEN_WAIT;
+    while !look::listening(&pod.netns, port).unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {port} in {}",
+            pod.name
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `wget` from the external host of the pod's whoami script.
+fn fetch(ext: &std::path::Path, pod: &Sandbox) -> String {
+    let url = format!("http://{}:{}{}", pod.ip, oci::WEB_PORT, oci::WHOAMI);
+    exec::tool(Some(ext), oci::BUSYBOX, &["wget", "-q", "-O", "-", &url])
+        .unwrap_or_else(|e| panic!("wget {url} from the external host: {e}"))
+}
+
+#[test]
+fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
+    let node = Node::new().unwrap();
+    let ext = external_host(&node, CIDR).unwrap();
+    let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
+    api.set_node(NODE_NAME, &[CIDR], &[NODE_IP]);
+    let kube_dir = node.dir().join("kube");
+    fs::create_dir(&kube_dir).unwrap();
+    fs::write(kube_dir.join("kubeconfig"), api.kubeconfig("127.0.0.1")).unwrap();
+
+    let ctrd = Containerd::start_with(
+        &node.netns_path(),
+        &node.dir().join("containerd"),
+        None,
+        &[],
+        &[image_archive()],
+    )
+    .unwrap();
+    let plugin = ctrd.cni_bin_dir().join("sluice");
+    assert!(!plugin.exists());
+
+    let (code, log) = install(&ctrd, &node, &kube_dir, 1);
+    assert_eq!(code, 0, "install failed:\n{log}");
+    assert!(
+        log.contains(&format!("Node \"{NODE_NAME}\" spec.podCIDRs: {CIDR}")),
+        "{log}"
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with(&format!("GET /api/v1/nodes/{NODE_NAME}"))),
+        "{:?}",
+        api.requests()
+    );
+    // The plugin the image carries, executable; the conflist from the Node.
+    assert_eq!(
+        fs::read(&plugin).unwrap(),
+        fs::read(sluice_tests::sluice_bin().unwrap()).unwrap(),
+        "the installed plugin is not the one built"
+    );
+    assert_eq!(
+        fs::metadata(&plugin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let list: Value =
+        serde_json::from_slice(&fs::read(ctrd.cni_conf_dir().join("10-sluice.conflist")).unwrap())
+            .unwrap();
+    assert_eq!(
+        list["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], CIDR,
+        "{list:#}"
+    );
+    // Nothing else was left in the host directories (no temporary files).
+    let names = |d: PathBuf| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(ctrd.cni_conf_dir()), ["10-sluice.conflist"]);
+    assert_eq!(names(ctrd.cni_bin_dir()), ["loopback", "sluice"]);
+
+    // containerd finds the network by itself and attaches a pod through it.
+    ctrd.wait_network_ready()
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    let web = ctrd
+        .run_pod(&PodSpec::new("web"))
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    let cidr: IpNetwork = CIDR.parse().unwrap();
+    assert!(
+        cidr.contains(web.ip),
+        "pod address {} outside {CIDR}",
+        web.ip
+    );
+    ctrd.run_container(&web, "httpd", &oci::HTTPD).unwrap();
+    wait_listening(&web, oci::WEB_PORT);
+    let answer = fetch(&ext.netns_path(), &web);
+    assert!(answer.contains("pod web"), "{answer}");
+    let endpoints = node.endpoints().unwrap();
+    assert!(
+        endpoints.iter().any(|e| e["ip"] == web.ip.to_string()),
+        "the pod is not an endpoint of the datapath: {endpoints:?}"
+    );
+
+    // An upgrade with the same image: nothing to write, the pod keeps serving.
+    let (code, log) = install(&ctrd, &node, &kube_dir, 2);
+    assert_eq!(code, 0, "second install failed:\n{log}");
+    assert_eq!(log.matches("already up to date").count(), 2, "{log}");
+    let answer = fetch(&ext.netns_path(), &web);
+    assert!(answer.contains("pod web"), "{answer}");
+
+    ctrd.remove_pod(&web).unwrap();
+    assert!(node.endpoints().unwrap().is_empty());
+}
