@@ -4,7 +4,10 @@
 //! init container is run the way the kubelet runs it: a host-network pod, the
 //! image's `sluice-node install`, the node's CNI directories mounted from the
 //! host as `deploy/kubernetes/sluice.yaml` mounts them, `NODE_NAME` set, and the
-//! Kubernetes API reached through a kubeconfig (the stand-in of
+//! Kubernetes API reached as a pod reaches it in a cluster: in-cluster config,
+//! `KUBERNETES_SERVICE_HOST`/`_PORT` and the service account's token and CA
+//! mounted at `/var/run/secrets/kubernetes.io/serviceaccount`, over HTTPS with a
+//! certificate that CA signed (the API server is the stand-in of
 //! `harness/apiserver.rs`: no kube-apiserver can be had from the registries
 //! here). Then containerd must find the network by itself, and a pod must be
 //! attached through the installed binary with an address from the Node's
@@ -34,6 +37,9 @@ const NODE_NAME: &str = "node-install";
 /// The image's reference (`cargo xtask image`; the manifest's `image:`).
 const IMAGE: &str = concat!("localhost/sluice:", env!("CARGO_PKG_VERSION"));
 const INSTALL_WAIT: Duration = Duration::from_mins(1);
+/// Where a pod finds its service account (token, ca.crt, namespace).
+const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+const TOKEN: &str = "sluice-test-token";
 const LISTEN_WAIT: Duration = Duration::from_secs(10);
 
 fn image_archive() -> PathBuf {
@@ -50,7 +56,8 @@ fn image_archive() -> PathBuf {
 fn install(
     ctrd: &Containerd,
     node: &Node,
-    kube_dir: &std::path::Path,
+    api: &ApiServer,
+    sa_dir: &std::path::Path,
     attempt: u32,
 ) -> (i32, String) {
     let pod = ctrd
@@ -70,13 +77,14 @@ fn install(
         command: vec!["/usr/local/bin/sluice-node".into(), "install".into()],
         env: vec![
             ("NODE_NAME".into(), NODE_NAME.into()),
-            ("KUBECONFIG".into(), "/etc/sluice-test/kubeconfig".into()),
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), api.port().to_string()),
             ("SLUICE_PLUGIN_CONFIG".into(), plugin_config.to_string()),
         ],
         mounts: vec![
             (ctrd.cni_bin_dir(), "/host/opt/cni/bin".into(), false),
             (ctrd.cni_conf_dir(), "/host/etc/cni/net.d".into(), false),
-            (kube_dir.to_path_buf(), "/etc/sluice-test".into(), true),
+            (sa_dir.to_path_buf(), SERVICE_ACCOUNT.into(), true),
         ],
     };
     let id = ctrd
@@ -113,11 +121,15 @@ fn fetch(ext: &std::path::Path, pod: &Sandbox) -> String {
 fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     let node = Node::new().unwrap();
     let ext = external_host(&node, CIDR).unwrap();
-    let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
+    let api =
+        ApiServer::start_tls(&node.netns_path(), "127.0.0.1:0", &node.dir().join("pki")).unwrap();
     api.set_node(NODE_NAME, &[CIDR], &[NODE_IP]);
-    let kube_dir = node.dir().join("kube");
-    fs::create_dir(&kube_dir).unwrap();
-    fs::write(kube_dir.join("kubeconfig"), api.kubeconfig("127.0.0.1")).unwrap();
+    // What the kubelet mounts into a pod of a service account.
+    let sa_dir = node.dir().join("serviceaccount");
+    fs::create_dir(&sa_dir).unwrap();
+    fs::copy(api.ca_cert().unwrap(), sa_dir.join("ca.crt")).unwrap();
+    fs::write(sa_dir.join("token"), TOKEN).unwrap();
+    fs::write(sa_dir.join("namespace"), "kube-system").unwrap();
 
     let ctrd = Containerd::start_with(
         &node.netns_path(),
@@ -130,7 +142,7 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     let plugin = ctrd.cni_bin_dir().join("sluice");
     assert!(!plugin.exists());
 
-    let (code, log) = install(&ctrd, &node, &kube_dir, 1);
+    let (code, log) = install(&ctrd, &node, &api, &sa_dir, 1);
     assert_eq!(code, 0, "install failed:\n{log}");
     assert!(
         log.contains(&format!("Node \"{NODE_NAME}\" spec.podCIDRs: {CIDR}")),
@@ -142,6 +154,15 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
             .any(|r| r.starts_with(&format!("GET /api/v1/nodes/{NODE_NAME}"))),
         "{:?}",
         api.requests()
+    );
+    // Over TLS (the stand-in only understands HTTPS here), with the token.
+    assert!(
+        api.authorizations()
+            .iter()
+            .all(|a| a == &format!("Bearer {TOKEN}"))
+            && !api.authorizations().is_empty(),
+        "{:?}",
+        api.authorizations()
     );
     // The plugin the image carries, executable; the conflist from the Node.
     assert_eq!(
@@ -195,7 +216,7 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     );
 
     // An upgrade with the same image: nothing to write, the pod keeps serving.
-    let (code, log) = install(&ctrd, &node, &kube_dir, 2);
+    let (code, log) = install(&ctrd, &node, &api, &sa_dir, 2);
     assert_eq!(code, 0, "second install failed:\n{log}");
     assert_eq!(log.matches("already up to date").count(), 2, "{log}");
     let answer = fetch(&ext.netns_path(), &web);

@@ -11,13 +11,18 @@
 //!   JSON lines (`ADDED`, `MODIFIED`, `DELETED`), then every new one as it
 //!   happens, until `timeoutSeconds`, the stand-in's end, or the client leaves.
 //!
-//! Each request line is recorded ([`ApiServer::requests`]), so a test can see
-//! that the client watched instead of polling.
+//! Each request line and `Authorization` header is recorded
+//! ([`ApiServer::requests`], [`ApiServer::authorizations`]), so a test can see
+//! that the client watched instead of polling and sent its token.
+//!
+//! [`ApiServer::start_tls`] serves HTTPS (rustls) with a certificate for
+//! 127.0.0.1 signed by a CA of the test's own (made with `openssl`): what a
+//! pod's in-cluster client meets, `ca.crt` and all.
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Condvar, Mutex,
@@ -28,7 +33,12 @@ use std::{
 
 use serde_json::{json, Value};
 
-use crate::{err, masq::in_netns, Result};
+use rustls::{
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
+    ServerConfig, ServerConnection, StreamOwned,
+};
+
+use crate::{err, exec, masq::in_netns, Result};
 
 /// Longest a watch stays open when the client asks for longer.
 const MAX_WATCH: Duration = Duration::from_mins(5);
@@ -42,6 +52,7 @@ struct Inner {
     /// (resourceVersion, type, object) of every change.
     events: Vec<(u64, &'static str, Value)>,
     requests: Vec<String>,
+    authorizations: Vec<String>,
 }
 
 #[derive(Default)]
@@ -56,23 +67,48 @@ pub struct ApiServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     accept: Option<thread::JoinHandle<()>>,
+    /// With TLS: the CA's certificate (PEM).
+    ca: Option<PathBuf>,
 }
 
 impl ApiServer {
-    /// Listens on `bind` (port 0: any) inside the network namespace `netns`.
+    /// Listens on `bind` (port 0: any) inside the network namespace `netns`;
+    /// plain HTTP.
     pub fn start(netns: &Path, bind: &str) -> Result<Self> {
+        Self::listen(netns, bind, None, None)
+    }
+
+    /// [`Self::start`] with HTTPS: a CA and a server certificate for
+    /// 127.0.0.1 are made under `dir`.
+    pub fn start_tls(netns: &Path, bind: &str, dir: &Path) -> Result<Self> {
+        let (config, ca) = tls_config(dir)?;
+        Self::listen(netns, bind, Some(Arc::new(config)), Some(ca))
+    }
+
+    fn listen(
+        netns: &Path,
+        bind: &str,
+        tls: Option<Arc<ServerConfig>>,
+        ca: Option<PathBuf>,
+    ) -> Result<Self> {
         let bind = bind.to_string();
         let listener = in_netns(netns, move || Ok(TcpListener::bind(bind.as_str())?))?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let shared = Arc::new(Shared::default());
         let s = Arc::clone(&shared);
-        let accept = thread::spawn(move || accept_loop(&listener, &s));
+        let accept = thread::spawn(move || accept_loop(&listener, &s, tls.as_ref()));
         Ok(Self {
             addr,
             shared,
             accept: Some(accept),
+            ca,
         })
+    }
+
+    /// The CA certificate (PEM file) of a TLS stand-in.
+    pub fn ca_cert(&self) -> Option<&Path> {
+        self.ca.as_deref()
     }
 
     pub fn port(&self) -> u16 {
@@ -146,6 +182,15 @@ impl ApiServer {
             .map(|i| i.requests.clone())
             .unwrap_or_default()
     }
+
+    /// The `Authorization` headers received (`Bearer <token>`).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.shared
+            .inner
+            .lock()
+            .map(|i| i.authorizations.clone())
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for ApiServer {
@@ -158,14 +203,92 @@ impl Drop for ApiServer {
     }
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+/// A CA and a server certificate for 127.0.0.1 (and the in-cluster DNS name)
+/// made with `openssl` under `dir`; the server's rustls config and the CA's path.
+fn tls_config(dir: &Path) -> Result<(ServerConfig, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let p = |f: &str| dir.join(f).display().to_string();
+    let (ca_key, ca_crt, key, csr) = (p("ca.key"), p("ca.crt"), p("server.key"), p("server.csr"));
+    let openssl = |args: &[&str]| exec::tool(None, "openssl", args).map(drop);
+    let ec = "ec_paramgen_curve:prime256v1";
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        ec,
+        "-nodes",
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca_crt,
+        "-days",
+        "1",
+        "-subj",
+        "/CN=sluice-test-ca",
+    ])?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        ec,
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+        "-subj",
+        "/CN=kube-apiserver",
+    ])?;
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:kubernetes.default.svc\n\
+         basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("server.csr"),
+        "-CA",
+        &p("ca.crt"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &p("server.crt"),
+        "-days",
+        "1",
+        "-extfile",
+        &p("ext.cnf"),
+    ])?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.crt"))
+        .map_err(|e| err!("reading server.crt: {e}"))?
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| err!("reading server.crt: {e}"))?;
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key"))
+        .map_err(|e| err!("reading server.key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err!("TLS versions: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| err!("TLS certificate: {e}"))?;
+    Ok((config, dir.join("ca.crt")))
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, tls: Option<&Arc<ServerConfig>>) {
     let mut conns = Vec::new();
     while !shared.stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
                 let sh = Arc::clone(shared);
+                let tls = tls.cloned();
                 conns.push(thread::spawn(move || {
-                    let _ = serve(s, &sh);
+                    let _ = connection(s, &sh, tls);
                 }));
             }
             Err(_) => thread::sleep(Duration::from_millis(20)),
@@ -176,23 +299,44 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     }
 }
 
-fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
+fn connection(s: TcpStream, shared: &Shared, tls: Option<Arc<ServerConfig>>) -> Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(IO))?;
     s.set_write_timeout(Some(IO))?;
-    let mut reader = BufReader::new(s.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let line = line.trim_end().to_string();
-    // The headers: nothing in them changes the answer.
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
+    match tls {
+        None => serve(s, shared),
+        Some(config) => {
+            let conn = ServerConnection::new(config).map_err(|e| err!("TLS: {e}"))?;
+            serve(StreamOwned::new(conn, s), shared)
         }
     }
+}
+
+/// Reads a request head (at most 64 KiB), byte by byte: nothing after it is read.
+fn read_head(s: &mut impl Read) -> Result<String> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b)? == 0 || head.len() > 64 << 10 {
+            break;
+        }
+        head.push(b[0]);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
+    let head = read_head(&mut s)?;
+    let mut lines = head.lines();
+    let line = lines.next().unwrap_or_default().to_string();
+    let auth = lines.find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("authorization")
+            .then(|| v.trim().to_string())
+    });
     if let Ok(mut i) = shared.inner.lock() {
         i.requests.push(line.clone());
+        i.authorizations.extend(auth);
     }
     let mut parts = line.split(' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -203,9 +347,9 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
             .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
             .map(str::to_string)
     };
-    let mut out = s;
+    let out = &mut s;
     if method != "GET" {
-        return respond(&mut out, 405, &status(405, "MethodNotAllowed", method));
+        return respond(out, 405, &status(405, "MethodNotAllowed", method));
     }
     if path == "/api/v1/nodes" {
         if param("watch").is_some_and(|w| w == "true" || w == "1") {
@@ -215,12 +359,7 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
             let secs = param("timeoutSeconds")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(60);
-            return watch(
-                &mut out,
-                shared,
-                from,
-                Duration::from_secs(secs).min(MAX_WATCH),
-            );
+            return watch(out, shared, from, Duration::from_secs(secs).min(MAX_WATCH));
         }
         let list = {
             let i = shared
@@ -234,7 +373,7 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
                 "items": i.nodes.values().cloned().collect::<Vec<_>>(),
             })
         };
-        return respond(&mut out, 200, &list);
+        return respond(out, 200, &list);
     }
     if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
         let node = shared
@@ -245,22 +384,22 @@ fn serve(s: TcpStream, shared: &Shared) -> Result<()> {
             .get(name)
             .cloned();
         return match node {
-            Some(n) => respond(&mut out, 200, &n),
+            Some(n) => respond(out, 200, &n),
             None => respond(
-                &mut out,
+                out,
                 404,
                 &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
             ),
         };
     }
-    respond(&mut out, 404, &status(404, "NotFound", path))
+    respond(out, 404, &status(404, "NotFound", path))
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "reason": reason, "code": code})
 }
 
-fn respond(s: &mut TcpStream, code: u16, body: &Value) -> Result<()> {
+fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let body = body.to_string();
     let text = match code {
         200 => "OK",
@@ -272,16 +411,18 @@ fn respond(s: &mut TcpStream, code: u16, body: &Value) -> Result<()> {
         "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;
+    s.flush()?;
     Ok(())
 }
 
 /// The events after `from`, then new ones as they come; the body ends when the
 /// connection closes (no length: HTTP/1.1 with `Connection: close`).
-fn watch(s: &mut TcpStream, shared: &Shared, from: u64, limit: Duration) -> Result<()> {
+fn watch(s: &mut impl Write, shared: &Shared, from: u64, limit: Duration) -> Result<()> {
     write!(
         s,
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
     )?;
+    s.flush()?;
     let end = Instant::now() + limit;
     let mut sent = from;
     let mut guard = shared
