@@ -156,20 +156,22 @@ pub(crate) fn is_ours(conflist: &Value, name: &str) -> bool {
             .is_some_and(|p| p.len() == 1 && p[0]["type"] == "sluice")
 }
 
+/// A spec for network `sluice` with these pod CIDRs and nothing else (tests).
+#[cfg(test)]
+pub(crate) fn test_spec(pod: &[&str]) -> Spec {
+    Spec {
+        name: "sluice".into(),
+        cni_version: "1.0.0".into(),
+        pod_cidrs: pod.iter().map(|c| c.parse().unwrap()).collect(),
+        cluster_cidrs: Vec::new(),
+        masquerade: true,
+        extra: Map::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn spec(pod: &[&str]) -> Spec {
-        Spec {
-            name: "sluice".into(),
-            cni_version: "1.0.0".into(),
-            pod_cidrs: pod.iter().map(|c| c.parse().unwrap()).collect(),
-            cluster_cidrs: Vec::new(),
-            masquerade: true,
-            extra: Map::new(),
-        }
-    }
+    use super::{test_spec as spec, *};
 
     #[test]
     fn dual_stack_node_gets_both_ranges_and_default_routes() {

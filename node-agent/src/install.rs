@@ -205,17 +205,7 @@ fn remove(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn spec(cidrs: &[&str]) -> Spec {
-        Spec {
-            name: "sluice".into(),
-            cni_version: "1.0.0".into(),
-            pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
-            cluster_cidrs: Vec::new(),
-            masquerade: true,
-            extra: serde_json::Map::new(),
-        }
-    }
+    use crate::conflist::test_spec as spec;
 
     #[tokio::test(flavor = "current_thread")]
     async fn install_then_uninstall_with_given_ranges() {

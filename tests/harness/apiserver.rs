@@ -210,38 +210,33 @@ fn tls_config(dir: &Path) -> Result<(ServerConfig, PathBuf)> {
     let p = |f: &str| dir.join(f).display().to_string();
     let (ca_key, ca_crt, key, csr) = (p("ca.key"), p("ca.crt"), p("server.key"), p("server.csr"));
     let openssl = |args: &[&str]| exec::tool(None, "openssl", args).map(drop);
-    let ec = "ec_paramgen_curve:prime256v1";
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        ec,
-        "-nodes",
-        "-keyout",
+    // `openssl req` making a P-256 key at `key_out` and, with `more`, a
+    // certificate or a signing request.
+    let new_key = |key_out: &str, more: &[&str]| {
+        let mut args = vec![
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ];
+        args.extend(["-nodes", "-keyout", key_out]);
+        args.extend(more);
+        openssl(&args)
+    };
+    new_key(
         &ca_key,
-        "-out",
-        &ca_crt,
-        "-days",
-        "1",
-        "-subj",
-        "/CN=sluice-test-ca",
-    ])?;
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        ec,
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-        "-subj",
-        "/CN=kube-apiserver",
-    ])?;
+        &[
+            "-x509",
+            "-out",
+            &ca_crt,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=sluice-test-ca",
+        ],
+    )?;
+    new_key(&key, &["-out", &csr, "-subj", "/CN=kube-apiserver"])?;
     std::fs::write(
         dir.join("ext.cnf"),
         "subjectAltName=IP:127.0.0.1,DNS:kubernetes.default.svc\n\
