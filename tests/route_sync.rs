@@ -1,4 +1,4 @@
-//! `sluice-node route-sync` (issue 19) on two nodes joined by a wire, each
+//! `sluice-node route-sync` (issue 19) on two dual-stack nodes joined by a wire, each
 //! watching the Nodes of an API server (the stand-in of `harness/apiserver.rs`:
 //! no kube-apiserver can be had from the registries here) through kube-rs, as
 //! in a cluster. Masquerade is on and no node has a static `nodes` list, so a
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     apiserver::ApiServer,
     exec,
-    fixtures::{add, del},
+    fixtures::{add, del, ipv6},
     host::wire,
     leaks::map_entries,
     look,
@@ -31,12 +31,21 @@ const B_CIDR: &str = "10.93.2.0/24";
 const C_CIDR: &str = "10.93.3.0/24";
 const A_IP: &str = "192.168.61.1";
 const B_IP: &str = "192.168.61.2";
+const A_CIDR6: &str = "fd93:1::/64";
+const B_CIDR6: &str = "fd93:2::/64";
+const A_IP6: &str = "fd61::1";
+const B_IP6: &str = "fd61::2";
 /// Longest the agents get to follow a change.
 const FOLLOW: Duration = Duration::from_secs(20);
 
-/// The agent's routes in `node`: (dst, gateway).
+/// The agent's IPv4 routes in `node`: (dst, gateway).
 fn agent_routes(node: &Node) -> Vec<(String, String)> {
-    look::ip_json(node.name(), &["route", "show", "proto", "83"])
+    agent_routes_of(node, "-4")
+}
+
+/// The agent's routes of one family (`-4`, `-6`) in `node`: (dst, gateway).
+fn agent_routes_of(node: &Node, family: &str) -> Vec<(String, String)> {
+    look::ip_json(node.name(), &[family, "route", "show", "proto", "83"])
         .unwrap()
         .iter()
         .map(|r| {
@@ -58,18 +67,22 @@ fn hex_bytes(v: &Value) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// The IPv4 non-masquerade prefixes of `node`'s datapath: (prefix, owner bits).
+/// The non-masquerade prefixes of `node`'s datapath, both families:
+/// (prefix, owner bits).
 fn non_masq(node: &Node) -> Vec<(String, u8)> {
-    map_entries(node, "sl_nonmasq")
-        .unwrap()
-        .iter()
-        .filter_map(|e| {
+    let mut out = Vec::new();
+    for map in ["sl_nonmasq", "sl_nonmasq6"] {
+        for e in map_entries(node, map).unwrap() {
             let (k, v) = (hex_bytes(&e["key"]), hex_bytes(&e["value"]));
-            let len = u32::from_le_bytes(k.get(0..4)?.try_into().ok()?);
-            let ip = IpAddr::from(<[u8; 4]>::try_from(k.get(4..8)?).ok()?);
-            Some((format!("{ip}/{len}"), *v.first()?))
-        })
-        .collect()
+            let len = u32::from_le_bytes(k[0..4].try_into().unwrap());
+            let ip = match k.len() {
+                8 => IpAddr::from(<[u8; 4]>::try_from(&k[4..8]).unwrap()),
+                _ => IpAddr::from(<[u8; 16]>::try_from(&k[4..20]).unwrap()),
+            };
+            out.push((format!("{ip}/{len}"), v[0]));
+        }
+    }
+    out
 }
 
 fn owner_of(node: &Node, prefix: &str) -> Option<u8> {
@@ -140,13 +153,23 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
         &format!("{B_IP}/24"),
     )
     .unwrap();
-    let conf = |n: &Node, cidr: &str| {
+    for (n, ip) in [(&a, A_IP6), (&b, B_IP6)] {
+        let addr = format!("{ip}/64");
+        sluice_testbed::netns::ip(n.name(), &["addr", "add", &addr, "dev", WIRE, "nodad"]).unwrap();
+    }
+    let conf = |n: &Node, cidr: &str, cidr6: &str| {
         let mut c = n.conf("1.0.0", cidr);
+        c["ipam"] = json!({
+            "type": "sluice",
+            "ranges": [[{"subnet": cidr}], [{"subnet": cidr6}]],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+            "dataDir": n.ipam_dir(),
+        });
         c["uplink"] = json!(WIRE);
         c["ipMasq"] = json!(true);
         c
     };
-    let (conf_a, conf_b) = (conf(&a, A_CIDR), conf(&b, B_CIDR));
+    let (conf_a, conf_b) = (conf(&a, A_CIDR, A_CIDR6), conf(&b, B_CIDR, B_CIDR6));
     let (pa, pb) = (a.pod("a").unwrap(), b.pod("b").unwrap());
     let added_a = add(&a, &conf_a, "rs-a", &pa);
     let added_b = add(&b, &conf_b, "rs-b", &pb);
@@ -154,23 +177,34 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
 
     // The API server listens in a's namespace; b's agent reaches it over the wire.
     let api = ApiServer::start(&a.netns_path(), "0.0.0.0:0").unwrap();
-    api.set_node("node-a", &[A_CIDR], &[A_IP]);
-    api.set_node("node-b", &[B_CIDR], &[B_IP]);
+    api.set_node("node-a", &[A_CIDR, A_CIDR6], &[A_IP, A_IP6]);
+    api.set_node("node-b", &[B_CIDR, B_CIDR6], &[B_IP, B_IP6]);
     let agent_a = agent(&a, &api, "127.0.0.1", "node-a");
     let agent_b = agent(&b, &api, A_IP, "node-b");
     let log = [&a, &b];
 
-    follow("routes to the other node's pods", log, || {
-        agent_routes(&a) == [(B_CIDR.into(), B_IP.into())]
-            && agent_routes(&b) == [(A_CIDR.into(), A_IP.into())]
-    });
     follow(
-        "the other node's range in the non-masquerade prefixes",
+        "routes to the other node's pods, both families",
         log,
-        || owner_of(&a, B_CIDR) == Some(2) && owner_of(&b, A_CIDR) == Some(2),
+        || {
+            agent_routes(&a) == [(B_CIDR.into(), B_IP.into())]
+                && agent_routes(&b) == [(A_CIDR.into(), A_IP.into())]
+                && agent_routes_of(&a, "-6") == [(B_CIDR6.into(), B_IP6.into())]
+                && agent_routes_of(&b, "-6") == [(A_CIDR6.into(), A_IP6.into())]
+        },
     );
-    // The config's own prefix is the config's (bit 1), not the agent's.
+    follow(
+        "the other node's ranges in the non-masquerade prefixes",
+        log,
+        || {
+            [(&a, B_CIDR), (&a, B_CIDR6), (&b, A_CIDR), (&b, A_CIDR6)]
+                .iter()
+                .all(|(n, c)| owner_of(n, c) == Some(2))
+        },
+    );
+    // The config's own prefixes are the config's (bit 1), not the agent's.
     assert_eq!(owner_of(&a, A_CIDR), Some(1), "{:?}", non_masq(&a));
+    assert_eq!(owner_of(&a, A_CIDR6), Some(1), "{:?}", non_masq(&a));
 
     // Pod to pod across the nodes, not masqueraded: the server sees the pod.
     let seen = tcp_echo(&pb, added_b.ip(), &pa, 64 << 10).unwrap();
@@ -178,6 +212,13 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
         seen.ip(),
         added_a.ip(),
         "pod a's traffic to pod b was translated"
+    );
+    let (a6, b6) = (ipv6(&added_a), ipv6(&added_b));
+    let seen = tcp_echo(&pb, b6, &pa, 64 << 10).unwrap();
+    assert_eq!(
+        seen.ip(),
+        a6,
+        "pod a's IPv6 traffic to pod b was translated"
     );
 
     // An ADD rewrites the config's prefixes and keeps the agent's.
@@ -229,6 +270,7 @@ fn routes_and_non_masquerade_ranges_follow_the_nodes() {
         let log = fs::read_to_string(node.dir().join("agent.log")).unwrap();
         assert!(log.contains("route added"), "{log}");
         assert_eq!(agent_routes(node).len(), 1, "{log}");
+        assert_eq!(agent_routes_of(node, "-6").len(), 1, "{log}");
     }
     let seen = tcp_echo(&pa, added_a.ip(), &pb, 64 << 10).unwrap();
     assert_eq!(seen.ip(), added_b.ip());

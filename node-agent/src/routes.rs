@@ -111,8 +111,19 @@ fn spec(r: &Route) -> RouteSpec {
     }
 }
 
+/// What [`apply`] did: each change made, and each that failed with why (it is
+/// tried again at the next pass).
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    pub(crate) added: Vec<Route>,
+    pub(crate) removed: Vec<Route>,
+    pub(crate) failed: Vec<String>,
+}
+
 /// Makes the kernel's routes of [`RT_PROTO`] (main table) the `desired` ones.
-pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Plan> {
+/// One route that cannot be made (its gateway not reachable yet, say) does
+/// not hold up the others.
+pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Applied> {
     let mut current = Vec::new();
     for v6 in [false, true] {
         for r in nl.routes(v6).await? {
@@ -126,13 +137,20 @@ pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Plan> {
         }
     }
     let p = plan(desired, &current);
-    for r in &p.del {
-        nl.del_route(&spec(r)).await?;
+    let mut done = Applied::default();
+    for r in p.del {
+        match nl.del_route(&spec(&r)).await {
+            Ok(()) => done.removed.push(r),
+            Err(e) => done.failed.push(e.to_string()),
+        }
     }
-    for r in &p.add {
-        nl.add_route(&spec(r)).await?;
+    for r in p.add {
+        match nl.add_route(&spec(&r)).await {
+            Ok(()) => done.added.push(r),
+            Err(e) => done.failed.push(format!("{e} (node {})", r.node)),
+        }
     }
-    Ok(p)
+    Ok(done)
 }
 
 /// Puts the other nodes' pod ranges (`remote`) into the datapath's

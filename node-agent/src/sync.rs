@@ -154,14 +154,19 @@ impl Applied {
             }
             self.notes = notes.to_vec();
         }
-        let p = routes::apply(nl, want).await?;
-        for r in &p.del {
+        let done = routes::apply(nl, want).await?;
+        for r in &done.removed {
             log(&format!("route removed: {} via {}", r.dst, r.via));
         }
-        for r in &p.add {
+        for r in &done.added {
             log(&format!(
                 "route added: {} via {} (node {})",
                 r.dst, r.via, r.node
+            ));
+        }
+        for f in &done.failed {
+            log(&format!(
+                "route not changed, tried again at the next pass: {f}"
             ));
         }
         Ok(())
