@@ -11,8 +11,11 @@
 //! `harness/apiserver.rs`: no kube-apiserver can be had from the registries
 //! here). Then containerd must find the network by itself, and a pod must be
 //! attached through the installed binary with an address from the Node's
-//! `spec.podCIDRs` and answer from outside the node. Installing again (an
-//! upgrade with the same image) changes nothing and leaves the pod serving.
+//! `spec.podCIDRs` and answer from outside the node. The DaemonSet's other two
+//! containers run next, with the manifest's capabilities and mounts: route-sync
+//! makes the route to another Node's pods, the metrics container counts the
+//! pod. Installing again (an upgrade with the same image) changes nothing and
+//! leaves the pod serving.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
     fs,
@@ -26,10 +29,12 @@ use ipnetwork::IpNetwork;
 use serde_json::{json, Value};
 use sluice_tests::{
     apiserver::ApiServer,
-    cri::{ContainerSpec, Containerd, PodSpec, Sandbox},
+    cri::{ContainerSpec, Containerd, HostMount, PodSpec, Sandbox},
     exec,
     fixtures::{external_host, NODE_IP, UPLINK},
-    look, oci, Node,
+    look, oci,
+    prometheus::http_get,
+    Node,
 };
 
 const CIDR: &str = "10.98.0.0/24";
@@ -40,7 +45,75 @@ const INSTALL_WAIT: Duration = Duration::from_mins(1);
 /// Where a pod finds its service account (token, ca.crt, namespace).
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const TOKEN: &str = "sluice-test-token";
+/// Where the metrics container listens (in the node's namespace).
+const METRICS_PORT: u16 = 19964;
+/// Another Node of the cluster, on the uplink's subnet.
+const OTHER_CIDR: &str = "10.98.1.0/24";
+const OTHER_IP: &str = "192.168.50.9";
 const LISTEN_WAIT: Duration = Duration::from_secs(10);
+
+/// A bpffs of the test's own, mounted shared under the node's directory: the
+/// node's bpffs as the DaemonSet sees it. containerd refuses `HostToContainer`
+/// for a private source mount, and this machine's `/sys/fs/bpf` is private (a
+/// systemd host's is shared); making our own mount shared changes nothing else.
+/// Dropped before the node: pins removed, then unmounted.
+struct OwnBpffs {
+    path: PathBuf,
+}
+
+impl OwnBpffs {
+    fn mount(at: PathBuf) -> Self {
+        fs::create_dir(&at).unwrap();
+        exec::tool(
+            None,
+            "mount",
+            &["-t", "bpf", "bpf", &at.display().to_string()],
+        )
+        .unwrap();
+        let me = Self { path: at };
+        exec::tool(
+            None,
+            "mount",
+            &["--make-shared", &me.path.display().to_string()],
+        )
+        .unwrap();
+        me
+    }
+
+    /// The datapath's pin root on it, as the host sees it.
+    fn pin_root(&self) -> PathBuf {
+        self.path.join("sluice")
+    }
+}
+
+impl Drop for OwnBpffs {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(self.pin_root()) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("cleanup: removing {}: {e}", self.pin_root().display());
+            }
+        }
+        if let Err(e) = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH) {
+            eprintln!("cleanup: unmounting {}: {e}", self.path.display());
+        }
+        let _ = fs::remove_dir(&self.path);
+    }
+}
+
+/// `sluicectl endpoints --json` of the datapath pinned at `pin_root`.
+fn endpoints(node: &Node, pin_root: &std::path::Path) -> Vec<Value> {
+    let root = pin_root.display().to_string();
+    let out = exec::run(
+        Some(&node.netns_path()),
+        &sluice_tests::sluicectl_bin().unwrap(),
+        &["--pin-root", &root, "endpoints", "--json"],
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    serde_json::from_str(&out.stdout).unwrap()
+}
 
 fn image_archive() -> PathBuf {
     let p = PathBuf::from(
@@ -56,6 +129,7 @@ fn image_archive() -> PathBuf {
 fn install(
     ctrd: &Containerd,
     node: &Node,
+    bpffs: &OwnBpffs,
     api: &ApiServer,
     sa_dir: &std::path::Path,
     attempt: u32,
@@ -67,7 +141,7 @@ fn install(
     // pin root and directories (nothing machine-wide).
     let plugin_config = json!({
         "uplink": UPLINK,
-        "pinRoot": node.pin_root(),
+        "pinRoot": bpffs.pin_root(),
         "stateDir": node.state_dir(),
         "ipam": {"dataDir": node.ipam_dir()},
     });
@@ -82,10 +156,12 @@ fn install(
             ("SLUICE_PLUGIN_CONFIG".into(), plugin_config.to_string()),
         ],
         mounts: vec![
-            (ctrd.cni_bin_dir(), "/host/opt/cni/bin".into(), false),
-            (ctrd.cni_conf_dir(), "/host/etc/cni/net.d".into(), false),
-            (sa_dir.to_path_buf(), SERVICE_ACCOUNT.into(), true),
+            HostMount::new(ctrd.cni_bin_dir(), "/host/opt/cni/bin"),
+            HostMount::new(ctrd.cni_conf_dir(), "/host/etc/cni/net.d"),
+            HostMount::new(sa_dir, SERVICE_ACCOUNT).readonly(),
         ],
+        // The manifest's: every capability dropped.
+        capabilities: Some(Vec::new()),
     };
     let id = ctrd
         .run_container_spec(&pod, &spec)
@@ -95,6 +171,56 @@ fn install(
         .unwrap();
     ctrd.remove_pod(&pod).unwrap();
     done
+}
+
+/// Starts the DaemonSet's two long-running containers in a host-network pod,
+/// with the manifest's capabilities and mounts: `route-sync` (in-cluster
+/// config) and `metrics` on 127.0.0.1:[`METRICS_PORT`].
+fn run_agents(
+    ctrd: &Containerd,
+    bpffs: &OwnBpffs,
+    api: &ApiServer,
+    sa_dir: &std::path::Path,
+) -> Sandbox {
+    let pod = ctrd
+        .run_pod(&PodSpec::new("sluice").host_network())
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    // Inside, the node's bpffs is at /sys/fs/bpf, as the manifest mounts it.
+    let pin_root = "/sys/fs/bpf/sluice".to_string();
+    let bpffs = HostMount::new(&bpffs.path, "/sys/fs/bpf").host_to_container();
+    let route_sync = ContainerSpec {
+        name: "route-sync".into(),
+        image: IMAGE.into(),
+        command: vec!["/usr/local/bin/sluice-node".into(), "route-sync".into()],
+        env: vec![
+            ("NODE_NAME".into(), NODE_NAME.into()),
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), api.port().to_string()),
+            ("SLUICE_PIN_ROOT".into(), pin_root.clone()),
+        ],
+        mounts: vec![
+            bpffs.clone(),
+            HostMount::new(sa_dir, SERVICE_ACCOUNT).readonly(),
+        ],
+        capabilities: Some(vec!["NET_ADMIN".into(), "BPF".into()]),
+    };
+    let metrics = ContainerSpec {
+        name: "metrics".into(),
+        image: IMAGE.into(),
+        command: ["/usr/local/bin/sluicectl", "metrics", "--listen"]
+            .into_iter()
+            .map(String::from)
+            .chain([format!("127.0.0.1:{METRICS_PORT}")])
+            .collect(),
+        env: vec![("SLUICE_PIN_ROOT".into(), pin_root)],
+        mounts: vec![bpffs],
+        capabilities: Some(vec!["BPF".into()]),
+    };
+    for c in [route_sync, metrics] {
+        ctrd.run_container_spec(&pod, &c)
+            .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    }
+    pod
 }
 
 #[track_caller]
@@ -120,6 +246,7 @@ fn fetch(ext: &std::path::Path, pod: &Sandbox) -> String {
 #[test]
 fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     let node = Node::new().unwrap();
+    let bpffs = OwnBpffs::mount(node.dir().join("bpffs"));
     let ext = external_host(&node, CIDR).unwrap();
     let api =
         ApiServer::start_tls(&node.netns_path(), "127.0.0.1:0", &node.dir().join("pki")).unwrap();
@@ -142,7 +269,7 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     let plugin = ctrd.cni_bin_dir().join("sluice");
     assert!(!plugin.exists());
 
-    let (code, log) = install(&ctrd, &node, &api, &sa_dir, 1);
+    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, 1);
     assert_eq!(code, 0, "install failed:\n{log}");
     assert!(
         log.contains(&format!("Node \"{NODE_NAME}\" spec.podCIDRs: {CIDR}")),
@@ -209,19 +336,55 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     wait_listening(&web, oci::WEB_PORT);
     let answer = fetch(&ext.netns_path(), &web);
     assert!(answer.contains("pod web"), "{answer}");
-    let endpoints = node.endpoints().unwrap();
+    let eps = endpoints(&node, &bpffs.pin_root());
     assert!(
-        endpoints.iter().any(|e| e["ip"] == web.ip.to_string()),
-        "the pod is not an endpoint of the datapath: {endpoints:?}"
+        eps.iter().any(|e| e["ip"] == web.ip.to_string()),
+        "the pod is not an endpoint of the datapath: {eps:?}"
     );
 
+    // The DaemonSet's other two containers, as the manifest runs them: a
+    // route to the other Node's pods, and /metrics counting the pod.
+    api.set_node("node-other", &[OTHER_CIDR], &[OTHER_IP]);
+    let agents = run_agents(&ctrd, &bpffs, &api, &sa_dir);
+    let routed = || {
+        look::ip_json(node.name(), &["route", "show", "proto", "83"])
+            .unwrap()
+            .iter()
+            .any(|r| r["dst"] == OTHER_CIDR && r["gateway"] == OTHER_IP)
+    };
+    let deadline = Instant::now() + INSTALL_WAIT;
+    while !routed() {
+        assert!(
+            Instant::now() < deadline,
+            "no route to {OTHER_CIDR} via {OTHER_IP}\ncontainerd:\n{}",
+            ctrd.log_tail(20)
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let scrape = || http_get(&node.netns_path(), METRICS_PORT, "/metrics");
+    let deadline = Instant::now() + LISTEN_WAIT;
+    let text = loop {
+        match scrape() {
+            Ok(t) => break t,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "scraping the metrics container: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(text.lines().any(|l| l == "sluice_endpoints 1"), "{text}");
+    assert!(text.contains("sluice_datapath_info{"), "{text}");
+    ctrd.remove_pod(&agents).unwrap();
+    assert!(routed(), "the route went with the agent");
+
     // An upgrade with the same image: nothing to write, the pod keeps serving.
-    let (code, log) = install(&ctrd, &node, &api, &sa_dir, 2);
+    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, 2);
     assert_eq!(code, 0, "second install failed:\n{log}");
     assert_eq!(log.matches("already up to date").count(), 2, "{log}");
     let answer = fetch(&ext.netns_path(), &web);
     assert!(answer.contains("pod web"), "{answer}");
 
     ctrd.remove_pod(&web).unwrap();
-    assert!(node.endpoints().unwrap().is_empty());
+    assert!(endpoints(&node, &bpffs.pin_root()).is_empty());
 }

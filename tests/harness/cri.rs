@@ -31,9 +31,10 @@ use std::{
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
-    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
     CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, KeyValue,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption,
+    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PortMapping, Protocol,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
     StopPodSandboxRequest,
@@ -102,8 +103,44 @@ pub struct ContainerSpec {
     pub image: String,
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// (host path, container path, read-only), as hostPath volumes give.
-    pub mounts: Vec<(PathBuf, String, bool)>,
+    /// hostPath volumes.
+    pub mounts: Vec<HostMount>,
+    /// `Some(add)`: every capability dropped, then `add` (`NET_ADMIN`,
+    /// `BPF`, ...), as a `securityContext.capabilities` does; `None`: the
+    /// runtime's defaults.
+    pub capabilities: Option<Vec<String>>,
+}
+
+/// A hostPath volume mounted into a container.
+#[derive(Clone, Debug)]
+pub struct HostMount {
+    pub host: PathBuf,
+    pub container: String,
+    pub readonly: bool,
+    /// `mountPropagation: HostToContainer`: mounts made on the host later
+    /// show up inside.
+    pub host_to_container: bool,
+}
+
+impl HostMount {
+    pub fn new(host: impl Into<PathBuf>, container: &str) -> Self {
+        Self {
+            host: host.into(),
+            container: container.into(),
+            readonly: false,
+            host_to_container: false,
+        }
+    }
+
+    pub fn readonly(mut self) -> Self {
+        self.readonly = true;
+        self
+    }
+
+    pub fn host_to_container(mut self) -> Self {
+        self.host_to_container = true;
+        self
+    }
 }
 
 /// A pod sandbox containerd runs.
@@ -517,13 +554,29 @@ impl Containerd {
                         mounts: c
                             .mounts
                             .iter()
-                            .map(|(host, container, readonly)| Mount {
-                                host_path: host.display().to_string(),
-                                container_path: container.clone(),
-                                readonly: *readonly,
+                            .map(|m| Mount {
+                                host_path: m.host.display().to_string(),
+                                container_path: m.container.clone(),
+                                readonly: m.readonly,
+                                propagation: if m.host_to_container {
+                                    MountPropagation::PropagationHostToContainer as i32
+                                } else {
+                                    MountPropagation::PropagationPrivate as i32
+                                },
                                 ..Mount::default()
                             })
                             .collect(),
+                        linux: c.capabilities.as_ref().map(|add| LinuxContainerConfig {
+                            security_context: Some(LinuxContainerSecurityContext {
+                                capabilities: Some(Capability {
+                                    add_capabilities: add.clone(),
+                                    drop_capabilities: vec!["ALL".into()],
+                                    ..Capability::default()
+                                }),
+                                ..LinuxContainerSecurityContext::default()
+                            }),
+                            ..LinuxContainerConfig::default()
+                        }),
                         log_path: format!("{name}.log"),
                         ..ContainerConfig::default()
                     }),
