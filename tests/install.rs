@@ -14,8 +14,9 @@
 //! `spec.podCIDRs` and answer from outside the node. The DaemonSet's other two
 //! containers run next, with the manifest's capabilities and mounts: route-sync
 //! makes the route to another Node's pods, the metrics container counts the
-//! pod. Installing again (an upgrade with the same image) changes nothing and
-//! leaves the pod serving.
+//! pod. Installing the same image again changes nothing; installing an image
+//! whose plugin embeds another eBPF object replaces the binary, the next pod's
+//! ADD upgrades the running datapath in place, and the first pod serves on.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
     fs,
@@ -41,6 +42,9 @@ const CIDR: &str = "10.98.0.0/24";
 const NODE_NAME: &str = "node-install";
 /// The image's reference (`cargo xtask image`; the manifest's `image:`).
 const IMAGE: &str = concat!("localhost/sluice:", env!("CARGO_PKG_VERSION"));
+/// The same image with another eBPF object in its plugin (`SLUICE_NEXT_BIN`):
+/// an upgrade.
+const IMAGE_NEXT: &str = concat!("localhost/sluice:", env!("CARGO_PKG_VERSION"), "-next");
 const INSTALL_WAIT: Duration = Duration::from_mins(1);
 /// Where a pod finds its service account (token, ca.crt, namespace).
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -115,13 +119,38 @@ fn endpoints(node: &Node, pin_root: &std::path::Path) -> Vec<Value> {
     serde_json::from_str(&out.stdout).unwrap()
 }
 
-fn image_archive() -> PathBuf {
+/// The image archive `cargo xtask test` built, from `$var`.
+fn image_archive(var: &str) -> PathBuf {
     let p = PathBuf::from(
-        std::env::var_os("SLUICE_IMAGE_ARCHIVE")
-            .expect("SLUICE_IMAGE_ARCHIVE (cargo xtask test builds the image)"),
+        std::env::var_os(var)
+            .unwrap_or_else(|| panic!("{var} (cargo xtask test builds the image)")),
     );
     assert!(p.is_file(), "no image archive at {}", p.display());
     p
+}
+
+/// `embeddedObjectHash` of `sluice datapath version` of `binary`.
+fn embedded_hash(binary: &std::path::Path) -> String {
+    let out = exec::run(None, binary, &["datapath", "version"], &[], b"").unwrap();
+    assert!(out.success(), "{out}");
+    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    v["embeddedObjectHash"].as_str().unwrap().to_string()
+}
+
+/// The pinned datapath's object hash (`sluicectl status --json`).
+fn pinned_hash(node: &Node, pin_root: &std::path::Path) -> String {
+    let root = pin_root.display().to_string();
+    let out = exec::run(
+        Some(&node.netns_path()),
+        &sluice_tests::sluicectl_bin().unwrap(),
+        &["--pin-root", &root, "status", "--json"],
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    v["objectHash"].as_str().unwrap_or_default().to_string()
 }
 
 /// Runs the image's `sluice-node install` as the DaemonSet's init container;
@@ -132,7 +161,7 @@ fn install(
     bpffs: &OwnBpffs,
     api: &ApiServer,
     sa_dir: &std::path::Path,
-    attempt: u32,
+    (image, attempt): (&str, u32),
 ) -> (i32, String) {
     let pod = ctrd
         .run_pod(&PodSpec::new(&format!("sluice-install-{attempt}")).host_network())
@@ -147,7 +176,7 @@ fn install(
     });
     let spec = ContainerSpec {
         name: "install".into(),
-        image: IMAGE.into(),
+        image: image.into(),
         command: vec!["/usr/local/bin/sluice-node".into(), "install".into()],
         env: vec![
             ("NODE_NAME".into(), NODE_NAME.into()),
@@ -263,13 +292,16 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
         &node.dir().join("containerd"),
         None,
         &[],
-        &[image_archive()],
+        &[
+            image_archive("SLUICE_IMAGE_ARCHIVE"),
+            image_archive("SLUICE_IMAGE_NEXT_ARCHIVE"),
+        ],
     )
     .unwrap();
     let plugin = ctrd.cni_bin_dir().join("sluice");
     assert!(!plugin.exists());
 
-    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, 1);
+    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, (IMAGE, 1));
     assert_eq!(code, 0, "install failed:\n{log}");
     assert!(
         log.contains(&format!("Node \"{NODE_NAME}\" spec.podCIDRs: {CIDR}")),
@@ -379,12 +411,40 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     assert!(routed(), "the route went with the agent");
 
     // An upgrade with the same image: nothing to write, the pod keeps serving.
-    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, 2);
+    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, (IMAGE, 2));
     assert_eq!(code, 0, "second install failed:\n{log}");
     assert_eq!(log.matches("already up to date").count(), 2, "{log}");
     let answer = fetch(&ext.netns_path(), &web);
     assert!(answer.contains("pod web"), "{answer}");
 
+    // An upgrade: an image whose plugin embeds another eBPF object. The
+    // binary is replaced, the conflist is not; the next ADD (a new pod) loads
+    // the new programs into the running datapath, and the first pod keeps
+    // serving across it.
+    let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, (IMAGE_NEXT, 3));
+    assert_eq!(code, 0, "upgrade install failed:\n{log}");
+    assert!(log.contains("wrote /host/opt/cni/bin/sluice"), "{log}");
+    assert_eq!(log.matches("already up to date").count(), 1, "{log}");
+    let next = sluice_tests::sluice_next_bin().unwrap();
+    assert_eq!(
+        fs::read(&plugin).unwrap(),
+        fs::read(&next).unwrap(),
+        "the upgrade did not install the next plugin"
+    );
+    let before = pinned_hash(&node, &bpffs.pin_root());
+    assert_ne!(before, embedded_hash(&next));
+    let web2 = ctrd
+        .run_pod(&PodSpec::new("web2"))
+        .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
+    ctrd.run_container(&web2, "httpd", &oci::HTTPD).unwrap();
+    wait_listening(&web2, oci::WEB_PORT);
+    assert_eq!(pinned_hash(&node, &bpffs.pin_root()), embedded_hash(&next));
+    for pod in [&web, &web2] {
+        let answer = fetch(&ext.netns_path(), pod);
+        assert!(answer.contains(&format!("pod {}", pod.name)), "{answer}");
+    }
+
+    ctrd.remove_pod(&web2).unwrap();
     ctrd.remove_pod(&web).unwrap();
     assert!(endpoints(&node, &bpffs.pin_root()).is_empty());
 }

@@ -21,22 +21,23 @@ use crate::{build::Binaries, cli::ImageArgs, cmd, ebpf, ws::Workspace};
 /// Where the binaries go in the image (the manifest's commands name them).
 const BIN_DIR: &str = "usr/local/bin";
 
-/// The image reference the manifest uses: `localhost/sluice:<version>`.
-pub(crate) fn reference() -> String {
-    format!("localhost/sluice:{}", env!("CARGO_PKG_VERSION"))
+/// The image reference the manifest uses: `localhost/sluice:<version>`
+/// (`<version><suffix>` for a test variant).
+pub(crate) fn reference(suffix: &str) -> String {
+    format!("localhost/sluice:{}{suffix}", env!("CARGO_PKG_VERSION"))
 }
 
 pub(crate) fn run(ws: &Workspace, args: &ImageArgs) -> Result<()> {
     let object = ebpf::build(ws)?;
     let bins = crate::build::build_bins(ws, &object, !args.debug)?;
-    let out = build(ws, &bins)?;
-    println!("image: {} (reference {})", out.display(), reference());
+    let out = build(ws, &bins, "")?;
+    println!("image: {} (reference {})", out.display(), reference(""));
     Ok(())
 }
 
 /// Builds the image of `bins` and returns the OCI archive's path
-/// (`target/image/sluice.oci.tar`).
-pub(crate) fn build(ws: &Workspace, bins: &Binaries) -> Result<PathBuf> {
+/// (`target/image/sluice<suffix>.oci.tar`, reference [`reference`]`(suffix)`).
+pub(crate) fn build(ws: &Workspace, bins: &Binaries, suffix: &str) -> Result<PathBuf> {
     let dir = ws.target.join("image");
     let rootfs = dir.join("rootfs");
     if rootfs.exists() {
@@ -68,7 +69,7 @@ pub(crate) fn build(ws: &Workspace, bins: &Binaries) -> Result<PathBuf> {
     }
     fs::create_dir_all(rootfs.join("tmp"))?;
 
-    let archive = dir.join("sluice.oci.tar");
+    let archive = dir.join(format!("sluice{suffix}.oci.tar"));
     let _ = fs::remove_file(&archive);
     let buildah = |args: &[&str]| -> Result<String> {
         let mut c = Command::new("buildah");
@@ -101,7 +102,7 @@ pub(crate) fn build(ws: &Workspace, bins: &Binaries) -> Result<PathBuf> {
             "org.opencontainers.image.description=Sluice CNI plugin, sluicectl and the sluice-node agent",
             ctr,
         ])?;
-        let reference = reference();
+        let reference = reference(suffix);
         buildah(&["commit", "--format", "oci", ctr, &reference])?;
         buildah(&[
             "push",
@@ -112,7 +113,7 @@ pub(crate) fn build(ws: &Workspace, bins: &Binaries) -> Result<PathBuf> {
     })();
     let _ = buildah(&["rm", ctr]);
     // The archive is the product; the local copy would only pile up.
-    let _ = buildah(&["rmi", &reference()]);
+    let _ = buildah(&["rmi", &reference(suffix)]);
     built?;
     Ok(archive)
 }

@@ -102,7 +102,7 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
     })?;
     let prometheus = st.run("prometheus", || crate::prometheus::fetch(ws))?;
     let kube_validate = st.run("kubernetes-validate", || crate::kubevalidate::fetch(ws))?;
-    let image = st.run("image", || crate::image::build(ws, &bins))?;
+    let (image, image_next) = st.run("image", || images(ws, &bins, &next))?;
     let env = TestEnv {
         object,
         bins,
@@ -110,6 +110,7 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
         prometheus,
         kube_validate,
         image,
+        image_next,
     };
     st.run("integration", || integration(ws, args, ci, &env))?;
     if args.kernels.as_deref() == Some(&["none".to_string()]) {
@@ -186,6 +187,21 @@ pub(crate) struct TestEnv {
     /// The OCI archive of `cargo xtask image` with these binaries (the CRI
     /// install test).
     pub image: PathBuf,
+    /// The same image with `next_sluice` as its plugin (the install test's
+    /// upgrade).
+    pub image_next: PathBuf,
+}
+
+/// The image of `bins`, and the one whose plugin is `next` (what an upgrade
+/// installs).
+fn images(ws: &Workspace, bins: &Binaries, next: &Path) -> Result<(PathBuf, PathBuf)> {
+    let image = crate::image::build(ws, bins, "")?;
+    let next_bins = Binaries {
+        sluice: next.to_path_buf(),
+        sluicectl: bins.sluicectl.clone(),
+        node: bins.node.clone(),
+    };
+    Ok((image, crate::image::build(ws, &next_bins, "-next")?))
 }
 
 impl TestEnv {
@@ -198,7 +214,7 @@ impl TestEnv {
         let next_sluice = build::build_next_sluice(ws, &variant, &object)?;
         let prometheus = crate::prometheus::fetch(ws)?;
         let kube_validate = crate::kubevalidate::fetch(ws)?;
-        let image = crate::image::build(ws, &bins)?;
+        let (image, image_next) = images(ws, &bins, &next_sluice)?;
         Ok(Self {
             object,
             bins,
@@ -206,10 +222,11 @@ impl TestEnv {
             prometheus,
             kube_validate,
             image,
+            image_next,
         })
     }
 
-    pub(crate) fn vars(&self) -> [(&'static str, &Path); 10] {
+    pub(crate) fn vars(&self) -> [(&'static str, &Path); 11] {
         [
             ("SLUICE_EBPF_OBJECT", &self.object),
             ("SLUICE_BIN", &self.bins.sluice),
@@ -221,6 +238,7 @@ impl TestEnv {
             ("SLUICE_PROMTOOL_BIN", &self.prometheus.promtool),
             ("SLUICE_KUBE_VALIDATE_BIN", &self.kube_validate),
             ("SLUICE_IMAGE_ARCHIVE", &self.image),
+            ("SLUICE_IMAGE_NEXT_ARCHIVE", &self.image_next),
         ]
     }
 
