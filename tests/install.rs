@@ -207,6 +207,7 @@ fn install(
 /// config) and `metrics` on 127.0.0.1:[`METRICS_PORT`].
 fn run_agents(
     ctrd: &Containerd,
+    node: &Node,
     bpffs: &OwnBpffs,
     api: &ApiServer,
     sa_dir: &std::path::Path,
@@ -242,7 +243,12 @@ fn run_agents(
             .chain([format!("127.0.0.1:{METRICS_PORT}")])
             .collect(),
         env: vec![("SLUICE_PIN_ROOT".into(), pin_root)],
-        mounts: vec![bpffs],
+        // The node's state directory where the manifest mounts the host's
+        // /var/lib/cni/sluice (the conflist's stateDir here is the node's).
+        mounts: vec![
+            bpffs,
+            HostMount::new(node.state_dir(), "/var/lib/cni/sluice").readonly(),
+        ],
         capabilities: Some(vec!["BPF".into()]),
     };
     for c in [route_sync, metrics] {
@@ -377,7 +383,7 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     // The DaemonSet's other two containers, as the manifest runs them: a
     // route to the other Node's pods, and /metrics counting the pod.
     api.set_node("node-other", &[OTHER_CIDR], &[OTHER_IP]);
-    let agents = run_agents(&ctrd, &bpffs, &api, &sa_dir);
+    let agents = run_agents(&ctrd, &node, &bpffs, &api, &sa_dir);
     let routed = || {
         look::ip_json(node.name(), &["route", "show", "proto", "83"])
             .unwrap()
@@ -406,6 +412,11 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
         thread::sleep(Duration::from_millis(100));
     };
     assert!(text.lines().any(|l| l == "sluice_endpoints 1"), "{text}");
+    // The pod by its name, as containerd passed it in CNI_ARGS.
+    assert!(
+        text.contains("sluice_endpoint_packets_total{namespace=\"sluice-test\",pod=\"web\","),
+        "{text}"
+    );
     assert!(text.contains("sluice_datapath_info{"), "{text}");
     ctrd.remove_pod(&agents).unwrap();
     assert!(routed(), "the route went with the agent");

@@ -13,7 +13,7 @@ use sluice_tests::{
     masq::wait_for,
     prometheus::{check_metrics, http_get, Prometheus},
     raw::{ethernet, parse_mac, send_frames, udp, Ipv4, ETH_P_IP},
-    schema::Added,
+    schema::{check_add_result, Added},
     traffic::tcp_echo,
     Node, NETWORK,
 };
@@ -72,17 +72,33 @@ fn the_exposition_is_clean_and_names_every_pod() {
     let a = node.pod("a").unwrap();
     let b = node.pod("b").unwrap();
     let conf = node.conf("1.0.0", "10.95.1.0/24");
-    add(&node, &conf, "metrics-a", &a);
+    // Pod a is named as containerd names it in CNI_ARGS; b is not named.
+    let out = node
+        .cni(
+            "ADD",
+            &conf,
+            "metrics-a",
+            "eth0",
+            Some(&a),
+            &[(
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_UID=u1",
+            )],
+        )
+        .unwrap();
+    check_add_result(&out.result(), "1.0.0", "eth0", &a);
     let added_b = add(&node, &conf, "metrics-b", &b);
     tcp_echo(&b, added_b.ip(), &a, 64 << 10).unwrap();
-    let out = node.sluicectl(&["metrics"]).unwrap();
+    // The network's state directory: its records name the pods.
+    let state = node.state_dir().join(NETWORK).display().to_string();
+    let out = node.sluicectl(&["metrics", "--state-dir", &state]).unwrap();
     assert!(out.success(), "{out}");
     let problems = check_metrics(&out.stdout).unwrap();
     assert!(problems.is_empty(), "{problems}\n{}", out.stdout);
-    for cid in ["metrics-a", "metrics-b"] {
+    for (cid, ns, pod) in [("metrics-a", "shop", "web-0"), ("metrics-b", "", "")] {
         for dir in ["egress", "ingress"] {
             let series = format!(
-                "sluice_endpoint_bytes_total{{container_id=\"{cid}\",interface=\"eth0\",direction=\"{dir}\"}} "
+                "sluice_endpoint_bytes_total{{namespace=\"{ns}\",pod=\"{pod}\",container_id=\"{cid}\",interface=\"eth0\",direction=\"{dir}\"}} "
             );
             let line = out
                 .stdout

@@ -63,6 +63,32 @@ pub struct AttachmentRecord {
     /// False until ADD finished; a record left at false is a crashed ADD.
     #[serde(default)]
     pub complete: bool,
+    /// The Kubernetes pod, when the runtime named it in `CNI_ARGS`
+    /// (`sluicectl metrics` labels its series with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// A pod as `CNI_ARGS` names it (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`: what
+/// containerd and CRI-O send).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodRef {
+    /// The pod `CNI_ARGS` names, if it names one.
+    pub fn from_args(args: &crate::cni::args::CniArgs) -> Option<Self> {
+        let name = args.get("K8S_POD_NAME").filter(|n| !n.is_empty())?;
+        Some(Self {
+            namespace: args
+                .get("K8S_POD_NAMESPACE")
+                .unwrap_or_default()
+                .to_string(),
+            name: name.to_string(),
+        })
+    }
 }
 
 impl AttachmentRecord {
@@ -250,6 +276,7 @@ mod tests {
 
     fn record(c: &str) -> AttachmentRecord {
         AttachmentRecord {
+            pod: None,
             container_id: c.into(),
             ifname: "eth0".into(),
             netns: Some("/run/netns/x".into()),
@@ -330,5 +357,29 @@ mod tests {
         let p = s.path(&id(&long, "eth0"));
         assert!(p.starts_with(dir.path()));
         assert!(p.file_name().unwrap().len() < 255);
+    }
+
+    #[test]
+    fn the_pod_comes_from_cni_args_and_is_kept_only_when_named() {
+        use crate::cni::args::CniArgs;
+        let a =
+            CniArgs::parse("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0").unwrap();
+        assert_eq!(
+            PodRef::from_args(&a),
+            Some(PodRef {
+                namespace: "shop".into(),
+                name: "web-0".into()
+            })
+        );
+        assert_eq!(
+            PodRef::from_args(&CniArgs::parse("K8S_POD_NAME=").unwrap()),
+            None
+        );
+        assert_eq!(PodRef::from_args(&CniArgs::default()), None);
+        // A record without a pod has no `pod` key, and old records still load.
+        let v = serde_json::to_value(record("c1")).unwrap();
+        assert!(v.get("pod").is_none(), "{v}");
+        let back: AttachmentRecord = serde_json::from_value(v).unwrap();
+        assert_eq!(back.pod, None);
     }
 }

@@ -180,6 +180,12 @@ pub(crate) struct MetricsArgs {
     /// series count every pod).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub max_endpoints: u64,
+    /// The network's state directory (the config's `stateDir` plus the
+    /// network name), whose attachment records give the `namespace` and `pod`
+    /// labels [default: /var/lib/cni/sluice/<network>, the network from -n or
+    /// the pin root's last component].
+    #[arg(long, env = "SLUICE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]

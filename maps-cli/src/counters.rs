@@ -21,6 +21,10 @@ pub(crate) struct EndpointCounters {
     pub host_ifname: String,
     pub container_id: String,
     pub ifname: String,
+    /// The Kubernetes pod (`sluicectl metrics` fills these from the
+    /// attachment records; empty when unknown).
+    pub namespace: String,
+    pub pod: String,
     pub ips: Vec<String>,
     /// (packets, bytes) the pod sent, and received.
     pub sent: (u64, u64),
@@ -275,6 +279,7 @@ mod tests {
                 sent: (1, 100),
                 received: (2, 200),
                 drops: [("drop_bw_egress", 3)].into_iter().collect(),
+                ..EndpointCounters::default()
             }],
         };
         let v = to_json(&r, &args(false));

@@ -11,9 +11,11 @@
 //! their own series (the rest are summed into the node-wide ones, which always
 //! hold everything).
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -37,20 +39,74 @@ const MAX_REQUEST: usize = 8 << 10;
 
 pub(crate) fn execute(t: &Target, a: &MetricsArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
+    let scrape = Scrape {
+        state_dir: a.state_dir.clone().or_else(|| default_state_dir(t, &dp)),
+        dp,
+        max_endpoints: usize::try_from(a.max_endpoints).unwrap_or(usize::MAX),
+    };
     let Some(addr) = a.listen else {
-        print!("{}", render(&dp, max_endpoints(a))?);
+        print!("{}", render(&scrape)?);
         return Ok(());
     };
-    serve(&dp, addr, a)
+    serve(&scrape, addr, a)
 }
 
-fn max_endpoints(a: &MetricsArgs) -> usize {
-    usize::try_from(a.max_endpoints).unwrap_or(usize::MAX)
+/// What one scrape reads.
+struct Scrape {
+    dp: Datapath,
+    /// Per-pod series for at most this many pod interfaces.
+    max_endpoints: usize,
+    /// The network's attachment records (`<stateDir>/<network>`), for the
+    /// `namespace` and `pod` labels.
+    state_dir: Option<PathBuf>,
+}
+
+/// The plugin's default state directory of the network: `-n`'s name, or the
+/// pin root's last component (the plugin's default pin root ends in it).
+fn default_state_dir(t: &Target, dp: &Datapath) -> Option<PathBuf> {
+    let network = t
+        .network
+        .clone()
+        .or_else(|| Some(dp.pin_root.file_name()?.to_str()?.to_string()))?;
+    Some(Path::new(DEFAULT_STATE_DIR).join(network))
+}
+
+/// Where the plugin keeps its state when the config sets no `stateDir`.
+const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
+
+/// (container id, interface) -> (namespace, pod) of every attachment record
+/// under `dir` that names its pod (`K8S_POD_*` in `CNI_ARGS`). A directory
+/// that cannot be read gives none: the labels stay empty.
+fn pod_names(dir: &Path) -> BTreeMap<(String, String), (String, String)> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("attachments")) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Some(v) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        else {
+            continue;
+        };
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        if v["pod"].is_object() {
+            out.insert(
+                (text(&v["containerId"]), text(&v["ifname"])),
+                (text(&v["pod"]["namespace"]), text(&v["pod"]["name"])),
+            );
+        }
+    }
+    out
 }
 
 /// Serves `/metrics` on `addr` until SIGINT/SIGTERM or `--duration`, one
 /// request at a time (a scrape every few seconds needs no more).
-fn serve(dp: &Datapath, addr: SocketAddr, a: &MetricsArgs) -> Result<()> {
+fn serve(scrape: &Scrape, addr: SocketAddr, a: &MetricsArgs) -> Result<()> {
     let listener = TcpListener::bind(addr).with_context(|| format!("listen on {addr}"))?;
     listener.set_nonblocking(true)?;
     signals::install();
@@ -65,7 +121,7 @@ fn serve(dp: &Datapath, addr: SocketAddr, a: &MetricsArgs) -> Result<()> {
         }
         match listener.accept() {
             Ok((stream, _)) => {
-                if let Err(e) = answer(dp, stream, max_endpoints(a)) {
+                if let Err(e) = answer(scrape, stream) {
                     eprintln!("sluicectl: a metrics request failed: {e:#}");
                 }
             }
@@ -81,7 +137,7 @@ fn serve(dp: &Datapath, addr: SocketAddr, a: &MetricsArgs) -> Result<()> {
 
 /// Reads one request and answers it: `GET /metrics` (or `/`) gets the
 /// exposition, anything else 404 or 405. The connection is then closed.
-fn answer(dp: &Datapath, mut stream: TcpStream, max_endpoints: usize) -> Result<()> {
+fn answer(scrape: &Scrape, mut stream: TcpStream) -> Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
@@ -96,7 +152,7 @@ fn answer(dp: &Datapath, mut stream: TcpStream, max_endpoints: usize) -> Result<
     }
     let head = String::from_utf8_lossy(&head);
     let (status, body, ctype) = match route(&head) {
-        Route::Metrics { .. } => match render(dp, max_endpoints) {
+        Route::Metrics { .. } => match render(scrape) {
             Ok(text) => ("200 OK", text, CONTENT_TYPE),
             Err(e) => (
                 "500 Internal Server Error",
@@ -201,9 +257,10 @@ fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
-/// Every figure of the datapath at `dp`, per-pod series for at most
+/// Every figure of the datapath, per-pod series for at most
 /// `max_endpoints` pod interfaces.
-fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
+fn render(scrape: &Scrape) -> Result<String> {
+    let dp = &scrape.dp;
     let mut x = Exposition::default();
     let meta = sluice_maps::node::read_meta(&dp.root)?;
     let cfg = sluice_maps::node::config(&dp.root)?;
@@ -233,7 +290,16 @@ fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
         meta.loaded_unix,
     );
 
-    let reading = counters::read_all(dp)?;
+    let mut reading = counters::read_all(dp)?;
+    if let Some(dir) = &scrape.state_dir {
+        let pods = pod_names(dir);
+        for e in &mut reading.endpoints {
+            if let Some((ns, name)) = pods.get(&(e.container_id.clone(), e.ifname.clone())) {
+                e.namespace.clone_from(ns);
+                e.pod.clone_from(name);
+            }
+        }
+    }
     x.family(
         "sluice_datapath_packets_total",
         "counter",
@@ -255,7 +321,7 @@ fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
             n,
         );
     }
-    endpoint_families(&mut x, &reading.endpoints, max_endpoints);
+    endpoint_families(&mut x, &reading.endpoints, scrape.max_endpoints);
 
     x.family(
         "sluice_nat_flows",
@@ -313,7 +379,7 @@ fn render(dp: &Datapath, max_endpoints: usize) -> Result<String> {
         sluice_maps::hostport::list::<V6>(&dp.root)?.len(),
     );
 
-    bandwidth_families(&mut x, dp, &reading.endpoints, max_endpoints)?;
+    bandwidth_families(&mut x, dp, &reading.endpoints, scrape.max_endpoints)?;
     Ok(x.out)
 }
 
@@ -375,6 +441,8 @@ fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
                 x.sample(
                     name,
                     &[
+                        ("namespace", &e.namespace),
+                        ("pod", &e.pod),
                         ("container_id", id),
                         ("interface", &e.ifname),
                         ("direction", dir),
@@ -394,6 +462,8 @@ fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
             x.sample(
                 "sluice_endpoint_drop_count_total",
                 &[
+                    ("namespace", &e.namespace),
+                    ("pod", &e.pod),
                     ("container_id", short_id(&e.container_id)),
                     ("interface", &e.ifname),
                     ("reason", reason.trim_start_matches("drop_")),
@@ -436,6 +506,8 @@ fn bandwidth_families(
             x.sample(
                 "sluice_bandwidth_limit_bits_per_second",
                 &[
+                    ("namespace", &e.namespace),
+                    ("pod", &e.pod),
                     ("container_id", short_id(&e.container_id)),
                     ("interface", &e.ifname),
                     ("direction", dir),
@@ -516,5 +588,30 @@ mod tests {
         assert!(x.out.contains("sluice_endpoint_series_truncated 1\n"));
         assert!(x.out.contains("container_id=\"container1xx\""));
         assert!(!x.out.contains("container_id=\"container2xx\""));
+    }
+
+    #[test]
+    fn pod_names_come_from_records_that_have_them() {
+        let d = tempfile::tempdir().unwrap();
+        let att = d.path().join("attachments");
+        std::fs::create_dir(&att).unwrap();
+        std::fs::write(
+            att.join("c1.eth0.json"),
+            r#"{"containerId":"c1","ifname":"eth0","pod":{"namespace":"shop","name":"web-0"}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            att.join("c2.eth0.json"),
+            r#"{"containerId":"c2","ifname":"eth0"}"#,
+        )
+        .unwrap();
+        std::fs::write(att.join("junk.json"), "not json").unwrap();
+        let m = pod_names(d.path());
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            m[&("c1".to_string(), "eth0".to_string())],
+            ("shop".to_string(), "web-0".to_string())
+        );
+        assert!(pod_names(&d.path().join("missing")).is_empty());
     }
 }

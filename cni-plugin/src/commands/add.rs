@@ -21,7 +21,7 @@ use crate::{
     netlink::Netlink,
     netns::Netns,
     node,
-    state::{host_veth_name, AttachmentRecord, StateStore},
+    state::{host_veth_name, AttachmentRecord, PodRef, StateStore},
     timing::Steps,
 };
 
@@ -79,6 +79,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         }
     };
 
+    let pod = PodRef::from_args(&env.args);
     let ctx = AddCtx {
         conf,
         id,
@@ -88,6 +89,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         pod_ns: &pod_ns,
         host_nl: &host_nl,
         pod_nl: &pod_nl,
+        pod: pod.as_ref(),
     };
     steps.done("ipam");
     match add_steps(&ctx, ipam_result, pod_mac, &mut steps).await {
@@ -128,6 +130,7 @@ struct AddCtx<'a> {
     pod_ns: &'a Netns,
     host_nl: &'a Netlink,
     pod_nl: &'a Netlink,
+    pod: Option<&'a PodRef>,
 }
 
 /// Everything after IPAM; any error here is undone by a full teardown.
@@ -146,6 +149,7 @@ async fn add_steps(
         pod_ns,
         host_nl,
         pod_nl,
+        pod,
     } = *ctx;
     if ipam_result.ips.is_empty() {
         return Err(Error::Delegate {
@@ -171,6 +175,7 @@ async fn add_steps(
         bandwidth: conf.bandwidth,
         created_unix: datapath::now_unix(),
         complete: false,
+        pod: pod.cloned(),
     };
     store.save(&record)?;
     steps.done("record");
