@@ -153,6 +153,17 @@ fn pinned_hash(node: &Node, pin_root: &std::path::Path) -> String {
     v["objectHash"].as_str().unwrap_or_default().to_string()
 }
 
+/// What the DaemonSet's `sluice-node` containers get: `NODE_NAME` (downward
+/// API), the in-cluster API address the kubelet sets, and `extra`.
+fn pod_env(api: &ApiServer, extra: (&str, String)) -> Vec<(String, String)> {
+    vec![
+        ("NODE_NAME".into(), NODE_NAME.into()),
+        ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+        ("KUBERNETES_SERVICE_PORT".into(), api.port().to_string()),
+        (extra.0.into(), extra.1),
+    ]
+}
+
 /// Runs the image's `sluice-node install` as the DaemonSet's init container;
 /// its exit code and log.
 fn install(
@@ -178,12 +189,7 @@ fn install(
         name: "install".into(),
         image: image.into(),
         command: vec!["/usr/local/bin/sluice-node".into(), "install".into()],
-        env: vec![
-            ("NODE_NAME".into(), NODE_NAME.into()),
-            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-            ("KUBERNETES_SERVICE_PORT".into(), api.port().to_string()),
-            ("SLUICE_PLUGIN_CONFIG".into(), plugin_config.to_string()),
-        ],
+        env: pod_env(api, ("SLUICE_PLUGIN_CONFIG", plugin_config.to_string())),
         mounts: vec![
             HostMount::new(ctrd.cni_bin_dir(), "/host/opt/cni/bin"),
             HostMount::new(ctrd.cni_conf_dir(), "/host/etc/cni/net.d"),
@@ -222,12 +228,7 @@ fn run_agents(
         name: "route-sync".into(),
         image: IMAGE.into(),
         command: vec!["/usr/local/bin/sluice-node".into(), "route-sync".into()],
-        env: vec![
-            ("NODE_NAME".into(), NODE_NAME.into()),
-            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-            ("KUBERNETES_SERVICE_PORT".into(), api.port().to_string()),
-            ("SLUICE_PIN_ROOT".into(), pin_root.clone()),
-        ],
+        env: pod_env(api, ("SLUICE_PIN_ROOT", pin_root.clone())),
         mounts: vec![
             bpffs.clone(),
             HostMount::new(sa_dir, SERVICE_ACCOUNT).readonly(),
