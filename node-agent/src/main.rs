@@ -113,7 +113,8 @@ struct SyncArgs {
     /// This node's name: its own pod CIDRs get no route.
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    /// The network's name; its datapath is pinned under /sys/fs/bpf/sluice/<network>.
+    /// The network's name; its datapath is pinned where the plugin pins it by
+    /// default (/sys/fs/bpf/sluice/<network>, dots replaced as bpffs requires).
     #[arg(long, env = "SLUICE_NETWORK", default_value = "sluice")]
     network: String,
     /// The datapath's pin root, if the conflist sets `pinRoot`.
@@ -181,11 +182,9 @@ async fn run(cli: Cli) -> Result<()> {
             sync::run(
                 client,
                 &sync::Options {
-                    pin_root: a.pin_root.unwrap_or_else(|| {
-                        PathBuf::from(sluice_cni::datapath::bpffs::BPFFS_MOUNT)
-                            .join("sluice")
-                            .join(&a.network)
-                    }),
+                    pin_root: a
+                        .pin_root
+                        .unwrap_or_else(|| sluice_common::user::default_pin_root(&a.network)),
                     node_name: a.node_name,
                     resync: Duration::from_secs(a.resync_secs),
                 },
