@@ -62,17 +62,15 @@ struct Scrape {
 }
 
 /// The plugin's default state directory of the network: `-n`'s name, or the
-/// pin root's last component (the plugin's default pin root ends in it).
+/// pin root's last component (the plugin's default pin root ends in it; for a
+/// network with a '.' in its name it does not: `--state-dir` then).
 fn default_state_dir(t: &Target, dp: &Datapath) -> Option<PathBuf> {
     let network = t
         .network
         .clone()
         .or_else(|| Some(dp.pin_root.file_name()?.to_str()?.to_string()))?;
-    Some(Path::new(DEFAULT_STATE_DIR).join(network))
+    Some(Path::new(sluice_common::DEFAULT_STATE_DIR).join(network))
 }
-
-/// Where the plugin keeps its state when the config sets no `stateDir`.
-const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
 
 /// (container id, interface) -> (namespace, pod) of every attachment record
 /// under `dir` that names its pod (`K8S_POD_*` in `CNI_ARGS`). A directory

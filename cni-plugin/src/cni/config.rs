@@ -19,9 +19,6 @@ use crate::error::Error;
 /// mappings are under 1 MiB. Anything bigger is refused rather than read unbounded.
 pub const MAX_STDIN_BYTES: u64 = 8 << 20;
 
-/// Default directory for per-attachment records (`<stateDir>/<network>/`).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
-
 /// XDP on the uplink (config `xdp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpMode {
@@ -428,7 +425,7 @@ impl NetConf {
         };
         let state_dir = match string(o, "stateDir", "")? {
             Some(p) => absolute_path("stateDir", &p)?,
-            None => PathBuf::from(DEFAULT_STATE_DIR),
+            None => PathBuf::from(sluice_common::DEFAULT_STATE_DIR),
         }
         .join(&name);
         // libcni sends both spellings (containernetworking/cni#1101).

@@ -39,6 +39,10 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// Default base of the pin roots: one directory per network below it.
 pub const DEFAULT_PIN_BASE: &str = "/sys/fs/bpf/sluice";
 
+/// Default base of the plugin's state (attachment records): one directory per
+/// network below it, named as the network (config `stateDir` overrides it).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sluice";
+
 /// Sub-directories of a network's pin root.
 pub mod pin_dirs {
     /// Pinned maps (pinned by name by the loader).
