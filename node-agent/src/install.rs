@@ -10,8 +10,8 @@ use std::{
 };
 
 use ipnetwork::IpNetwork;
-use nix::{errno::Errno, mount::MsFlags};
-use sluice_cni::datapath::bpffs::is_bpffs;
+use nix::errno::Errno;
+use sluice_cni::datapath::bpffs::{self, is_bpffs};
 
 use crate::{
     atomic::{self, Outcome},
@@ -145,13 +145,7 @@ fn ensure_bpffs(path: &Path) {
         log(&format!("bpffs is mounted at {}", path.display()));
         return;
     }
-    match nix::mount::mount(
-        Some("bpf"),
-        path,
-        Some("bpf"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    ) {
+    match bpffs::mount_at(path) {
         Ok(()) => log(&format!("mounted bpffs at {}", path.display())),
         Err(e @ (Errno::EPERM | Errno::EACCES)) => log(&format!(
             "bpffs is not mounted at {} and mounting it here was refused ({e}); the plugin mounts it at the first ADD",

@@ -29,6 +29,17 @@ pub fn is_bpffs(path: &Path) -> bool {
     }
 }
 
+/// Mounts a bpffs at `at` (nosuid, nodev, noexec, as systemd mounts it).
+pub fn mount_at(at: &Path) -> nix::Result<()> {
+    mount(
+        Some("bpf"),
+        at,
+        Some("bpf"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+}
+
 /// Makes sure `pin_root` lives on a bpffs. When it is below `/sys/fs/bpf` and that
 /// is not mounted (e.g. a fresh boot without systemd's mount), mounts it.
 pub fn ensure_bpffs(pin_root: &Path) -> Result<(), Error> {
@@ -37,14 +48,8 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), Error> {
     }
     let base = Path::new(BPFFS_MOUNT);
     if pin_root.starts_with(base) && base.is_dir() {
-        mount(
-            Some("bpf"),
-            base,
-            Some("bpf"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(|e| Error::io(format!("mounting bpffs at {BPFFS_MOUNT}"), e.into()))?;
+        mount_at(base)
+            .map_err(|e| Error::io(format!("mounting bpffs at {BPFFS_MOUNT}"), e.into()))?;
         if is_bpffs(pin_root) {
             return Ok(());
         }
