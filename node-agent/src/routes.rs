@@ -9,6 +9,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use ipnetwork::IpNetwork;
 use sluice_cni::{
+    datapath::masquerade::trie_prefixes,
     lock::FileLock,
     netlink::{Netlink, RouteSpec},
 };
@@ -164,13 +165,7 @@ pub(crate) fn apply_datapath(root: &PinRoot, remote: &[IpNetwork]) -> Result<boo
     // ADD writes its own bits under the shared lock; ours is a read, modify,
     // write of the same entries, so it excludes them.
     let _lock = FileLock::dir_exclusive(root.path())?;
-    let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for n in remote {
-        match n {
-            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
-            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
-        }
-    }
+    let (v4, v6) = trie_prefixes(remote);
     set_non_masq(root, non_masq_owner::NODES, &v4)?;
     if root.has(&maps::NON_MASQ6) {
         set_non_masq6(root, non_masq_owner::NODES, &v6)?;

@@ -19,9 +19,9 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct MasqSpec {
     pub config: MasqConfig,
-    pub non_masq: Vec<(u32, [u8; 4])>,
+    pub non_masq: Vec<Prefix4>,
     pub config6: Masq6Config,
-    pub non_masq6: Vec<(u32, [u8; 16])>,
+    pub non_masq6: Vec<Prefix6>,
 }
 
 const PORT_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
@@ -97,19 +97,31 @@ pub async fn spec(
         conf.masq.non_masq.as_deref(),
         &default_non_masq(conf, ipam, ips),
     );
-    let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for n in non_masq {
-        match n {
-            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
-            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
-        }
-    }
+    let (v4, v6) = trie_prefixes(&non_masq);
     Ok(Some(MasqSpec {
         config,
         non_masq: v4,
         config6,
         non_masq6: v6,
     }))
+}
+
+/// A key of the IPv4 non-masquerade trie: (prefix length, network).
+pub type Prefix4 = (u32, [u8; 4]);
+/// A key of the IPv6 non-masquerade trie.
+pub type Prefix6 = (u32, [u8; 16]);
+
+/// `nets` as the non-masquerade tries' keys, (prefix length, network) of
+/// each family.
+pub fn trie_prefixes(nets: &[IpNetwork]) -> (Vec<Prefix4>, Vec<Prefix6>) {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for n in nets {
+        match n {
+            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
+            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
+        }
+    }
+    (v4, v6)
 }
 
 /// The prefixes never masqueraded: the configured ones, and for a family
