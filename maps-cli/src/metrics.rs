@@ -381,6 +381,21 @@ fn render(scrape: &Scrape) -> Result<String> {
     Ok(x.out)
 }
 
+/// The labels of every per-pod series (which pod interface), then `more`.
+fn pod_labels<'a, const N: usize>(
+    e: &'a EndpointCounters,
+    more: [(&'a str, &'a str); N],
+) -> Vec<(&'a str, &'a str)> {
+    let mut l = vec![
+        ("namespace", e.namespace.as_str()),
+        ("pod", e.pod.as_str()),
+        ("container_id", short_id(&e.container_id)),
+        ("interface", e.ifname.as_str()),
+    ];
+    l.extend(more);
+    l
+}
+
 /// Node-wide traffic of every pod, then the per-pod series.
 fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
     let sum = |f: fn(&EndpointCounters) -> u64| eps.iter().map(f).sum::<u64>();
@@ -434,19 +449,8 @@ fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
         x.family(name, "counter", help);
         for e in shown {
             let (out, inn) = f(e);
-            let id = short_id(&e.container_id);
             for (dir, v) in [("egress", out), ("ingress", inn)] {
-                x.sample(
-                    name,
-                    &[
-                        ("namespace", &e.namespace),
-                        ("pod", &e.pod),
-                        ("container_id", id),
-                        ("interface", &e.ifname),
-                        ("direction", dir),
-                    ],
-                    v,
-                );
+                x.sample(name, &pod_labels(e, [("direction", dir)]), v);
             }
         }
     }
@@ -457,16 +461,13 @@ fn endpoint_families(x: &mut Exposition, eps: &[EndpointCounters], max: usize) {
     );
     for e in shown {
         for (reason, n) in &e.drops {
+            let labels = [
+                ("reason", reason.trim_start_matches("drop_")),
+                ("direction", drop_direction(reason)),
+            ];
             x.sample(
                 "sluice_endpoint_drop_count_total",
-                &[
-                    ("namespace", &e.namespace),
-                    ("pod", &e.pod),
-                    ("container_id", short_id(&e.container_id)),
-                    ("interface", &e.ifname),
-                    ("reason", reason.trim_start_matches("drop_")),
-                    ("direction", drop_direction(reason)),
-                ],
+                &pod_labels(e, labels),
                 n,
             );
         }
@@ -503,13 +504,7 @@ fn bandwidth_families(
             }
             x.sample(
                 "sluice_bandwidth_limit_bits_per_second",
-                &[
-                    ("namespace", &e.namespace),
-                    ("pod", &e.pod),
-                    ("container_id", short_id(&e.container_id)),
-                    ("interface", &e.ifname),
-                    ("direction", dir),
-                ],
+                &pod_labels(e, [("direction", dir)]),
                 bucket.rate.saturating_mul(8),
             );
         }
