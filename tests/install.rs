@@ -104,19 +104,21 @@ impl Drop for OwnBpffs {
     }
 }
 
-/// `sluicectl endpoints --json` of the datapath pinned at `pin_root`.
-fn endpoints(node: &Node, pin_root: &std::path::Path) -> Vec<Value> {
-    let root = pin_root.display().to_string();
-    let out = exec::run(
-        Some(&node.netns_path()),
-        &sluice_tests::sluicectl_bin().unwrap(),
-        &["--pin-root", &root, "endpoints", "--json"],
-        &[],
-        b"",
-    )
-    .unwrap();
+/// `sluicectl args --json` on the datapath pinned at `pin_root`.
+fn sluicectl_json(node: &Node, pin_root: &std::path::Path, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = node.sluicectl_at(pin_root, &all).unwrap();
     assert!(out.success(), "{out}");
     serde_json::from_str(&out.stdout).unwrap()
+}
+
+/// `sluicectl endpoints --json` of the datapath pinned at `pin_root`.
+fn endpoints(node: &Node, pin_root: &std::path::Path) -> Vec<Value> {
+    sluicectl_json(node, pin_root, &["endpoints"])
+        .as_array()
+        .cloned()
+        .unwrap()
 }
 
 /// The image archive `cargo xtask test` built, from `$var`.
@@ -129,28 +131,12 @@ fn image_archive(var: &str) -> PathBuf {
     p
 }
 
-/// `embeddedObjectHash` of `sluice datapath version` of `binary`.
-fn embedded_hash(binary: &std::path::Path) -> String {
-    let out = exec::run(None, binary, &["datapath", "version"], &[], b"").unwrap();
-    assert!(out.success(), "{out}");
-    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    v["embeddedObjectHash"].as_str().unwrap().to_string()
-}
-
 /// The pinned datapath's object hash (`sluicectl status --json`).
 fn pinned_hash(node: &Node, pin_root: &std::path::Path) -> String {
-    let root = pin_root.display().to_string();
-    let out = exec::run(
-        Some(&node.netns_path()),
-        &sluice_tests::sluicectl_bin().unwrap(),
-        &["--pin-root", &root, "status", "--json"],
-        &[],
-        b"",
-    )
-    .unwrap();
-    assert!(out.success(), "{out}");
-    let v: Value = serde_json::from_str(&out.stdout).unwrap();
-    v["objectHash"].as_str().unwrap_or_default().to_string()
+    sluicectl_json(node, pin_root, &["status"])["objectHash"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// What the DaemonSet's `sluice-node` containers get: `NODE_NAME` (downward
@@ -444,13 +430,14 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
         "the upgrade did not install the next plugin"
     );
     let before = pinned_hash(&node, &bpffs.pin_root());
-    assert_ne!(before, embedded_hash(&next));
+    let next_hash = sluice_tests::embedded_object_hash(&next).unwrap();
+    assert_ne!(before, next_hash);
     let web2 = ctrd
         .run_pod(&PodSpec::new("web2"))
         .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
     ctrd.run_container(&web2, "httpd", &oci::HTTPD).unwrap();
     wait_listening(&web2, oci::WEB_PORT);
-    assert_eq!(pinned_hash(&node, &bpffs.pin_root()), embedded_hash(&next));
+    assert_eq!(pinned_hash(&node, &bpffs.pin_root()), next_hash);
     for pod in [&web, &web2] {
         let answer = fetch(&ext.netns_path(), pod);
         assert!(answer.contains(&format!("pod {}", pod.name)), "{answer}");

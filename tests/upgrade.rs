@@ -35,15 +35,8 @@ const PROGRESS: u64 = 256 << 10;
 const MIN_STREAM: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(20);
 
-/// `embeddedObjectHash` of `sluice datapath version` of `binary`.
 fn embedded_hash(binary: &Path) -> String {
-    let out = sluice_tests::exec::run(None, binary, &["datapath", "version"], &[], b"").unwrap();
-    assert!(out.success(), "{out}");
-    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    v["embeddedObjectHash"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no embeddedObjectHash: {out}"))
-        .to_string()
+    sluice_tests::embedded_object_hash(binary).unwrap()
 }
 
 /// The object hashes of the binary under test and of the next one, which must differ.

@@ -103,6 +103,20 @@ pub fn sluice_next_bin() -> Result<PathBuf> {
     binary_from_env("SLUICE_NEXT_BIN", "sluice-next")
 }
 
+/// `embeddedObjectHash` of `<binary> datapath version`: the eBPF object a
+/// `sluice` binary carries.
+pub fn embedded_object_hash(binary: &std::path::Path) -> Result<String> {
+    let out = exec::run(None, binary, &["datapath", "version"], &[], b"")?;
+    if !out.success() {
+        return Err(err!("{out}"));
+    }
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim())?;
+    v["embeddedObjectHash"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| err!("no embeddedObjectHash: {out}"))
+}
+
 /// Directory of the reference CNI plugins (`SLUICE_CNI_PATH`, default `/usr/lib/cni`).
 pub fn cni_path() -> PathBuf {
     sluice_testbed::cni::reference_dir()

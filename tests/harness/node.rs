@@ -322,7 +322,13 @@ impl Node {
 
     /// Runs `sluicectl --pin-root <pin root> args...` (in the node namespace).
     pub fn sluicectl(&self, args: &[&str]) -> Result<Output> {
-        let root = self.pin_root.display().to_string();
+        self.sluicectl_at(&self.pin_root, args)
+    }
+
+    /// [`Self::sluicectl`] on a datapath pinned elsewhere than the node's pin
+    /// root (a config with a `pinRoot` of its own).
+    pub fn sluicectl_at(&self, pin_root: &Path, args: &[&str]) -> Result<Output> {
+        let root = pin_root.display().to_string();
         let mut all = vec!["--pin-root", root.as_str()];
         all.extend_from_slice(args);
         exec::run(
