@@ -115,7 +115,7 @@ fn spec(r: &Route) -> RouteSpec {
 /// What [`apply`] did: each change made, and each that failed with why (it is
 /// tried again at the next pass).
 #[derive(Debug, Default)]
-pub(crate) struct Applied {
+pub(crate) struct Changes {
     pub(crate) added: Vec<Route>,
     pub(crate) removed: Vec<Route>,
     pub(crate) failed: Vec<String>,
@@ -124,7 +124,7 @@ pub(crate) struct Applied {
 /// Makes the kernel's routes of [`RT_PROTO`] (main table) the `desired` ones.
 /// One route that cannot be made (its gateway not reachable yet, say) does
 /// not hold up the others.
-pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Applied> {
+pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Changes> {
     let mut current = Vec::new();
     for v6 in [false, true] {
         for r in nl.routes(v6).await? {
@@ -138,7 +138,7 @@ pub(crate) async fn apply(nl: &Netlink, desired: &[Route]) -> Result<Applied> {
         }
     }
     let p = plan(desired, &current);
-    let mut done = Applied::default();
+    let mut done = Changes::default();
     for r in p.del {
         match nl.del_route(&spec(&r)).await {
             Ok(()) => done.removed.push(r),
