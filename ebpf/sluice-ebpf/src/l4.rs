@@ -6,11 +6,12 @@
 //! which handle partial checksum offload).
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::bpf_csum_diff,
     programs::TcContext,
 };
 use network_types::ip::Ipv4Hdr;
 use sluice_common::{reason, Addr6};
+
+use crate::packet::read;
 
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
@@ -70,21 +71,28 @@ pub(crate) struct Rewrite {
 /// The IPv4 header of a frame, if it is IPv4.
 #[inline(always)]
 pub(crate) fn ipv4(ctx: &TcContext) -> Option<Ipv4Hdr> {
-    if ctx.load::<u16>(12).ok()? != ETH_P_IP_BE {
+    if read::<u16>(ctx, 12).ok()? != ETH_P_IP_BE {
         return None;
     }
-    ctx.load::<Ipv4Hdr>(ETH_LEN).ok()
+    read::<Ipv4Hdr>(ctx, ETH_LEN).ok()
 }
 
 /// Whether the frame is IPv6.
 #[inline(always)]
 pub(crate) fn is_ipv6(ctx: &TcContext) -> bool {
-    ctx.load::<u16>(12).is_ok_and(|t| t == ETH_P_IPV6_BE)
+    read::<u16>(ctx, 12).is_ok_and(|t| t == ETH_P_IPV6_BE)
 }
 
 #[inline(always)]
 pub(crate) fn is_fragment(ip: &Ipv4Hdr) -> bool {
     u16::from_be_bytes(ip.frags) & 0x3fff != 0
+}
+
+/// The flags of the TCP header at `l4` (0 if it is cut short), read with
+/// the data offset byte before them (see [`read`]).
+#[inline(always)]
+pub(crate) fn tcp_flags(ctx: &TcContext, l4: usize) -> u8 {
+    read::<[u8; 2]>(ctx, l4 + 12).map_or(0, |b| b[1])
 }
 
 /// TCP/UDP ports, or an ICMP echo request/reply identifier, at `l4`.
@@ -94,12 +102,12 @@ pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result
     match proto {
         PROTO_TCP | PROTO_UDP => {
             let csum_off = if proto == PROTO_TCP { l4 + 16 } else { l4 + 6 };
-            let csum: u16 = ctx.load(csum_off).map_err(bad)?;
+            let csum: u16 = read(ctx, csum_off).map_err(bad)?;
             Ok(L4 {
                 sport_off: l4,
-                sport: ctx.load(l4).map_err(bad)?,
+                sport: read(ctx, l4).map_err(bad)?,
                 dport_off: Some(l4 + 2),
-                dport: ctx.load(l4 + 2).map_err(bad)?,
+                dport: read(ctx, l4 + 2).map_err(bad)?,
                 csum_off,
                 pseudo: true,
                 no_csum: proto == PROTO_UDP && csum == 0,
@@ -118,7 +126,7 @@ pub(crate) fn l4(ctx: &TcContext, proto: u8, l4: usize, echo_type: u8) -> Result
             }
             Ok(L4 {
                 sport_off: l4 + 4,
-                sport: ctx.load(l4 + 4).map_err(bad)?,
+                sport: read(ctx, l4 + 4).map_err(bad)?,
                 dport_off: None,
                 dport: 0,
                 csum_off: l4 + 2,
@@ -179,32 +187,45 @@ pub(crate) struct Rewrite6<'a> {
     pub new_port: u16,
 }
 
+/// What `bpf_csum_diff(old, 16, new, 16, 0)` returns, computed here (one
+/// helper call less per translated packet): the 32-bit one's complement sum of
+/// `new`'s words and of `old`'s complemented. Equal to the helper's modulo
+/// 0xffff, which is all its users (`bpf_l4_csum_replace` with size 0 folds it)
+/// look at.
+#[inline(always)]
+fn csum_diff6(old: &Addr6, new: &Addr6) -> u32 {
+    let w = |a: &Addr6, i: usize| {
+        u64::from(u32::from_ne_bytes([
+            a.0[i * 4],
+            a.0[i * 4 + 1],
+            a.0[i * 4 + 2],
+            a.0[i * 4 + 3],
+        ]))
+    };
+    let mut sum: u64 = 0;
+    let mut i = 0;
+    while i < 4 {
+        sum += (!w(old, i) & 0xffff_ffff) + w(new, i);
+        i += 1;
+    }
+    // At most 8 x (2^32 - 1): two folds bring it under 2^32.
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum as u32
+}
+
 /// Rewrites an IPv6 address and a port with the L4 checksum (IPv6 has no header
 /// checksum; the address is in the pseudo header of TCP, UDP and ICMPv6). The
-/// address's difference comes from `bpf_csum_diff`, handed to
-/// `bpf_l4_csum_replace` with size 0 (a diff, include/uapi/linux/bpf.h).
+/// address's difference ([`csum_diff6`]) goes to `bpf_l4_csum_replace` with
+/// size 0 (a diff, include/uapi/linux/bpf.h).
 #[inline(always)]
 pub(crate) fn rewrite6(ctx: &TcContext, l4: &L4, r: &Rewrite6) -> Result<(), ()> {
     if !l4.no_csum {
         if l4.pseudo {
-            // SAFETY: two 16-byte buffers the helper only reads, sizes
-            // multiples of 4.
-            let diff = unsafe {
-                bpf_csum_diff(
-                    core::ptr::from_ref(r.old_addr).cast_mut().cast(),
-                    16,
-                    core::ptr::from_ref(r.new_addr).cast_mut().cast(),
-                    16,
-                    0,
-                )
-            };
-            if diff < 0 {
-                return Err(());
-            }
             ctx.l4_csum_replace(
                 l4.csum_off,
                 0,
-                diff as u64,
+                u64::from(csum_diff6(r.old_addr, r.new_addr)),
                 u64::from(BPF_F_PSEUDO_HDR) | l4.mangled,
             )
             .map_err(|_| ())?;

@@ -53,6 +53,22 @@ pub fn ptr_at<T>(p: &impl Packet, off: usize) -> Option<*mut T> {
     Some((start + off) as *mut T)
 }
 
+/// A `T` at `off` of an skb: read straight from the linear data when it lies
+/// there, else copied out with `bpf_skb_load_bytes` (a header in a paged
+/// fragment). The common case costs a bounds check instead of a helper call
+/// per field. At least two bytes: for one byte at a variable offset LLVM turns
+/// `data + off + 1 > data_end` into `data + off >= data_end`, from which the
+/// verifier learns no readable range.
+#[inline(always)]
+pub fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, i64> {
+    const { assert!(size_of::<T>() >= 2) };
+    match ptr_at::<T>(ctx, off) {
+        // SAFETY: bounds checked by ptr_at; packet data has no alignment.
+        Some(p) => Ok(unsafe { p.cast_const().read_unaligned() }),
+        None => ctx.load(off),
+    }
+}
+
 /// Makes the first `len` bytes of a (possibly non-linear) skb directly readable
 /// (`bpf_skb_pull_data`); a failure shows up as the bounds check failing later.
 #[inline(always)]

@@ -170,7 +170,7 @@ fn snat4_inline(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
         }
     };
     let flags: u8 = if ip.proto == PROTO_TCP {
-        ctx.load(l4_off + 13).unwrap_or(0)
+        crate::l4::tcp_flags(ctx, l4_off)
     } else {
         0
     };
@@ -218,23 +218,23 @@ fn flow_out<F: Family>(
     pod_ifindex: u32,
     (flags, new): (u8, &mut bool),
 ) -> Result<Option<(F::Addr, u16)>, u32> {
-    let live = match F::fwd().get_ptr(key) {
-        Some(e) => !expired_now::<F>(cfg, key, e),
-        None => false,
-    };
-    if !live {
-        // A TCP segment other than a SYN opens nothing: its flow expired or was
-        // flushed, and with the pod's address it would only leak.
-        let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-        if key.proto == PROTO_TCP && !syn {
-            return Err(reason::DROP_MASQ_NO_FLOW);
+    // One lookup for a live flow, the common case (every packet after the first).
+    let e = match F::fwd().get_ptr_mut(key) {
+        Some(e) if !expired_now::<F>(cfg, key, e) => e,
+        _ => {
+            // A TCP segment other than a SYN opens nothing: its flow expired or
+            // was flushed, and with the pod's address it would only leak.
+            let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+            if key.proto == PROTO_TCP && !syn {
+                return Err(reason::DROP_MASQ_NO_FLOW);
+            }
+            let state = next_state(0, key.proto, flags, false);
+            allocate::<F>(key, cfg, addr, pod_ifindex, state)?;
+            *new = true;
+            F::fwd()
+                .get_ptr_mut(key)
+                .ok_or(reason::DROP_MASQ_MAP_FULL)?
         }
-        let state = next_state(0, key.proto, flags, false);
-        allocate::<F>(key, cfg, addr, pod_ifindex, state)?;
-        *new = true;
-    }
-    let Some(e) = F::fwd().get_ptr_mut(key) else {
-        return Err(reason::DROP_MASQ_MAP_FULL);
     };
     // SAFETY: a live map value.
     let (nat_port, nat_addr, eflags) = unsafe { ((*e).nat_port, (*e).nat_addr, (*e).flags) };
@@ -406,7 +406,7 @@ fn dnat4_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
         NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto)
     };
     let flags: u8 = if ip.proto == PROTO_TCP {
-        ctx.load(l4_off + 13).unwrap_or(0)
+        crate::l4::tcp_flags(ctx, l4_off)
     } else {
         0
     };

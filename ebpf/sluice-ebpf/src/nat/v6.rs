@@ -30,6 +30,7 @@ use crate::{
         ICMP6_PARAM_PROBLEM, L4, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP,
     },
     maps::{ENDPOINTS, MASQ6, NON_MASQ6, SCRATCH6},
+    packet::read,
     TCX_NEXT,
 };
 
@@ -61,9 +62,10 @@ pub(super) fn config6() -> Option<Masq6Config> {
 #[inline(always)]
 pub(super) fn addrs(ctx: &TcContext) -> Option<(Addr6, Addr6, u8)> {
     Some((
-        ctx.load(SRC_OFF).ok()?,
-        ctx.load(DST_OFF).ok()?,
-        ctx.load(ETH_LEN + 6).ok()?,
+        read(ctx, SRC_OFF).ok()?,
+        read(ctx, DST_OFF).ok()?,
+        // Next header, with the hop limit after it (see `read`).
+        read::<[u8; 2]>(ctx, ETH_LEN + 6).ok()?[0],
     ))
 }
 
@@ -198,7 +200,7 @@ fn classify(ctx: &TcContext, p: &mut Leaving) -> i32 {
         }
     };
     p.tcp_flags = if proto == PROTO_TCP {
-        ctx.load(l4_off + 13).unwrap_or(0)
+        crate::l4::tcp_flags(ctx, l4_off)
     } else {
         0
     };
@@ -345,7 +347,7 @@ fn dnat6_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
         Nat6Key::new(src, dst, l4.sport, l4.dport, proto)
     };
     let flags: u8 = if proto == PROTO_TCP {
-        ctx.load(l4_off + 13).unwrap_or(0)
+        crate::l4::tcp_flags(ctx, l4_off)
     } else {
         0
     };
