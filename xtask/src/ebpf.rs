@@ -7,8 +7,7 @@ use anyhow::{Context, Result};
 use crate::{cli::BuildEbpfArgs, cmd, setup, ws::Workspace};
 
 /// Debug info makes bpf-linker emit BTF; `--btf` asks it to.
-const RUSTFLAGS: &str =
-    "-C debuginfo=2 -C link-arg=--btf -C link-arg=--disable-expand-memcpy-in-order";
+const RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
 
 pub(crate) fn run(ws: &Workspace, args: &BuildEbpfArgs) -> Result<()> {
     if args.check {
@@ -50,7 +49,7 @@ pub(crate) fn build_variant(ws: &Workspace) -> Result<PathBuf> {
 /// `bpf_for_each_map_elem` callback needs the full BTF `func_info` that only
 /// `debuginfo=2` gives. Identical instructions also mean the variant passes the
 /// verifier wherever the shipped object does.
-const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C link-arg=--disable-expand-memcpy-in-order -C metadata=sluice-next";
+const VARIANT_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf -C metadata=sluice-next";
 
 fn report(object: PathBuf) -> Result<PathBuf> {
     let size = fs::metadata(&object)

@@ -3,7 +3,10 @@
 //! device itself (`bpf_redirect` / `bpf_redirect_neigh`) instead of walking the
 //! host stack. Anything the FIB cannot forward goes to the kernel unchanged, so
 //! ICMP errors, local delivery and policy routing keep working.
-use core::mem::size_of;
+use core::{
+    mem::{size_of, MaybeUninit},
+    ptr::copy_nonoverlapping,
+};
 
 use aya_ebpf::{
     bindings::bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
@@ -24,15 +27,43 @@ use crate::{
     TCX_NEXT,
 };
 
+/// Zeroes the `T` at `t` with volatile 4-byte stores. bpf-linker has LLVM
+/// expand `memcpy` inline but leaves `memset` (and `memmove`) as calls to a
+/// byte-at-a-time loop: `mem::zeroed` of the 64-byte parameters cost a
+/// 64-round loop per forwarded packet. (Turning that off with
+/// `--disable-expand-memcpy-in-order` made LLVM copy structs with their
+/// unwritten padding, which 6.1's verifier refuses as a read of uninitialized
+/// stack.)
+///
+/// # Safety
+/// `t` points to a writable `T`.
+#[inline(always)]
+unsafe fn zero_words<T>(t: *mut T) {
+    const { assert!(size_of::<T>() % 4 == 0 && core::mem::align_of::<T>() >= 4) };
+    let w = t.cast::<u32>();
+    let mut i = 0;
+    while i < size_of::<T>() / 4 {
+        // SAFETY: the caller's contract; i stays inside the `T`.
+        unsafe { w.add(i).write_volatile(0) };
+        i += 1;
+    }
+}
+
 /// Forwards a packet from a pod by FIB lookup. `ifindex` is the ingress device.
 #[inline(always)]
 pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
-    // SAFETY: zero is a valid value for every field of the C struct. `tot_len`
-    // stays 0: then the kernel checks the MTU with `is_skb_forwardable`, which
-    // knows GSO; a GSO packet's header length would fail the plain check.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    // Zero is a valid value for every field of the C struct. `tot_len` stays 0:
+    // then the kernel checks the MTU with `is_skb_forwardable`, which knows
+    // GSO; a GSO packet's header length would fail the plain check.
+    let mut p = MaybeUninit::<FibParams>::uninit();
+    // SAFETY: `p` is a writable FibParams; zeroed, every field is initialized.
+    let p = unsafe {
+        zero_words(p.as_mut_ptr());
+        p.assume_init_mut()
+    };
     p.ifindex = ifindex;
-    // SAFETY: header pointers were bounds checked by `l3::parse`.
+    // SAFETY: header pointers were bounds checked by `l3::parse`; the address
+    // copies stay inside both 16-byte arrays.
     match h.l3 {
         L3::V4(ip) => unsafe {
             p.family = AF_INET;
@@ -45,15 +76,22 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
             p.family = AF_INET6;
             p.l4_protocol = (*ip).next_hdr;
             p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes((*ip).vcf) & 0xffff_ff0f;
-            p.__bindgen_anon_3.ipv6_src =
-                core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).src_addr);
-            p.__bindgen_anon_4.ipv6_dst =
-                core::mem::transmute::<[u8; 16], [u32; 4]>((*ip).dst_addr);
+            // A copy, not an assignment: the assignment of the transmuted
+            // array became a `memmove` call (see `zero_words`).
+            copy_nonoverlapping(
+                (*ip).src_addr.as_ptr(),
+                (&raw mut p.__bindgen_anon_3.ipv6_src).cast::<u8>(),
+                16,
+            );
+            copy_nonoverlapping(
+                (*ip).dst_addr.as_ptr(),
+                (&raw mut p.__bindgen_anon_4.ipv6_dst).cast::<u8>(),
+                16,
+            );
         },
     }
     // SAFETY: `p` is a valid bpf_fib_lookup of the size passed.
-    let rc =
-        unsafe { bpf_fib_lookup(ctx.as_ptr(), &mut p, size_of::<FibParams>() as i32, 0) } as u32;
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, size_of::<FibParams>() as i32, 0) } as u32;
     match rc {
         BPF_FIB_LKUP_RET_SUCCESS => {
             if h.ttl() <= 1 {

@@ -1,4 +1,6 @@
 //! Network-layer parsing and the edits forwarding needs (TTL, MACs).
+use core::ptr::copy_nonoverlapping;
+
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -239,10 +241,12 @@ impl Headers {
     /// Sets the Ethernet addresses.
     #[inline(always)]
     pub fn set_macs(&self, dst: [u8; 6], src: [u8; 6]) {
-        // SAFETY: bounds checked by `parse`.
+        // SAFETY: bounds checked by `parse`; 6 bytes into 6-byte fields. A copy,
+        // not an assignment, which became a `memmove` call (see
+        // `forward::zero_words`).
         unsafe {
-            (*self.eth).dst_addr = dst;
-            (*self.eth).src_addr = src;
+            copy_nonoverlapping(dst.as_ptr(), (*self.eth).dst_addr.as_mut_ptr(), 6);
+            copy_nonoverlapping(src.as_ptr(), (*self.eth).src_addr.as_mut_ptr(), 6);
         }
     }
 
