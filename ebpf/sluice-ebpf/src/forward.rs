@@ -30,10 +30,9 @@ use crate::{
 /// Zeroes the `T` at `t` with volatile 4-byte stores. bpf-linker has LLVM
 /// expand `memcpy` inline but leaves `memset` (and `memmove`) as calls to a
 /// byte-at-a-time loop: `mem::zeroed` of the 64-byte parameters cost a
-/// 64-round loop per forwarded packet. (Turning that off with
-/// `--disable-expand-memcpy-in-order` made LLVM copy structs with their
-/// unwritten padding, which 6.1's verifier refuses as a read of uninitialized
-/// stack.)
+/// 64-round loop per forwarded packet. (Linking with
+/// `--disable-expand-memcpy-in-order` instead made 6.1's verifier refuse
+/// `uplink_in`, see docs/kernels.md.)
 ///
 /// # Safety
 /// `t` points to a writable `T`.
