@@ -38,7 +38,7 @@ use crate::{
 /// `t` points to a writable `T`.
 #[inline(always)]
 unsafe fn zero_words<T>(t: *mut T) {
-    const { assert!(size_of::<T>() % 4 == 0 && core::mem::align_of::<T>() >= 4) };
+    const { assert!(size_of::<T>().is_multiple_of(4) && core::mem::align_of::<T>() >= 4) };
     let w = t.cast::<u32>();
     let mut i = 0;
     while i < size_of::<T>() / 4 {
