@@ -16,14 +16,15 @@ use serde_json::{json, Value};
 use sluice_tests::{
     bandwidth::{
         assert_direction, assert_pod_limits, bandwidth, bw_get, bw_list, bw_set,
-        default_burst_bits, ext_ip, iperf3, limits, measure_between, measure_egress,
-        measure_ingress, qdiscs, sl_bw_dump, udp_blast, BwWorld, Measured,
+        clear_limited_mark, default_burst_bits, endpoint_limited, ext_ip, iperf3, limits,
+        measure_between, measure_egress, measure_ingress, qdiscs, sl_bw_dump, udp_blast, BwWorld,
+        Measured,
     },
     fixtures::NODE_IP,
     hostport::{mapping, Cgroup},
     kernel, look,
     masq::udp_socket,
-    Node, NETWORK,
+    sluice_bin, Node, NETWORK,
 };
 
 /// Lowest and highest accepted received rate, as a fraction of the limit.
@@ -386,6 +387,10 @@ fn a_live_change_takes_effect_and_check_reports_it() {
     let ifindex = w.host_ifindex(&p).unwrap();
     let g = bw_get(&w.node, &ip).unwrap();
     assert_pod_limits(&g, &p, ifindex, Some((20 * M, 6 * M)), None);
+    assert!(
+        endpoint_limited(&w.node, p.ip).unwrap(),
+        "limited pod unmarked"
+    );
 
     let second = measure_egress(&w, &p, 3, &[]).unwrap();
     println!("egress after set to 20 Mbit/s: {second}");
@@ -408,6 +413,10 @@ fn a_live_change_takes_effect_and_check_reports_it() {
     let g = bw_get(&w.node, &ip).unwrap();
     assert_pod_limits(&g, &p, ifindex, None, None);
     assert_eq!(bw_list(&w.node).unwrap(), Vec::<Value>::new());
+    assert!(
+        !endpoint_limited(&w.node, p.ip).unwrap(),
+        "a pod without limits still marked"
+    );
     let third = measure_egress(&w, &p, 3, &[]).unwrap();
     println!("egress after --clear-egress: {third}");
     assert!(
@@ -898,6 +907,11 @@ fn sluicectl_bandwidth_list_get_and_set() {
         .find(|v| v["containerId"] == b.cid.as_str())
         .unwrap_or_else(|| panic!("b not listed: {list:#?}"));
     assert_pod_limits(lb, &b, ib, Some((5 * M, d)), None);
+    // Added without limits, b is marked now, and the limit holds (the
+    // programs look the buckets of marked pods only).
+    assert!(endpoint_limited(&w.node, b.ip).unwrap(), "b unmarked");
+    let m = measure_egress(&w, &b, SECS, &[]).unwrap();
+    assert_band("b, egress set live from none", &m, 5 * M);
     // b's config asks for no limits: CHECK reports the ones set live.
     w.check(&b).unwrap().error(105);
     // Both directions at once, the default burst of a large rate.
@@ -926,6 +940,57 @@ fn sluicectl_bandwidth_list_get_and_set() {
 }
 
 // --- more paths and lifecycles ------------------------------------------------------
+
+/// The programs look a pod's buckets up only when its endpoint is marked
+/// limited, a mark a datapath from before it never wrote. Every datapath load
+/// (an upgrade's first ADD, or `sluicectl datapath reload` as here) marks the
+/// endpoints of the pods with limits before its programs take over. The
+/// unmarked endpoint is made with `bpftool`; measured on ingress, which the
+/// programs police on every kernel (egress may be EDT's, unmarked or not).
+#[test]
+fn a_datapath_load_marks_the_limited_pods_an_older_datapath_left_unmarked() {
+    let w = BwWorld::new("10.96.28.0/24").unwrap();
+    let p = w.add(
+        "a",
+        "bw-mark-a",
+        &w.conf_runtime(&limits(Some(20 * M), None, None, None)),
+    );
+    assert!(
+        endpoint_limited(&w.node, p.ip).unwrap(),
+        "ADD left it unmarked"
+    );
+    let limited = measure_ingress(&w, &p, SECS, &[]).unwrap();
+    assert_band("ingress, marked", &limited, 20 * M);
+
+    clear_limited_mark(&w.node, p.ip).unwrap();
+    assert!(
+        !endpoint_limited(&w.node, p.ip).unwrap(),
+        "mark not cleared"
+    );
+    let unmarked = measure_ingress(&w, &p, SECS, &[]).unwrap();
+    println!("ingress, unmarked: {unmarked}");
+    assert!(
+        unmarked.received_bps > 3.0 * (20 * M) as f64,
+        "unmarked, the limit should not be looked up: {unmarked}"
+    );
+
+    let sluice = sluice_bin().unwrap().display().to_string();
+    let out = w
+        .node
+        .sluicectl(&["datapath", "reload", "--sluice", &sluice])
+        .unwrap();
+    assert!(out.success(), "{out}");
+    assert!(
+        endpoint_limited(&w.node, p.ip).unwrap(),
+        "the load did not mark it"
+    );
+    let again = measure_ingress(&w, &p, SECS, &[]).unwrap();
+    assert_band("ingress, marked by the load", &again, 20 * M);
+    // CHECK agrees: the limits are the config's.
+    w.check(&p).unwrap().ok_silent();
+    w.del(&p);
+    w.node.assert_clean(NETWORK);
+}
 
 /// Between two pods of the node the receiver's ingress and the sender's egress
 /// limits hold (delivery to a local pod is one of the places ingress is

@@ -483,6 +483,7 @@ fn endpoints_json_lists_every_pod_address_and_its_counters_rise() {
                 "ifname",
                 "podMac",
                 "hostMac",
+                "limited",
                 "fromPodPackets",
                 "fromPodBytes",
                 "toPodPackets",
@@ -494,6 +495,7 @@ fn endpoints_json_lists_every_pod_address_and_its_counters_rise() {
         assert_eq!(e["hostIfname"], p.added.host_veth, "{e:#}");
         assert_eq!(e["containerId"], p.cid, "{e:#}");
         assert_eq!(e["ifname"], "eth0", "{e:#}");
+        assert_eq!(e["limited"], false, "no bandwidth limits: {e:#}");
         assert_eq!(e["podMac"], p.added.pod_mac.to_lowercase(), "{e:#}");
         assert_eq!(
             e["hostMac"],

@@ -204,6 +204,8 @@ fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
     } else {
         sluice_maps::bandwidth::set(&dp.root, ifindex, new)?;
     }
+    // The programs look the buckets up only for endpoints marked limited.
+    sluice_maps::bandwidth::sync_limited(&dp.root, Some(ifindex))?;
     if changes_egress {
         println!(
             "egress: {} (was {})",

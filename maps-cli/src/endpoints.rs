@@ -85,6 +85,7 @@ fn to_json(r: &sluice_maps::endpoint::EndpointRow) -> Value {
         "ifname": ifname,
         "podMac": table::mac(r.endpoint.pod_mac),
         "hostMac": table::mac(r.endpoint.host_mac),
+        "limited": r.endpoint.flags & sluice_common::endpoint_flags::LIMITED != 0,
         "fromPodPackets": r.stats.from_pod_packets,
         "fromPodBytes": r.stats.from_pod_bytes,
         "toPodPackets": r.stats.to_pod_packets,

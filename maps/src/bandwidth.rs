@@ -1,9 +1,12 @@
 //! Bandwidth limits: each pod's two token buckets (`sl_bw`), and which pods EDT
 //! shapes (`sl_edt`).
 use aya::maps::{HashMap, MapData};
-use sluice_common::{maps, BwState, EdtSlot};
+use sluice_common::{endpoint_flags, maps, BwState, EdtSlot, Endpoint, IpKey};
 
 use crate::{Error, PinRoot, Result};
+
+/// `BPF_EXIST`: update only a key that is there.
+const BPF_EXIST: u64 = 2;
 
 fn map(root: &PinRoot) -> Result<HashMap<MapData, u32, BwState>> {
     root.typed(&maps::BANDWIDTH)
@@ -29,6 +32,55 @@ pub fn set(root: &PinRoot, ifindex: u32, state: BwState) -> Result<()> {
     map(root)?
         .insert(ifindex, state, 0)
         .map_err(|e| Error::map(format!("write ifindex {ifindex}"), maps::BANDWIDTH.name, e))
+}
+
+/// Marks the endpoints (`sl_endpoints`) of the pods with limits
+/// `endpoint_flags::LIMITED` and clears the mark on the others: all of them, or
+/// only those on host veth `only`. The programs look a pod's buckets up only
+/// when its endpoint has the mark. For what changes limits after ADD
+/// (`sluicectl bandwidth set`) and for a datapath load over endpoints an older
+/// datapath wrote without the mark; one walk of the endpoints. Returns how many
+/// endpoints it changed.
+pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
+    if !root.has(&maps::ENDPOINTS) {
+        return Ok(0);
+    }
+    let limited: Vec<u32> = if root.has(&maps::BANDWIDTH) {
+        map(root)?
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut eps: HashMap<MapData, IpKey, Endpoint> = root.typed(&maps::ENDPOINTS)?;
+    let stale: Vec<(IpKey, Endpoint)> = eps
+        .iter()
+        .filter_map(std::result::Result::ok)
+        .filter(|(_, ep)| only.is_none_or(|i| i == ep.ifindex))
+        .filter_map(|(k, ep)| {
+            let flags = if limited.contains(&ep.ifindex) {
+                ep.flags | endpoint_flags::LIMITED
+            } else {
+                ep.flags & !endpoint_flags::LIMITED
+            };
+            (flags != ep.flags).then_some((k, Endpoint { flags, ..ep }))
+        })
+        .collect();
+    for (k, ep) in &stale {
+        // An endpoint removed meanwhile (a DEL) stays removed.
+        match eps.insert(k, ep, BPF_EXIST) {
+            Err(e) if !crate::error::is_not_found(&e) => {
+                return Err(Error::map(
+                    format!("mark ifindex {}", ep.ifindex),
+                    maps::ENDPOINTS.name,
+                    e,
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(stale.len())
 }
 
 /// Removes the pod's limits (none is fine).

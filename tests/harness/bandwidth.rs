@@ -287,6 +287,52 @@ pub fn sl_bw_dump(node: &Node) -> Result<Vec<Value>> {
         .ok_or_else(|| err!("bpftool map dump printed no array: {v}"))
 }
 
+/// Whether `sluicectl endpoints` says the endpoint of `ip` is marked limited
+/// (`endpoint_flags::LIMITED`: the programs look its token buckets up).
+pub fn endpoint_limited(node: &Node, ip: Ipv4Addr) -> Result<bool> {
+    let v = node.sluicectl_json(&["endpoints", "--json", "--ip", &ip.to_string()])?;
+    v.get(0)
+        .and_then(|e| e["limited"].as_bool())
+        .ok_or_else(|| err!("sluicectl endpoints --ip {ip} shows no `limited`: {v}"))
+}
+
+/// Clears the endpoint of `ip`'s `LIMITED` mark in `sl_endpoints` with
+/// `bpftool`, as an ADD of a datapath from before the mark left it (key: the
+/// IPv4-mapped address; value: ifindex u32, flags u32, two MACs).
+pub fn clear_limited_mark(node: &Node, ip: Ipv4Addr) -> Result<()> {
+    const LIMITED: u8 = 1 << 2;
+    let pin = node.pin_root().join("maps").join("sl_endpoints");
+    let pin = pin.display().to_string();
+    let mut key: Vec<String> = ["0"; 10].iter().map(ToString::to_string).collect();
+    key.extend(["255".to_string(), "255".to_string()]);
+    key.extend(ip.octets().iter().map(u8::to_string));
+    let mut args = vec!["-j", "map", "lookup", "pinned", &pin, "key"];
+    args.extend(key.iter().map(String::as_str));
+    let out = exec::tool(None, "bpftool", &args)?;
+    let v: Value = serde_json::from_str(out.trim())
+        .map_err(|e| err!("bpftool printed no JSON ({e}): {out}"))?;
+    let mut value: Vec<u8> = v["value"]
+        .as_array()
+        .ok_or_else(|| err!("bpftool map lookup printed no value: {v}"))?
+        .iter()
+        .map(|b| {
+            b.as_str()
+                .and_then(|h| u8::from_str_radix(h.trim_start_matches("0x"), 16).ok())
+                .ok_or_else(|| err!("bpftool printed a value byte that is not hex: {b}"))
+        })
+        .collect::<Result<_>>()?;
+    if value.len() != 20 || value[4] & LIMITED == 0 {
+        return Err(err!("{ip}: not a marked 20-byte endpoint: {value:?}"));
+    }
+    value[4] &= !LIMITED;
+    let value: Vec<String> = value.iter().map(u8::to_string).collect();
+    let mut args = vec!["map", "update", "pinned", &pin, "key"];
+    args.extend(key.iter().map(String::as_str));
+    args.push("value");
+    args.extend(value.iter().map(String::as_str));
+    exec::tool(None, "bpftool", &args).map(drop)
+}
+
 /// Every qdisc of a namespace (`tc -j qdisc show`).
 pub fn qdiscs(netns: &Path) -> Result<Vec<Value>> {
     let out = exec::tool(Some(netns), "tc", &["-j", "qdisc", "show"])?;

@@ -97,6 +97,10 @@ pub(super) fn load_and_pin(
     for (what, since) in features.missing() {
         eprintln!("sluice: this kernel lacks {what} (Linux {since}); using the fallback");
     }
+    // Before the new programs take over: they look a pod's buckets up only
+    // when its endpoint says it has limits, a mark an older datapath's ADDs
+    // did not write (the old programs ignore it).
+    sluice_maps::bandwidth::sync_limited(root, None)?;
     // The uplink's cls_bpf filters (kernels without tcx) are replaced in place
     // like the pods' ones.
     let uplink_filters: Vec<String> = sluice_maps::node::config(root)

@@ -498,6 +498,16 @@ impl Datapath {
                 features::pod_attach(pod.attach),
             )?;
         }
+        // The limits before the endpoints that tell the programs to look
+        // them up (endpoint_flags::LIMITED): limited from the first packet.
+        match pod.bandwidth {
+            Some(b) => sluice_maps::bandwidth::set(
+                &self.root,
+                pod.host_ifindex,
+                bandwidth::state(b, sluice_common::user::monotonic_ns()),
+            )?,
+            None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
+        }
         for ip in pod.ips {
             let mut flags = if ip.is_ipv6() {
                 endpoint_flags::IPV6
@@ -506,6 +516,9 @@ impl Datapath {
             };
             if pod.xdp_ready {
                 flags |= endpoint_flags::XDP_READY;
+            }
+            if pod.bandwidth.is_some() {
+                flags |= endpoint_flags::LIMITED;
             }
             eps.insert(
                 *ip,
@@ -516,14 +529,6 @@ impl Datapath {
                     host_mac: pod.host_mac,
                 },
             )?;
-        }
-        match pod.bandwidth {
-            Some(b) => sluice_maps::bandwidth::set(
-                &self.root,
-                pod.host_ifindex,
-                bandwidth::state(b, sluice_common::user::monotonic_ns()),
-            )?,
-            None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
         }
         match pod.edt_device() {
             Some(d) => {

@@ -2,8 +2,10 @@
 //! counters (`sl_ep_stats`) and drops by reason (`sl_ep_drops`).
 
 /// An IP address as a map key: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
-/// (`::ffff:a.b.c.d`), so one map serves both families.
-#[repr(C)]
+/// (`::ffff:a.b.c.d`), so one map serves both families. Aligned to 4 (the
+/// size stays 16): the programs then build an IPv4 key with word stores, not
+/// with a call to bpf-linker's byte-at-a-time `memset` for the ten zeros.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct IpKey {
     pub addr: [u8; 16],
@@ -56,6 +58,12 @@ pub mod endpoint_flags {
     /// The pod end of the veth can take XDP frames (GRO on, so veth NAPI runs):
     /// the uplink's XDP program may redirect into it.
     pub const XDP_READY: u32 = 1 << 1;
+    /// The pod has bandwidth limits (an entry in `sl_bw` under `ifindex`): only
+    /// then do the programs look its token buckets up, so pods without limits
+    /// cost no lookup per packet. Userspace keeps it in step with `sl_bw` (ADD,
+    /// `sluicectl bandwidth set`, and every datapath load, which marks the
+    /// endpoints an older datapath wrote without it).
+    pub const LIMITED: u32 = 1 << 2;
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.

@@ -4,6 +4,10 @@
 //! stream needs to keep the rate through drops (`Bucket::depth_for`, 300 ms of
 //! the rate), whatever burst was configured.
 //!
+//! Only pods marked `endpoint_flags::LIMITED` in their endpoint are looked up:
+//! the others pay nothing per packet (as hostPort's flow lookup waits for
+//! `HostPortConfig::active`).
+//!
 //! Egress (what the pod sends) is checked in `from_pod`, unless EDT shapes it
 //! (`edt`, on kernels with `sch_fq`); ingress (what it
 //! receives) wherever a packet is handed to the pod: `bpf_redirect_peer` and the
@@ -17,7 +21,7 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use sluice_common::{reason, Bucket};
+use sluice_common::{endpoint_flags, reason, Bucket, Endpoint};
 
 use crate::{
     events::note_drop,
@@ -36,6 +40,13 @@ pub fn wire_len(ctx: &TcContext) -> u32 {
     // SAFETY: `skb` points at the context the kernel passed in.
     let segs = unsafe { (*ctx.skb.skb).gso_segs };
     ctx.len() + segs.saturating_sub(1) * SEGMENT_HEADERS
+}
+
+/// [`admit`] for a packet to the pod of endpoint `ep`: a pod without limits
+/// (`endpoint_flags::LIMITED` clear) passes without a lookup.
+#[inline(always)]
+pub fn admit_to(ep: &Endpoint, len: u32) -> bool {
+    ep.flags & endpoint_flags::LIMITED == 0 || admit(ep.ifindex, len, true)
 }
 
 /// Whether a packet of `len` bytes may pass the limit of the pod on `ifindex`

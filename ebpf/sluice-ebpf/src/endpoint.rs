@@ -55,7 +55,7 @@ fn prepare(h: &Headers, ep: &Endpoint, len: u32) {
 #[inline(always)]
 pub fn deliver_tc(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> i32 {
     // bpf_redirect_peer skips the host veth's egress, where to_pod would check.
-    if !bandwidth::admit(ep.ifindex, len, true) {
+    if !bandwidth::admit_to(ep, len) {
         return TC_ACT_SHOT;
     }
     prepare(h, ep, len);
@@ -88,7 +88,7 @@ pub fn deliver_from_netkit(
     len: u32,
     reason: u32,
 ) -> i32 {
-    if !bandwidth::admit(ep.ifindex, len, true) {
+    if !bandwidth::admit_to(ep, len) {
         return TC_ACT_SHOT;
     }
     prepare(h, ep, len);
@@ -123,7 +123,7 @@ pub fn take_delivered(ctx: &TcContext) -> bool {
 /// pod end's receive queue. Returns the XDP verdict.
 #[inline(always)]
 pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
-    if !bandwidth::admit(ep.ifindex, len, true) {
+    if !bandwidth::admit_to(ep, len) {
         return xdp_action::XDP_DROP;
     }
     prepare(h, ep, len);

@@ -82,23 +82,36 @@ fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
     })
 }
 
-/// Whether the packet's source is an address of the pod behind `ifindex` (the
-/// anti-spoofing check Cilium calls source IP verification). IPv6 link-local
-/// and unspecified sources pass: router and neighbour solicitations, DAD and
-/// MLD use them. Frames too short to hold a source pass here and are dropped as
-/// malformed by the parser.
+/// What `from_pod` learns of a frame's source address.
+enum Source {
+    /// An address of the pod behind the ingress device: its endpoint's flags.
+    Own(u32),
+    /// Not checked: IPv6 link-local and unspecified sources (router and
+    /// neighbour solicitations, DAD and MLD use them), frames that are not IP,
+    /// and frames too short to hold a source (the parser drops those as
+    /// malformed).
+    Unchecked,
+    /// Someone else's address, or no pod's.
+    Spoofed,
+}
+
+/// Checks that the packet's source is an address of the pod behind `ifindex`
+/// (the anti-spoofing check Cilium calls source IP verification).
 #[inline(always)]
-fn source_is_own(ctx: &TcContext, ifindex: u32) -> bool {
+fn source(ctx: &TcContext, ifindex: u32) -> Source {
     let Some(key) = frame_addr(ctx, true) else {
-        return true;
+        return Source::Unchecked;
     };
     // (An IPv4 key is v4-mapped: never link-local nor all zeros.)
     let a = &key.addr;
     if (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || *a == [0; 16] {
-        return true;
+        return Source::Unchecked;
     }
     // SAFETY: the map value is only read.
-    unsafe { ENDPOINTS.get(key) }.is_some_and(|ep| ep.ifindex == ifindex)
+    match unsafe { ENDPOINTS.get(key) } {
+        Some(ep) if ep.ifindex == ifindex => Source::Own(ep.flags),
+        _ => Source::Spoofed,
+    }
 }
 
 /// The frame's source (`src`) or destination address as an endpoint key, read
@@ -112,7 +125,7 @@ fn frame_addr(ctx: &TcContext, src: bool) -> Option<IpKey> {
     let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
     match et {
         // SAFETY: bounds checked by ptr_at.
-        l3::ETH_P_IP => Some(IpKey::v4(unsafe {
+        l3::ETH_P_IP => Some(l3::key_v4(unsafe {
             *ptr_at::<[u8; 4]>(ctx, 14 + if src { 12 } else { 16 })?
         })),
         // SAFETY: as above.
@@ -155,12 +168,17 @@ pub fn from_netkit_pod(ctx: TcContext) -> i32 {
 fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     endpoint::count_from_pod(ifindex, ctx.len());
     // Before any translation or limit: a forged source never gets further.
-    if !source_is_own(ctx, ifindex) {
-        note_drop(reason::DROP_SPOOFED, 0);
-        return TC_ACT_SHOT;
-    }
+    let limited = match source(ctx, ifindex) {
+        Source::Own(flags) => flags & endpoint_flags::LIMITED != 0,
+        // No endpoint to tell: the bucket lookup decides.
+        Source::Unchecked => true,
+        Source::Spoofed => {
+            note_drop(reason::DROP_SPOOFED, 0);
+            return TC_ACT_SHOT;
+        }
+    };
     // The pod's egress limit, before anything else is spent on the packet.
-    if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
+    if limited && !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
         return TC_ACT_SHOT;
     }
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
@@ -425,7 +443,7 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
         // Masquerade replies, then hostPorts (hostport counts its own).
         let pod = match nat::dnat_xdp(ctx, &h) {
-            Some(pod) => Some((IpKey::v4(pod), true)),
+            Some(pod) => Some((l3::key_v4(pod), true)),
             None => hostport::from_uplink_xdp(ctx, &h).map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {

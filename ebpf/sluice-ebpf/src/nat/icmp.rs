@@ -3,7 +3,7 @@
 //! the identifier space with the pods' ([`node_echo`]).
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use network_types::ip::Ipv4Hdr;
-use sluice_common::{nat_state, reason, IpKey, MasqConfig, NatKey};
+use sluice_common::{nat_state, reason, MasqConfig, NatKey};
 
 use super::{
     family::{Family, FlowKey, V4},
@@ -120,5 +120,5 @@ pub(super) fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Op
         return Some(TC_ACT_SHOT);
     }
     count(reason::MASQ_ICMP_ERROR);
-    Some(deliver(ctx, IpKey::v4(rev.pod_ip)))
+    Some(deliver(ctx, crate::l3::key_v4(rev.pod_ip)))
 }
