@@ -12,14 +12,20 @@ use crate::{
 pub fn enable_forwarding(ips: &[IpConfig]) -> Result<(), Error> {
     let mut files = Vec::new();
     if ips.iter().any(|i| i.address.is_ipv4()) {
-        files.push("/proc/sys/net/ipv4/ip_forward");
+        files.push((libc::AF_INET, "/proc/sys/net/ipv4/ip_forward"));
     }
     if ips.iter().any(|i| i.address.is_ipv6()) {
-        files.push("/proc/sys/net/ipv6/conf/all/forwarding");
+        files.push((libc::AF_INET6, "/proc/sys/net/ipv6/conf/all/forwarding"));
     }
-    for f in files {
-        let cur = std::fs::read_to_string(f).unwrap_or_default();
-        if cur.trim() != "1" {
+    for (family, f) in files {
+        // Asked over netlink: reading the file costs O(namespaces) (see
+        // netconf); it is opened only to turn forwarding on, or when the
+        // kernel did not answer.
+        let on = u8::try_from(family)
+            .ok()
+            .and_then(|fam| crate::netlink::netconf::forwarding(fam).ok().flatten());
+        let on = on.unwrap_or_else(|| std::fs::read_to_string(f).unwrap_or_default().trim() == "1");
+        if !on {
             std::fs::write(f, "1").map_err(|e| Error::io(format!("writing 1 to {f}"), e))?;
         }
     }

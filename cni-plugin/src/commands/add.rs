@@ -203,7 +203,9 @@ async fn add_steps(
     record.host_ifindex = Some(pair.host.index);
 
     interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
+    steps.done("pod addressing");
     interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;
+    steps.done("host addressing");
     node::enable_forwarding(&ipam_result.ips)?;
     node::ensure_remote_routes(host_nl, &conf.nodes).await?;
     // Without GRO the pod end would drop XDP-redirected frames; the uplink's XDP
@@ -232,7 +234,7 @@ async fn add_steps(
     } else {
         false
     };
-    steps.done("addressing");
+    steps.done("forwarding, GRO, fq");
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();
     let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();

@@ -479,6 +479,7 @@ impl Datapath {
     /// conflict names the owner and fails the ADD, whose rollback removes the
     /// rest with [`Self::detach`]).
     pub fn attach(&self, _prepared: &Prepared, pod: &PodSpec<'_>) -> Result<(), Error> {
+        let mut steps = crate::timing::Steps::start();
         let ports = pod.ports()?;
         let mut eps = Endpoints::open(&self.root)?;
         let info = EndpointInfo {
@@ -489,6 +490,7 @@ impl Datapath {
             created_unix: now_unix(),
         };
         eps.insert_interface(pod.host_ifindex, &info)?;
+        steps.done("attach: counters and owner");
         if pod.netkit {
             links::attach_pod_netkit(&self.root, pod.host_ifname, pod.host_ifindex)?;
         } else {
@@ -498,6 +500,7 @@ impl Datapath {
                 features::pod_attach(pod.attach),
             )?;
         }
+        steps.done("attach: programs");
         // The limits before the endpoints that tell the programs to look
         // them up (endpoint_flags::LIMITED): limited from the first packet.
         match pod.bandwidth {
@@ -530,6 +533,7 @@ impl Datapath {
                 },
             )?;
         }
+        steps.done("attach: limits and endpoints");
         match pod.edt_device() {
             Some(d) => {
                 links::attach_pod_device(

@@ -5,6 +5,7 @@ mod addr;
 mod filter;
 mod link;
 mod neigh;
+pub mod netconf;
 mod qdisc;
 mod route;
 
