@@ -55,6 +55,8 @@ impl fmt::Display for Output {
 
 /// Kernel features the plugin is told to do without (`tcx`), passed through.
 pub const DISABLE_FEATURES: &str = "SLUICE_DISABLE_FEATURES";
+/// `SLUICE_TIMING`: passed through to every program (see the plugin's `timing`).
+pub const TIMING: &str = "SLUICE_TIMING";
 
 /// The command `run` and `spawn` start: `program args` with only `PATH` and
 /// `env` in its environment, in `netns` through `nsenter --net=` when given
@@ -81,6 +83,11 @@ fn command(
     // a run with SLUICE_DISABLE_FEATURES set passes it to every program.
     if let Ok(v) = std::env::var(DISABLE_FEATURES) {
         cmd.env(DISABLE_FEATURES, v);
+    }
+    // Where the plugin's steps go (cni-plugin/src/timing.rs), for profiling
+    // a bench or test run.
+    if let Some(v) = std::env::var_os(TIMING) {
+        cmd.env(TIMING, v);
     }
     for (k, v) in env {
         cmd.env(k, v);
