@@ -39,19 +39,21 @@ pub fn set(root: &PinRoot, ifindex: u32, state: BwState) -> Result<()> {
 /// only those on host veth `only`. The programs look a pod's buckets up only
 /// when its endpoint has the mark. For what changes limits after ADD
 /// (`sluicectl bandwidth set`) and for a datapath load over endpoints an older
-/// datapath wrote without the mark; one walk of the endpoints. Returns how many
-/// endpoints it changed.
+/// datapath wrote without the mark; one walk of the endpoints (under the
+/// datapath's exclusive lock for a load; `sluicectl` takes none, so an entry
+/// is written only if it still is the one walked). Returns how many endpoints
+/// it changed.
 pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
     if !root.has(&maps::ENDPOINTS) {
         return Ok(0);
     }
-    let limited: Vec<u32> = if root.has(&maps::BANDWIDTH) {
+    let limited: std::collections::HashSet<u32> = if root.has(&maps::BANDWIDTH) {
         map(root)?
             .keys()
             .filter_map(std::result::Result::ok)
             .collect()
     } else {
-        Vec::new()
+        std::collections::HashSet::new()
     };
     let mut eps: HashMap<MapData, IpKey, Endpoint> = root.typed(&maps::ENDPOINTS)?;
     let stale: Vec<(IpKey, Endpoint)> = eps
@@ -67,8 +69,16 @@ pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
             (flags != ep.flags).then_some((k, Endpoint { flags, ..ep }))
         })
         .collect();
+    let mut changed = 0;
     for (k, ep) in &stale {
-        // An endpoint removed meanwhile (a DEL) stays removed.
+        // `sluicectl` runs beside ADD and DEL: an address whose endpoint
+        // changed since the walk (its pod deleted, the address given to
+        // another) is left as it is now. An endpoint removed meanwhile stays
+        // removed (BPF_EXIST).
+        let now = eps.get(k, 0).ok();
+        if now.map(|n| (n.ifindex, n.pod_mac)) != Some((ep.ifindex, ep.pod_mac)) {
+            continue;
+        }
         match eps.insert(k, ep, BPF_EXIST) {
             Err(e) if !crate::error::is_not_found(&e) => {
                 return Err(Error::map(
@@ -77,10 +87,11 @@ pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
                     e,
                 ));
             }
-            _ => {}
+            Err(_) => {}
+            Ok(()) => changed += 1,
         }
     }
-    Ok(stale.len())
+    Ok(changed)
 }
 
 /// Removes the pod's limits (none is fine).
