@@ -813,6 +813,48 @@ fn assert_refused(node: &Node, args: &[&str], words: &[&str]) {
     }
 }
 
+/// `sluicectl bandwidth set` walks the endpoints and writes marks back: it
+/// takes the datapath's exclusive lock, so it waits for an ADD holding the
+/// shared one (an ADD reusing a deleted pod's address cannot run in between).
+#[test]
+fn sluicectl_bandwidth_set_waits_for_the_adds_in_flight() {
+    let w = BwWorld::new("10.96.18.0/24").unwrap();
+    let a = w.add("a", "bwlock-a-0001", &w.conf);
+    let ip = a.ip_string();
+    // What an ADD holds from its datapath check to its last map write.
+    let root = std::fs::File::open(w.node.pin_root()).unwrap();
+    root.lock_shared().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let (node, ip) = (&w.node, ip.as_str());
+        s.spawn(move || {
+            let out = bandwidth(node, &["set", ip, "--egress-rate", "5000000"]);
+            let _ = tx.send(out);
+        });
+        let early = rx.recv_timeout(Duration::from_secs(2));
+        assert!(
+            early.is_err(),
+            "set finished under an ADD's lock: {early:?}"
+        );
+        let g = bw_get(&w.node, ip).unwrap();
+        assert_pod_limits(&g, &a, w.host_ifindex(&a).unwrap(), None, None);
+        root.unlock().unwrap();
+        let out = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("set still waiting after the lock was released")
+            .unwrap();
+        assert!(out.success(), "{out}");
+        assert!(
+            out.stderr.contains("waiting for the ADDs in flight"),
+            "{out}"
+        );
+    });
+    assert!(endpoint_limited(&w.node, a.ip).unwrap(), "a unmarked");
+    let d = default_burst_bits(5 * M);
+    let g = bw_get(&w.node, &ip).unwrap();
+    assert_pod_limits(&g, &a, w.host_ifindex(&a).unwrap(), Some((5 * M, d)), None);
+}
+
 #[test]
 fn sluicectl_bandwidth_list_get_and_set() {
     let w = BwWorld::new("10.96.12.0/24").unwrap();

@@ -23,7 +23,7 @@ pub fn enable_forwarding(ips: &[IpConfig]) -> Result<(), Error> {
         // kernel did not answer.
         let on = u8::try_from(family)
             .ok()
-            .and_then(|fam| crate::netlink::netconf::forwarding(fam).ok().flatten());
+            .and_then(crate::netlink::netconf::forwarding);
         let on = on.unwrap_or_else(|| std::fs::read_to_string(f).unwrap_or_default().trim() == "1");
         if !on {
             std::fs::write(f, "1").map_err(|e| Error::io(format!("writing 1 to {f}"), e))?;

@@ -183,6 +183,10 @@ fn set(dp: &Datapath, a: &BandwidthSetArgs) -> Result<()> {
             "nothing to set: give --ingress-rate, --egress-rate, --clear-ingress or --clear-egress"
         );
     }
+    // No ADD runs between the walk of the endpoints here and the marks written
+    // back by `sync_limited` (an ADD reusing a DELeted pod's address would
+    // otherwise get that pod's endpoint back).
+    let _lock = dp.lock_exclusive()?;
     let eps = sluice_maps::endpoint::Endpoints::open(&dp.root)?.rows()?;
     let ifindex = pod_ifindex(&eps, &a.pod)?;
     let old = sluice_maps::bandwidth::list(&dp.root)?

@@ -4,7 +4,7 @@
 //! `sluice_maps`.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use sluice_common::{pin_dirs, DEFAULT_PIN_BASE, LAYOUT_VERSION};
 use sluice_maps::PinRoot;
 
@@ -52,6 +52,25 @@ impl Datapath {
             );
         }
         Ok(Self { root, pin_root })
+    }
+
+    /// The datapath's exclusive lock (`flock` on the pin root, the lock every
+    /// ADD holds shared and every load exclusive): while it is held no ADD
+    /// runs, so no endpoint is written between a read and a write of ours.
+    /// Waits for the ADDs in flight (each bounded by its own lock timeout);
+    /// released when the returned file is dropped.
+    pub(crate) fn lock_exclusive(&self) -> Result<std::fs::File> {
+        let dir = std::fs::File::open(&self.pin_root)
+            .with_context(|| format!("opening {} to lock it", self.pin_root.display()))?;
+        if let Err(std::fs::TryLockError::WouldBlock) = dir.try_lock() {
+            eprintln!(
+                "waiting for the ADDs in flight on {} to finish",
+                self.pin_root.display()
+            );
+        }
+        dir.lock()
+            .with_context(|| format!("locking {}", self.pin_root.display()))?;
+        Ok(dir)
     }
 }
 

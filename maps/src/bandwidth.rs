@@ -39,10 +39,11 @@ pub fn set(root: &PinRoot, ifindex: u32, state: BwState) -> Result<()> {
 /// only those on host veth `only`. The programs look a pod's buckets up only
 /// when its endpoint has the mark. For what changes limits after ADD
 /// (`sluicectl bandwidth set`) and for a datapath load over endpoints an older
-/// datapath wrote without the mark; one walk of the endpoints (under the
-/// datapath's exclusive lock for a load; `sluicectl` takes none, so an entry
-/// is written only if it still is the one walked). Returns how many endpoints
-/// it changed.
+/// datapath wrote without the mark; one walk of the endpoints. Both callers
+/// hold the datapath's exclusive lock, so no ADD runs meanwhile; a DEL takes
+/// no lock, so an entry is written only if it still is the one walked (and
+/// `BPF_EXIST` keeps a removed one removed). Returns how many endpoints it
+/// changed.
 pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
     if !root.has(&maps::ENDPOINTS) {
         return Ok(0);

@@ -1,11 +1,14 @@
 //! The "node filling up" table: how ADD and DEL cost changes as a node goes
 //! from no pods to `FILL_PODS`. Four nodes (bridge + host-local and Sluice,
 //! each once without mappings and once with a hostPort per pod, the reference
-//! then with portmap) take the same pods one by one, the nodes interleaved and
-//! their order rotated from pod to pod (so drift and the kernel's deferred work
-//! land on all of them alike), then give them back in reverse. "At N pods" is
-//! the median of the `FILL_WINDOW` ADDs that brought the node to N pods, and of
-//! the `FILL_WINDOW` DELs that started from N pods.
+//! then with portmap) take the same pods one by one, then give them back in
+//! reverse, one node at a time: while a node fills, the machine holds only its
+//! pods, as a real node holds only its own plugin's. (Filling all four at once
+//! measured each plugin among 4,000 veth pairs, three quarters of them another
+//! node's: the kernel's machine-wide lists, such as the tc blocks every clsact
+//! qdisc joins, grew with pods no real node has.) "At N pods" is the median of
+//! the `FILL_WINDOW` ADDs that brought the node to N pods, and of the
+//! `FILL_WINDOW` DELs that started from N pods.
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
@@ -22,8 +25,12 @@ use crate::{build::Binaries, testbed::Testbed};
 pub(super) const FILL_PODS: usize = 1_000;
 /// The node sizes the table shows (each at most `FILL_PODS`, at least `FILL_WINDOW`).
 pub(super) const FILL_AT: [usize; 3] = [20, 500, 1_000];
+/// Seconds between one node's last DEL and the next node's first ADD.
+pub(super) const FILL_SETTLE_SECS: u64 = 3;
 /// ADDs (DELs) each median is taken over.
 pub(super) const FILL_WINDOW: usize = 20;
+/// The pods' interface (each node runs alone, so all use the runtime's usual name).
+const POD_IFNAME: &str = "eth0";
 /// The container port of every mapping, and the first host port.
 const CONTAINER_PORT: u16 = 80;
 const FIRST_HOST_PORT: u16 = 40_000;
@@ -37,8 +44,6 @@ pub(super) struct FillSetup {
     hostport: bool,
     /// Setup index in the report (see [`filling`]).
     index: usize,
-    /// The pods' interface name on this node's network (the pods are shared).
-    ifname: String,
 }
 
 /// The four nodes; `cgroup` for the Sluice node with mappings (its socket hooks).
@@ -87,9 +92,6 @@ pub(super) fn setups(tb: &mut Testbed, bins: &Binaries, cgroup: &Cgroup) -> Resu
         let plugins = vec![(bins.sluice.clone(), conf)];
         out.push(node(tb, tag, n, plugins, "1.1.0", (hostport, SLUICE_FILL))?);
     }
-    for (i, s) in out.iter_mut().enumerate() {
-        s.ifname = format!("eth{i}");
-    }
     Ok(out)
 }
 
@@ -121,82 +123,77 @@ fn node(
         node,
         hostport,
         index: base,
-        ifname: String::new(),
     })
 }
 
-/// Fills every node to `FILL_PODS` pods and empties it again, timing each
-/// ADD and DEL, and records the medians at `FILL_AT`.
+/// Fills each node to `FILL_PODS` pods and empties it again, one node at a
+/// time (the others hold no pods meanwhile, as on a real node only one
+/// plugin's pods are), timing each ADD and DEL, and records the medians at
+/// `FILL_AT`.
 pub(super) fn run(tb: &mut Testbed, setups: &[FillSetup], r: &mut Report) -> Result<()> {
     let pods = (0..FILL_PODS)
         .map(|i| tb.netns(&format!("fl{i}")))
         .collect::<Result<Vec<_>>>()?;
-    let mut adds = vec![Vec::with_capacity(FILL_PODS); setups.len()];
-    let mut attached: Vec<Vec<Attachment>> = (0..setups.len())
-        .map(|_| Vec::with_capacity(FILL_PODS))
-        .collect();
-    for (i, pod) in pods.iter().enumerate() {
-        for j in 0..setups.len() {
-            let k = (i + j) % setups.len();
-            let s = &setups[k];
-            let host_port = FIRST_HOST_PORT + u16::try_from(i)?;
-            let rc = if s.hostport {
-                topology::port_mappings(&[(host_port, CONTAINER_PORT)])
-            } else {
-                json!({})
-            };
-            let (a, ms) = s
-                .list
-                .add_as(
-                    &tb.ns(s.node).path(),
-                    (&format!("{}-{i}", s.tag), &s.ifname),
-                    &tb.ns(*pod).path(),
-                    rc,
-                )
-                .with_context(|| format!("{}: ADD of pod {i}", s.tag))?;
-            adds[k].push(ms);
-            attached[k].push(a);
-        }
-        if (i + 1) % 100 == 0 {
-            eprintln!("bench: filling: {} pods on each node", i + 1);
-        }
-    }
-    // dels[k][i]: the DEL of pod i (taken from a node holding i + 1 pods).
-    let mut dels = vec![vec![0.0; FILL_PODS]; setups.len()];
-    for i in (0..FILL_PODS).rev() {
-        for j in 0..setups.len() {
-            let k = (i + j) % setups.len();
-            let s = &setups[k];
-            let a = attached[k]
-                .pop()
-                .context("a pod attached fewer times than it was filled")?;
-            dels[k][i] = s
-                .list
-                .del(&tb.ns(s.node).path(), &a)
-                .with_context(|| format!("{}: DEL of pod {i}", s.tag))?;
-        }
-    }
-    for (k, s) in setups.iter().enumerate() {
+    for s in setups {
+        settle();
+        eprintln!("bench: filling: {} alone", s.tag);
+        let (adds, dels) = fill_and_empty(tb, s, &pods)?;
         for (at, n) in FILL_AT.iter().enumerate() {
             let window = n - FILL_WINDOW..*n;
-            let (add, _) = measure::p50_p99(adds[k][window.clone()].to_vec());
-            let (del, _) = measure::p50_p99(dels[k][window].to_vec());
+            let (add, _) = measure::p50_p99(adds[window.clone()].to_vec());
+            let (del, _) = measure::p50_p99(dels[window].to_vec());
             let index = filling(s.index, at);
-            r.add(
-                Figure::FillAddP50 {
-                    hostport: s.hostport,
-                },
-                index,
-                add,
-            );
-            r.add(
-                Figure::FillDelP50 {
-                    hostport: s.hostport,
-                },
-                index,
-                del,
-            );
+            let hostport = s.hostport;
+            r.add(Figure::FillAddP50 { hostport }, index, add);
+            r.add(Figure::FillDelP50 { hostport }, index, del);
         }
     }
     Ok(())
+}
+
+/// Lets the kernel's deferred work from the node before (veth teardown,
+/// namespace cleanup, `nf_tables`) finish before the next node starts.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_secs(FILL_SETTLE_SECS));
+}
+
+/// ADDs every pod to node `s`, first to last, then DELs them, last first;
+/// returns the ADD and DEL times (ms), both indexed by pod (`dels[i]`: the DEL
+/// of pod `i`, taken from a node holding `i + 1` pods).
+fn fill_and_empty(tb: &Testbed, s: &FillSetup, pods: &[usize]) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut adds = Vec::with_capacity(pods.len());
+    let mut attached: Vec<Attachment> = Vec::with_capacity(pods.len());
+    for (i, pod) in pods.iter().enumerate() {
+        let host_port = FIRST_HOST_PORT + u16::try_from(i)?;
+        let rc = if s.hostport {
+            topology::port_mappings(&[(host_port, CONTAINER_PORT)])
+        } else {
+            json!({})
+        };
+        let (a, ms) = s
+            .list
+            .add_as(
+                &tb.ns(s.node).path(),
+                (&format!("{}-{i}", s.tag), POD_IFNAME),
+                &tb.ns(*pod).path(),
+                rc,
+            )
+            .with_context(|| format!("{}: ADD of pod {i}", s.tag))?;
+        adds.push(ms);
+        attached.push(a);
+        if (i + 1) % 250 == 0 {
+            eprintln!("bench: filling: {} pods on {}", i + 1, s.tag);
+        }
+    }
+    let mut dels = vec![0.0; pods.len()];
+    for i in (0..pods.len()).rev() {
+        let a = attached
+            .pop()
+            .context("a pod attached fewer times than it was filled")?;
+        dels[i] = s
+            .list
+            .del(&tb.ns(s.node).path(), &a)
+            .with_context(|| format!("{}: DEL of pod {i}", s.tag))?;
+    }
+    Ok((adds, dels))
 }
