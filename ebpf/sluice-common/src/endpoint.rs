@@ -13,12 +13,20 @@ pub struct IpKey {
 
 impl IpKey {
     /// Key of an IPv4 address given in network byte order as four bytes.
+    /// Built from four 4-byte words: from the byte literal, LLVM merged the
+    /// ten zero bytes into a call to bpf-linker's byte-at-a-time `memset` on
+    /// every packet of the programs.
     #[inline(always)]
     pub const fn v4(octets: [u8; 4]) -> Self {
-        let [a, b, c, d] = octets;
-        Self {
-            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
-        }
+        let words = [
+            0,
+            0,
+            u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+            u32::from_ne_bytes(octets),
+        ];
+        // SAFETY: `IpKey` is `repr(C, align(4))` around 16 bytes, so it has
+        // the size and alignment of `[u32; 4]`, and every bit pattern is one.
+        unsafe { core::mem::transmute::<[u32; 4], Self>(words) }
     }
 
     /// Key of an IPv6 address.

@@ -77,7 +77,7 @@ pub fn dropped<P: Packet>(p: &P, own_ifindex: u32) {
     let mut slot = core::mem::MaybeUninit::<Event>::uninit();
     // SAFETY: a local of the right size and alignment, zeroed before use.
     let ev = unsafe {
-        zero_event(slot.as_mut_ptr());
+        crate::mem::zero_words(slot.as_mut_ptr());
         &mut *slot.as_mut_ptr()
     };
     ev.ts_ns = now;
@@ -299,26 +299,8 @@ fn count_endpoint(ifindex: u32, r: u32) {
     }
 }
 
-/// Zeroes the event at `e` word by word with volatile stores:
-/// `Event::default()` (and stores LLVM merged) became a memset call at
-/// opt-level 2, one call deeper than the 512 bytes
-/// of stack a chain may use allow under `uplink_in` on 5.10.
-///
-/// # Safety
-/// `e` points to a writable `Event` (8-byte aligned, a multiple of 8 bytes).
-#[inline(always)]
-unsafe fn zero_event(e: *mut Event) {
-    let w = e.cast::<u64>();
-    let mut i = 0;
-    while i < core::mem::size_of::<Event>() / 8 {
-        // SAFETY: the caller's contract; i stays inside the event.
-        unsafe { w.add(i).write_volatile(0) };
-        i += 1;
-    }
-}
-
 /// Copies 16 bytes as two 8-byte words (a whole-array copy became a memmove
-/// call at opt-level 2, see [`zero_event`]).
+/// call at opt-level 2, see [`crate::mem::zero_words`]).
 #[inline(always)]
 fn copy16(to: &mut [u8; 16], from: &[u8; 16]) {
     // SAFETY: both are 16 bytes; unaligned 8-byte reads and writes.

@@ -27,27 +27,6 @@ use crate::{
     TCX_NEXT,
 };
 
-/// Zeroes the `T` at `t` with volatile 4-byte stores. bpf-linker has LLVM
-/// expand `memcpy` inline but leaves `memset` (and `memmove`) as calls to a
-/// byte-at-a-time loop: `mem::zeroed` of the 64-byte parameters cost a
-/// 64-round loop per forwarded packet. (Linking with
-/// `--disable-expand-memcpy-in-order` instead made 6.1's verifier refuse
-/// `uplink_in`, see docs/kernels.md.)
-///
-/// # Safety
-/// `t` points to a writable `T`.
-#[inline(always)]
-unsafe fn zero_words<T>(t: *mut T) {
-    const { assert!(size_of::<T>().is_multiple_of(4) && core::mem::align_of::<T>() >= 4) };
-    let w = t.cast::<u32>();
-    let mut i = 0;
-    while i < size_of::<T>() / 4 {
-        // SAFETY: the caller's contract; i stays inside the `T`.
-        unsafe { w.add(i).write_volatile(0) };
-        i += 1;
-    }
-}
-
 /// Forwards a packet from a pod by FIB lookup. `ifindex` is the ingress device.
 #[inline(always)]
 pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
@@ -57,7 +36,7 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
     let mut p = MaybeUninit::<FibParams>::uninit();
     // SAFETY: `p` is a writable FibParams; zeroed, every field is initialized.
     let p = unsafe {
-        zero_words(p.as_mut_ptr());
+        crate::mem::zero_words(p.as_mut_ptr());
         p.assume_init_mut()
     };
     p.ifindex = ifindex;

@@ -184,7 +184,7 @@ impl Headers {
     pub fn src_key(&self) -> IpKey {
         // SAFETY: the pointers were bounds checked by `parse`.
         match self.l3 {
-            L3::V4(ip) => key_v4(unsafe { (*ip).src_addr }),
+            L3::V4(ip) => IpKey::v4(unsafe { (*ip).src_addr }),
             L3::V6(ip) => IpKey::v6(unsafe { (*ip).src_addr }),
         }
     }
@@ -194,7 +194,7 @@ impl Headers {
     pub fn dst_key(&self) -> IpKey {
         // SAFETY: the pointers were bounds checked by `parse`.
         match self.l3 {
-            L3::V4(ip) => key_v4(unsafe { (*ip).dst_addr }),
+            L3::V4(ip) => IpKey::v4(unsafe { (*ip).dst_addr }),
             L3::V6(ip) => IpKey::v6(unsafe { (*ip).dst_addr }),
         }
     }
@@ -255,24 +255,5 @@ impl Headers {
     pub fn dst_mac(&self) -> [u8; 6] {
         // SAFETY: bounds checked by `parse`.
         unsafe { (*self.eth).dst_addr }
-    }
-}
-
-/// [`IpKey::v4`] with word stores: built from the literal, the ten zero bytes
-/// were a call to bpf-linker's byte-at-a-time `memset` on every packet.
-#[inline(always)]
-pub fn key_v4(octets: [u8; 4]) -> IpKey {
-    let mut k = core::mem::MaybeUninit::<IpKey>::uninit();
-    let w = k.as_mut_ptr().cast::<u32>();
-    // SAFETY: `IpKey` is 16 bytes aligned to 4: four u32 words, all written,
-    // in the order of `IpKey::v4` (`::ffff:a.b.c.d`). Volatile, so LLVM does
-    // not merge the zero stores into a `memset` again.
-    unsafe {
-        w.write_volatile(0);
-        w.add(1).write_volatile(0);
-        w.add(2)
-            .write_volatile(u32::from_ne_bytes([0, 0, 0xff, 0xff]));
-        w.add(3).write_volatile(u32::from_ne_bytes(octets));
-        k.assume_init()
     }
 }

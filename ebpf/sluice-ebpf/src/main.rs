@@ -34,6 +34,7 @@ mod kernel;
 mod l3;
 mod l4;
 mod maps;
+mod mem;
 mod nat;
 mod packet;
 
@@ -125,7 +126,7 @@ fn frame_addr(ctx: &TcContext, src: bool) -> Option<IpKey> {
     let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
     match et {
         // SAFETY: bounds checked by ptr_at.
-        l3::ETH_P_IP => Some(l3::key_v4(unsafe {
+        l3::ETH_P_IP => Some(IpKey::v4(unsafe {
             *ptr_at::<[u8; 4]>(ctx, 14 + if src { 12 } else { 16 })?
         })),
         // SAFETY: as above.
@@ -443,7 +444,7 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
         // Masquerade replies, then hostPorts (hostport counts its own).
         let pod = match nat::dnat_xdp(ctx, &h) {
-            Some(pod) => Some((l3::key_v4(pod), true)),
+            Some(pod) => Some((IpKey::v4(pod), true)),
             None => hostport::from_uplink_xdp(ctx, &h).map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {

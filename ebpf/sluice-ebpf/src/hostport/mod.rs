@@ -35,7 +35,7 @@ use crate::{
     csum,
     endpoint::deliver_translated,
     events::{self, note_drop},
-    l3::{key_v4, Headers},
+    l3::Headers,
     l4::{
         self, ipv4, is_fragment, rewrite, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
     },
@@ -168,7 +168,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(deliver_translated(ctx, key_v4(t.pod_ip)))
+    Some(deliver_translated(ctx, IpKey::v4(t.pod_ip)))
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]
@@ -210,7 +210,7 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<IpKey> {
         csum::set_dst_addr(ip, t.pod_ip);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(key_v4(t.pod_ip))
+    Some(IpKey::v4(t.pod_ip))
 }
 
 /// What [`from_pod`] did.

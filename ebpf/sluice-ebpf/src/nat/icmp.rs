@@ -120,5 +120,5 @@ pub(super) fn icmp_error(ctx: &TcContext, cfg: &MasqConfig, l4_off: usize) -> Op
         return Some(TC_ACT_SHOT);
     }
     count(reason::MASQ_ICMP_ERROR);
-    Some(deliver(ctx, crate::l3::key_v4(rev.pod_ip)))
+    Some(deliver(ctx, sluice_common::IpKey::v4(rev.pod_ip)))
 }

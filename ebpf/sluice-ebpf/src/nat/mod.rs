@@ -41,7 +41,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sluice_common::{
-    event_kind, masq_flags, nat_flags, nat_state, reason, Addr6, MasqConfig, Nat6Key, NatKey,
+    event_kind, masq_flags, nat_flags, nat_state, reason, Addr6, IpKey, MasqConfig, Nat6Key, NatKey,
 };
 
 pub use sweep::sweep;
@@ -58,7 +58,7 @@ use crate::{
     counters::count,
     endpoint::deliver_translated as deliver,
     events::note_drop,
-    l3::{key_v4, Headers},
+    l3::Headers,
     l4::{
         ipv4, is_fragment, l4, rewrite, Rewrite, ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO,
         ICMP_ECHO_REPLY, ICMP_TIME_EXCEEDED, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP, TCP_ACK,
@@ -115,7 +115,7 @@ fn snat4_inline(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
         return TCX_NEXT;
     };
     // SAFETY: map values are only read.
-    let Some(ep) = (unsafe { ENDPOINTS.get(key_v4(ip.src_addr)) }) else {
+    let Some(ep) = (unsafe { ENDPOINTS.get(IpKey::v4(ip.src_addr)) }) else {
         if ip.src_addr == cfg.addr && ip.proto == PROTO_ICMP && !is_fragment(&ip) {
             node_echo(ctx, cfg, &ip);
         }
@@ -389,7 +389,7 @@ fn dnat4_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
             return Some(TC_ACT_SHOT);
         }
         count(reason::MASQ_FRAGMENT);
-        return Some(deliver(ctx, key_v4(pod)));
+        return Some(deliver(ctx, IpKey::v4(pod)));
     }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
     if ip.proto == PROTO_ICMP {
@@ -429,7 +429,7 @@ fn dnat4_inner(ctx: &TcContext, cfg: &MasqConfig) -> Option<i32> {
     }
     remember_fragments(&ip, rev.pod_ip);
     count(reason::MASQ_DNAT);
-    Some(deliver(ctx, key_v4(rev.pod_ip)))
+    Some(deliver(ctx, IpKey::v4(rev.pod_ip)))
 }
 
 /// The masquerade address, or the one before (its flows still get replies).
