@@ -238,13 +238,21 @@ pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Opt
     if let Some(m) = mtu {
         assert_eq!(host_link["mtu"], m, "{}", ctx("host MTU"));
     }
-    let host_addrs = must(look::addrs(node.name(), &a.host_veth));
+    // The IPv4 gateway is the node's once, on its loopback device; the host
+    // veth carries no IPv4 address.
+    let lo_addrs = must(look::addrs(node.name(), "lo"));
     assert!(
-        host_addrs.contains(&format!("{gw}/32")),
+        lo_addrs.contains(&format!("{gw}/32")),
         "{}",
         ctx(&format!(
-            "gateway {gw}/32 not on the host veth: {host_addrs:?}"
+            "gateway {gw}/32 not on the node's lo: {lo_addrs:?}"
         ))
+    );
+    let host_addrs = must(look::addrs(node.name(), &a.host_veth));
+    assert!(
+        host_addrs.iter().all(|h| h.contains(':')),
+        "{}",
+        ctx(&format!("an IPv4 address on the host veth: {host_addrs:?}"))
     );
     let node_routes = must(look::routes4(node.name()));
     let node_neigh = must(look::neighbours(node.name(), &a.host_veth));

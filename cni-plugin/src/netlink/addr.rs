@@ -12,17 +12,18 @@ use super::{errno, nl_err, Netlink};
 use crate::error::Error;
 
 impl Netlink {
-    /// Adds `addr/prefix` to link `index`. `no_prefix_route` keeps the kernel from
-    /// adding the subnet route (`IFA_F_NOPREFIXROUTE)`: pods route their subnet via
-    /// the gateway. IPv6 addresses skip DAD (`IFA_F_NODAD)`: the address is ours alone
-    /// on a point-to-point veth and must be usable at once.
+    /// Adds `addr/prefix` to link `index`; `false` when the link had it already.
+    /// `no_prefix_route` keeps the kernel from adding the subnet route
+    /// (`IFA_F_NOPREFIXROUTE)`: pods route their subnet via the gateway. IPv6
+    /// addresses skip DAD (`IFA_F_NODAD)`: the address is ours alone on a
+    /// point-to-point veth and must be usable at once.
     pub async fn add_address(
         &self,
         index: u32,
         addr: IpAddr,
         prefix: u8,
         no_prefix_route: bool,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let mut req = self.handle.address().add(index, addr, prefix);
         let mut flags = AddressFlags::empty();
         if no_prefix_route {
@@ -37,8 +38,8 @@ impl Netlink {
                 .push(AddressAttribute::Flags(flags));
         }
         match req.execute().await {
-            Ok(()) => Ok(()),
-            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(false),
             Err(e) => Err(nl_err(
                 format!("add address {addr}/{prefix} to link #{index}"),
                 e,
