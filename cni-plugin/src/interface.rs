@@ -28,7 +28,7 @@ use crate::{
 };
 
 /// The loopback device's ifindex, the same in every network namespace
-/// (`LOOPBACK_IFINDEX`, include/net/net_namespace.h).
+/// (`LOOPBACK_IFINDEX`, `include/net/net_namespace.h`).
 const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Gateway used for a family when IPAM gives none: link-local, as Calico does.
