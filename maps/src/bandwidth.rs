@@ -72,9 +72,9 @@ pub fn sync_limited(root: &PinRoot, only: Option<u32>) -> Result<usize> {
         .collect();
     let mut changed = 0;
     for (k, ep) in &stale {
-        // `sluicectl` runs beside ADD and DEL: an address whose endpoint
-        // changed since the walk (its pod deleted, the address given to
-        // another) is left as it is now. An endpoint removed meanwhile stays
+        // A DEL takes no lock: an address whose endpoint changed since the
+        // walk (its pod deleted, the address given to another by an ADD after
+        // our lock) is left as it is now. An endpoint removed meanwhile stays
         // removed (BPF_EXIST).
         let now = eps.get(k, 0).ok();
         if now.map(|n| (n.ifindex, n.pod_mac)) != Some((ep.ifindex, ep.pod_mac)) {

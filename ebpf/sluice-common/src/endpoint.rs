@@ -25,7 +25,8 @@ impl IpKey {
             u32::from_ne_bytes(octets),
         ];
         // SAFETY: `IpKey` is `repr(C, align(4))` around 16 bytes, so it has
-        // the size and alignment of `[u32; 4]`, and every bit pattern is one.
+        // the size and alignment of `[u32; 4]`, and any 16 bytes are a valid
+        // `IpKey`.
         unsafe { core::mem::transmute::<[u32; 4], Self>(words) }
     }
 
