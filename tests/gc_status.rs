@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 use sluice_tests::{
     attached::{assert_attached, assert_detached},
+    look,
     schema::{check_add_result, Added},
     traffic::tcp_echo,
     with_prev_result, Node, Pod, NETWORK,
@@ -50,6 +51,8 @@ fn gc_removes_the_attachment_no_one_owns_and_keeps_the_others() {
 
     gc(&node, &conf, &cids[..2]);
 
+    // The pods left use the gateway: it stays on the node's lo.
+    assert!(gateway_on_lo(&node), "GC removed the gateway in use");
     assert_detached(&node, "gc-c", "eth0", Some(&pods[2]), &added[2]);
     assert_eq!(node.records(NETWORK).unwrap().len(), 2);
     assert_eq!(node.reservations(NETWORK).unwrap().len(), 2);
@@ -67,12 +70,28 @@ fn gc_removes_the_attachment_no_one_owns_and_keeps_the_others() {
         check(&node, &conf, cids[i], &pods[i], &added[i]);
     }
 
-    // GC with no valid attachment at all empties the network.
+    // GC with no valid attachment at all empties the network, and takes the
+    // gateway no pod uses any more off lo (DEL leaves it there).
     gc(&node, &conf, &[]);
     for i in 0..2 {
         assert_detached(&node, cids[i], "eth0", Some(&pods[i]), &added[i]);
     }
     node.assert_clean(NETWORK);
+    assert!(!gateway_on_lo(&node), "GC left the unused gateway on lo");
+    // The next ADD puts it back (assert_attached checks lo).
+    let again = add(&node, &conf, "gc-d", &pods[0]);
+    assert_attached(&node, &pods[0], "eth0", &again, None);
+    node.cni("DEL", &conf, "gc-d", "eth0", Some(&pods[0]), &[])
+        .unwrap()
+        .ok_silent();
+}
+
+/// Whether the network's gateway (10.85.0.1, the range's first address) is on
+/// the node's lo.
+fn gateway_on_lo(node: &Node) -> bool {
+    look::addrs(node.name(), "lo")
+        .unwrap()
+        .contains(&"10.85.0.1/32".to_string())
 }
 
 #[test]

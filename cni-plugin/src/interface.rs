@@ -23,13 +23,10 @@ use crate::{
         result::{IpConfig, Route},
     },
     error::Error,
+    gateway::{self, host_prefix},
     netlink::{LinkInfo, Netlink, RouteSpec},
     netns::Netns,
 };
-
-/// The loopback device's ifindex, the same in every network namespace
-/// (`LOOPBACK_IFINDEX`, `include/net/net_namespace.h`).
-const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Gateway used for a family when IPAM gives none: link-local, as Calico does.
 pub const DEFAULT_GW_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -118,14 +115,6 @@ pub fn gateways(ips: &[IpConfig]) -> Vec<IpAddr> {
     out
 }
 
-fn host_prefix(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() {
-        32
-    } else {
-        128
-    }
-}
-
 fn host_net(ip: IpAddr) -> Result<IpNetwork, Error> {
     IpNetwork::new(ip, host_prefix(ip)).map_err(|e| Error::netlink("route", e))
 }
@@ -206,7 +195,7 @@ pub async fn configure_host(
         .mac
         .ok_or_else(|| Error::netlink("read pod MAC", "no address"))?;
     for gw in gws {
-        add_node_gateway(host_nl, idx, *gw).await?;
+        gateway::add(host_nl, idx, *gw).await?;
     }
     for ip in ips {
         let a = ip.address.ip();
@@ -218,29 +207,6 @@ pub async fn configure_host(
             })
             .await?;
         host_nl.set_permanent_neighbour(idx, a, pod_mac).await?;
-    }
-    Ok(())
-}
-
-/// Makes the pods' gateway `gw` a local address of the node. Once, on the
-/// loopback device: Linux delivers a packet to a local address whatever
-/// interface it came in on, and one copy keeps every ADD's address work O(1)
-/// (a copy per host veth made each one more alias of one local route,
-/// `fib_add_ifaddr`, and one more line in every address dump, which an ADD
-/// with a hostPort reads). The pod never asks for the gateway's MAC (a
-/// permanent neighbour, see `configure_pod`). A link-local IPv6 gateway (the
-/// default `fe80::1`) is local only on the link that carries it (RFC 4291
-/// scope), so it goes on host veth `host_index`.
-async fn add_node_gateway(host_nl: &Netlink, host_index: u32, gw: IpAddr) -> Result<(), Error> {
-    let on = match gw {
-        IpAddr::V6(a) if a.is_unicast_link_local() => host_index,
-        _ => LOOPBACK_IFINDEX,
-    };
-    let added = host_nl.add_address(on, gw, host_prefix(gw), true).await?;
-    if added && on == LOOPBACK_IFINDEX {
-        // Local routes on a device that is down are dead; a node's loopback
-        // is up, a fresh namespace's is not.
-        host_nl.set_up(LOOPBACK_IFINDEX).await?;
     }
     Ok(())
 }

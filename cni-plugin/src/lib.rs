@@ -3,6 +3,7 @@ pub mod cni;
 pub mod commands;
 pub mod datapath;
 pub mod error;
+pub mod gateway;
 pub mod interface;
 pub mod ipam;
 pub mod lock;

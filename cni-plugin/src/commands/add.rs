@@ -16,7 +16,7 @@ use crate::{
     },
     datapath::{self, masquerade, Datapath, NodeSettings, PodDevice, PodSpec},
     error::Error,
-    interface,
+    gateway, interface,
     ipam::Ipam,
     netlink::Netlink,
     netns::Netns,
@@ -242,6 +242,7 @@ async fn add_steps(
     let settings = node_settings(conf, host_nl, uplink, mtu, ipam, &ipam_result.ips).await?;
     steps.done("node settings");
     let prepared = dp.prepare(host_nl, &settings).await?;
+    gateway::readd(host_nl, &gws).await?;
     steps.done("datapath prepare");
     // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
     dp.attach(

@@ -1,6 +1,8 @@
 //! GC (spec 1.1.0): remove everything of this network that no attachment in
 //! `cni.dev/valid-attachments` owns: records, address reservations, datapath
-//! entries and links, and the host veths they name.
+//! entries and links, the host veths they name, and this network's gateways
+//! on the node's `lo` once no pod on the node uses them (the spec's warning:
+//! shared resources stay while anyone may use them).
 use std::collections::HashSet;
 
 use super::del::{delete_host_veth, teardown};
@@ -8,6 +10,7 @@ use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
     datapath::Datapath,
     error::{Error, Errors},
+    gateway,
     ipam::Ipam,
     netlink::Netlink,
     state::StateStore,
@@ -24,9 +27,14 @@ pub(super) async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let host_nl = Netlink::open()?;
     let mut errors = Errors::new();
 
+    let mut gateways = gateway::Candidates::default();
+    for (gw, subnet) in ipam.gateways() {
+        gateways.note(gw, Some(subnet));
+    }
     for rec in store.list()? {
         let id = rec.id();
         if !valid_set.contains(&id) {
+            gateways.note_pod(&rec.gateways, &rec.ips);
             eprintln!(
                 "sluice: GC removes stale attachment {}/{}",
                 id.container_id, id.ifname
@@ -37,11 +45,14 @@ pub(super) async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     // Datapath entries whose record is gone (e.g. a crash before the record was
     // written, or a record removed by hand), their host veths, and hostPort
     // mappings whose pod is gone.
-    if let Some(orphans) = errors.note(Datapath::new(&conf.pin_root).collect(valid)) {
+    let dp = Datapath::new(&conf.pin_root);
+    if let Some(orphans) = errors.note(dp.collect(valid)) {
         for host_ifname in orphans {
             errors.note(delete_host_veth(&host_nl, &host_ifname).await);
         }
     }
     errors.note(ipam.gc(conf, valid));
+    // Last: the host veths and their routes are gone by now.
+    errors.note(gateway::remove_unused(&host_nl, &dp, &store, &gateways).await);
     errors.finish()
 }

@@ -457,6 +457,15 @@ impl Datapath {
         )
     }
 
+    /// The exclusive lock an ADD's shared one waits for; `None` when nothing
+    /// was ever pinned here (no ADD has got that far, so none holds a lock).
+    pub fn lock_exclusive(&self) -> Result<Option<FileLock>, Error> {
+        if !self.root.path().is_dir() {
+            return Ok(None);
+        }
+        FileLock::dir_exclusive(self.root.path()).map(Some)
+    }
+
     /// Detaches every program (pods, uplink, socket hooks, sweeper) under the
     /// exclusive lock; traffic falls back to the kernel's routes (the pods'
     /// routes and neighbours do not depend on the programs). The next ADD attaches

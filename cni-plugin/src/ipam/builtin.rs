@@ -2,6 +2,7 @@
 //! and STATUS over the disk store, each operation under the network's one lock.
 use std::net::IpAddr;
 
+use ipnetwork::IpNetwork;
 use serde_json::Value;
 
 use super::allocator::{self, Duplicates};
@@ -194,13 +195,14 @@ impl BuiltinIpam {
         })
     }
 
-    /// The gateways of the configured ranges (the plugin puts them on the host side).
-    pub fn gateways(&self) -> Vec<IpAddr> {
-        let mut out: Vec<IpAddr> = Vec::new();
+    /// The gateway and subnet of each configured range, each pair once (GC
+    /// removes the gateways no pod uses from the node).
+    pub fn gateways(&self) -> Vec<(IpAddr, IpNetwork)> {
+        let mut out = Vec::new();
         for set in &self.config.range_sets {
             for r in set.ranges() {
-                if !out.contains(&r.gateway) {
-                    out.push(r.gateway);
+                if !out.contains(&(r.gateway, r.subnet)) {
+                    out.push((r.gateway, r.subnet));
                 }
             }
         }
@@ -404,7 +406,12 @@ mod tests {
         let cfg = json!({"ranges": [[{"subnet": "10.22.0.0/24"}]], "dataDir": tmp.path()});
         let rt = json!([[{"subnet": "10.33.0.0/24", "gateway": "10.33.0.254"}]]);
         let ipam = BuiltinIpam::new("net2", &cfg, Some(&IpRanges::new(rt.clone()))).unwrap();
-        assert_eq!(ipam.gateways(), [ip("10.33.0.254"), ip("10.22.0.1")]);
+        let gws: Vec<IpAddr> = ipam.gateways().into_iter().map(|(g, _)| g).collect();
+        assert_eq!(gws, [ip("10.33.0.254"), ip("10.22.0.1")]);
+        assert_eq!(
+            ipam.gateways()[0].1,
+            "10.33.0.0/24".parse::<IpNetwork>().unwrap()
+        );
         let r = ipam
             .add(&att("c", "eth0"), &[ip("10.22.0.77")], Duplicates::Refuse)
             .unwrap();

@@ -63,6 +63,15 @@ impl Ipam {
         }
     }
 
+    /// The gateway and subnet of each configured range (none for a delegated
+    /// IPAM, whose gateways only its results name).
+    pub fn gateways(&self) -> Vec<(std::net::IpAddr, ipnetwork::IpNetwork)> {
+        match self {
+            Self::Builtin(b) => b.gateways(),
+            Self::Delegate(_) => Vec::new(),
+        }
+    }
+
     /// Reserves addresses; an abbreviated result (no interfaces). The caller has
     /// made sure the attachment has no record, hence no addresses (see
     /// [`allocator::Duplicates::CheckedByCaller`]).

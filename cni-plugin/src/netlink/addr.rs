@@ -47,6 +47,29 @@ impl Netlink {
         }
     }
 
+    /// Removes `addr/prefix` from link `index`; `false` when the link did not
+    /// have it.
+    pub async fn del_address(&self, index: u32, addr: IpAddr, prefix: u8) -> Result<bool, Error> {
+        let what = || format!("delete address {addr}/{prefix} from link #{index}");
+        let mut req = self.handle.address().get().set_link_index_filter(index);
+        req.message_mut().header.index = index;
+        let mut s = req.execute();
+        while let Some(m) = s.try_next().await.map_err(|e| nl_err(what(), e))? {
+            let ours = m.header.prefix_len == prefix
+                && m.attributes
+                    .iter()
+                    .any(|a| matches!(a, AddressAttribute::Address(a) if *a == addr));
+            if ours {
+                return match self.handle.address().del(m).execute().await {
+                    Ok(()) => Ok(true),
+                    Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => Ok(false),
+                    Err(e) => Err(nl_err(what(), e)),
+                };
+            }
+        }
+        Ok(false)
+    }
+
     /// The addresses on link `index`.
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, Error> {
         let mut req = self.handle.address().get().set_link_index_filter(index);
