@@ -8,7 +8,10 @@
 //! node's: the kernel's machine-wide lists, such as the tc blocks every clsact
 //! qdisc joins, grew with pods no real node has.) "At N pods" is the median of
 //! the `FILL_WINDOW` ADDs that brought the node to N pods, and of the
-//! `FILL_WINDOW` DELs that started from N pods.
+//! `FILL_WINDOW` DELs that started from N pods, once per round: the nodes
+//! take turns `FILL_ROUNDS` times and the table shows the median round with
+//! the range (one round's growth moved by about 0.2x between runs, as much as
+//! the 1.2x target leaves).
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
@@ -29,6 +32,8 @@ pub(super) const FILL_AT: [usize; 3] = [20, 500, 1_000];
 pub(super) const FILL_SETTLE_SECS: u64 = 3;
 /// ADDs (DELs) each median is taken over.
 pub(super) const FILL_WINDOW: usize = 20;
+/// Times each node fills and empties.
+pub(super) const FILL_ROUNDS: usize = 3;
 /// The pods' interface (each node runs alone, so all use the runtime's usual name).
 const POD_IFNAME: &str = "eth0";
 /// The container port of every mapping, and the first host port.
@@ -128,24 +133,30 @@ fn node(
 
 /// Fills each node to `FILL_PODS` pods and empties it again, one node at a
 /// time (the others hold no pods meanwhile, as on a real node only one
-/// plugin's pods are), timing each ADD and DEL, and records the medians at
-/// `FILL_AT`.
+/// plugin's pods are), `FILL_ROUNDS` times in turn, timing each ADD and DEL,
+/// and records each round's medians at `FILL_AT`.
 pub(super) fn run(tb: &mut Testbed, setups: &[FillSetup], r: &mut Report) -> Result<()> {
     let pods = (0..FILL_PODS)
         .map(|i| tb.netns(&format!("fl{i}")))
         .collect::<Result<Vec<_>>>()?;
-    for s in setups {
-        settle();
-        eprintln!("bench: filling: {} alone", s.tag);
-        let (adds, dels) = fill_and_empty(tb, s, &pods)?;
-        for (at, n) in FILL_AT.iter().enumerate() {
-            let window = n - FILL_WINDOW..*n;
-            let (add, _) = measure::p50_p99(adds[window.clone()].to_vec());
-            let (del, _) = measure::p50_p99(dels[window].to_vec());
-            let index = filling(s.index, at);
-            let hostport = s.hostport;
-            r.add(Figure::FillAddP50 { hostport }, index, add);
-            r.add(Figure::FillDelP50 { hostport }, index, del);
+    for round in 0..FILL_ROUNDS {
+        for s in setups {
+            settle();
+            eprintln!(
+                "bench: filling: {} alone, round {}/{FILL_ROUNDS}",
+                s.tag,
+                round + 1
+            );
+            let (adds, dels) = fill_and_empty(tb, s, &pods, round)?;
+            for (at, n) in FILL_AT.iter().enumerate() {
+                let window = n - FILL_WINDOW..*n;
+                let (add, _) = measure::p50_p99(adds[window.clone()].to_vec());
+                let (del, _) = measure::p50_p99(dels[window].to_vec());
+                let index = filling(s.index, at);
+                let hostport = s.hostport;
+                r.add(Figure::FillAddP50 { hostport }, index, add);
+                r.add(Figure::FillDelP50 { hostport }, index, del);
+            }
         }
     }
     Ok(())
@@ -160,7 +171,12 @@ fn settle() {
 /// ADDs every pod to node `s`, first to last, then DELs them, last first;
 /// returns the ADD and DEL times (ms), both indexed by pod (`dels[i]`: the DEL
 /// of pod `i`, taken from a node holding `i + 1` pods).
-fn fill_and_empty(tb: &Testbed, s: &FillSetup, pods: &[usize]) -> Result<(Vec<f64>, Vec<f64>)> {
+fn fill_and_empty(
+    tb: &Testbed,
+    s: &FillSetup,
+    pods: &[usize],
+    round: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut adds = Vec::with_capacity(pods.len());
     let mut attached: Vec<Attachment> = Vec::with_capacity(pods.len());
     for (i, pod) in pods.iter().enumerate() {
@@ -174,7 +190,7 @@ fn fill_and_empty(tb: &Testbed, s: &FillSetup, pods: &[usize]) -> Result<(Vec<f6
             .list
             .add_as(
                 &tb.ns(s.node).path(),
-                (&format!("{}-{i}", s.tag), POD_IFNAME),
+                (&format!("{}-{round}-{i}", s.tag), POD_IFNAME),
                 &tb.ns(*pod).path(),
                 rc,
             )

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use crate::cli::{BenchArgs, BenchTable};
 
 use super::{
-    filling::{FILL_AT, FILL_PODS, FILL_SETTLE_SECS, FILL_WINDOW},
+    filling::{FILL_AT, FILL_PODS, FILL_ROUNDS, FILL_SETTLE_SECS, FILL_WINDOW},
     measure::CPU,
     measure::UDP_LEN,
     topology::{
@@ -1077,6 +1077,7 @@ fn method_vars(args: &BenchArgs, sluice_egress: Option<&str>) -> Vec<(&'static s
         ("fill_pods", thousands(FILL_PODS)),
         ("fill_at", FILL_AT.map(thousands).join(", ")),
         ("fill_window", FILL_WINDOW.to_string()),
+        ("fill_rounds", FILL_ROUNDS.to_string()),
         ("settle", FILL_SETTLE_SECS.to_string()),
     ]
 }
