@@ -183,7 +183,7 @@ pub(crate) struct MetricsArgs {
     /// The network's state directory (the config's `stateDir` plus the
     /// network name), whose attachment records give the `namespace` and `pod`
     /// labels [default: /var/lib/cni/sluice/<network>, the network from -n or
-    /// the pin root's last component].
+    /// the one whose default pin root is --pin-root].
     #[arg(long, env = "SLUICE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
 }

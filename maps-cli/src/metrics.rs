@@ -62,14 +62,31 @@ struct Scrape {
 }
 
 /// The plugin's default state directory of the network: `-n`'s name, or the
-/// pin root's last component (the plugin's default pin root ends in it; for a
-/// network with a '.' in its name it does not: `--state-dir` then).
+/// network whose default pin root is this one (see [`state_dir_of_pin`]).
 fn default_state_dir(t: &Target, dp: &Datapath) -> Option<PathBuf> {
-    let network = t
-        .network
-        .clone()
-        .or_else(|| Some(dp.pin_root.file_name()?.to_str()?.to_string()))?;
-    Some(Path::new(sluice_common::DEFAULT_STATE_DIR).join(network))
+    let base = Path::new(sluice_common::DEFAULT_STATE_DIR);
+    match &t.network {
+        Some(network) => Some(base.join(network)),
+        None => Some(state_dir_of_pin(base, dp.pin_root.file_name()?.to_str()?)),
+    }
+}
+
+/// The state directory under `base` of the network whose pin directory is
+/// named `pin_name`. That name is the network's own, or for a name with a
+/// '.' (which bpffs refuses) a lossy form of it
+/// (`sluice_common::user::pin_dir_name`), so it is the directory whose name
+/// maps to it; the name itself when none does.
+fn state_dir_of_pin(base: &Path, pin_name: &str) -> PathBuf {
+    std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.contains('.') && sluice_common::user::pin_dir_name(n) == pin_name
+            })
+        })
+        .map_or_else(|| base.join(pin_name), |e| e.path())
 }
 
 /// (container id, interface) -> (namespace, pod) of every attachment record
@@ -515,6 +532,35 @@ fn bandwidth_families(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_dir_of_a_pin_root_is_its_networks_even_with_a_dot_in_the_name() {
+        let base = tempfile::tempdir().unwrap();
+        for n in ["net.a", "net_a", "plain"] {
+            std::fs::create_dir(base.path().join(n)).unwrap();
+        }
+        let pin = sluice_common::user::pin_dir_name("net.a");
+        assert_ne!(pin, "net_a");
+        assert_eq!(
+            state_dir_of_pin(base.path(), &pin),
+            base.path().join("net.a")
+        );
+        // Names without a dot are their own pin directory's.
+        assert_eq!(
+            state_dir_of_pin(base.path(), "net_a"),
+            base.path().join("net_a")
+        );
+        assert_eq!(
+            state_dir_of_pin(base.path(), "plain"),
+            base.path().join("plain")
+        );
+        assert_eq!(
+            state_dir_of_pin(base.path(), "gone"),
+            base.path().join("gone")
+        );
+        let missing = base.path().join("missing");
+        assert_eq!(state_dir_of_pin(&missing, "x"), missing.join("x"));
+    }
 
     #[test]
     fn label_values_are_escaped() {
