@@ -84,6 +84,16 @@ fn pod_to_pod(
     let c0 = node.counters().unwrap();
     let fwd0 = forwarded(&node, forward_counter);
     let e0 = node.endpoints().unwrap();
+    // Each pod counts in a counter slot of its own (an array index: the
+    // programs look it up without hashing).
+    let slot = |ip: IpAddr| {
+        let ip = ip.to_string();
+        e0.iter()
+            .find(|e| e["ip"] == ip.as_str())
+            .and_then(|e| e["slot"].as_u64())
+            .unwrap_or_else(|| panic!("{ip} has no counter slot: {e0:?}"))
+    };
+    assert_ne!(slot(ip_a), slot(ip_b), "two pods share a counter slot");
 
     let seen = tcp_echo(&b, ip_b, &a, BYTES).unwrap();
     assert_eq!(seen.ip(), ip_a, "pod traffic must not be translated");

@@ -484,6 +484,7 @@ fn endpoints_json_lists_every_pod_address_and_its_counters_rise() {
                 "podMac",
                 "hostMac",
                 "limited",
+                "slot",
                 "fromPodPackets",
                 "fromPodBytes",
                 "toPodPackets",
@@ -491,6 +492,7 @@ fn endpoints_json_lists_every_pod_address_and_its_counters_rise() {
             ]),
             "{e:#}"
         );
+        assert!(e["slot"].is_u64(), "a new pod has a counter slot: {e:#}");
         assert_eq!(e["ifindex"], w.host_ifindex(p), "{e:#}");
         assert_eq!(e["hostIfname"], p.added.host_veth, "{e:#}");
         assert_eq!(e["containerId"], p.cid, "{e:#}");

@@ -86,6 +86,7 @@ fn to_json(r: &sluice_maps::endpoint::EndpointRow) -> Value {
         "podMac": table::mac(r.endpoint.pod_mac),
         "hostMac": table::mac(r.endpoint.host_mac),
         "limited": r.endpoint.flags & sluice_common::endpoint_flags::LIMITED != 0,
+        "slot": sluice_common::endpoint_flags::slot(r.endpoint.flags),
         "fromPodPackets": r.stats.from_pod_packets,
         "fromPodBytes": r.stats.from_pod_bytes,
         "toPodPackets": r.stats.to_pod_packets,

@@ -291,6 +291,7 @@ pub fn assert_attached(node: &Node, pod: &Pod, ifname: &str, a: &Added, mtu: Opt
     for f in [
         "maps/sl_endpoints",
         "maps/sl_ep_stats",
+        "maps/sl_ep_slots",
         "maps/sl_ep_info",
         "maps/sl_meta",
     ]

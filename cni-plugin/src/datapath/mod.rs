@@ -499,6 +499,12 @@ impl Datapath {
             created_unix: now_unix(),
         };
         eps.insert_interface(pod.host_ifindex, &info)?;
+        let slot = {
+            // One claim at a time (ADDs hold the pin root shared): the maps
+            // directory is the lock.
+            let _claim = FileLock::dir_exclusive(&self.root.maps_dir())?;
+            eps.claim_slot(pod.host_ifindex)?
+        };
         steps.done("attach: counters and owner");
         if pod.netkit {
             links::attach_pod_netkit(&self.root, pod.host_ifname, pod.host_ifindex)?;
@@ -531,6 +537,9 @@ impl Datapath {
             }
             if pod.bandwidth.is_some() {
                 flags |= endpoint_flags::LIMITED;
+            }
+            if let Some(slot) = slot {
+                flags = endpoint_flags::with_slot(flags, slot);
             }
             eps.insert(
                 *ip,

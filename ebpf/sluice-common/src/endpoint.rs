@@ -73,6 +73,41 @@ pub mod endpoint_flags {
     /// `sluicectl bandwidth set`, and every datapath load, which marks the
     /// endpoints an older datapath wrote without it).
     pub const LIMITED: u32 = 1 << 2;
+    /// Bits 16-31: the endpoint's slot in `sl_ep_slots` plus one; 0 for none
+    /// (an endpoint an older plugin wrote, or no slot was free), whose
+    /// packets the programs count in `sl_ep_stats` by ifindex. Userspace
+    /// keeps these bits when it changes the others.
+    pub const SLOT_SHIFT: u32 = 16;
+
+    /// The slot in `flags`, if any.
+    #[inline(always)]
+    pub const fn slot(flags: u32) -> Option<u32> {
+        match flags >> SLOT_SHIFT {
+            0 => None,
+            s => Some(s - 1),
+        }
+    }
+
+    /// `flags` with slot `slot` (which must be below `0xffff`).
+    #[inline(always)]
+    pub const fn with_slot(flags: u32, slot: u32) -> u32 {
+        (flags & ((1 << SLOT_SHIFT) - 1)) | ((slot + 1) << SLOT_SHIFT)
+    }
+}
+
+/// One entry of `sl_ep_slots` (per CPU): the counters of the endpoint whose
+/// host veth is `owner` (0: free). A slot is an array index, so the programs
+/// find a pod's counters without hashing; `sl_ep_stats` keeps the packets
+/// counted before the endpoint is known (unchecked sources, the kernel's
+/// deliveries into the pod), and readers add the two.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SlotStats {
+    /// Host veth ifindex of the endpoint that holds the slot (userspace
+    /// writes it into every CPU's copy; the programs never look at it).
+    pub owner: u32,
+    pub _pad: u32,
+    pub stats: EndpointStats,
 }
 
 /// Packet and byte counters of one endpoint, per CPU. Userspace sums over CPUs.

@@ -60,6 +60,7 @@ mod pod {
     unsafe impl aya::Pod for super::IpKey {}
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::EndpointStats {}
+    unsafe impl aya::Pod for super::SlotStats {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::DatapathMeta {}
     unsafe impl aya::Pod for super::NodeConfig {}
@@ -175,6 +176,7 @@ mod tests {
         assert_eq!(size_of::<IpKey>(), 16);
         assert_eq!(size_of::<Endpoint>(), 4 + 4 + 6 + 6);
         assert_eq!(size_of::<EndpointStats>(), 32);
+        assert_eq!(size_of::<SlotStats>(), 4 + 4 + 32);
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);

@@ -10,7 +10,7 @@ use crate::{
     Addr6, BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey,
     FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry,
     Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortKey6, PortTarget,
-    PortTarget6, SockKey, SockKey6, SockOrig, SockOrig6,
+    PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -65,6 +65,9 @@ const fn spec<K, V>(name: &'static str, kind: MapKind) -> MapSpec {
 pub const ENDPOINTS: MapSpec = spec::<IpKey, Endpoint>("sl_endpoints", MapKind::Hash);
 /// Host veth ifindex -> [`EndpointStats`] (per CPU).
 pub const ENDPOINT_STATS: MapSpec = spec::<u32, EndpointStats>("sl_ep_stats", MapKind::PerCpuHash);
+/// Slot (`endpoint_flags::slot`) -> [`SlotStats`] (per CPU): the counters of
+/// the endpoints that have a slot.
+pub const ENDPOINT_SLOTS: MapSpec = spec::<u32, SlotStats>("sl_ep_slots", MapKind::PerCpuArray);
 /// Host veth ifindex -> [`EndpointInfo`]: who owns the endpoint (userspace only).
 pub const ENDPOINT_INFO: MapSpec = spec::<u32, EndpointInfo>("sl_ep_info", MapKind::Hash);
 /// Index 0 -> [`DatapathMeta`].
@@ -132,9 +135,10 @@ pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 30] = [
+pub const ALL: [MapSpec; 31] = [
     ENDPOINTS,
     ENDPOINT_STATS,
+    ENDPOINT_SLOTS,
     ENDPOINT_INFO,
     META,
     COUNTERS,
@@ -169,6 +173,7 @@ pub const ALL: [MapSpec; 30] = [
 pub mod map_names {
     pub const ENDPOINTS: &str = super::ENDPOINTS.name;
     pub const ENDPOINT_STATS: &str = super::ENDPOINT_STATS.name;
+    pub const ENDPOINT_SLOTS: &str = super::ENDPOINT_SLOTS.name;
     pub const ENDPOINT_INFO: &str = super::ENDPOINT_INFO.name;
     pub const META: &str = super::META.name;
     pub const COUNTERS: &str = super::COUNTERS.name;
@@ -212,6 +217,9 @@ pub mod map_names {
 pub mod map_sizes {
     pub const ENDPOINTS: u32 = 16_384;
     pub const ENDPOINT_STATS: u32 = 8_192;
+    /// Endpoints with a counter slot (more pods than this count by ifindex):
+    /// 80 KB per CPU.
+    pub const ENDPOINT_SLOTS: u32 = 2_048;
     pub const ENDPOINT_INFO: u32 = 8_192;
     /// Default NAT flows (each map); config `natMaxFlows` changes it at load.
     pub const NAT_FLOWS: u32 = 65_536;

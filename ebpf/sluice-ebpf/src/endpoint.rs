@@ -1,25 +1,40 @@
-//! Per-endpoint packet and byte counters, keyed by the host veth's ifindex, and
-//! delivery straight into a pod.
+//! Per-endpoint packet and byte counters, and delivery straight into a pod.
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
     helpers::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
-use sluice_common::{reason, Endpoint, IpKey};
+use sluice_common::{endpoint_flags, reason, Endpoint, EndpointStats, IpKey};
 
 use crate::{
     bandwidth,
     counters::count,
     l3::Headers,
-    maps::{ENDPOINTS, ENDPOINT_STATS},
+    maps::{ENDPOINTS, ENDPOINT_SLOTS, ENDPOINT_STATS},
     TCX_NEXT,
 };
 
-/// Counts a packet the pod on `ifindex` sent. Userspace creates the entry at ADD,
-/// so the hot path never inserts.
+/// The counters of the pod on host veth `ifindex` whose endpoint has `flags`
+/// (0 when the packet's endpoint is not known): its slot in `sl_ep_slots`, an
+/// array index, when it has one; else its `sl_ep_stats` entry, a hash lookup
+/// of the ifindex (userspace creates both at ADD, so the hot path never
+/// inserts). Measured on the pod->pod path, the two hash lookups a packet made
+/// cost 3% of the round trip and 4% of the 64-byte packet rate.
 #[inline(always)]
-pub fn count_from_pod(ifindex: u32, len: u32) {
-    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex) {
+fn stats(ifindex: u32, flags: u32) -> Option<*mut EndpointStats> {
+    match endpoint_flags::slot(flags) {
+        // SAFETY: a pointer into this CPU's value; only its field is taken.
+        Some(slot) => ENDPOINT_SLOTS
+            .get_ptr_mut(slot)
+            .map(|s| unsafe { &raw mut (*s).stats }),
+        None => ENDPOINT_STATS.get_ptr_mut(ifindex),
+    }
+}
+
+/// Counts a packet the pod on `ifindex` (endpoint flags `flags`) sent.
+#[inline(always)]
+pub fn count_from_pod(ifindex: u32, flags: u32, len: u32) {
+    if let Some(s) = stats(ifindex, flags) {
         // SAFETY: per-CPU value, only this CPU writes it while the program runs.
         unsafe {
             (*s).from_pod_packets += 1;
@@ -28,10 +43,10 @@ pub fn count_from_pod(ifindex: u32, len: u32) {
     }
 }
 
-/// Counts a packet going into the pod on `ifindex`.
+/// Counts a packet going into the pod on `ifindex` (endpoint flags `flags`).
 #[inline(always)]
-pub fn count_to_pod(ifindex: u32, len: u32) {
-    if let Some(s) = ENDPOINT_STATS.get_ptr_mut(ifindex) {
+pub fn count_to_pod(ifindex: u32, flags: u32, len: u32) {
+    if let Some(s) = stats(ifindex, flags) {
         // SAFETY: as above.
         unsafe {
             (*s).to_pod_packets += 1;
@@ -46,7 +61,7 @@ pub fn count_to_pod(ifindex: u32, len: u32) {
 fn prepare(h: &Headers, ep: &Endpoint, len: u32) {
     h.decrement_ttl();
     h.set_macs(ep.pod_mac, ep.host_mac);
-    count_to_pod(ep.ifindex, len);
+    count_to_pod(ep.ifindex, ep.flags, len);
 }
 
 /// tc: delivers into the pod with `bpf_redirect_peer` — from the host veth's

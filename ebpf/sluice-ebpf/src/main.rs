@@ -167,9 +167,14 @@ pub fn from_netkit_pod(ctx: TcContext) -> i32 {
 /// `netkit`: the program runs on a netkit peer hook, not at tc ingress.
 #[inline(always)]
 fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
-    endpoint::count_from_pod(ifindex, ctx.len());
     // Before any translation or limit: a forged source never gets further.
-    let limited = match source(ctx, ifindex) {
+    let source = source(ctx, ifindex);
+    let flags = match source {
+        Source::Own(flags) => flags,
+        Source::Unchecked | Source::Spoofed => 0,
+    };
+    endpoint::count_from_pod(ifindex, flags, ctx.len());
+    let limited = match source {
         Source::Own(flags) => flags & endpoint_flags::LIMITED != 0,
         // No endpoint to tell: the bucket lookup decides.
         Source::Unchecked => true,
@@ -240,7 +245,9 @@ pub fn to_pod(ctx: TcContext) -> i32 {
         return TCX_NEXT;
     }
     let ifindex = skb_field_ifindex(&ctx);
-    let v = to_pod_verdict(&ctx, ifindex);
+    // The endpoint is not looked up here: the kernel's deliveries count by
+    // ifindex.
+    let v = to_pod_verdict(&ctx, ifindex, 0);
     tc_exit(&ctx, v, ifindex)
 }
 
@@ -255,29 +262,31 @@ pub fn to_netkit_pod(ctx: TcContext) -> i32 {
     if endpoint::take_delivered(&ctx) {
         return TCX_NEXT;
     }
-    let Some(ifindex) = destination_ifindex(&ctx) else {
+    let Some((ifindex, flags)) = destination(&ctx) else {
         return TCX_NEXT;
     };
-    let v = to_pod_verdict(&ctx, ifindex);
+    let v = to_pod_verdict(&ctx, ifindex, flags);
     tc_exit(&ctx, v, ifindex)
 }
 
-/// The host device index of the endpoint the packet is addressed to.
+/// The host device index and the flags of the endpoint the packet is
+/// addressed to.
 #[inline(always)]
-fn destination_ifindex(ctx: &TcContext) -> Option<u32> {
+fn destination(ctx: &TcContext) -> Option<(u32, u32)> {
     let key = frame_addr(ctx, false)?;
     // SAFETY: the map value is only read.
-    unsafe { ENDPOINTS.get(key) }.map(|ep| ep.ifindex)
+    unsafe { ENDPOINTS.get(key) }.map(|ep| (ep.ifindex, ep.flags))
 }
 
+/// `flags`: the pod's endpoint flags, 0 when not looked up.
 #[inline(always)]
-fn to_pod_verdict(ctx: &TcContext, ifindex: u32) -> i32 {
+fn to_pod_verdict(ctx: &TcContext, ifindex: u32, flags: u32) -> i32 {
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
     if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), true) {
         return TC_ACT_SHOT;
     }
-    endpoint::count_to_pod(ifindex, ctx.len());
+    endpoint::count_to_pod(ifindex, flags, ctx.len());
     count(reason::TO_POD_FROM_KERNEL);
     TCX_NEXT
 }

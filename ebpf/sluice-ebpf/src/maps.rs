@@ -9,7 +9,8 @@ use sluice_common::{
     map_sizes, monitor_slot, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot, Endpoint,
     EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6,
     IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev,
-    NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SockKey, SockKey6, SockOrig, SockOrig6,
+    NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
+    SockOrig6,
 };
 
 #[map(name = "sl_endpoints")]
@@ -18,6 +19,10 @@ pub static ENDPOINTS: HashMap<IpKey, Endpoint> = HashMap::pinned(map_sizes::ENDP
 #[map(name = "sl_ep_stats")]
 pub static ENDPOINT_STATS: PerCpuHashMap<u32, EndpointStats> =
     PerCpuHashMap::pinned(map_sizes::ENDPOINT_STATS, 0);
+
+#[map(name = "sl_ep_slots")]
+pub static ENDPOINT_SLOTS: PerCpuArray<SlotStats> =
+    PerCpuArray::pinned(map_sizes::ENDPOINT_SLOTS, 0);
 
 /// Written by userspace only; declared here so that one object defines every map.
 #[map(name = "sl_ep_info")]
