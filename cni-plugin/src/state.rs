@@ -159,10 +159,7 @@ impl StateStore {
                 .unwrap_or("record"),
             std::process::id()
         ));
-        let body = serde_json::to_vec_pretty(rec).map_err(|e| Error::Decode {
-            what: "attachment record".into(),
-            reason: e.to_string(),
-        })?;
+        let body = Self::encode(rec)?;
         let write = || -> std::io::Result<()> {
             let mut f = OpenOptions::new()
                 .write(true)
@@ -177,6 +174,34 @@ impl StateStore {
         write().map_err(|e| {
             let _ = fs::remove_file(&tmp);
             Error::io(format!("writing {}", path.display()), e)
+        })
+    }
+
+    /// Rewrites the record `save` wrote, in the same file: ADD's second write
+    /// (the veth's index, `complete`). Not temp file + rename like `save`: a
+    /// rename frees the old inode, and ext4 without a journal scans past every
+    /// inode freed in the last minute or more on each file it creates
+    /// (`recently_deleted` in fs/ext4/ialloc.c), so each ADD would slow the
+    /// ADDs after it. A crash in the middle leaves a record that does not
+    /// parse, which DEL already treats as none (it finds the veth by its
+    /// derived name and the addresses by owner), the same as a crash before
+    /// the first write. Falls back to `save` when the file is gone.
+    pub fn rewrite(&self, rec: &AttachmentRecord) -> Result<(), Error> {
+        let path = self.path(&rec.id());
+        let body = Self::encode(rec)?;
+        match OpenOptions::new().write(true).truncate(true).open(&path) {
+            Ok(mut f) => f
+                .write_all(&body)
+                .map_err(|e| Error::io(format!("writing {}", path.display()), e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.save(rec),
+            Err(e) => Err(Error::io(format!("writing {}", path.display()), e)),
+        }
+    }
+
+    fn encode(rec: &AttachmentRecord) -> Result<Vec<u8>, Error> {
+        serde_json::to_vec_pretty(rec).map_err(|e| Error::Decode {
+            what: "attachment record".into(),
+            reason: e.to_string(),
         })
     }
 
@@ -290,6 +315,32 @@ mod tests {
             created_unix: 1,
             complete: true,
         }
+    }
+
+    /// ADD's second write keeps the file (no inode freed) and leaves exactly
+    /// the new record, also when it is shorter than the first.
+    #[test]
+    fn rewrite_keeps_the_file_and_replaces_the_whole_record() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::new(dir.path());
+        let mut rec = record("c1");
+        rec.port_mappings = vec![serde_json::from_str(
+            r#"{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}"#,
+        )
+        .unwrap()];
+        rec.complete = false;
+        s.save(&rec).unwrap();
+        let path = s.path(&rec.id());
+        let ino = fs::metadata(&path).unwrap().ino();
+        let done = record("c1");
+        s.rewrite(&done).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().ino(), ino);
+        assert_eq!(s.load(&done.id()).unwrap(), Some(done));
+        // Gone meanwhile: written anew.
+        s.remove(&id("c1", "eth0")).unwrap();
+        s.rewrite(&record("c1")).unwrap();
+        assert_eq!(s.load(&id("c1", "eth0")).unwrap(), Some(record("c1")));
     }
 
     #[test]

@@ -280,7 +280,7 @@ async fn add_steps(
     }
 
     record.complete = true;
-    store.save(&record)?;
+    store.rewrite(&record)?;
     steps.done("record complete");
 
     let ours = CniResult {
