@@ -125,21 +125,20 @@ fn in_use(gw: IpAddr, subnets: &[IpNetwork], routes: &[RouteSpec], recorded: &[I
 /// GC: takes off `lo` each candidate gateway no pod on the node uses (see
 /// [`in_use`]); the others, and any address of `lo` that is not a candidate's
 /// exact `/32` (`/128`), stay. Under the datapath's exclusive lock, so no ADD
-/// is between its gateway and [`readd`]. Returns the gateways removed.
+/// is between its gateway and [`readd`]. Each removal is logged to stderr.
 pub async fn remove_unused(
     host_nl: &Netlink,
     dp: &Datapath,
     store: &StateStore,
     candidates: &Candidates,
-) -> Result<Vec<IpAddr>, Error> {
+) -> Result<(), Error> {
     if candidates.0.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let _lock = dp.lock_exclusive()?;
     let on_lo = host_nl.addresses(LOOPBACK_IFINDEX).await?;
     let recorded: Vec<IpAddr> = store.list()?.into_iter().flat_map(|r| r.gateways).collect();
     let mut routes: [Option<Vec<RouteSpec>>; 2] = [None, None];
-    let mut removed = Vec::new();
     for (gw, subnets) in &candidates.0 {
         let mine = IpNetwork::new(*gw, host_prefix(*gw)).ok();
         if !on_lo.iter().any(|a| Some(*a) == mine) {
@@ -159,10 +158,9 @@ pub async fn remove_unused(
             .await?
         {
             eprintln!("sluice: GC removes gateway {gw} from lo: no pod on the node uses it");
-            removed.push(*gw);
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod maintenance;
 pub mod netlink;
 pub mod netns;
 pub mod node;
+pub mod overwrite;
 pub mod state;
 pub mod timing;
 

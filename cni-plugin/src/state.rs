@@ -21,6 +21,7 @@ use crate::{
     },
     datapath::bpffs::create_dirs,
     error::Error,
+    overwrite::overwrite,
 };
 
 /// Prefix of every host-side veth Sluice creates.
@@ -177,23 +178,18 @@ impl StateStore {
         })
     }
 
-    /// Rewrites the record `save` wrote, in the same file: ADD's second write
-    /// (the veth's index, `complete`). Not temp file + rename like `save`: a
-    /// rename frees the old inode, and ext4 without a journal scans past every
-    /// inode freed in the last minute or more on each file it creates
-    /// (`recently_deleted` in fs/ext4/ialloc.c), so each ADD would slow the
-    /// ADDs after it. A crash in the middle leaves a record that does not
-    /// parse, which DEL already treats as none (it finds the veth by its
-    /// derived name and the addresses by owner), the same as a crash before
-    /// the first write. Falls back to `save` when the file is gone.
+    /// Rewrites the record `save` wrote, in the same file ([`overwrite`]):
+    /// ADD's second write (the veth's index, `complete`). Not temp file +
+    /// rename like `save`, which frees an inode per ADD. A killed ADD leaves
+    /// the first record or this one; a record torn by a power loss does not
+    /// parse, and DEL treats it as none (it finds the veth by its derived name
+    /// and the addresses by owner). Falls back to `save` when the file is gone.
     pub fn rewrite(&self, rec: &AttachmentRecord) -> Result<(), Error> {
         let path = self.path(&rec.id());
         let body = Self::encode(rec)?;
-        match OpenOptions::new().write(true).truncate(true).open(&path) {
-            Ok(mut f) => f
-                .write_all(&body)
-                .map_err(|e| Error::io(format!("writing {}", path.display()), e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.save(rec),
+        match overwrite(&path, &body, false) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.save(rec),
             Err(e) => Err(Error::io(format!("writing {}", path.display()), e)),
         }
     }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use crate::cni::AttachmentId;
 use crate::error::Error;
 use crate::lock::FileLock;
+use crate::overwrite::overwrite;
 
 /// One reserved address and who holds it, as read from the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,23 +263,16 @@ impl DiskStore {
         }
     }
 
-    /// Rewrites `last_reserved_ip.<range_set>` in place, as host-local does. It
-    /// is a hint: a file a crash left empty or torn parses as "none", and the
-    /// next allocation then probes from the start of the range set. In place
-    /// rather than temp file + rename, because a rename frees the old inode on
-    /// every ADD, and ext4 without a journal scans past every inode freed in
-    /// the last minute or more (`recently_deleted` in fs/ext4/ialloc.c) on each
-    /// file it creates: a node that adds pods fast would pay per ADD for the
-    /// ADDs before it.
+    /// Rewrites `last_reserved_ip.<range_set>` in place ([`overwrite`]: no
+    /// inode freed per ADD; a killed ADD leaves the old address or the new).
+    /// A shorter address is padded with spaces, which this store trims and
+    /// host-local reads as no hint (it then starts from the range's start; a
+    /// hint only spreads allocations). After a power loss a torn file parses
+    /// as no hint here too.
     fn write_last_reserved(&self, range_set: usize, ip: IpAddr) -> Result<(), Error> {
         let target = self.last_path(range_set);
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&target)
-            .and_then(|mut f| f.write_all(ip.to_string().as_bytes()))
+        overwrite(&target, ip.to_string().as_bytes(), true)
+            .map(drop)
             .map_err(|e| Error::io(format!("writing {}", target.display()), e))
     }
 
@@ -586,7 +580,7 @@ pub(crate) mod tests {
     }
 
     /// A reservation creates one file and frees none: `last_reserved_ip` is
-    /// rewritten in the same inode (see `write_last_reserved`), whole.
+    /// rewritten in the same inode (see `write_last_reserved`), padded.
     #[test]
     fn last_reserved_is_rewritten_in_place() {
         use std::os::unix::fs::MetadataExt;
@@ -598,11 +592,7 @@ pub(crate) mod tests {
         let ino = fs::metadata(&last).unwrap().ino();
         assert!(s.reserve(&att("b", "eth0"), ip("10.0.0.3"), 0).unwrap());
         assert_eq!(fs::metadata(&last).unwrap().ino(), ino);
-        assert_eq!(
-            fs::read(&last).unwrap(),
-            b"10.0.0.3",
-            "no bytes of the longer address left"
-        );
+        assert_eq!(fs::read(&last).unwrap(), b"10.0.0.3  ", "padded, not a mix");
         assert_eq!(s.last_reserved(0).unwrap(), Some(ip("10.0.0.3")));
     }
 

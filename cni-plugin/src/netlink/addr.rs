@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::{
-    address::{AddressAttribute, AddressFlags},
+    address::{AddressAttribute, AddressFlags, AddressMessage},
     AddressFamily,
 };
 
@@ -48,26 +48,28 @@ impl Netlink {
     }
 
     /// Removes `addr/prefix` from link `index`; `false` when the link did not
-    /// have it.
+    /// have it. One `RTM_DELADDR`, no dump: the kernel picks the address by
+    /// `IFA_LOCAL` (IPv4) or `IFA_ADDRESS` (IPv6) and the prefix length.
     pub async fn del_address(&self, index: u32, addr: IpAddr, prefix: u8) -> Result<bool, Error> {
-        let what = || format!("delete address {addr}/{prefix} from link #{index}");
-        let mut req = self.handle.address().get().set_link_index_filter(index);
-        req.message_mut().header.index = index;
-        let mut s = req.execute();
-        while let Some(m) = s.try_next().await.map_err(|e| nl_err(what(), e))? {
-            let ours = m.header.prefix_len == prefix
-                && m.attributes
-                    .iter()
-                    .any(|a| matches!(a, AddressAttribute::Address(a) if *a == addr));
-            if ours {
-                return match self.handle.address().del(m).execute().await {
-                    Ok(()) => Ok(true),
-                    Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => Ok(false),
-                    Err(e) => Err(nl_err(what(), e)),
-                };
-            }
+        let mut m = AddressMessage::default();
+        m.header.family = match addr {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        m.header.prefix_len = prefix;
+        m.header.index = index;
+        m.attributes.push(AddressAttribute::Address(addr));
+        if addr.is_ipv4() {
+            m.attributes.push(AddressAttribute::Local(addr));
         }
-        Ok(false)
+        match self.handle.address().del(m).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => Ok(false),
+            Err(e) => Err(nl_err(
+                format!("delete address {addr}/{prefix} from link #{index}"),
+                e,
+            )),
+        }
     }
 
     /// The addresses on link `index`.

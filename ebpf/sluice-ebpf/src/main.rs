@@ -168,21 +168,19 @@ pub fn from_netkit_pod(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     // Before any translation or limit: a forged source never gets further.
-    let source = source(ctx, ifindex);
-    let flags = match source {
-        Source::Own(flags) => flags,
-        Source::Unchecked | Source::Spoofed => 0,
-    };
-    endpoint::count_from_pod(ifindex, flags, ctx.len());
-    let limited = match source {
-        Source::Own(flags) => flags & endpoint_flags::LIMITED != 0,
+    // (endpoint flags for the counter, limited, spoofed)
+    let (flags, limited, spoofed) = match source(ctx, ifindex) {
+        Source::Own(flags) => (flags, flags & endpoint_flags::LIMITED != 0, false),
         // No endpoint to tell: the bucket lookup decides.
-        Source::Unchecked => true,
-        Source::Spoofed => {
-            note_drop(reason::DROP_SPOOFED, 0);
-            return TC_ACT_SHOT;
-        }
+        Source::Unchecked => (0, true, false),
+        Source::Spoofed => (0, false, true),
     };
+    // A spoofed packet counts as sent by the pod, then as a drop.
+    endpoint::count_from_pod(ifindex, flags, ctx.len());
+    if spoofed {
+        note_drop(reason::DROP_SPOOFED, 0);
+        return TC_ACT_SHOT;
+    }
     // The pod's egress limit, before anything else is spent on the packet.
     if limited && !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
         return TC_ACT_SHOT;
