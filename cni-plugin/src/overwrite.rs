@@ -9,9 +9,12 @@
 //! bytes go out in one `pwrite` at offset 0, padded with spaces to the old
 //! length so that nothing of the old content is left after them, and the
 //! file is never truncated. Readers ignore trailing whitespace (a JSON
-//! parser does; the IPAM store trims). A power loss can still tear the
-//! write (there is no fsync, as there is none anywhere in the state files):
-//! each caller says what a torn file means.
+//! parser does; the IPAM store trims). That holds for content within one
+//! page (4 KiB: an address, a record without hundreds of port mappings):
+//! the kernel copies a longer write page by page and stops between pages
+//! for a fatal signal (`generic_perform_write`). A power loss can tear any
+//! write (there is no fsync, as there is none anywhere in the state files).
+//! Each caller says what a torn file means.
 use std::{
     fs::OpenOptions,
     io::{self, ErrorKind},

@@ -181,7 +181,8 @@ impl StateStore {
     /// Rewrites the record `save` wrote, in the same file ([`overwrite`]):
     /// ADD's second write (the veth's index, `complete`). Not temp file +
     /// rename like `save`, which frees an inode per ADD. A killed ADD leaves
-    /// the first record or this one; a record torn by a power loss does not
+    /// the first record or this one (a record over 4 KiB, hundreds of port
+    /// mappings, may be cut at a page by the kill); a torn record does not
     /// parse, and DEL treats it as none (it finds the veth by its derived name
     /// and the addresses by owner). Falls back to `save` when the file is gone.
     pub fn rewrite(&self, rec: &AttachmentRecord) -> Result<(), Error> {
