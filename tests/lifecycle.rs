@@ -140,22 +140,25 @@ fn check_reports_what_changed() {
     let added = check_add_result(&out.result(), "1.0.0", "eth0", &pod);
     let with_prev = with_prev_result(&conf, &added.result);
 
-    // The from_pod filter deleted behind the plugin's back: CHECK names it.
+    // The pod's programs taken off behind the plugin's back: its clsact qdisc,
+    // which joins its veth to the node's pod filter blocks, deleted (a filter
+    // of a shared block cannot be deleted for one veth: the kernel refuses
+    // filter changes through a device on a shared block). CHECK names the
+    // first missing program.
+    let blocks = sluice_tests::exec::tool(
+        Some(&node.netns_path()),
+        "tc",
+        &["qdisc", "show", "dev", &added.host_veth],
+    )
+    .unwrap();
+    assert!(
+        blocks.contains("ingress_block") && blocks.contains("egress_block"),
+        "the host veth's clsact must join the shared pod blocks: {blocks}"
+    );
     sluice_tests::exec::tool(
         Some(&node.netns_path()),
         "tc",
-        &[
-            "filter",
-            "del",
-            "dev",
-            &added.host_veth,
-            "ingress",
-            "pref",
-            "1",
-            "handle",
-            "1",
-            "bpf",
-        ],
+        &["qdisc", "del", "dev", &added.host_veth, "clsact"],
     )
     .unwrap();
     let e = node

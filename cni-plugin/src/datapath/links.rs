@@ -27,7 +27,7 @@ use sluice_common::{
 };
 use sluice_maps::PinRoot;
 
-use super::{bpffs::unpin, sys::NetkitHook};
+use super::{bpffs::unpin, pod_block, sys::NetkitHook};
 use crate::{
     cni::config::{PodAttach, XdpMode as XdpConfig},
     error::Error,
@@ -122,29 +122,69 @@ pub(super) fn detach_pinned(path: &Path) -> Result<(), Error> {
 
 // --- pods ---------------------------------------------------------------------
 
-/// Attaches the pod programs to `host_ifname` (resolved in this thread's
-/// namespace, the node's) so that the attachment outlives this process:
-/// - `Tc`: `cls_bpf` filters on a clsact qdisc, made through netlink. The qdisc
-///   owns them; no grace period is waited for.
+/// Attaches the pod programs to `host_ifname` (link `host_ifindex`, in this
+/// thread's namespace, the node's) so that the attachment outlives this process:
+/// - `Tc`: a clsact qdisc joined to the node's shared pod blocks, whose
+///   `cls_bpf` filters run the pinned programs ([`super::pod_block`]). The
+///   qdisc and blocks own them; no grace period is waited for.
 /// - `Tcx`: tcx links, pinned. Each first tcx attachment of a device and direction
 ///   waits for an RCU grace period (`tcx_entry_sync`), ~10 ms here.
-pub(super) fn attach_pod(root: &PinRoot, host_ifname: &str, mode: PodAttach) -> Result<(), Error> {
+pub(super) fn attach_pod(
+    root: &PinRoot,
+    host_ifname: &str,
+    host_ifindex: u32,
+    mode: PodAttach,
+) -> Result<(), Error> {
     if mode == PodAttach::Tc {
-        add_clsact(host_ifname)?;
+        return attach_pod_block(root, host_ifname, host_ifindex);
     }
     for p in programs::POD {
         let mut prog = open_tc(root, p.name)?;
-        let hook = tc_hook(p.kind);
-        match mode {
-            PodAttach::Tc => attach_filter(&mut prog, p.name, host_ifname, hook)?,
-            PodAttach::Tcx => attach_tcx_pinned(
-                &mut prog,
-                p.name,
-                host_ifname,
-                hook,
-                &pod_link_path(root, host_ifname, p.name),
-            )?,
+        attach_tcx_pinned(
+            &mut prog,
+            p.name,
+            host_ifname,
+            tc_hook(p.kind),
+            &pod_link_path(root, host_ifname, p.name),
+        )?;
+    }
+    Ok(())
+}
+
+/// The `Tc` case of [`attach_pod`]. A veth that has a clsact qdisc already (a
+/// pod of a lost datapath being re-attached; its qdisc may hold filters of its
+/// own, as Sluice attached them before the shared blocks, or other blocks)
+/// gets a new one: its traffic takes the kernel's routes for the moment
+/// between.
+fn attach_pod_block(root: &PinRoot, host_ifname: &str, host_ifindex: u32) -> Result<(), Error> {
+    let blocks = pod_block::Blocks::of(root);
+    let mut tc = pod_block::Tc::open().map_err(|e| dp_err("open a netlink socket", e))?;
+    let qdisc_err = |e| {
+        dp_err(
+            format!("add a clsact qdisc on the pod blocks to {host_ifname}"),
+            e,
+        )
+    };
+    if !tc.add_clsact(host_ifindex, blocks).map_err(qdisc_err)? {
+        tc.del_clsact(host_ifindex)
+            .map_err(|e| dp_err(format!("delete the clsact qdisc of {host_ifname}"), e))?;
+        if !tc.add_clsact(host_ifindex, blocks).map_err(qdisc_err)? {
+            return Err(dp_err(
+                format!("add a clsact qdisc on the pod blocks to {host_ifname}"),
+                "another qdisc took its place",
+            ));
         }
+    }
+    // Set on every ADD, not only the first of a block: the filters of a block a
+    // lost datapath left behind run that datapath's programs.
+    for p in programs::POD {
+        let prog = open_tc(root, p.name)?;
+        let fd = prog
+            .fd()
+            .map_err(|e| dp_err(format!("program {}", p.name), e))?;
+        let block = blocks.of_hook(tc_hook(p.kind) == TcAttachType::Ingress);
+        tc.set_filter(block, fd.as_fd().as_raw_fd(), p.name, true)
+            .map_err(|e| dp_err(format!("attach {} to tc block {block:#x}", p.name), e))?;
     }
     Ok(())
 }
@@ -341,17 +381,22 @@ pub(super) fn detach_pod(root: &PinRoot, host_ifname: &str) -> Result<(), Error>
     for p in programs::POD_NETKIT {
         errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
     }
+    let mut tcx = false;
     for p in programs::POD {
-        errors.note(unpin(&pod_link_path(root, host_ifname, p.name)));
-        if let Ok(link) = SchedClassifierLink::attached(
-            host_ifname,
-            tc_hook(p.kind),
-            FILTER_PRIORITY,
-            FILTER_HANDLE,
-            None,
-        ) {
-            // ENOENT (no such filter, e.g. tcx mode) is expected here.
-            let _ = Link::detach(link);
+        let lp = pod_link_path(root, host_ifname, p.name);
+        tcx |= lp.exists();
+        errors.note(unpin(&lp));
+    }
+    // `Tc`: the clsact qdisc goes, and with it the veth's hold on the shared
+    // blocks (or, attached before them, its own filters). Not in tcx mode: a
+    // qdisc there is a chained plugin's.
+    if !tcx {
+        if let Some(ifindex) = ifindex_of(host_ifname) {
+            let gone = pod_block::Tc::open().and_then(|mut tc| tc.del_clsact(ifindex));
+            errors.note(
+                gone.map(drop)
+                    .map_err(|e| dp_err(format!("delete the clsact qdisc of {host_ifname}"), e)),
+            );
         }
     }
     errors.finish()
@@ -483,6 +528,14 @@ pub(super) fn detach_uplink_filters(ifname: &str) {
             let _ = Link::detach(link);
         }
     }
+}
+
+/// The index of interface `ifname` in this namespace, if it exists.
+fn ifindex_of(ifname: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(ifname).ok()?;
+    // SAFETY: a valid NUL-terminated name.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
 }
 
 /// The name of interface `ifindex` in this namespace.
@@ -739,7 +792,8 @@ pub(super) fn replace_cgroup_link(prog: &CgroupSockAddr, link_path: &Path) -> Re
 
 /// Points Sluice's `cls_bpf` filter on `host_ifname` at `prog` in place (netlink
 /// replace of the same priority and handle: no packet sees no filter). A veth
-/// without that filter (tcx mode, or gone) is skipped.
+/// without a filter of its own (tcx mode, on the shared blocks, or gone) is
+/// skipped.
 pub(super) fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook: TcAttachType) {
     let Ok(link) =
         SchedClassifierLink::attached(host_ifname, hook, FILTER_PRIORITY, FILTER_HANDLE, None)
@@ -751,6 +805,24 @@ pub(super) fn replace_filter(prog: &mut SchedClassifier, host_ifname: &str, hook
             std::mem::forget(l);
         }
     }
+}
+
+/// Points the pod filter of the shared block of `hook` at `prog` in place
+/// (every `Tc` pod of the node at once). No block (no `Tc` pod now) is fine.
+pub(super) fn replace_block_filter(
+    root: &PinRoot,
+    prog: &SchedClassifier,
+    name: &str,
+    hook: TcAttachType,
+) -> Result<(), Error> {
+    let block = pod_block::Blocks::of(root).of_hook(hook == TcAttachType::Ingress);
+    let fd = prog
+        .fd()
+        .map_err(|e| dp_err(format!("program {name}"), e))?;
+    pod_block::Tc::open()
+        .and_then(|mut tc| tc.set_filter(block, fd.as_fd().as_raw_fd(), name, false))
+        .map(drop)
+        .map_err(|e| dp_err(format!("replace {name} on tc block {block:#x}"), e))
 }
 
 /// A link that cannot be updated (ENOLINK: its interface went away) is dropped.

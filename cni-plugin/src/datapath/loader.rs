@@ -169,6 +169,9 @@ pub(super) fn load_and_pin(
                 for ifname in filtered {
                     links::replace_filter(prog, ifname, links::tc_hook(spec.kind));
                 }
+                if matches!(spec.kind, ProgKind::PodIngress | ProgKind::PodEgress) {
+                    links::replace_block_filter(root, prog, name, links::tc_hook(spec.kind))?;
+                }
             }
         }
         // Readers (`attach`) open progs/<name>; the rename swaps it in one step.

@@ -20,6 +20,7 @@ pub mod hostport;
 mod links;
 mod loader;
 pub mod masquerade;
+mod pod_block;
 mod repair;
 mod sys;
 
@@ -512,6 +513,7 @@ impl Datapath {
             links::attach_pod(
                 &self.root,
                 pod.host_ifname,
+                pod.host_ifindex,
                 features::pod_attach(pod.attach),
             )?;
         }
