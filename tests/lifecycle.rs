@@ -272,6 +272,80 @@ fn lifecycle_dual_stack() {
     node.assert_clean(NETWORK);
 }
 
+/// The host veth gets no automatic IPv6 link-local address (each would add a
+/// DAD run, an MLD join and an `fe80::/64` route beside every other veth's in
+/// the node namespace); a pod whose IPv6 gateway is the default link-local
+/// `fe80::1` still reaches it from its own link-local address, through the
+/// gateway's `fe80::1/64`, and the node answers it.
+#[test]
+fn host_veths_have_no_link_local_and_a_link_local_gateway_answers() {
+    let node = Node::new().unwrap();
+    let v4 = node.pod("a").unwrap();
+    let v6 = node.pod("b").unwrap();
+    let conf = node.conf("1.0.0", "10.77.0.0/24");
+    let added4 = sluice_tests::fixtures::add(&node, &conf, "life-ll4", &v4);
+    let host4 = look::addrs(node.name(), &added4.host_veth).unwrap();
+    assert!(
+        host4.is_empty(),
+        "an IPv4 pod's host veth must hold no address: {host4:?}"
+    );
+
+    // Static IPAM gives no gateway: the pod's is fe80::1.
+    let mut conf6 = conf.clone();
+    conf6["ipam"] = json!({"type": "static", "addresses": [{"address": "fd00:78::2/64"}]});
+    let added6 = sluice_tests::fixtures::add(&node, &conf6, "life-ll6", &v6);
+    let host6 = look::addrs(node.name(), &added6.host_veth).unwrap();
+    assert_eq!(host6, vec!["fe80::1/64".to_string()], "host veth addresses");
+
+    // Once the pod's own link-local address has passed DAD, a connection
+    // from it (the source a link-local destination picks) to fe80::1 is
+    // answered by the node.
+    let pod_ll = (0..50)
+        .find_map(|_| {
+            let a = look::ip_json(&v6.name, &["-6", "addr", "show", "dev", "eth0"]).unwrap();
+            let ll = a
+                .iter()
+                .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+                .find(|i| {
+                    i["scope"] == "link" && i["tentative"].is_null() && i["dadfailed"].is_null()
+                })
+                .and_then(|i| i["local"].as_str().map(str::to_string));
+            if ll.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            ll
+        })
+        .expect("the pod's link-local address never left DAD");
+    let index = |ns: &str, dev: &str| {
+        look::link(ns, dev)
+            .unwrap()
+            .and_then(|l| l["ifindex"].as_u64())
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or_else(|| panic!("no {dev} in {ns}"))
+    };
+    let gw: std::net::Ipv6Addr = "fe80::1".parse().unwrap();
+    let bind = std::net::SocketAddrV6::new(gw, 0, 0, index(node.name(), &added6.host_veth));
+    let connect = std::net::SocketAddrV6::new(gw, 0, 0, index(&v6.name, "eth0"));
+    let seen = sluice_tests::traffic::tcp_echo_via(
+        &node.netns_path(),
+        bind.into(),
+        &v6.path,
+        connect.into(),
+        4 << 10,
+    )
+    .unwrap();
+    assert_eq!(
+        seen.ip().to_string(),
+        pod_ll,
+        "the pod must have spoken from its link-local address"
+    );
+
+    for (id, pod, c) in [("life-ll4", &v4, &conf), ("life-ll6", &v6, &conf6)] {
+        sluice_tests::fixtures::del(&node, c, id, pod);
+    }
+    node.assert_clean(NETWORK);
+}
+
 /// The addresses and MAC a runtime asks for: `CNI_ARGS` `IP=` and `MAC=`, and the
 /// `mac` and `ips` capabilities in runtimeConfig.
 #[test]

@@ -25,6 +25,9 @@ pub fn host_prefix(ip: IpAddr) -> u8 {
     }
 }
 
+/// The prefix of IPv6 link-local addresses (RFC 4291 2.5.6).
+const LINK_LOCAL_PREFIX: u8 = 64;
+
 /// A link-local IPv6 gateway (the default `fe80::1`): local only on the link
 /// that carries it (RFC 4291 scope), so it goes on each host veth.
 fn per_link(gw: IpAddr) -> bool {
@@ -38,15 +41,21 @@ fn per_link(gw: IpAddr) -> bool {
 /// `fib_add_ifaddr`, and one more line in every address dump, which an ADD
 /// with a hostPort reads). The pod never asks for the gateway's MAC (a
 /// permanent neighbour, see `interface::configure_pod`). A link-local IPv6
-/// gateway goes on host veth `host_index` instead.
+/// gateway goes on host veth `host_index` instead, as `fe80::1/64` with its
+/// `fe80::/64` route: the host veth has no link-local address of its own
+/// (`interface::create`), and the node answers a pod's link-local source
+/// (a `ping fe80::1%eth0`) through that route.
 pub async fn add(host_nl: &Netlink, host_index: u32, gw: IpAddr) -> Result<(), Error> {
-    let on = if per_link(gw) {
-        host_index
-    } else {
-        LOOPBACK_IFINDEX
-    };
-    let added = host_nl.add_address(on, gw, host_prefix(gw), true).await?;
-    if added && on == LOOPBACK_IFINDEX {
+    if per_link(gw) {
+        host_nl
+            .add_address(host_index, gw, LINK_LOCAL_PREFIX, false)
+            .await?;
+        return Ok(());
+    }
+    let added = host_nl
+        .add_address(LOOPBACK_IFINDEX, gw, host_prefix(gw), true)
+        .await?;
+    if added {
         // Local routes on a device that is down are dead; a node's loopback
         // is up, a fresh namespace's is not.
         host_nl.set_up(LOOPBACK_IFINDEX).await?;

@@ -116,11 +116,11 @@ pub fn tcp_echo_via(
         .map_err(|e| err!("the echo server did not start: {e}"))?;
     let client_result = match port {
         Some(port) => {
-            let to = if connect.port() == 0 {
-                SocketAddr::new(connect.ip(), port)
-            } else {
-                connect
-            };
+            let mut to = connect;
+            if to.port() == 0 {
+                // (set_port keeps an IPv6 scope id.)
+                to.set_port(port);
+            }
             let path = client_ns.to_path_buf();
             thread::spawn(move || {
                 enter_netns(&path)?;

@@ -4,8 +4,8 @@ use std::os::fd::AsRawFd;
 use futures::TryStreamExt;
 use rtnetlink::{
     packet_route::link::{
-        InfoData, InfoKind, InfoNetkit, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo,
-        LinkMessage, NetkitMode,
+        AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoNetkit, InfoVeth,
+        LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage, NetkitMode,
     },
     LinkMessageBuilder, LinkNetkit, LinkUnspec, LinkVeth,
 };
@@ -188,6 +188,26 @@ impl Netlink {
                 "an interface of that name already exists",
             )),
             Err(e) => Err(nl_err(what(), e)),
+        }
+    }
+
+    /// Turns off link `index`'s automatic IPv6 link-local address
+    /// (`ip link set X addrgenmode none`); must come before the link goes up,
+    /// when the kernel would make it. `Ok(false)`: no IPv6 on this link (the
+    /// kernel runs without it, EAFNOSUPPORT).
+    pub async fn no_link_local(&self, index: u32) -> Result<bool, Error> {
+        let mut msg = LinkUnspec::new_with_index(index).build();
+        msg.attributes
+            .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+                vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+            )]));
+        match self.handle.link().set(msg).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(libc::EAFNOSUPPORT) => Ok(false),
+            Err(e) => Err(nl_err(
+                format!("turn off the IPv6 link-local address of link #{index}"),
+                e,
+            )),
         }
     }
 
