@@ -231,9 +231,10 @@ impl DiskStore {
         self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_set}"))
     }
 
-    /// Writes `content` to a new temporary file (0600) in `TEMP_DIR`. No fsync:
-    /// the temp file + link/rename is what keeps a killed process from leaving a
-    /// partial reservation; fsync would only add power-loss durability (~0.3 ms per
+    /// Writes `content` to a new temporary file (0600) in `TEMP_DIR`, for
+    /// `reserve` to link into place. No fsync: the temp file + link is what
+    /// keeps a killed process from leaving a partial reservation; fsync would
+    /// only add power-loss durability (~0.3 ms per
     /// call on the ADD path), and after a power loss every pod is gone and GC
     /// releases what no attachment owns. host-local does not fsync either.
     fn write_temp(&self, content: &[u8]) -> Result<PathBuf, Error> {
