@@ -171,7 +171,8 @@ fn attach_pod_block(root: &PinRoot, host_ifname: &str, host_ifindex: u32) -> Res
         if !tc.add_clsact(host_ifindex, blocks).map_err(qdisc_err)? {
             return Err(dp_err(
                 format!("add a clsact qdisc on the pod blocks to {host_ifname}"),
-                "another qdisc took its place",
+                "it has an ingress qdisc that is not Sluice's (a chained plugin's? \
+                 the reference bandwidth plugin needs podAttach: tcx)",
             ));
         }
     }

@@ -41,6 +41,8 @@ const TCA_EGRESS_BLOCK: u16 = 14;
 /// Priority and handle of the pod filters on a block (as on a veth before).
 const PRIORITY: u16 = 1;
 const HANDLE: u32 = 1;
+/// The most messages read while waiting for one request's acknowledgement.
+const MAX_READS: usize = 16;
 /// `ETH_P_ALL`, in network order in `tcm_info`'s low half.
 const ETH_P_ALL: u16 = 0x0003;
 
@@ -108,7 +110,9 @@ impl Tc {
         req.serialize(&mut buf);
         self.socket.send(&buf, 0)?;
         let mut answer = vec![0u8; 8192];
-        loop {
+        // The socket joins no multicast group: what it reads are answers, and
+        // NLM_F_ACK makes the kernel answer every request. Bounded all the same.
+        for _ in 0..MAX_READS {
             let n = self.socket.recv(&mut &mut answer[..], 0)?;
             let m =
                 NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n.min(answer.len())])
@@ -116,14 +120,17 @@ impl Tc {
             if m.header.sequence_number != self.seq {
                 continue;
             }
-            return match m.payload {
-                NetlinkPayload::Error(e) => match e.code {
+            if let NetlinkPayload::Error(e) = m.payload {
+                return match e.code {
                     None => Ok(()),
                     Some(c) => Err(io::Error::from_raw_os_error(-c.get())),
-                },
-                _ => continue,
-            };
+                };
+            }
         }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no acknowledgement among {MAX_READS} netlink messages"),
+        ))
     }
 
     /// Adds a clsact qdisc to link `ifindex` whose hooks are `blocks`.
