@@ -10,6 +10,7 @@ use serde_json::Value;
 use sluice_tests::{
     exec,
     fixtures::{add, del},
+    look,
     traffic::tcp_echo,
     Node,
 };
@@ -36,20 +37,7 @@ fn blocks_of(netns: &Path, dev: &str) -> (u64, u64) {
 fn block_filters(netns: &Path, block: u64) -> Option<Vec<(String, u64)>> {
     let b = block.to_string();
     let out = exec::tool(Some(netns), "tc", &["-j", "filter", "show", "block", &b]).ok()?;
-    if out.trim().is_empty() {
-        return Some(Vec::new());
-    }
-    let v: Value = serde_json::from_str(&out).unwrap();
-    Some(
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|f| {
-                let prog = &f["options"]["prog"];
-                Some((prog["name"].as_str()?.to_string(), prog["id"].as_u64()?))
-            })
-            .collect(),
-    )
+    Some(look::bpf_filters_of(&out).unwrap())
 }
 
 fn pinned_id(node: &Node, name: &str) -> u64 {

@@ -142,10 +142,15 @@ pub fn tc_bpf_filters(netns: &Path, dev: &str, ingress: bool) -> Result<Vec<(Str
         "tc",
         &["-j", "filter", "show", "dev", dev, hook],
     )?;
+    bpf_filters_of(&out)
+}
+
+/// (program name, id) of each `cls_bpf` filter in `tc -j filter show` output.
+pub fn bpf_filters_of(out: &str) -> Result<Vec<(String, u64)>> {
     if out.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let v: Value = serde_json::from_str(&out)?;
+    let v: Value = serde_json::from_str(out)?;
     Ok(v.as_array()
         .map(|a| {
             a.iter()

@@ -845,12 +845,8 @@ pub(super) fn detach_all(root: &PinRoot, pod_ifnames: &[String]) -> Result<Vec<S
     let mut gone = Vec::new();
     let present: Vec<&String> = pod_ifnames
         .iter()
-        .filter(|n| {
-            // (Not /sys/class/net: sysfs shows the namespace of whoever mounted it.)
-            std::ffi::CString::new(n.as_str())
-                // SAFETY: a valid NUL-terminated name.
-                .is_ok_and(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0)
-        })
+        // (Not /sys/class/net: sysfs shows the namespace of whoever mounted it.)
+        .filter(|n| ifindex_of(n).is_some())
         .collect();
     // Host veths live in the node's namespace: from anywhere else nothing
     // would be found, and nothing must be claimed.
