@@ -6,7 +6,7 @@
 use serde_json::json;
 use sluice_tests::{
     attached::{assert_attached, assert_detached},
-    look,
+    exec, look, raw,
     schema::check_add_result,
     with_prev_result, Node, NETWORK,
 };
@@ -276,9 +276,10 @@ fn lifecycle_dual_stack() {
 /// DAD run, an MLD join and an `fe80::/64` route beside every other veth's in
 /// the node namespace); a pod whose IPv6 gateway is the default link-local
 /// `fe80::1` still reaches it from its own link-local address, through the
-/// gateway's `fe80::1/64`, and the node answers it.
+/// gateway's `fe80::1/64`, and the node answers it. The pod's link-scope
+/// multicast stops at the host veth, except neighbour discovery.
 #[test]
-fn host_veths_have_no_link_local_and_a_link_local_gateway_answers() {
+fn host_veths_have_no_link_local_and_pod_link_local_traffic_is_sorted() {
     let node = Node::new().unwrap();
     let v4 = node.pod("a").unwrap();
     let v6 = node.pod("b").unwrap();
@@ -338,6 +339,64 @@ fn host_veths_have_no_link_local_and_a_link_local_gateway_answers() {
         seen.ip().to_string(),
         pod_ll,
         "the pod must have spoken from its link-local address"
+    );
+
+    // Link-scope multicast from the pod's link-local address is consumed at
+    // the host veth (`from_pod_link_multicast`): a datagram to ff02::1 (all
+    // nodes, which every IPv6 device of the node has joined) never reaches a
+    // node socket.
+    let port: u16 = 4790;
+    let before = node.counters().unwrap().get("from_pod_link_multicast");
+    let rx = raw::UdpReceiver::start(
+        &node.netns_path(),
+        format!("[::]:{port}").parse().unwrap(),
+        1,
+        std::time::Duration::from_secs(2),
+    )
+    .unwrap();
+    let all_nodes =
+        std::net::SocketAddrV6::new("ff02::1".parse().unwrap(), port, 0, index(&v6.name, "eth0"));
+    for _ in 0..3 {
+        raw::udp_send(
+            &v6.path,
+            "[::]:0".parse().unwrap(),
+            all_nodes.into(),
+            b"all nodes",
+        )
+        .unwrap();
+    }
+    let got = rx.finish().unwrap();
+    assert!(
+        got.is_empty(),
+        "the node received the pod's multicast: {got:?}"
+    );
+    let consumed = node.counters().unwrap().get("from_pod_link_multicast") - before;
+    assert!(consumed >= 3, "3 datagrams sent, {consumed} consumed");
+
+    // A neighbour solicitation from the pod's link-local address still
+    // reaches the node: without its permanent entry for the gateway, the pod
+    // resolves fe80::1 again (to its solicited-node multicast address).
+    exec::tool(
+        None,
+        "ip",
+        &[
+            "-n", &v6.name, "-6", "neigh", "del", "fe80::1", "dev", "eth0",
+        ],
+    )
+    .unwrap();
+    sluice_tests::traffic::tcp_echo_via(
+        &node.netns_path(),
+        bind.into(),
+        &v6.path,
+        connect.into(),
+        4 << 10,
+    )
+    .unwrap();
+    let neigh = look::neighbours(&v6.name, "eth0").unwrap();
+    let gw_entry = neigh.iter().find(|n| n["dst"] == "fe80::1");
+    assert!(
+        gw_entry.is_some_and(|n| n["lladdr"].is_string()),
+        "the pod did not resolve fe80::1: {neigh:?}"
     );
 
     for (id, pod, c) in [("life-ll4", &v4, &conf), ("life-ll6", &v6, &conf6)] {

@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 41] = [
+pub const REASONS: [&str; 42] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -77,6 +77,7 @@ pub const REASONS: [&str; 41] = [
     "drop_bw_ingress",
     "events_lost",
     "drop_spoofed",
+    "from_pod_link_multicast",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

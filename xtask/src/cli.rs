@@ -38,6 +38,11 @@ pub(crate) enum Command {
     /// Benchmarks: Sluice, the reference plugins and a bare veth pair on one
     /// namespace testbed, interleaved, as ratios; writes docs/benchmarks.md (root).
     Bench(BenchArgs),
+    /// Where a pod->pod round trip, a new pod->pod connection and a new
+    /// masqueraded connection spend CPU time: the bench's figures under `perf
+    /// record`, per symbol, Sluice against the bare veth pair and the
+    /// reference; writes docs/profile.md (as root).
+    Profile(ProfileArgs),
     /// The bandwidth benchmark (`bench --only bandwidth`) inside Debian's
     /// kernels in qemu, whose `sch_fq` gives Sluice EDT egress; writes
     /// docs/benchmarks-kernels.md (as root).
@@ -158,6 +163,26 @@ pub(crate) struct BenchArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct ProfileArgs {
+    /// Rounds of every figure; samples and work are summed over them.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    /// Seconds per figure and setup.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub seconds: u32,
+    /// perf's sampling frequency (Hz).
+    #[arg(long, default_value_t = 4999, value_parser = clap::value_parser!(u32).range(100..=50_000))]
+    pub frequency: u32,
+    /// As for `bench`: binaries from $`SLUICE_BIN` and $`SLUICECTL_BIN`.
+    #[arg(long, hide = true)]
+    pub prebuilt: bool,
+    /// As for `bench`: results and method as markdown into DIR, instead of
+    /// docs/profile.md (how `vm-bench --profile` collects them).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub markdown_parts: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct VmBenchArgs {
     /// Kernels to boot (comma-separated, as for vm-test) [default: 5.10,6.1,6.12,sid].
     #[arg(long, value_delimiter = ',', value_name = "K,...")]
@@ -172,6 +197,10 @@ pub(crate) struct VmBenchArgs {
     /// lacks) or `routing` (with netkit pods, from 6.7), ...
     #[arg(long, value_enum, default_value_t = BenchTable::Bandwidth)]
     pub only: BenchTable,
+    /// Run `cargo xtask profile` in each guest instead of a table (netkit's
+    /// per-packet profile); writes docs/profile-kernels.md.
+    #[arg(long, conflicts_with = "only")]
+    pub profile: bool,
 }
 
 /// The tables of `cargo xtask bench`.

@@ -49,6 +49,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::VmTest(args) => vm::run(&ws, &args),
         Command::Demo(_) => demo::run(&ws),
         Command::Bench(args) => bench::run(&ws, &args),
+        Command::Profile(args) => bench::profile(&ws, &args),
         Command::VmBench(args) => vm::bench::run(&ws, &args),
         Command::ConnLoop(args) => bench::conn_loop(&args),
     }

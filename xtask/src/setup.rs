@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub(crate) const PACKAGES: [&str; 18] = [
+pub(crate) const PACKAGES: [&str; 19] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -46,6 +46,8 @@ pub(crate) const PACKAGES: [&str; 18] = [
     "protobuf-compiler",
     // `cargo xtask image` (and the image the CRI install test runs).
     "buildah",
+    // `cargo xtask profile`.
+    "linux-perf",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub(crate) const NIGHTLY: &str = "nightly";

@@ -146,6 +146,12 @@ reasons! {
     /// dropped, so a pod can neither impersonate another pod or the node nor
     /// slip past masquerade and hostPort translation with a forged address.
     drop DROP_SPOOFED = 40 "drop_spoofed";
+    /// from-pod: IPv6 link-scope multicast the node does not listen to (the
+    /// pod's MLD reports, router solicitations, duplicate address detection
+    /// probes from `::`): consumed at the host device, so the node's stack
+    /// never routes it; not a drop (every pod start sends some). Neighbour
+    /// solicitations and advertisements from a specified source still pass.
+    count FROM_POD_LINK_MULTICAST = 41 "from_pod_link_multicast";
 }
 
 /// Slots in the array (room to append).

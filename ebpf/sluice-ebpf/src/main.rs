@@ -94,6 +94,9 @@ enum Source {
     Unchecked,
     /// Someone else's address, or no pod's.
     Spoofed,
+    /// IPv6 link-scope multicast from a link-local or unspecified source that
+    /// the node does not listen to (see [`node_ignores`]).
+    LinkMulticast,
 }
 
 /// Checks that the packet's source is an address of the pod behind `ifindex`
@@ -105,7 +108,11 @@ fn source(ctx: &TcContext, ifindex: u32) -> Source {
     };
     // (An IPv4 key is v4-mapped: never link-local nor all zeros.)
     let a = &key.addr;
-    if (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || *a == [0; 16] {
+    let unspecified = *a == [0; 16];
+    if (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || unspecified {
+        if node_ignores(ctx, unspecified) {
+            return Source::LinkMulticast;
+        }
         return Source::Unchecked;
     }
     // SAFETY: the map value is only read.
@@ -113,6 +120,49 @@ fn source(ctx: &TcContext, ifindex: u32) -> Source {
         Some(ep) if ep.ifindex == ifindex => Source::Own(ep.flags),
         _ => Source::Spoofed,
     }
+}
+
+/// Whether an IPv6 frame from a link-local or unspecified source is multicast
+/// of interface- or link-local scope (`ff01::/16`, `ff02::/16`, any flags:
+/// RFC 4291 2.7) that the node's stack has no use for: MLD reports (behind a
+/// hop-by-hop header, RFC 3810 5), router solicitations (routes come from the
+/// CNI result) and duplicate address detection probes from `::`. Each would
+/// make the node's IPv6 input look up a multicast route beside one per host
+/// device. Neighbour solicitations and advertisements from a specified source
+/// pass (`next header` ICMPv6, type 135 or 136, RFC 4861 4.3-4.4); so does
+/// what the linear data does not hold.
+#[inline(always)]
+fn node_ignores(ctx: &TcContext, unspecified_source: bool) -> bool {
+    const ICMPV6: u8 = 58;
+    const NEIGHBOUR_SOLICITATION: u8 = 135;
+    const NEIGHBOUR_ADVERTISEMENT: u8 = 136;
+    // IPv6 header: next header at 6, destination at 24; ICMPv6 type after it.
+    let Some(dst) = ptr_at::<[u8; 2]>(ctx, 14 + 24) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let dst = unsafe { *dst };
+    if dst[0] != 0xff || !matches!(dst[1] & 0x0f, 1 | 2) {
+        return false;
+    }
+    if unspecified_source {
+        return true;
+    }
+    let Some(next) = ptr_at::<u8>(ctx, 14 + 6) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    if unsafe { *next } != ICMPV6 {
+        return true;
+    }
+    let Some(kind) = ptr_at::<u8>(ctx, 14 + 40) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    !matches!(
+        unsafe { *kind },
+        NEIGHBOUR_SOLICITATION | NEIGHBOUR_ADVERTISEMENT
+    )
 }
 
 /// The frame's source (`src`) or destination address as an endpoint key, read
@@ -174,6 +224,11 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
         // No endpoint to tell: the bucket lookup decides.
         Source::Unchecked => (0, true, false),
         Source::Spoofed => (0, false, true),
+        Source::LinkMulticast => {
+            endpoint::count_from_pod(ifindex, 0, ctx.len());
+            count(reason::FROM_POD_LINK_MULTICAST);
+            return TC_ACT_SHOT;
+        }
     };
     // A spoofed packet counts as sent by the pod, then as a drop.
     endpoint::count_from_pod(ifindex, flags, ctx.len());

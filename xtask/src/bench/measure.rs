@@ -257,7 +257,21 @@ pub(super) fn tcp_rtt_us(
         return Ok((pct("p50Us")?, pct("p99Us")?));
     }
     let to = (addr, SOCKPERF_PORT);
-    sockperf_pp(client, server, to, to, &[], secs)
+    let pp = sockperf_pp(client, server, to, to, &[], secs)?;
+    Ok((pp.p50_us, pp.p99_us))
+}
+
+/// An IPv4 TCP ping-pong as [`tcp_rtt_us`] measures it: (median in
+/// microseconds, round trips completed).
+pub(super) fn tcp_round_trips(
+    client: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+) -> Result<(f64, f64)> {
+    let to = (addr, SOCKPERF_PORT);
+    let pp = sockperf_pp(client, server, to, to, &[], secs)?;
+    Ok((pp.p50_us, pp.round_trips))
 }
 
 fn is_ipv6(addr: &str) -> bool {
@@ -275,7 +289,17 @@ pub(super) fn tcp_rtt_us_via(
     listen: (&str, u16),
     secs: u32,
 ) -> Result<(f64, f64)> {
-    sockperf_pp(client, server, to, listen, &["--uc-reuseaddr"], secs)
+    let pp = sockperf_pp(client, server, to, listen, &["--uc-reuseaddr"], secs)?;
+    Ok((pp.p50_us, pp.p99_us))
+}
+
+/// What one sockperf ping-pong run reported.
+struct PingPong {
+    p50_us: f64,
+    p99_us: f64,
+    /// Replies received over the whole run, warm-up included (`[Total Run]`
+    /// `ReceivedMessages`).
+    round_trips: f64,
 }
 
 fn sockperf_pp(
@@ -285,7 +309,7 @@ fn sockperf_pp(
     (listen_addr, listen_port): (&str, u16),
     server_args: &[&str],
     secs: u32,
-) -> Result<(f64, f64)> {
+) -> Result<PingPong> {
     let mut s = pinned(server, "sockperf");
     s.args([
         "sr",
@@ -320,7 +344,17 @@ fn sockperf_pp(
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("no percentile {p} in sockperf output: {text}"))
     };
-    Ok((pct("50.000")?, pct("99.000")?))
+    let round_trips = text
+        .lines()
+        .find(|l| l.contains("[Total Run]"))
+        .and_then(|l| l.split("ReceivedMessages=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no [Total Run] ReceivedMessages in sockperf output: {text}"))?;
+    Ok(PingPong {
+        p50_us: pct("50.000")?,
+        p99_us: pct("99.000")?,
+        round_trips,
+    })
 }
 
 /// New TCP connections per second client -> server (`cargo xtask conn-loop`: one
@@ -328,6 +362,12 @@ fn sockperf_pp(
 /// a masqueraded reference run leaves one `nf_conntrack` entry per connection for
 /// two minutes, and that table is shared with the host.
 pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
+    let (done, seconds) = conns(client, server, addr, secs)?;
+    Ok(done / seconds)
+}
+
+/// The same run: (connections completed, seconds they took).
+pub(super) fn conns(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
     const MAX_CONNS: u64 = 20_000;
     let max = MAX_CONNS.to_string();
     let v = conn_loop(client, server, addr, secs, &[], &["connect", "--max", &max])?;
@@ -339,7 +379,7 @@ pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u3
     if done == 0.0 || seconds <= 0.0 || failed > done / 100.0 {
         bail!("connections to {addr}: {done} completed, {failed} failed");
     }
-    Ok(done / seconds)
+    Ok((done, seconds))
 }
 
 /// `cargo xtask conn-loop serve <server_args>` in `server` and `conn-loop

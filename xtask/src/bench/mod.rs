@@ -10,12 +10,14 @@
 //! Sluice, each a node with one pod per limit), and the control plane on four
 //! more (`filling`: both plugins, without and with a hostPort per pod, as a
 //! node fills up to 1,000 pods and empties again).
-//! `--only <table>` runs one table's setups and figures alone.
+//! `--only <table>` runs one table's setups and figures alone. `cargo xtask
+//! profile` runs the per-packet figures on the same testbed under `perf`.
 mod conflist;
 mod connloop;
 mod filling;
 pub(crate) mod hostport;
 mod measure;
+mod profile;
 mod report;
 mod topology;
 
@@ -41,6 +43,18 @@ use topology::{
 
 pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
     connloop::run(args)
+}
+
+/// `cargo xtask profile` (release binaries, as the bench).
+pub(crate) fn profile(ws: &Workspace, args: &crate::cli::ProfileArgs) -> Result<()> {
+    let bins = if args.prebuilt {
+        prebuilt()?
+    } else {
+        setup::run(&SetupArgs::default())?;
+        let object = ebpf::build(ws)?;
+        build::build_bins(ws, &object, true)?
+    };
+    profile::run(ws, &bins, args)
 }
 
 pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {

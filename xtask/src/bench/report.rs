@@ -129,6 +129,11 @@ const NAMES: [&str; 22] = [
     "sluice netkit",
 ];
 
+/// The name of setup `setup` in tables.
+pub(super) const fn name(setup: usize) -> &'static str {
+    NAMES[setup]
+}
+
 /// The setup of `base` (`REFERENCE_HP` or `SLUICE_HP`) with `HP_SIZES[i]` mappings.
 pub(super) const fn hp(base: usize, i: usize) -> usize {
     base + 2 * i
@@ -1156,7 +1161,7 @@ policer counts its `skb->len`, the headers once, so where GSO packets are big
 limit.
 ";
 
-fn machine() -> String {
+pub(super) fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let model = std::fs::read_to_string("/proc/cpuinfo")

@@ -1,0 +1,457 @@
+//! `cargo xtask profile`: where a pod -> pod round trip, a new pod -> pod
+//! connection and a new masqueraded connection spend CPU time, on the bench's
+//! testbed. Each figure runs as in `cargo xtask bench` (both ends pinned to one
+//! CPU) under `perf record` on that CPU; the samples of every symbol (self
+//! time, kernel and eBPF programs) are divided by the work done (round trips,
+//! connections), and each Sluice setup is set against the bare veth pair (the
+//! limit) and the reference. What Sluice spends beyond the limit is listed
+//! symbol by symbol: that names the kernel path a figure's gap is made of.
+//! Written to docs/profile.md.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    os::unix::process::ExitStatusExt as _,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use nix::{sys::signal, unistd::Pid};
+
+use super::{
+    measure::{self, CPU},
+    report::{self, LIMIT, REFERENCE, REFERENCE_MASQ, SLUICE, SLUICE_MASQ, SLUICE_NETKIT},
+    topology::{self, Family, Setup},
+};
+use crate::{build::Binaries, cli::ProfileArgs, cmd, testbed::Testbed, ws::Workspace};
+
+/// Symbols in which a CPU waits for work: a tickless idle CPU takes no
+/// cpu-clock samples, but a polling one would.
+const IDLE: [&str; 7] = [
+    "pv_native_safe_halt",
+    "native_safe_halt",
+    "default_idle",
+    "acpi_safe_halt",
+    "cpu_idle_poll",
+    "poll_idle",
+    "intel_idle",
+];
+
+/// Symbols listed per figure: the largest differences to the limit.
+const TOP: usize = 20;
+
+/// The figures profiled.
+#[derive(Clone, Copy)]
+enum Figure {
+    /// sockperf ping-pong, 64 B, pod -> pod: per round trip.
+    RoundTrip,
+    /// `conn-loop connect`, pod -> pod: per connection.
+    PodConnection,
+    /// `conn-loop connect`, pod -> external host, masqueraded (the limit:
+    /// the bare veth pair, one hop): per connection.
+    MasqConnection,
+}
+
+impl Figure {
+    fn title(self) -> &'static str {
+        match self {
+            Self::RoundTrip => "pod -> pod TCP round trip (sockperf ping-pong, 64 B)",
+            Self::PodConnection => "new pod -> pod TCP connection (conn-loop)",
+            Self::MasqConnection => {
+                "new masqueraded TCP connection, pod -> external host (conn-loop; the limit: the bare veth pair)"
+            }
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            Self::RoundTrip => "round trip",
+            Self::PodConnection | Self::MasqConnection => "connection",
+        }
+    }
+
+    /// Runs the figure on `s`: (its value for the table, work done).
+    fn run(self, tb: &Testbed, s: &Setup, secs: u32) -> Result<(String, f64)> {
+        let ns = |i| tb.ns(i);
+        match self {
+            Self::RoundTrip => {
+                let (p50, n) = measure::tcp_round_trips(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?;
+                Ok((format!("median {p50:.1} µs"), n))
+            }
+            Self::PodConnection => {
+                let (n, t) = measure::conns(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?;
+                Ok((format!("{:.0}/s", n / t), n))
+            }
+            Self::MasqConnection => {
+                let (n, t) = measure::conns(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?;
+                Ok((format!("{:.0}/s", n / t), n))
+            }
+        }
+    }
+}
+
+/// Samples per symbol and the work they paid for, summed over rounds.
+#[derive(Default)]
+struct Profile {
+    samples: BTreeMap<String, f64>,
+    /// CPU time one sample stands for: cpu-clock samples every 1/frequency
+    /// seconds of time the CPU runs (not while it idles).
+    us_per_sample: f64,
+    total_samples: f64,
+    ops: f64,
+    values: Vec<String>,
+}
+
+impl Profile {
+    fn new(frequency: u32) -> Self {
+        Self {
+            us_per_sample: 1e6 / f64::from(frequency),
+            ..Self::default()
+        }
+    }
+
+    /// Microseconds per unit of work of `n` samples.
+    fn per_op(&self, n: f64) -> f64 {
+        if self.ops <= 0.0 {
+            return 0.0;
+        }
+        n * self.us_per_sample / self.ops
+    }
+
+    fn symbol(&self, sym: &str) -> f64 {
+        self.per_op(self.samples.get(sym).copied().unwrap_or(0.0))
+    }
+
+    fn idle(&self) -> f64 {
+        self.per_op(IDLE.iter().filter_map(|s| self.samples.get(*s)).sum())
+    }
+
+    fn busy(&self) -> f64 {
+        self.per_op(self.total_samples) - self.idle()
+    }
+}
+
+pub(crate) fn run(ws: &Workspace, bins: &Binaries, args: &ProfileArgs) -> Result<()> {
+    check_perf()?;
+    let mut tb = Testbed::new("slprof")?;
+    // Each with its index in the report's setup names.
+    let mut setups = vec![
+        (LIMIT, topology::limit(&mut tb)?),
+        (REFERENCE, topology::reference(&mut tb)?),
+        (SLUICE, topology::sluice(&mut tb, bins)?),
+    ];
+    setups.extend(topology::sluice_netkit(&mut tb, bins)?.map(|s| (SLUICE_NETKIT, s)));
+    let pods = setups.len();
+    setups.push((
+        REFERENCE_MASQ,
+        topology::reference_masq(&mut tb, Family::V4)?,
+    ));
+    setups.push((
+        SLUICE_MASQ,
+        topology::sluice_masq(&mut tb, bins, Family::V4)?,
+    ));
+    // Each figure: the setups (positions in `setups`) it runs on, and those
+    // whose gap to the limit it lists. Masqueraded connections go to the
+    // external host; the limit's "external host" is its other end.
+    let routing: Vec<usize> = (0..pods).collect();
+    let masq = vec![0, pods, pods + 1];
+    let figures = [
+        (
+            Figure::RoundTrip,
+            routing.clone(),
+            &[SLUICE, SLUICE_NETKIT][..],
+        ),
+        (Figure::PodConnection, routing, &[SLUICE, SLUICE_NETKIT][..]),
+        (Figure::MasqConnection, masq, &[SLUICE_MASQ][..]),
+    ];
+    let data = tb.dir.join("perf.data");
+    let mut profiles: Vec<Vec<Profile>> = figures
+        .iter()
+        .map(|(_, on, _)| on.iter().map(|_| Profile::new(args.frequency)).collect())
+        .collect();
+    for round in 0..args.rounds {
+        eprintln!("profile: round {} of {}", round + 1, args.rounds);
+        for ((figure, on, _), profiles) in figures.iter().zip(&mut profiles) {
+            for (&at, p) in on.iter().zip(profiles.iter_mut()) {
+                let s = &setups[at].1;
+                let rec = Recording::start(&data, args.frequency)?;
+                let (value, ops) = figure.run(&tb, s, args.seconds)?;
+                rec.stop()?;
+                let samples = symbol_samples(&data)?;
+                let total: u64 = samples.values().sum();
+                if total == 0 {
+                    bail!("perf recorded no samples on CPU {CPU} ({})", data.display());
+                }
+                for (sym, n) in samples {
+                    *p.samples.entry(sym).or_default() += n as f64;
+                }
+                p.total_samples += total as f64;
+                p.ops += ops;
+                p.values.push(value);
+            }
+        }
+    }
+    drop(tb);
+    let render = |level: &str| -> Result<String> {
+        let mut text = format!("Machine: {}\n\n", report::machine());
+        for ((figure, on, sluice), profiles) in figures.iter().zip(&profiles) {
+            let names: Vec<usize> = on.iter().map(|&at| setups[at].0).collect();
+            table(&mut text, level, *figure, &names, profiles, sluice)?;
+        }
+        Ok(text)
+    };
+    let text = format!(
+        "# Where the per-packet time goes\n\nGenerated by `cargo xtask profile` (as root): {}\n{}",
+        method(args),
+        render("##")?
+    );
+    print!("{text}");
+    if let Some(dir) = &args.markdown_parts {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("results.md"), render("###")?)?;
+        std::fs::write(
+            dir.join("method.md"),
+            format!("\n### Method\n\n{}\n", method(args)),
+        )?;
+        return Ok(());
+    }
+    let path = ws.root.join("docs").join("profile.md");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+fn check_perf() -> Result<()> {
+    let mut c = Command::new("perf");
+    c.arg("--version");
+    cmd::stdout(&mut c)
+        .context("perf is needed (Debian's linux-perf; `cargo xtask setup` installs it)")?;
+    Ok(())
+}
+
+/// `perf record` of the benchmarks' CPU, stopped with SIGINT (which makes
+/// perf finish its file); killed if dropped while still running.
+struct Recording {
+    child: Child,
+}
+
+impl Recording {
+    fn start(data: &Path, frequency: u32) -> Result<Self> {
+        let _ = std::fs::remove_file(data);
+        let mut c = Command::new("perf");
+        c.args([
+            "record",
+            "-q",
+            "-C",
+            CPU,
+            "-F",
+            &frequency.to_string(),
+            "-o",
+        ])
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        sluice_testbed::exec::die_with_parent(&mut c);
+        let child = c.spawn().context("starting perf record")?;
+        let mut rec = Self { child };
+        // perf writes its file's header once its events are open.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !data.exists() {
+            if let Some(status) = rec.child.try_wait()? {
+                bail!("perf record exited before recording: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("perf record made no {} in 10 s", data.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(rec)
+    }
+
+    /// Stops the recording, its file complete.
+    fn stop(mut self) -> Result<()> {
+        let pid = Pid::from_raw(i32::try_from(self.child.id())?);
+        signal::kill(pid, signal::Signal::SIGINT).context("stopping perf record")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                // perf finishes its file, then dies of the SIGINT it caught
+                // (`record__sig_exit`).
+                let interrupted = status.signal() == Some(signal::Signal::SIGINT as i32);
+                if !status.success() && !interrupted {
+                    bail!("perf record: {status}");
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("perf record did not finish its file within 30 s of SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Samples per symbol of a recording (self time).
+fn symbol_samples(data: &Path) -> Result<BTreeMap<String, u64>> {
+    let mut c = Command::new("perf");
+    c.args([
+        "report",
+        "--stdio",
+        "--no-children",
+        "--sort",
+        "sym",
+        "-n",
+        "-q",
+    ])
+    .args(["--percent-limit", "0", "-i"])
+    .arg(data);
+    let out = cmd::stdout(&mut c)?;
+    Ok(parse_report(&out))
+}
+
+/// `perf report -n --sort sym` lines: `  12.34%  567  [k] symbol`.
+fn parse_report(out: &str) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(pct), Some(n), Some(_space)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let sym = f.collect::<Vec<_>>().join(" ");
+        let Ok(n) = n.parse::<u64>() else { continue };
+        if !pct.ends_with('%') || sym.is_empty() {
+            continue;
+        }
+        *m.entry(sym).or_default() += n;
+    }
+    m
+}
+
+/// How the figures were made (one paragraph).
+fn method(args: &ProfileArgs) -> String {
+    format!(
+        "the bench's testbed (docs/benchmarks.md, \"Method\"), each figure run for {} s per \
+         setup in each of {} rounds, setups interleaved, both ends pinned to CPU {CPU}, under \
+         `perf record -C {CPU} -F {}` (cpu-clock on a VM without a PMU: one sample per 1/{} s \
+         the CPU runs, none while it idles). A symbol's figure is its self time on that CPU \
+         divided by the work done (round trips, connections), in microseconds. Each recording \
+         runs from before the figure's server starts until its client exits, so the tools' \
+         start-up is in every setup's CPU time alike. Absolute figures move 30% between runs \
+         on these VMs; compare columns.\n",
+        args.seconds, args.rounds, args.frequency, args.frequency
+    )
+}
+
+/// One figure: each setup's value, busy time per unit of work, then, for
+/// each of `ours` the run has, the symbols where it spends most beyond the
+/// limit, under a heading of `level`.
+fn table(
+    text: &mut String,
+    level: &str,
+    figure: Figure,
+    setups: &[usize],
+    profiles: &[Profile],
+    ours: &[usize],
+) -> Result<()> {
+    let unit = figure.unit();
+    let _ = writeln!(text, "{level} {}\n", figure.title());
+    let _ = writeln!(
+        text,
+        "| setup | figure (per round) | {unit}s | CPU µs per {unit} |"
+    );
+    let _ = writeln!(text, "| --- | --- | --- | --- |");
+    for (k, p) in setups.iter().zip(profiles) {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {:.0} | {:.2} |",
+            report::name(*k),
+            p.values.join(", "),
+            p.ops,
+            p.busy(),
+        );
+    }
+    let at = |k: usize| setups.iter().position(|s| *s == k);
+    let Some(limit) = at(LIMIT) else {
+        bail!("profile: no limit setup for {}", figure.title());
+    };
+    let lim = &profiles[limit];
+    for (sluice, sl) in ours.iter().filter_map(|k| Some((*k, &profiles[at(*k)?]))) {
+        let mut syms: Vec<(f64, &str)> = sl
+            .samples
+            .keys()
+            .chain(lim.samples.keys())
+            .filter(|s| !IDLE.contains(&s.as_str()))
+            .map(|s| (sl.symbol(s) - lim.symbol(s), s.as_str()))
+            .collect();
+        syms.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+        syms.dedup_by(|a, b| a.1 == b.1);
+        let _ = writeln!(
+            text,
+            "\n{} spends {:.2} µs more CPU time per {unit} than the limit ({:.2} against \
+             {:.2}). The {TOP} symbols where it spends most beyond the limit (µs per {unit}):\n",
+            report::name(sluice),
+            sl.busy() - lim.busy(),
+            sl.busy(),
+            lim.busy()
+        );
+        let mut head = String::from("| symbol |");
+        let mut rule = String::from("| --- |");
+        for k in setups {
+            let _ = write!(head, " {} |", report::name(*k));
+            rule.push_str(" --- |");
+        }
+        let _ = writeln!(
+            text,
+            "{head} {} - limit |\n{rule} --- |",
+            report::name(sluice)
+        );
+        for (d, s) in syms.iter().take(TOP) {
+            let mut row = format!("| `{s}` |");
+            for p in profiles {
+                let _ = write!(row, " {:.3} |", p.symbol(s));
+            }
+            let _ = writeln!(text, "{row} {d:+.3} |");
+        }
+    }
+    let _ = writeln!(text);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_perf_report_lines() {
+        let out = "    49.68%  6029  [k] pv_native_safe_halt\n     0.63%    89  [k] bpf_prog_9080215735d63004_from_pod\n\n#\n     0.01%     1  [.] 0x0000000000001234\n";
+        let m = parse_report(out);
+        assert_eq!(m["pv_native_safe_halt"], 6029);
+        assert_eq!(m["bpf_prog_9080215735d63004_from_pod"], 89);
+        assert_eq!(m["0x0000000000001234"], 1);
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
+    fn per_op_divides_sampled_time_by_work() {
+        let mut p = Profile::new(100_000); // 10 µs per sample
+        p.samples.insert("a".into(), 100.0);
+        p.samples.insert("pv_native_safe_halt".into(), 300.0);
+        p.total_samples = 400.0;
+        p.ops = 10.0;
+        assert!((p.symbol("a") - 100.0).abs() < 1e-9);
+        assert!((p.idle() - 300.0).abs() < 1e-9);
+        assert!((p.busy() - 100.0).abs() < 1e-9);
+        assert!(p.symbol("absent").abs() < 1e-9);
+    }
+}
