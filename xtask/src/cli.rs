@@ -173,13 +173,6 @@ pub(crate) struct ProfileArgs {
     /// perf's sampling frequency (Hz).
     #[arg(long, default_value_t = 4999, value_parser = clap::value_parser!(u32).range(100..=50_000))]
     pub frequency: u32,
-    /// As for `bench`: binaries from $`SLUICE_BIN` and $`SLUICECTL_BIN`.
-    #[arg(long, hide = true)]
-    pub prebuilt: bool,
-    /// As for `bench`: results and method as markdown into DIR, instead of
-    /// docs/profile.md (how `vm-bench --profile` collects them).
-    #[arg(long, hide = true, value_name = "DIR")]
-    pub markdown_parts: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -197,10 +190,6 @@ pub(crate) struct VmBenchArgs {
     /// lacks) or `routing` (with netkit pods, from 6.7), ...
     #[arg(long, value_enum, default_value_t = BenchTable::Bandwidth)]
     pub only: BenchTable,
-    /// Run `cargo xtask profile` in each guest instead of a table (netkit's
-    /// per-packet profile); writes docs/profile-kernels.md.
-    #[arg(long, conflicts_with = "only")]
-    pub profile: bool,
 }
 
 /// The tables of `cargo xtask bench`.

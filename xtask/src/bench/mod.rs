@@ -47,13 +47,9 @@ pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
 
 /// `cargo xtask profile` (release binaries, as the bench).
 pub(crate) fn profile(ws: &Workspace, args: &crate::cli::ProfileArgs) -> Result<()> {
-    let bins = if args.prebuilt {
-        prebuilt()?
-    } else {
-        setup::run(&SetupArgs::default())?;
-        let object = ebpf::build(ws)?;
-        build::build_bins(ws, &object, true)?
-    };
+    setup::run(&SetupArgs::default())?;
+    let object = ebpf::build(ws)?;
+    let bins = build::build_bins(ws, &object, true)?;
     profile::run(ws, &bins, args)
 }
 
