@@ -327,14 +327,19 @@ fn host_veths_have_no_link_local_and_pod_link_local_traffic_is_sorted() {
     let gw: std::net::Ipv6Addr = "fe80::1".parse().unwrap();
     let bind = std::net::SocketAddrV6::new(gw, 0, 0, index(node.name(), &added6.host_veth));
     let connect = std::net::SocketAddrV6::new(gw, 0, 0, index(&v6.name, "eth0"));
-    let seen = sluice_tests::traffic::tcp_echo_via(
-        &node.netns_path(),
-        bind.into(),
-        &v6.path,
-        connect.into(),
-        4 << 10,
-    )
-    .unwrap();
+    // A connection from the pod to the node's fe80::1: the address the node
+    // saw it come from.
+    let to_gateway = || {
+        sluice_tests::traffic::tcp_echo_via(
+            &node.netns_path(),
+            bind.into(),
+            &v6.path,
+            connect.into(),
+            4 << 10,
+        )
+        .unwrap()
+    };
+    let seen = to_gateway();
     assert_eq!(
         seen.ip().to_string(),
         pod_ll,
@@ -384,14 +389,7 @@ fn host_veths_have_no_link_local_and_pod_link_local_traffic_is_sorted() {
         ],
     )
     .unwrap();
-    sluice_tests::traffic::tcp_echo_via(
-        &node.netns_path(),
-        bind.into(),
-        &v6.path,
-        connect.into(),
-        4 << 10,
-    )
-    .unwrap();
+    to_gateway();
     let neigh = look::neighbours(&v6.name, "eth0").unwrap();
     let gw_entry = neigh.iter().find(|n| n["dst"] == "fe80::1");
     assert!(
