@@ -173,6 +173,17 @@ pub(crate) struct ProfileArgs {
     /// perf's sampling frequency (Hz).
     #[arg(long, default_value_t = 4999, value_parser = clap::value_parser!(u32).range(100..=50_000))]
     pub frequency: u32,
+    /// Only the eBPF programs' own run time (kernel statistics), no perf: for
+    /// a guest under emulation, where perf records no samples.
+    #[arg(long)]
+    pub no_perf: bool,
+    /// Write the report here instead of docs/profile.md.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Take `sluice` and `sluicectl` from $`SLUICE_BIN` and $`SLUICECTL_BIN`
+    /// instead of setting up and building (how `vm-bench --profile` runs it).
+    #[arg(long, hide = true)]
+    pub prebuilt: bool,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +201,11 @@ pub(crate) struct VmBenchArgs {
     /// lacks) or `routing` (with netkit pods, from 6.7), ...
     #[arg(long, value_enum, default_value_t = BenchTable::Bandwidth)]
     pub only: BenchTable,
+    /// Run `cargo xtask profile --no-perf` instead of a table: the eBPF
+    /// programs' own time per packet, veth and netkit pods
+    /// (docs/profile-kernels.md).
+    #[arg(long, conflicts_with = "only")]
+    pub profile: bool,
 }
 
 /// The tables of `cargo xtask bench`.

@@ -11,15 +11,21 @@
 //! `FILL_WINDOW` DELs that started from N pods, once per round: the nodes
 //! take turns `FILL_ROUNDS` times and the table shows the median round with
 //! the range (one round's growth moved by about 0.2x between runs, as much as
-//! the 1.2x target leaves).
+//! the 1.2x target leaves). Beside each Sluice node's pods in those windows,
+//! a bare veth pair made and removed with `ip` (`KERNEL_FILL`) is the limit:
+//! what the kernel itself takes for the pair every plugin's ADD and DEL pay.
+use std::{path::Path, time::Instant};
+
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
+use sluice_testbed::exec;
 
 use super::{
+    conflist::in_netns,
     conflist::{Attachment, Conflist},
     hostport::Cgroup,
     measure,
-    report::{filling, Figure, Report, REFERENCE_FILL, SLUICE_FILL},
+    report::{filling, Figure, Report, KERNEL_FILL, REFERENCE_FILL, SLUICE_FILL},
     topology,
 };
 use crate::{build::Binaries, testbed::Testbed};
@@ -147,15 +153,20 @@ pub(super) fn run(tb: &mut Testbed, setups: &[FillSetup], r: &mut Report) -> Res
                 s.tag,
                 round + 1
             );
-            let (adds, dels) = fill_and_empty(tb, s, &pods, round)?;
+            let (times, kernel) = fill_and_empty(tb, s, &pods, round)?;
+            let hostport = s.hostport;
             for (at, n) in FILL_AT.iter().enumerate() {
                 let window = n - FILL_WINDOW..*n;
-                let (add, _) = measure::p50_p99(adds[window.clone()].to_vec());
-                let (del, _) = measure::p50_p99(dels[window].to_vec());
-                let index = filling(s.index, at);
-                let hostport = s.hostport;
-                r.add(Figure::FillAddP50 { hostport }, index, add);
-                r.add(Figure::FillDelP50 { hostport }, index, del);
+                for (base, (adds, dels)) in [(s.index, &times), (KERNEL_FILL, &kernel)] {
+                    if adds.is_empty() {
+                        continue;
+                    }
+                    let (add, _) = measure::p50_p99(adds[window.clone()].to_vec());
+                    let (del, _) = measure::p50_p99(dels[window.clone()].to_vec());
+                    let index = filling(base, at);
+                    r.add(Figure::FillAddP50 { hostport }, index, add);
+                    r.add(Figure::FillDelP50 { hostport }, index, del);
+                }
             }
         }
     }
@@ -168,15 +179,29 @@ fn settle() {
     std::thread::sleep(std::time::Duration::from_secs(FILL_SETTLE_SECS));
 }
 
+/// ADD and DEL times (ms), both indexed by pod.
+type Times = (Vec<f64>, Vec<f64>);
+
 /// ADDs every pod to node `s`, first to last, then DELs them, last first;
 /// returns the ADD and DEL times (ms), both indexed by pod (`dels[i]`: the DEL
-/// of pod `i`, taken from a node holding `i + 1` pods).
+/// of pod `i`, taken from a node holding `i + 1` pods). On a Sluice node, also
+/// the kernel's own veth pair (see [`KernelPair`]) beside each pod of the
+/// `FILL_AT` windows, the others' times 0; empty on the reference's.
 fn fill_and_empty(
     tb: &Testbed,
     s: &FillSetup,
     pods: &[usize],
     round: usize,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+) -> Result<(Times, Times)> {
+    let node = tb.ns(s.node).path();
+    let in_window = |i: usize| FILL_AT.iter().any(|n| (n - FILL_WINDOW..*n).contains(&i));
+    let with_kernel = s.index == SLUICE_FILL;
+    let mut kernel = if with_kernel {
+        (vec![0.0; pods.len()], vec![0.0; pods.len()])
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut pairs: Vec<Option<KernelPair>> = Vec::with_capacity(pods.len());
     let mut adds = Vec::with_capacity(pods.len());
     let mut attached: Vec<Attachment> = Vec::with_capacity(pods.len());
     for (i, pod) in pods.iter().enumerate() {
@@ -189,7 +214,7 @@ fn fill_and_empty(
         let (a, ms) = s
             .list
             .add_as(
-                &tb.ns(s.node).path(),
+                &node,
                 (&format!("{}-{round}-{i}", s.tag), POD_IFNAME),
                 &tb.ns(*pod).path(),
                 rc,
@@ -197,19 +222,70 @@ fn fill_and_empty(
             .with_context(|| format!("{}: ADD of pod {i}", s.tag))?;
         adds.push(ms);
         attached.push(a);
+        pairs.push(if with_kernel && in_window(i) {
+            let (pair, ms) = KernelPair::add(&node, i, tb.ns(*pod).name())?;
+            kernel.0[i] = ms;
+            Some(pair)
+        } else {
+            None
+        });
         if (i + 1) % 250 == 0 {
             eprintln!("bench: filling: {} pods on {}", i + 1, s.tag);
         }
     }
     let mut dels = vec![0.0; pods.len()];
     for i in (0..pods.len()).rev() {
+        if let Some(pair) = pairs.pop().flatten() {
+            kernel.1[i] = pair.del(&node)?;
+        }
         let a = attached
             .pop()
             .context("a pod attached fewer times than it was filled")?;
         dels[i] = s
             .list
-            .del(&tb.ns(s.node).path(), &a)
+            .del(&node, &a)
             .with_context(|| format!("{}: DEL of pod {i}", s.tag))?;
     }
-    Ok((adds, dels))
+    Ok(((adds, dels), kernel))
+}
+
+/// The limit of the filling table: a bare veth pair from the node into a pod's
+/// namespace, made by one `ip link add` (host end up) and removed by one `ip
+/// link del`, each a process spawned in the node namespace as a plugin is. Its
+/// pod end is set up (untimed) before the removal, so the removal closes two
+/// running devices as a pod's DEL does. It stays while its pod does, so the
+/// removal is taken from a node holding as many pods as the pod's DEL.
+struct KernelPair {
+    host: String,
+}
+
+impl KernelPair {
+    /// The pair beside pod `i` (in the namespace named `pod`); the time in ms.
+    fn add(node: &Path, i: usize, pod: &str) -> Result<(Self, f64)> {
+        let host = format!("klim{i}");
+        let ms = ip_in(
+            node,
+            &[
+                "link", "add", &host, "up", "type", "veth", "peer", "name", "klim", "netns", pod,
+            ],
+        )?;
+        ip_in(node, &["-n", pod, "link", "set", "klim", "up"])?;
+        Ok((Self { host }, ms))
+    }
+
+    /// Removes the pair; the time in ms.
+    fn del(self, node: &Path) -> Result<f64> {
+        ip_in(node, &["link", "del", &self.host])
+    }
+}
+
+/// `ip args` run from a thread in `node`; the time in ms.
+fn ip_in(node: &Path, args: &[&str]) -> Result<f64> {
+    in_netns(node, || {
+        let started = Instant::now();
+        let out = exec::run(None, Path::new("ip"), args, &[], b"")?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        anyhow::ensure!(out.success(), "ip {}: {out}", args.join(" "));
+        Ok(ms)
+    })
 }

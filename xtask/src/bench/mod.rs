@@ -18,6 +18,7 @@ mod filling;
 pub(crate) mod hostport;
 mod measure;
 mod profile;
+mod progstats;
 mod report;
 mod topology;
 
@@ -47,9 +48,13 @@ pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
 
 /// `cargo xtask profile` (release binaries, as the bench).
 pub(crate) fn profile(ws: &Workspace, args: &crate::cli::ProfileArgs) -> Result<()> {
-    setup::run(&SetupArgs::default())?;
-    let object = ebpf::build(ws)?;
-    let bins = build::build_bins(ws, &object, true)?;
+    let bins = if args.prebuilt {
+        prebuilt()?
+    } else {
+        setup::run(&SetupArgs::default())?;
+        let object = ebpf::build(ws)?;
+        build::build_bins(ws, &object, true)?
+    };
     profile::run(ws, &bins, args)
 }
 

@@ -21,6 +21,7 @@ use nix::{sys::signal, unistd::Pid};
 
 use super::{
     measure::{self, CPU},
+    progstats,
     report::{self, LIMIT, REFERENCE, REFERENCE_MASQ, SLUICE, SLUICE_MASQ, SLUICE_NETKIT},
     topology::{self, Family, Setup},
 };
@@ -127,24 +128,44 @@ impl Figure {
         }
     }
 
-    /// Runs the figure on `s`: (its value for the table, work done).
-    fn run(self, tb: &Testbed, s: &Setup, secs: u32) -> Result<(String, f64)> {
+    /// Runs the figure on `s`.
+    fn run(self, tb: &Testbed, s: &Setup, secs: u32) -> Result<Run> {
         let ns = |i| tb.ns(i);
+        let conns = |n: f64, t: f64| Run {
+            value: format!("{:.0}/s", n / t),
+            ops: n,
+            wall_us: t * 1e6 / n,
+        };
         match self {
             Self::RoundTrip => {
                 let (p50, n) = measure::tcp_round_trips(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?;
-                Ok((format!("median {p50:.1} µs"), n))
+                Ok(Run {
+                    value: format!("median {p50:.1} µs"),
+                    ops: n,
+                    wall_us: p50,
+                })
             }
             Self::PodConnection => {
                 let (n, t) = measure::conns(ns(s.pod1), ns(s.pod2), &s.pod2_ip, secs)?;
-                Ok((format!("{:.0}/s", n / t), n))
+                Ok(conns(n, t))
             }
             Self::MasqConnection => {
                 let (n, t) = measure::conns(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?;
-                Ok((format!("{:.0}/s", n / t), n))
+                Ok(conns(n, t))
             }
         }
     }
+}
+
+/// One run of a figure on one setup.
+struct Run {
+    /// For the table ("median 14.2 µs", "12345/s").
+    value: String,
+    /// Work done: round trips or connections.
+    ops: f64,
+    /// Wall time per unit of work: the median round trip, or the run's
+    /// seconds over its connections (µs).
+    wall_us: f64,
 }
 
 /// Samples per symbol and the work they paid for, summed over rounds.
@@ -189,7 +210,9 @@ impl Profile {
 }
 
 pub(crate) fn run(ws: &Workspace, bins: &Binaries, args: &ProfileArgs) -> Result<()> {
-    check_perf()?;
+    if !args.no_perf {
+        check_perf()?;
+    }
     let mut tb = Testbed::new("slprof")?;
     // Each with its index in the report's setup names.
     let mut setups = vec![
@@ -226,13 +249,14 @@ pub(crate) fn run(ws: &Workspace, bins: &Binaries, args: &ProfileArgs) -> Result
         .iter()
         .map(|(_, on, _)| on.iter().map(|_| Profile::new(args.frequency)).collect())
         .collect();
-    for round in 0..args.rounds {
-        eprintln!("profile: round {} of {}", round + 1, args.rounds);
+    let perf_rounds = if args.no_perf { 0 } else { args.rounds };
+    for round in 0..perf_rounds {
+        eprintln!("profile: perf, round {} of {}", round + 1, args.rounds);
         for ((figure, on, _), profiles) in figures.iter().zip(&mut profiles) {
             for (&at, p) in on.iter().zip(profiles.iter_mut()) {
                 let s = &setups[at].1;
                 let rec = Recording::start(&data, args.frequency)?;
-                let (value, ops) = figure.run(&tb, s, args.seconds)?;
+                let Run { value, ops, .. } = figure.run(&tb, s, args.seconds)?;
                 rec.stop()?;
                 let samples = symbol_samples(&data)?;
                 let total: u64 = samples.values().sum();
@@ -245,19 +269,73 @@ pub(crate) fn run(ws: &Workspace, bins: &Binaries, args: &ProfileArgs) -> Result
             }
         }
     }
+    // The programs' own time: separate runs, since statistics cost every
+    // program run two clock reads.
+    let mut programs: Vec<Programs> = figures
+        .iter()
+        .map(|(_, on, _)| Programs::new(on.len()))
+        .collect();
+    {
+        let _stats = progstats::Enabled::new()?;
+        for round in 0..args.rounds {
+            eprintln!(
+                "profile: programs' run time, round {} of {}",
+                round + 1,
+                args.rounds
+            );
+            for ((figure, on, ours), p) in figures.iter().zip(&mut programs) {
+                for (i, &at) in on.iter().enumerate() {
+                    let (k, s) = &setups[at];
+                    let pins = ours
+                        .contains(k)
+                        .then(|| s.cni.as_ref().and_then(|c| c.conf["pinRoot"].as_str()))
+                        .flatten()
+                        .map(Path::new);
+                    let before = pins.map(progstats::snapshot).transpose()?;
+                    let run = figure.run(&tb, s, args.seconds)?;
+                    if let (Some(pins), Some(before)) = (pins, before) {
+                        let d = progstats::delta(&before, &progstats::snapshot(pins)?);
+                        let runs = p.runs.entry(*k).or_default();
+                        for (name, r) in d {
+                            let e = runs.entry(name).or_default();
+                            e.ns += r.ns;
+                            e.count += r.count;
+                        }
+                    }
+                    p.add(i, run);
+                }
+            }
+        }
+    }
     drop(tb);
     let mut text = format!(
-        "# Where the per-packet time goes\n\nGenerated by `cargo xtask profile` (as root): {}\n\
+        "# Where the per-packet time goes\n\nGenerated by `cargo xtask profile{}` (as root): {}\n\
          Machine: {}\n\n",
-        method(args),
+        if args.no_perf { " --no-perf" } else { "" },
+        if args.no_perf {
+            format!(
+                "the bench's testbed (docs/benchmarks.md, \"Method\"), each figure run for {} s \
+                 per setup in each of {} rounds, setups interleaved, both ends pinned to CPU \
+                 {CPU}, without perf.\n",
+                args.seconds, args.rounds
+            )
+        } else {
+            method(args)
+        },
         report::machine()
     );
-    for ((figure, on, ours), profiles) in figures.iter().zip(&profiles) {
+    for (((figure, on, ours), profiles), progs) in figures.iter().zip(&profiles).zip(&programs) {
         let names: Vec<usize> = on.iter().map(|&at| setups[at].0).collect();
-        table(&mut text, *figure, &names, profiles, ours)?;
+        if !args.no_perf {
+            table(&mut text, *figure, &names, profiles, ours)?;
+        }
+        programs_table(&mut text, *figure, &names, progs, ours)?;
     }
     print!("{text}");
-    let path = ws.root.join("docs").join("profile.md");
+    let path = args
+        .out
+        .clone()
+        .unwrap_or_else(|| ws.root.join("docs").join("profile.md"));
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     println!("written to {}", path.display());
     Ok(())
@@ -410,6 +488,123 @@ fn method(args: &ProfileArgs) -> String {
          on these VMs; compare columns.\n",
         args.seconds, args.rounds, args.frequency, args.frequency
     )
+}
+
+/// The programs pass of one figure: per setup (as positioned in the
+/// figure's list) its runs, and per Sluice setup what its programs ran.
+struct Programs {
+    values: Vec<Vec<String>>,
+    ops: Vec<f64>,
+    wall_us: Vec<Vec<f64>>,
+    /// By setup index in the report, then by program.
+    runs: BTreeMap<usize, BTreeMap<String, progstats::Runs>>,
+}
+
+impl Programs {
+    fn new(setups: usize) -> Self {
+        Self {
+            values: vec![Vec::new(); setups],
+            ops: vec![0.0; setups],
+            wall_us: vec![Vec::new(); setups],
+            runs: BTreeMap::new(),
+        }
+    }
+
+    fn add(&mut self, i: usize, run: Run) {
+        self.values[i].push(run.value);
+        self.ops[i] += run.ops;
+        self.wall_us[i].push(run.wall_us);
+    }
+
+    /// Setup `i`'s median wall time per unit over the rounds.
+    fn wall(&self, i: usize) -> Option<f64> {
+        let mut w = self.wall_us[i].clone();
+        if w.is_empty() {
+            return None;
+        }
+        w.sort_by(f64::total_cmp);
+        Some(w[w.len() / 2])
+    }
+}
+
+/// The programs' own time for one figure: each setup's wall time per unit,
+/// then for each of `ours` the run has, its programs' runs and time per unit
+/// against its gap to the limit.
+fn programs_table(
+    text: &mut String,
+    figure: Figure,
+    setups: &[usize],
+    p: &Programs,
+    ours: &[usize],
+) -> Result<()> {
+    let unit = figure.unit();
+    let _ = writeln!(
+        text,
+        "## {}: the eBPF programs' own time\n\n\
+         With the kernel's run-time statistics on (`BPF_ENABLE_STATS`; each program run \
+         timed by two `sched_clock` reads, helpers and map lookups included), in runs of \
+         their own:\n",
+        figure.title()
+    );
+    let _ = writeln!(
+        text,
+        "| setup | figure (per round) | wall µs per {unit} (median round) |"
+    );
+    let _ = writeln!(text, "| --- | --- | --- |");
+    for (i, k) in setups.iter().enumerate() {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} |",
+            report::name(*k),
+            p.values[i].join(", "),
+            p.wall(i).map_or_else(|| "-".into(), |w| format!("{w:.2}"))
+        );
+    }
+    let at = |k: usize| setups.iter().position(|s| *s == k);
+    let Some(limit) = at(LIMIT) else {
+        bail!("profile: no limit setup for {}", figure.title());
+    };
+    for (k, runs) in &p.runs {
+        let Some(i) = at(*k).filter(|_| ours.contains(k)) else {
+            continue;
+        };
+        let ops = p.ops[i];
+        if ops <= 0.0 {
+            continue;
+        }
+        let _ = writeln!(
+            text,
+            "\n{}'s programs (the sweeper, once a second, spread over the {unit}s):\n\n\
+             | program | runs per {unit} | ns per run | ns per {unit} |\n| --- | --- | --- | --- |",
+            report::name(*k)
+        );
+        let mut total = 0.0;
+        for (name, r) in runs.iter().filter(|(_, r)| r.count > 0) {
+            let per_unit = r.ns as f64 / ops;
+            total += per_unit;
+            let _ = writeln!(
+                text,
+                "| `{name}` | {:.2} | {:.0} | {per_unit:.0} |",
+                r.count as f64 / ops,
+                r.ns as f64 / r.count as f64
+            );
+        }
+        let gap =
+            match (p.wall(i), p.wall(limit)) {
+                (Some(a), Some(b)) => {
+                    format!(
+                "; its {unit} takes {:.2} µs more wall time than the limit's ({a:.2} against \
+                 {b:.2}), so its programs are {:.0}% of that gap and the kernel's path the rest",
+                a - b,
+                if a > b { total / 1e3 / (a - b) * 1e2 } else { 0.0 }
+            )
+                }
+                _ => String::new(),
+            };
+        let _ = writeln!(text, "\nIn all {:.2} µs per {unit}{gap}.", total / 1e3);
+    }
+    let _ = writeln!(text);
+    Ok(())
 }
 
 /// One figure: each setup's value, CPU time per unit of work, then, for each

@@ -94,17 +94,18 @@ pub(super) const SLUICE_BW: usize = 12;
 /// The IPv6 masquerade setups (the masquerade figures, on IPv6).
 pub(super) const REFERENCE_MASQ6: usize = 13;
 pub(super) const SLUICE_MASQ6: usize = 14;
-/// The filling-up setups: reference and Sluice at `FILL_AT[0]` pods; at
-/// `FILL_AT[i]` they are `2 * i` further on.
+/// The filling-up setups: reference, Sluice and the kernel's own veth pair
+/// (the limit) at `FILL_AT[0]` pods; at `FILL_AT[i]` they are `3 * i` further on.
 pub(super) const REFERENCE_FILL: usize = 15;
 pub(super) const SLUICE_FILL: usize = 16;
+pub(super) const KERNEL_FILL: usize = 17;
 /// Sluice with netkit pods, in the routing table (kernels with netkit only).
-pub(super) const SLUICE_NETKIT: usize = 21;
+pub(super) const SLUICE_NETKIT: usize = 24;
 /// Setups a run may not have: their columns and ratios are left out then.
 const OPTIONAL: [usize; 1] = [SLUICE_NETKIT];
 
 /// Setup names, by index.
-const NAMES: [&str; 22] = [
+const NAMES: [&str; 25] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -122,10 +123,13 @@ const NAMES: [&str; 22] = [
     "sluice ipMasq",
     "bridge+host-local(+portmap)",
     "sluice",
+    "kernel veth pair",
     "bridge+host-local(+portmap)",
     "sluice",
+    "kernel veth pair",
     "bridge+host-local(+portmap)",
     "sluice",
+    "kernel veth pair",
     "sluice netkit",
 ];
 
@@ -139,9 +143,10 @@ pub(super) const fn hp(base: usize, i: usize) -> usize {
     base + 2 * i
 }
 
-/// The setup of `base` (`REFERENCE_FILL` or `SLUICE_FILL`) at `FILL_AT[i]` pods.
+/// The setup of `base` (`REFERENCE_FILL`, `SLUICE_FILL` or `KERNEL_FILL`) at
+/// `FILL_AT[i]` pods.
 pub(super) const fn filling(base: usize, i: usize) -> usize {
-    base + 2 * i
+    base + 3 * i
 }
 
 /// One table: its figures, the setups it shows, and Sluice's ratios to the others.
@@ -249,8 +254,11 @@ const TABLES: [Table; 6] = [
             Figure::FillDelP50 { hostport: false },
             Figure::FillDelP50 { hostport: true },
         ],
-        columns: &[REFERENCE_FILL, SLUICE_FILL],
-        ratios: &[("sluice/reference", SLUICE_FILL, REFERENCE_FILL)],
+        columns: &[REFERENCE_FILL, SLUICE_FILL, KERNEL_FILL],
+        ratios: &[
+            ("sluice/reference", SLUICE_FILL, REFERENCE_FILL),
+            ("sluice/kernel", SLUICE_FILL, KERNEL_FILL),
+        ],
         which: BenchTable::Filling,
         by_size: false,
     },
@@ -610,8 +618,21 @@ impl Report {
                 (Some(a), Some(b)) if b != 0.0 => Some(a / b),
                 _ => None,
             };
+            // The kernel's own veth pair removal bounds any plugin's DEL: say
+            // how close Sluice is to it where the run measured it.
+            let kernel = match (
+                self.value(del, filling(SLUICE_FILL, top)),
+                self.value(del, filling(KERNEL_FILL, top)),
+            ) {
+                (Some(a), Some(k)) if k != 0.0 => format!(
+                    "; the kernel's own veth pair removal {}, Sluice {:.2}x of it",
+                    ms(del, KERNEL_FILL, top),
+                    a / k
+                ),
+                _ => String::new(),
+            };
             dels.push(format!(
-                "DEL p50 at {last} pods <= 0.6x the reference's ({what}): {} ({} vs {}), {}",
+                "DEL p50 at {last} pods <= 0.6x the reference's ({what}): {} ({} vs {}), {}{kernel}",
                 times(r),
                 ms(del, SLUICE_FILL, top),
                 ms(del, REFERENCE_FILL, top),
@@ -1256,7 +1277,11 @@ mod tests {
             setups.extend([hp(REFERENCE_HP, i), hp(SLUICE_HP, i)]);
         }
         for i in 0..FILL_AT.len() {
-            setups.extend([filling(REFERENCE_FILL, i), filling(SLUICE_FILL, i)]);
+            setups.extend([
+                filling(REFERENCE_FILL, i),
+                filling(SLUICE_FILL, i),
+                filling(KERNEL_FILL, i),
+            ]);
         }
         let n = setups.len();
         setups.sort_unstable();
@@ -1396,6 +1421,14 @@ mod tests {
                     filling(SLUICE_FILL, i),
                     25.0,
                 );
+                // The kernel's pair: 3, 3.5, 4 ms to make; 24 ms to remove.
+                let k = 3.0 + 0.5 * i as f64;
+                r.add(Figure::FillAddP50 { hostport }, filling(KERNEL_FILL, i), k);
+                r.add(
+                    Figure::FillDelP50 { hostport },
+                    filling(KERNEL_FILL, i),
+                    24.0,
+                );
             }
         }
         let t = TABLES
@@ -1411,10 +1444,12 @@ mod tests {
                 "1,000",
                 "40.00",
                 "6.00",
-                "0.15x"
+                "4.00",
+                "0.15x",
+                "1.50x"
             ]
         );
-        assert_eq!(rows[3][1..4], ["1,000 / 20", "4.00x", "1.20x"]);
+        assert_eq!(rows[3][1..5], ["1,000 / 20", "4.00x", "1.20x", "1.33x"]);
         let targets = r.targets();
         assert_eq!(
             targets[0],
@@ -1424,7 +1459,8 @@ mod tests {
         assert_eq!(
             targets[3],
             "DEL p50 at 1,000 pods <= 0.6x the reference's (a hostPort each): 0.16x \
-             (25.0 ms vs 160.0 ms), met"
+             (25.0 ms vs 160.0 ms), met; the kernel's own veth pair removal 24.0 ms, Sluice 1.04x \
+             of it"
         );
     }
 
