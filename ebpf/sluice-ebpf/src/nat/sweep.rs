@@ -21,42 +21,28 @@ use crate::{
 };
 
 /// Deletes every flow idle longer than its timeout. Runs from a perf event.
-///
-/// A family whose masquerade is off has no flows to expire, and walking its
-/// empty table still visits every bucket (`bpf_for_each_hash_elem`): about
-/// 2 ms a second for the three tables, in the perf event's hard interrupt, on
-/// a node none of whose pods masquerades. Such a table is left alone; flows
-/// a masquerade turned off since left behind are swept once it is on again.
 #[inline(always)]
 pub fn sweep() {
-    let v4 = super::config().is_some();
-    let v6 = crate::kernel::masq6() && super::v6::config6().is_some();
     // SAFETY: the callback matches the helper's contract (map, key, value, ctx).
     unsafe {
-        if v4 {
-            bpf_for_each_map_elem(
-                (&raw const NAT_FWD).cast_mut().cast::<c_void>(),
-                sweep_one::<V4> as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
-        }
-        if v6 {
-            bpf_for_each_map_elem(
-                (&raw const NAT6_FWD).cast_mut().cast::<c_void>(),
-                sweep_one::<V6> as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
-        }
-        if v4 || v6 {
-            bpf_for_each_map_elem(
-                (&raw const NAT_FRAG).cast_mut().cast::<c_void>(),
-                sweep_frag as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
-        }
+        bpf_for_each_map_elem(
+            (&raw const NAT_FWD).cast_mut().cast::<c_void>(),
+            sweep_one::<V4> as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+        bpf_for_each_map_elem(
+            (&raw const NAT6_FWD).cast_mut().cast::<c_void>(),
+            sweep_one::<V6> as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+        bpf_for_each_map_elem(
+            (&raw const NAT_FRAG).cast_mut().cast::<c_void>(),
+            sweep_frag as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
     }
 }
 
