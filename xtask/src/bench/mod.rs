@@ -48,24 +48,23 @@ pub(crate) fn conn_loop(args: &crate::cli::ConnLoopArgs) -> Result<()> {
 
 /// `cargo xtask profile` (release binaries, as the bench).
 pub(crate) fn profile(ws: &Workspace, args: &crate::cli::ProfileArgs) -> Result<()> {
-    let bins = if args.prebuilt {
-        prebuilt()?
-    } else {
-        setup::run(&SetupArgs::default())?;
-        let object = ebpf::build(ws)?;
-        build::build_bins(ws, &object, true)?
-    };
+    let bins = release_bins(ws, args.prebuilt)?;
     profile::run(ws, &bins, args)
 }
 
+/// The release binaries: from the environment with `--prebuilt` (how a
+/// guest runs them), else set up and built here.
+fn release_bins(ws: &Workspace, prebuilt: bool) -> Result<Binaries> {
+    if prebuilt {
+        return self::prebuilt();
+    }
+    setup::run(&SetupArgs::default())?;
+    let object = ebpf::build(ws)?;
+    build::build_bins(ws, &object, true)
+}
+
 pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
-    let bins = if args.prebuilt {
-        prebuilt()?
-    } else {
-        setup::run(&SetupArgs::default())?;
-        let object = ebpf::build(ws)?;
-        build::build_bins(ws, &object, true)?
-    };
+    let bins = release_bins(ws, args.prebuilt)?;
     let want = |t| args.only.is_none_or(|o| o == t);
     // Made before the testbed, so removed after it (the hooks go with the pins).
     let cgroups = if want(BenchTable::Hostport) {
