@@ -157,11 +157,7 @@ impl Netlink {
             .map_err(|e| nl_err("list the node's local addresses (table local)", e))?
         {
             // An older kernel may answer with more than was asked.
-            let local_table = m.header.table == RT_TABLE_LOCAL
-                || m.attributes.iter().any(
-                    |a| matches!(a, RouteAttribute::Table(t) if *t == u32::from(RT_TABLE_LOCAL)),
-                );
-            if !local_table
+            if !super::route::in_table(&m, u32::from(RT_TABLE_LOCAL))
                 || m.header.kind != RouteType::Local
                 || m.header.destination_prefix_length != full
             {

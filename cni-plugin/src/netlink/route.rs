@@ -127,12 +127,7 @@ impl Netlink {
         let mut s = self.handle.route().get(q).execute();
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(|e| nl_err("list routes", e))? {
-            if m.header.table != 254
-                && !m
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, RouteAttribute::Table(254)))
-            {
+            if !in_table(&m, 254) {
                 continue;
             }
             let plen = m.header.destination_prefix_length;
@@ -189,13 +184,7 @@ impl Netlink {
             .push(RouteAttribute::Destination(RouteAddress::Inet(PROBE)));
         let mut s = self.handle.route().get(q).execute();
         match s.try_next().await {
-            Ok(Some(m))
-                if m.header.destination_prefix_length == 0
-                    && (m.header.table == 254
-                        || m.attributes
-                            .iter()
-                            .any(|a| matches!(a, RouteAttribute::Table(254)))) =>
-            {
+            Ok(Some(m)) if m.header.destination_prefix_length == 0 && in_table(&m, 254) => {
                 if let Some(oif) = m.attributes.iter().find_map(|a| match a {
                     RouteAttribute::Oif(i) => Some(*i),
                     _ => None,
@@ -222,4 +211,13 @@ fn addr(a: &RouteAddress) -> Option<IpAddr> {
         RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
         _ => None,
     }
+}
+
+/// Whether route message `m` is of table `table` (in the header, or in
+/// `RTA_TABLE` for tables above 255).
+pub(super) fn in_table(m: &RouteMessage, table: u32) -> bool {
+    u32::from(m.header.table) == table
+        || m.attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Table(t) if *t == table))
 }
