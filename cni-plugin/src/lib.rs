@@ -12,6 +12,7 @@ pub mod netlink;
 pub mod netns;
 pub mod node;
 pub mod overwrite;
+pub mod spare;
 pub mod state;
 pub mod timing;
 

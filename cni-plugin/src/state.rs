@@ -2,12 +2,11 @@
 //! without prevResult or netns), CHECK and GC can find and undo it.
 //!
 //! One JSON file per attachment in `<stateDir>/<network>/attachments/`, written
-//! atomically (temp file + rename), readable by root only.
+//! atomically (temp file + rename), readable by root only. A removed record's
+//! file moves to `.spare/`, emptied, for the next record ([`crate::spare`]).
 use std::{
-    fs::{self, OpenOptions},
-    io::Write,
+    fs,
     net::IpAddr,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -22,6 +21,7 @@ use crate::{
     datapath::bpffs::create_dirs,
     error::Error,
     overwrite::overwrite,
+    spare::Spares,
 };
 
 /// Prefix of every host-side veth Sluice creates.
@@ -148,6 +148,11 @@ impl StateStore {
         self.dir.join(".tmp")
     }
 
+    /// Removed records' files, for the next `save` ([`Spares`]).
+    fn spares(&self) -> Spares {
+        Spares::new(self.dir.join(".spare"))
+    }
+
     /// Writes (or replaces) a record atomically.
     pub fn save(&self, rec: &AttachmentRecord) -> Result<(), Error> {
         let tmp_dir = self.tmp_dir();
@@ -162,14 +167,9 @@ impl StateStore {
         ));
         let body = Self::encode(rec)?;
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            // Atomic through the rename; no fsync (see ipam::store::write_temp).
-            f.write_all(&body)?;
+            // A retired record's inode when there is one. Atomic through the
+            // rename; no fsync (see ipam::store::write_temp).
+            self.spares().create(&tmp, &body)?;
             fs::rename(&tmp, &path)
         };
         write().map_err(|e| {
@@ -236,11 +236,11 @@ impl StateStore {
                 }
             }
         }
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(format!("removing {}", path.display()), e)),
-        }
+        // To the spares, not freed: the next ADD's record takes the inode.
+        self.spares()
+            .retire(&path)
+            .map(drop)
+            .map_err(|e| Error::io(format!("removing {}", path.display()), e))
     }
 
     /// Every readable record (GC). Unreadable files are skipped with a log line.
@@ -278,6 +278,7 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn id(c: &str, i: &str) -> AttachmentId {
         AttachmentId {
@@ -356,7 +357,7 @@ mod tests {
         let leftovers: Vec<_> = fs::read_dir(&att)
             .unwrap()
             .filter_map(Result::ok)
-            .filter(|e| e.file_name() != ".tmp")
+            .filter(|e| e.file_name() != ".tmp" && e.file_name() != ".spare")
             .filter(|e| e.path().extension().and_then(|x| x.to_str()) != Some("json"))
             .chain(
                 fs::read_dir(att.join(".tmp"))
@@ -368,6 +369,19 @@ mod tests {
             leftovers.is_empty(),
             "temp files left behind: {leftovers:?}"
         );
+        // The removed record's file is a spare, emptied, and the next record
+        // is written in it.
+        let spares: Vec<_> = fs::read_dir(att.join(".spare"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(spares.len(), 1);
+        assert_eq!(fs::metadata(&spares[0]).unwrap().len(), 0);
+        let ino = fs::metadata(&spares[0]).unwrap().ino();
+        s.save(&record("c3")).unwrap();
+        assert_eq!(fs::metadata(att.join("c3.eth0.json")).unwrap().ino(), ino);
+        assert_eq!(s.load(&id("c3", "eth0")).unwrap(), Some(record("c3")));
+        assert_eq!(fs::read_dir(att.join(".spare")).unwrap().count(), 0);
     }
 
     /// What an ADD killed between write and rename leaves: DEL (remove) takes

@@ -32,6 +32,22 @@ pub fn is_ipam_bookkeeping(name: &str) -> bool {
     name == "lock" || name.starts_with("last_reserved_ip.")
 }
 
+/// Directories where the plugin keeps retired files for reuse (the IPAM
+/// store's and the records'), as `<dir>/<name>` relative paths show them.
+const SPARE_DIRS: [&str; 2] = [".sluice-spare", ".spare"];
+
+/// Whether `rel` (a file under `root`) is a spare: in a spares directory and
+/// empty. A spare that still holds bytes names a pod no longer there, and is
+/// reported like any other leftover.
+pub fn is_empty_spare(root: &Path, rel: &str) -> bool {
+    let p = Path::new(rel);
+    p.parent()
+        .and_then(Path::file_name)
+        .and_then(|d| d.to_str())
+        .is_some_and(|d| SPARE_DIRS.contains(&d))
+        && std::fs::metadata(root.join(p)).is_ok_and(|m| m.len() == 0)
+}
+
 /// Entries of the map `name` pinned under `node`'s pin root
 /// (`bpftool map dump pinned <pin root>/maps/<name> -j`).
 pub fn map_entries(node: &Node, name: &str) -> Result<Vec<Value>> {
@@ -93,7 +109,8 @@ pub fn files_under(dir: &Path) -> Result<Vec<String>> {
 pub struct Inventory {
     /// Interfaces of the node namespace not in the baseline.
     pub links: Vec<String>,
-    /// Files under the state directory (records, temporary records, anything).
+    /// Files under the state directory (records, temporary records, anything)
+    /// but empty spares.
     pub state_files: Vec<String>,
     /// Files of the network's IPAM directory other than its bookkeeping
     /// ([`is_ipam_bookkeeping`]): reservations and temporary files.
@@ -112,9 +129,15 @@ impl Inventory {
             .into_iter()
             .filter(|l| !baseline_links.contains(l))
             .collect();
-        let ipam_files = files_under(&node.ipam_dir().join(network))?
+        let ipam_dir = node.ipam_dir().join(network);
+        let ipam_files = files_under(&ipam_dir)?
             .into_iter()
-            .filter(|f| !is_ipam_bookkeeping(f))
+            .filter(|f| !is_ipam_bookkeeping(f) && !is_empty_spare(&ipam_dir, f))
+            .collect();
+        let state_dir = node.state_dir();
+        let state_files = files_under(&state_dir)?
+            .into_iter()
+            .filter(|f| !is_empty_spare(&state_dir, f))
             .collect();
         let maps = pod_map_counts(node)?
             .into_iter()
@@ -122,7 +145,7 @@ impl Inventory {
             .collect();
         Ok(Self {
             links,
-            state_files: files_under(&node.state_dir())?,
+            state_files,
             ipam_files,
             link_pins: node.link_pins()?,
             maps,

@@ -236,8 +236,8 @@ mod tests {
         BuiltinIpam::new("testnet", &cfg, None).unwrap()
     }
 
-    /// The store's files; its temporary-file directory must be empty and is
-    /// left out.
+    /// The store's files; its temporary-file directory must be empty and its
+    /// spares empty files, and both are left out.
     fn files(dir: &Path) -> BTreeSet<String> {
         let mut names: BTreeSet<String> = fs::read_dir(dir)
             .unwrap()
@@ -245,6 +245,11 @@ mod tests {
             .collect();
         if names.remove(".sluice-tmp") {
             assert_eq!(fs::read_dir(dir.join(".sluice-tmp")).unwrap().count(), 0);
+        }
+        if names.remove(".sluice-spare") {
+            for e in fs::read_dir(dir.join(".sluice-spare")).unwrap() {
+                assert_eq!(e.unwrap().metadata().unwrap().len(), 0, "spares are empty");
+            }
         }
         names
     }

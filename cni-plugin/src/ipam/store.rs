@@ -6,13 +6,15 @@
 //! whole of an operation. A reservation is written in `.sluice-tmp/` first and
 //! linked into place, so the sweep for what a crash left there reads a directory
 //! that is empty, not one entry per pod; `last_reserved_ip.*`, a hint, is
-//! rewritten in place.
+//! rewritten in place. A released reservation's file moves to `.sluice-spare/`,
+//! emptied, and the next reservation's file is one of those
+//! ([`crate::spare`]): a node reuses inodes instead of allocating them.
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -21,6 +23,7 @@ use crate::cni::AttachmentId;
 use crate::error::Error;
 use crate::lock::FileLock;
 use crate::overwrite::overwrite;
+use crate::spare::Spares;
 
 /// One reserved address and who holds it, as read from the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +187,8 @@ const LOCK_FILE: &str = "lock";
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 /// The directory of temporary files (a dot, so it never parses as an address).
 const TEMP_DIR: &str = ".sluice-tmp";
+/// Released reservations' files, for the next reservation ([`Spares`]).
+const SPARE_DIR: &str = ".sluice-spare";
 /// Between container id and interface (host-local's `LineBreak`).
 const LINE_BREAK: &str = "\r\n";
 
@@ -191,6 +196,7 @@ const LINE_BREAK: &str = "\r\n";
 #[derive(Debug)]
 pub struct DiskStore {
     dir: PathBuf,
+    spares: Spares,
     lock_timeout: Duration,
 }
 
@@ -208,6 +214,7 @@ impl DiskStore {
             .create(dir.join(TEMP_DIR))
             .map_err(|e| Error::io(format!("creating IPAM directory {}", dir.display()), e))?;
         Ok(Self {
+            spares: Spares::new(dir.join(SPARE_DIR)),
             dir,
             lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
         })
@@ -231,37 +238,25 @@ impl DiskStore {
         self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_set}"))
     }
 
-    /// Writes `content` to a new temporary file (0600) in `TEMP_DIR`, for
-    /// `reserve` to link into place. No fsync: the temp file + link is what
+    /// Writes `content` to a temporary file (0600) in `TEMP_DIR`, a spare
+    /// when there is one, for `reserve` to link into place. Only called with
+    /// the lock held, after `lock` removed what a dead writer left there, so
+    /// the name is this call's own. No fsync: the temp file + link is what
     /// keeps a killed process from leaving a partial reservation; fsync would
     /// only add power-loss durability (~0.3 ms per
     /// call on the ADD path), and after a power loss every pod is gone and GC
     /// releases what no attachment owns. host-local does not fsync either.
     fn write_temp(&self, content: &[u8]) -> Result<PathBuf, Error> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        loop {
-            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = self
-                .dir
-                .join(TEMP_DIR)
-                .join(format!("{}.{n}", std::process::id()));
-            let mut file = match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-            {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(format!("creating {}", path.display()), e)),
-            };
-            let written = file.write_all(content);
-            if let Err(e) = written {
-                let _ = fs::remove_file(&path);
-                return Err(Error::io(format!("writing {}", path.display()), e));
-            }
-            return Ok(path);
-        }
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .dir
+            .join(TEMP_DIR)
+            .join(format!("{}.{n}", std::process::id()));
+        self.spares
+            .create(&path, content)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        Ok(path)
     }
 
     /// Rewrites `last_reserved_ip.<range_set>` in place ([`overwrite`]: no
@@ -341,13 +336,13 @@ impl Store for DiskStore {
         Ok(true)
     }
 
+    /// The file goes to the spares (one rename), not away: the next
+    /// reservation takes its inode back instead of allocating one.
     fn release(&mut self, ip: IpAddr) -> Result<bool, Error> {
         let path = self.ip_path(ip);
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(Error::io(format!("releasing {}", path.display()), e)),
-        }
+        self.spares
+            .retire(&path)
+            .map_err(|e| Error::io(format!("releasing {}", path.display()), e))
     }
 
     /// A missing or unparsable file means "none" (host-local then starts from the
@@ -490,6 +485,11 @@ pub(crate) mod tests {
         if names.remove(TEMP_DIR) {
             assert_eq!(fs::read_dir(dir.join(TEMP_DIR)).unwrap().count(), 0);
         }
+        if names.remove(SPARE_DIR) {
+            for e in fs::read_dir(dir.join(SPARE_DIR)).unwrap() {
+                assert_eq!(e.unwrap().metadata().unwrap().len(), 0, "spares are empty");
+            }
+        }
         names
     }
 
@@ -595,6 +595,32 @@ pub(crate) mod tests {
         assert_eq!(fs::metadata(&last).unwrap().ino(), ino);
         assert_eq!(fs::read(&last).unwrap(), b"10.0.0.3  ", "padded, not a mix");
         assert_eq!(s.last_reserved(0).unwrap(), Some(ip("10.0.0.3")));
+    }
+
+    /// A release keeps the file's inode (emptied, in the spares) and the next
+    /// reservation takes it back: a node whose pods come and go allocates no
+    /// inodes (see `crate::spare`).
+    #[test]
+    fn a_released_reservation_file_is_reused() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = DiskStore::open(tmp.path(), "net").unwrap();
+        let dir = tmp.path().join("net");
+        let _lock = s.lock().unwrap();
+        assert!(s.reserve(&att("a", "eth0"), ip("10.0.0.2"), 0).unwrap());
+        let ino = fs::metadata(dir.join("10.0.0.2")).unwrap().ino();
+        assert!(s.release(ip("10.0.0.2")).unwrap());
+        assert!(!s.release(ip("10.0.0.2")).unwrap(), "already released");
+        assert_eq!(s.owner_of(ip("10.0.0.2")).unwrap(), None);
+        assert!(s.reservations().unwrap().is_empty());
+        assert!(s.reserve(&att("bb", "eth1"), ip("10.0.0.3"), 0).unwrap());
+        assert_eq!(fs::metadata(dir.join("10.0.0.3")).unwrap().ino(), ino);
+        assert_eq!(fs::read(dir.join("10.0.0.3")).unwrap(), b"bb\r\neth1");
+        assert_eq!(fs::read_dir(dir.join(SPARE_DIR)).unwrap().count(), 0);
+        assert_eq!(
+            names(&dir),
+            BTreeSet::from(["10.0.0.3", "last_reserved_ip.0", "lock"].map(String::from))
+        );
     }
 
     #[test]
