@@ -998,15 +998,26 @@ fn gc_all(node: &Node, conf: &Value) {
 fn a_record_half_written_by_a_killed_add_is_removed_by_del() {
     let (w, baseline_links, conf) = bug_setup("10.99.38.0/24");
     let node = &w.node;
-    // ADD renames one file: its first record into place (the IPAM store's
-    // last_reserved_ip and the completed record are rewritten in place).
+    // ADD renames its first record into place (the IPAM store's
+    // last_reserved_ip and the completed record are rewritten in place);
+    // before that it takes spare files (the DELs before it left some) for
+    // its reservation and its record, each with a rename. The traced ADD is
+    // deleted again, so the killed one finds as many spares.
     let lines: Vec<String> = trace_add(&w, &conf, "bug-trace", "rename")
         .into_iter()
         .filter(|l| call_of(l) == Some("rename"))
         .collect();
+    let into_place = |l: &String| l.contains("/attachments/bug-trace.eth0.json\")");
     assert!(
-        lines.len() == 1 && lines[0].contains("/attachments/"),
-        "ADD's one rename is not its record's: {lines:#?}"
+        lines.iter().filter(|l| into_place(l)).count() == 1
+            && lines
+                .iter()
+                .all(|l| into_place(l) || l.contains("/.sluice-spare/") || l.contains("/.spare/")),
+        "ADD renames other than its record's and the spares it takes: {lines:#?}"
+    );
+    let when = format!(
+        "inject=rename:signal=KILL:when={}",
+        lines.iter().position(into_place).unwrap_or_default() + 1
     );
     let pod = node.pod("p").unwrap();
     let out = node
@@ -1020,7 +1031,7 @@ fn a_record_half_written_by_a_killed_add_is_removed_by_del() {
                 "-e",
                 "trace=rename",
                 "-e",
-                "inject=rename:signal=KILL:when=1",
+                &when,
             ],
             "ADD",
             &conf,
