@@ -15,9 +15,16 @@
 //! it ever held. The spares are empty files, as many as the node's peak pods
 //! less its current ones; nothing reads them.
 use std::{
+    ffi::OsString,
     fs::{self, OpenOptions},
     io::{self, ErrorKind},
-    os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt},
+    os::{
+        fd::AsRawFd,
+        unix::{
+            ffi::OsStringExt,
+            fs::{DirBuilderExt, FileExt, OpenOptionsExt},
+        },
+    },
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
     time::{SystemTime, UNIX_EPOCH},
@@ -77,9 +84,9 @@ impl Spares {
     /// temporary it then links or renames into place): a spare is renamed
     /// onto it, replacing what was there.
     pub fn create(&self, path: &Path, content: &[u8]) -> io::Result<()> {
-        if let Ok(entries) = fs::read_dir(&self.dir) {
-            for entry in entries.take(TAKE_TRIES).filter_map(Result::ok) {
-                match fs::rename(entry.path(), path) {
+        if let Ok(names) = some_names(&self.dir) {
+            for name in names.into_iter().take(TAKE_TRIES) {
+                match fs::rename(self.dir.join(name), path) {
                     Ok(()) => return fill(path, content),
                     // Another ADD took it first: try the next.
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -95,6 +102,56 @@ impl Spares {
             .open(path)?;
         file.write_all_at(content, 0)
     }
+}
+
+/// Bytes of the one `getdents64(2)` read [`some_names`] makes: a few dozen
+/// names.
+const DIRENT_BUF: usize = 1024;
+
+/// The first few names in `dir` (not `.` or `..`), from one small
+/// `getdents64(2)`. `fs::read_dir` would do, but glibc's `readdir` fills a
+/// 32 KiB buffer on its first call: in a spares directory of 1,000 files an
+/// ADD read most of them to take one, and an ADD soon after a node emptied
+/// paid more for its spare than a new file costs.
+fn some_names(dir: &Path) -> io::Result<Vec<OsString>> {
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)?;
+    let mut buf = [0u8; DIRENT_BUF];
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which
+    // lives across the call; `d` is an open directory.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            d.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    Ok(parse_dirents(buf.get(..n).unwrap_or_default()))
+}
+
+/// The names in `linux_dirent64` records (include/uapi/linux/dirent.h:
+/// `d_ino` u64, `d_off` s64, `d_reclen` u16, `d_type` u8, then the name,
+/// NUL-terminated), `.` and `..` left out; stops at a record that does not fit.
+fn parse_dirents(mut b: &[u8]) -> Vec<OsString> {
+    const NAME: usize = 19;
+    let mut out = Vec::new();
+    while let Some(len) = b.get(16..18) {
+        let reclen = usize::from(u16::from_ne_bytes([len[0], len[1]]));
+        let Some(rec) = b.get(..reclen).filter(|_| reclen > NAME) else {
+            break;
+        };
+        let raw = &rec[NAME..];
+        let name = &raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())];
+        if name != b"." && name != b".." && !name.is_empty() {
+            out.push(OsString::from_vec(name.to_vec()));
+        }
+        b = &b[reclen..];
+    }
+    out
 }
 
 /// Writes `content` over a taken spare and cuts it to that length.
@@ -145,6 +202,51 @@ mod tests {
         assert_eq!(fs::metadata(&b).unwrap().ino(), ino, "the same inode");
         assert_eq!(fs::read(&b).unwrap(), b"x", "nothing of the old content");
         assert_eq!(fs::read_dir(spares.dir()).unwrap().count(), 0);
+    }
+
+    /// One small read gives the first names; a directory of many files
+    /// gives a few dozen of them, all real, and never `.` or `..`.
+    #[test]
+    fn some_names_reads_a_few_real_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(some_names(tmp.path()).unwrap().is_empty());
+        let all: BTreeSet<OsString> = (0..300)
+            .map(|i| {
+                let name = format!("s1-{i}-{i}");
+                fs::write(tmp.path().join(&name), b"").unwrap();
+                OsString::from(name)
+            })
+            .collect();
+        let got = some_names(tmp.path()).unwrap();
+        assert!(
+            (TAKE_TRIES..300).contains(&got.len()),
+            "{} names",
+            got.len()
+        );
+        assert!(got.iter().all(|n| all.contains(n)), "{got:?}");
+        assert!(some_names(&tmp.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn dirent_records_that_do_not_fit_are_not_read() {
+        let rec = |name: &[u8]| {
+            let reclen = (19 + name.len() + 1).next_multiple_of(8);
+            let mut r = vec![0u8; reclen];
+            r[16..18].copy_from_slice(&u16::try_from(reclen).unwrap().to_ne_bytes());
+            r[19..19 + name.len()].copy_from_slice(name);
+            r
+        };
+        let mut b = [rec(b"."), rec(b".."), rec(b"abc"), rec(b"d")].concat();
+        assert_eq!(parse_dirents(&b), [OsString::from("abc"), "d".into()]);
+        b.truncate(b.len() - 3);
+        assert_eq!(parse_dirents(&b), [OsString::from("abc")], "cut short");
+        assert!(parse_dirents(&[0u8; 17]).is_empty());
+        let mut zero = rec(b"x");
+        zero[16..18].copy_from_slice(&0u16.to_ne_bytes());
+        assert!(
+            parse_dirents(&zero).is_empty(),
+            "a zero length stops the walk"
+        );
     }
 
     #[test]
