@@ -87,13 +87,15 @@ impl Spares {
         if let Ok(names) = some_names(&self.dir) {
             for name in names.into_iter().take(TAKE_TRIES) {
                 match fs::rename(self.dir.join(name), path) {
-                    Ok(()) => return fill(path, content),
+                    Ok(()) => break,
                     // Another ADD took it first: try the next.
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 }
             }
         }
+        // One open for both: a taken spare is opened (and cut, in case its
+        // emptying failed), and without one the file is created.
         let file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -152,13 +154,6 @@ fn parse_dirents(mut b: &[u8]) -> Vec<OsString> {
         b = &b[reclen..];
     }
     out
-}
-
-/// Writes `content` over a taken spare and cuts it to that length.
-fn fill(path: &Path, content: &[u8]) -> io::Result<()> {
-    let file = OpenOptions::new().write(true).open(path)?;
-    file.write_all_at(content, 0)?;
-    file.set_len(content.len() as u64)
 }
 
 /// A name no other spare has: this process, the time, and a counter.

@@ -221,7 +221,7 @@ mod tests {
 
     use super::*;
     use crate::ipam::range::tests::ip;
-    use crate::ipam::store::tests::att;
+    use crate::ipam::store::tests::{att, names};
 
     #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
     fn ipam(data_dir: &Path, extra: Value) -> BuiltinIpam {
@@ -234,24 +234,6 @@ mod tests {
             cfg[k] = v.clone();
         }
         BuiltinIpam::new("testnet", &cfg, None).unwrap()
-    }
-
-    /// The store's files; its temporary-file directory must be empty and its
-    /// spares empty files, and both are left out.
-    fn files(dir: &Path) -> BTreeSet<String> {
-        let mut names: BTreeSet<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        if names.remove(".sluice-tmp") {
-            assert_eq!(fs::read_dir(dir.join(".sluice-tmp")).unwrap().count(), 0);
-        }
-        if names.remove(".sluice-spare") {
-            for e in fs::read_dir(dir.join(".sluice-spare")).unwrap() {
-                assert_eq!(e.unwrap().metadata().unwrap().len(), 0, "spares are empty");
-            }
-        }
-        names
     }
 
     #[test]
@@ -291,7 +273,7 @@ mod tests {
         assert_eq!(fs::read(dir.join("10.22.0.2")).unwrap(), b"ctr1\r\neth0");
         assert_eq!(fs::read(dir.join("fd22::2")).unwrap(), b"ctr1\r\neth0");
         assert_eq!(
-            files(&dir),
+            names(&dir),
             BTreeSet::from(
                 [
                     "10.22.0.2",
@@ -379,7 +361,7 @@ mod tests {
         assert_eq!(e.code(), 103, "{e}");
         assert!(e.to_string().contains("\"a\""), "names the owner: {e}");
         assert_eq!(
-            files(&tmp.path().join("testnet")).len(),
+            names(&tmp.path().join("testnet")).len(),
             4 + 3,
             "a, b, lock, last x2"
         );
@@ -465,7 +447,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            files(&dir),
+            names(&dir),
             BTreeSet::from(
                 [
                     "10.22.0.100",
@@ -612,7 +594,7 @@ mod tests {
         let distinct: BTreeSet<IpAddr> = all.iter().copied().collect();
         assert_eq!(all.len(), THREADS * EACH * 2);
         assert_eq!(distinct.len(), all.len(), "every address handed out once");
-        let on_disk = files(&tmp.path().join("testnet"))
+        let on_disk = names(&tmp.path().join("testnet"))
             .iter()
             .filter(|n| n.parse::<IpAddr>().is_ok())
             .count();

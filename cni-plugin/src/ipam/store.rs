@@ -475,9 +475,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// The store's files; its temporary-file directory must be empty and is
-    /// left out.
-    fn names(dir: &Path) -> BTreeSet<String> {
+    /// The store's files; its temporary-file directory must be empty and its
+    /// spares empty files, and both are left out.
+    pub(crate) fn names(dir: &Path) -> BTreeSet<String> {
         let mut names: BTreeSet<String> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
