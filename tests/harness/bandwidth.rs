@@ -7,7 +7,6 @@
 //! and the qdiscs of a namespace.
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
-    os::fd::AsRawFd,
     path::Path,
     process::{Child, Command, Stdio},
     sync::{
@@ -570,19 +569,13 @@ pub fn udp_blast(
 ) -> Result<Blast> {
     let rx = udp_socket(to_netns, to)?;
     let size_buf: i32 = 32 << 20;
-    // SAFETY: a live i32 of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            rx.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            std::ptr::from_ref(&size_buf).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(err!("SO_RCVBUFFORCE: {}", std::io::Error::last_os_error()));
-    }
+    crate::sockopt::set(
+        &rx,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        &size_buf,
+        "SO_RCVBUFFORCE",
+    )?;
     rx.set_read_timeout(Some(Duration::from_millis(20)))?;
     let done = Arc::new(AtomicBool::new(false));
     let got = Arc::new(AtomicU64::new(0));

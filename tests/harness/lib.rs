@@ -39,6 +39,7 @@ pub mod oci;
 pub mod prometheus;
 pub mod raw;
 pub mod schema;
+pub mod sockopt;
 pub mod stream;
 pub mod traffic;
 

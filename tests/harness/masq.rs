@@ -25,6 +25,7 @@ use crate::{
     fixtures::{uplink, EXT_IF},
     host::{self, Host},
     raw::checksum,
+    sockopt,
     traffic::{enter_netns, IO_TIMEOUT},
     Node, Result,
 };
@@ -192,24 +193,6 @@ fn last_os_error(what: &str) -> crate::Error {
     err!("{what}: {}", std::io::Error::last_os_error())
 }
 
-/// `setsockopt` of a plain value.
-fn setsockopt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T, what: &str) -> Result<()> {
-    // SAFETY: `value` is a live `T` of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            std::ptr::from_ref(value).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(last_os_error(what));
-    }
-    Ok(())
-}
-
 fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     // SAFETY: all-zero is a valid sockaddr_in.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
@@ -281,7 +264,7 @@ pub fn tcp_connect(netns: &Path, bind: Option<SocketAddr>, to: SocketAddr) -> Re
         }
         // SAFETY: the kernel just returned this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        setsockopt(
+        sockopt::set(
             &fd,
             libc::SOL_SOCKET,
             libc::SO_REUSEADDR,
@@ -289,7 +272,7 @@ pub fn tcp_connect(netns: &Path, bind: Option<SocketAddr>, to: SocketAddr) -> Re
             "SO_REUSEADDR",
         )?;
         // A blocking connect gives up after SO_SNDTIMEO.
-        setsockopt(
+        sockopt::set(
             &fd,
             libc::SOL_SOCKET,
             libc::SO_SNDTIMEO,
@@ -360,19 +343,7 @@ pub fn tcp_abort(s: TcpStream) -> Result<()> {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: `l` is a live linger of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::from_ref(&l).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(last_os_error("SO_LINGER"));
-    }
+    sockopt::set(&s, libc::SOL_SOCKET, libc::SO_LINGER, &l, "SO_LINGER")?;
     drop(s);
     Ok(())
 }
@@ -435,22 +406,13 @@ pub fn path_mtu6(s: &impl AsRawFd) -> Result<u32> {
 
 fn mtu_opt(s: &impl AsRawFd, level: i32, opt: i32) -> Result<u32> {
     let mut mtu: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-    // SAFETY: `mtu` and `len` are live and of the sizes passed.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            level,
-            opt,
-            std::ptr::from_mut(&mut mtu).cast(),
-            &raw mut len,
-        )
-    };
-    if r < 0 {
-        return Err(last_os_error(&format!(
-            "getsockopt(level {level}, {opt}) for the MTU"
-        )));
-    }
+    sockopt::get(
+        s,
+        level,
+        opt,
+        &mut mtu,
+        &format!("(level {level}, {opt}) for the MTU"),
+    )?;
     u32::try_from(mtu).map_err(|_| err!("path MTU {mtu}"))
 }
 
@@ -466,21 +428,13 @@ pub fn udp_socket(netns: &Path, bind: SocketAddr) -> Result<UdpSocket> {
 /// fills them in), then a `PadN` option of four bytes.
 pub fn set_dstopts(s: &UdpSocket) -> Result<()> {
     let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: `opts` is live for the call and of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(s),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_DSTOPTS,
-            opts.as_ptr().cast(),
-            8,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(err!("IPV6_DSTOPTS: {}", std::io::Error::last_os_error()))
-    }
+    sockopt::set(
+        s,
+        libc::IPPROTO_IPV6,
+        libc::IPV6_DSTOPTS,
+        &opts,
+        "IPV6_DSTOPTS",
+    )
 }
 
 /// Sends `data` to `to` and waits up to `wait` for the same bytes back from
@@ -566,18 +520,14 @@ impl EchoServer {
         })?;
         let addr = listener.local_addr()?;
         // Room for bursts of datagrams (root may exceed rmem_max).
-        let fd = udp.as_raw_fd();
         let size: i32 = 4 << 20;
-        // SAFETY: `size` is a live i32 of the size passed.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                std::ptr::from_ref(&size).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            );
-        }
+        sockopt::set(
+            &udp,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &size,
+            "SO_RCVBUFFORCE",
+        )?;
         let stop = Arc::new(AtomicBool::new(false));
         let peers = Arc::new(Mutex::new(Peers::default()));
         let started = Instant::now();
@@ -817,7 +767,7 @@ fn raw_icmp_socket(netns: &Path, family: libc::c_int, proto: libc::c_int) -> Res
         }
         // SAFETY: the kernel just returned this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        setsockopt(
+        sockopt::set(
             &fd,
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{err, traffic::enter_netns, Result};
+use crate::{err, sockopt, traffic::enter_netns, Result};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -288,6 +288,14 @@ impl Drop for UdpReceiver {
 /// `PACKET_OUTGOING`: a frame this host sent (`sockaddr_ll.sll_pkttype`).
 const PACKET_OUTGOING: u8 = 4;
 
+/// The most frames a stopped [`Capture`] still reads from its queue.
+const DRAIN_MAX: usize = 100_000;
+
+/// A capture socket's receive buffer: a TCP transfer's GRO-merged frames
+/// (64 KiB each) overflow the default (`net.core.rmem_default`) in a few
+/// frames.
+const CAPTURE_RCVBUF: libc::c_int = 32 << 20;
+
 /// What a [`Capture`] keeps: frames for which it returns `true`.
 pub type FrameFilter = Box<dyn Fn(&[u8]) -> bool + Send>;
 
@@ -328,9 +336,16 @@ impl Capture {
             let deadline = Instant::now() + timeout;
             let mut got = Vec::new();
             let mut buf = vec![0u8; 65536];
-            while got.len() < want && Instant::now() < deadline && !stopped.load(Ordering::Relaxed)
-            {
+            // Once stopped, what is already queued is still read (without
+            // waiting), at most `DRAIN_MAX` frames: a frame that arrived just
+            // before the stop is not lost to a reader that was behind.
+            let mut drained = 0usize;
+            while got.len() < want && Instant::now() < deadline && drained < DRAIN_MAX {
                 use std::os::fd::AsRawFd;
+                let stopping = stopped.load(Ordering::Relaxed);
+                if stopping {
+                    drained += 1;
+                }
                 // SAFETY: all-zero is a valid sockaddr_ll.
                 let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
                 let mut sa_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -340,7 +355,7 @@ impl Capture {
                         sock.as_raw_fd(),
                         buf.as_mut_ptr().cast(),
                         buf.len(),
-                        0,
+                        if stopping { libc::MSG_DONTWAIT } else { 0 },
                         std::ptr::from_mut(&mut sa).cast(),
                         &raw mut sa_len,
                     )
@@ -351,6 +366,9 @@ impl Capture {
                         e.kind(),
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) {
+                        if stopping {
+                            break;
+                        }
                         continue;
                     }
                     return Err(err!("capture on {ifname}: {e}"));
@@ -358,6 +376,13 @@ impl Capture {
                 if sa.sll_pkttype != PACKET_OUTGOING && keep(&buf[..n]) {
                     got.push(buf[..n].to_vec());
                 }
+            }
+            // A frame the socket had no room for is not a frame the datapath
+            // lost: say so, for a test that then misses one.
+            match capture_drops(&sock) {
+                Ok(0) => {}
+                Ok(d) => eprintln!("capture on {ifname}: the socket dropped {d} frames"),
+                Err(e) => eprintln!("capture on {ifname}: {e}"),
             }
             Ok(got)
         });
@@ -381,8 +406,9 @@ impl Capture {
             .map_err(|_| err!("the capture panicked"))?
     }
 
-    /// Stops capturing now (within 50 ms) and returns the frames kept so far:
-    /// for a capture that looks for frames which must not come.
+    /// Stops capturing now (within 50 ms, then what is already queued is read
+    /// without waiting) and returns the frames kept: for a capture that looks
+    /// for frames which must not come, or that ends when the test is done.
     pub fn stop(self) -> Result<Vec<Vec<u8>>> {
         self.stop.store(true, Ordering::Relaxed);
         self.finish()
@@ -448,20 +474,34 @@ fn capture_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
         tv_sec: 0,
         tv_usec: 50_000,
     };
-    // SAFETY: `tv` is a valid timeval of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            std::ptr::from_ref(&tv).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(err!("SO_RCVTIMEO: {}", std::io::Error::last_os_error()));
-    }
+    sockopt::set(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv, "SO_RCVTIMEO")?;
+    // SO_RCVBUFFORCE (root) is not capped by net.core.rmem_max, which the
+    // tests leave alone.
+    sockopt::set(
+        &fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        &CAPTURE_RCVBUF,
+        "SO_RCVBUFFORCE",
+    )?;
     Ok(fd)
+}
+
+/// How many frames the capture socket dropped for want of room
+/// (`PACKET_STATISTICS`, `tpacket_stats.tp_drops`; reading resets it).
+fn capture_drops(fd: &std::os::fd::OwnedFd) -> Result<u32> {
+    let mut st = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    sockopt::get(
+        fd,
+        libc::SOL_PACKET,
+        libc::PACKET_STATISTICS,
+        &mut st,
+        "PACKET_STATISTICS",
+    )?;
+    Ok(st.tp_drops)
 }
 
 /// Whether `frame` is IPv4/UDP to `port` (any IPv4 header length).
