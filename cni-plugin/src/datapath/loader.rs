@@ -68,7 +68,9 @@ pub(super) fn load_and_pin(
             "this sluice binary was built without its eBPF object; build it with `cargo xtask build`",
         ));
     }
+    let mut steps = crate::timing::Steps::start();
     let features = super::features::get();
+    steps.done("load: kernel features");
     let nat_kind = nat_map_kind(features.sweeper);
     root.check_shapes(&NAT_FLOW_MAPS.map(|m| (m, nat_kind)))?;
     let bits = features.program_bits();
@@ -94,6 +96,8 @@ pub(super) fn load_and_pin(
         .override_global(kernel_features::GLOBAL, &bits, true)
         .load(&object)
         .map_err(|e| dp_err("load the eBPF object", e))?;
+    // Parsing the object, creating (or opening) its maps, relocating.
+    steps.done("load: object and maps");
     for (what, since) in features.missing() {
         eprintln!("sluice: this kernel lacks {what} (Linux {since}); using the fallback");
     }
@@ -109,7 +113,7 @@ pub(super) fn load_and_pin(
         .and_then(|c| links::ifname_of(c.uplink_ifindex))
         .into_iter()
         .collect();
-    let mut steps = crate::timing::Steps::start();
+    steps.done("load: bandwidth marks, uplink filters");
     for spec in wanted() {
         let name = spec.name;
         let staged = root.progs_dir().join(format!("{name}-new"));

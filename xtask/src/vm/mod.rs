@@ -294,6 +294,11 @@ fn prelude(ws: &Workspace, kernel: &Kernel, vars: &[(&str, &Path)]) -> String {
     for (key, value) in vars {
         let _ = writeln!(s, "export {key}='{}'", value.display());
     }
+    // Step timing asked for on the host (`SLUICE_TIMING`, any value): the
+    // guest's commands write theirs to `target/vm/runs/<release>/out/timing`.
+    if std::env::var_os("SLUICE_TIMING").is_some() {
+        s.push_str("export SLUICE_TIMING=/out/timing\n");
+    }
     // (The overlay root is writable already: no tmpfs on /tmp, which could hide
     // a workspace cloned there.)
     let _ = writeln!(
