@@ -163,14 +163,20 @@ pub(super) fn allocate<F: Family>(
         pod_ifindex,
         state,
     };
-    let mut i = 0;
-    while i < NAT_PORT_TRIES {
-        let nat_port = candidate_port(cfg, nat_port_index(h, i, range), n1);
-        if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
-            return r;
-        }
-        i += 1;
+    // The tries written out, not a loop: in a loop the verifier keeps a state
+    // per try at each of the body's prune points (the counter is precise, so
+    // none prunes another) and compares each new one with all of them; on 5.10
+    // and 6.1 that was half of a datapath load (docs/kernels.md).
+    macro_rules! tries {
+        ($($i:literal)*) => {$(
+            let nat_port = candidate_port(cfg, nat_port_index(h, $i, range), n1);
+            if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
+                return r;
+            }
+        )*};
     }
+    const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
+    tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
     // Without the sweeper a port may be held by a dead flow until a packet
     // meets it: the first candidate's holder is checked, once, after the loop.
     // (Checked inside the loop, 5.10's verifier walked every iteration apart
