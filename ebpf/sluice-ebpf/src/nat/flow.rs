@@ -178,9 +178,10 @@ pub(super) fn allocate<F: Family>(
     const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
     tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
     // Without the sweeper a port may be held by a dead flow until a packet
-    // meets it: the first candidate's holder is checked, once, after the loop.
-    // (Checked inside the loop, 5.10's verifier walked every iteration apart
-    // and gave up at a million instructions.)
+    // meets it: the first candidate's holder is checked, once, after the tries.
+    // (Checked in every try, as part of the loop the tries were then, 5.10's
+    // verifier walked every iteration apart and gave up at a million
+    // instructions.)
     let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
     if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
         if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
