@@ -1065,6 +1065,87 @@ fn idle_flows_expire_and_come_back_as_new_flows() {
     w.del(&a);
 }
 
+/// `sluice-node sweep`, the NAT sweep from process context: it takes the
+/// lease (`sluicectl status`: `natSweep.by` is `agent`), an idle flow goes
+/// within the same bounded wait as with the in-kernel sweeper, and the agent
+/// removed it (its count grows, the datapath's `nat_expired` does not). On
+/// SIGTERM it gives the lease back at once; SIGKILLed, its lease runs out.
+/// Either way the in-kernel sweeper removes the next idle flow.
+#[test]
+fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
+    let w = World::new("10.96.14.0/24", "auto", &json!({"natTimeouts": {"udp": 2}}));
+    let a = w.add("a", "masq-agent-a");
+    let server = w.server();
+    let wait = Duration::from_secs(2);
+    let sweep = |w: &World| w.node.status().unwrap()["natSweep"].clone();
+    let idle_flow_goes = |port: u16| {
+        let u = udp_socket(&a.pod.path, a.sock(port)).unwrap();
+        udp_echo_on(&u, server.addr, b"idle", 3, wait).unwrap();
+        assert_eq!(w.flows_of(&a).len(), 1, "{:#?}", w.flows_of(&a));
+        let started = Instant::now();
+        let gone = wait_for(Duration::from_secs(15), || w.flows_of(&a).is_empty());
+        assert!(gone, "after {:?}: {:#?}", started.elapsed(), w.flows_of(&a));
+    };
+
+    let mut agent = start_agent(&w.node);
+    assert!(
+        wait_for(Duration::from_secs(10), || sweep(&w)["by"] == "agent"),
+        "{}",
+        sweep(&w)
+    );
+    let (c0, n0) = (w.counters(), sweep(&w)["agentExpired"].as_u64().unwrap());
+    idle_flow_goes(40001);
+    let d = w.counters().since(&c0);
+    assert_eq!(d.get("nat_expired"), 0, "the datapath expired it: {d}");
+    assert_eq!(sweep(&w)["agentExpired"].as_u64().unwrap(), n0 + 1);
+
+    // SIGTERM: the lease goes back at once.
+    let pid = i32::try_from(agent.pid().unwrap()).unwrap();
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = agent.wait(Duration::from_secs(10)).unwrap();
+    assert!(out.success(), "{out}");
+    assert!(out.stderr.contains("sweeping"), "{out}");
+    let s = sweep(&w);
+    assert_eq!(s["agentLeaseSeconds"], 0.0, "{s}");
+    if !kernel::has("sweeper") {
+        w.del(&a);
+        return;
+    }
+    assert_eq!(s["by"], "kernel", "{s}");
+    let c1 = w.counters();
+    idle_flow_goes(40002);
+    assert_eq!(w.counters().since(&c1).get("nat_expired"), 1);
+
+    // SIGKILL: the lease runs out by itself.
+    agent = start_agent(&w.node);
+    assert!(
+        wait_for(Duration::from_secs(10), || sweep(&w)["by"] == "agent"),
+        "{}",
+        sweep(&w)
+    );
+    agent.kill().unwrap();
+    drop(agent);
+    let c2 = w.counters();
+    idle_flow_goes(40003);
+    assert_eq!(w.counters().since(&c2).get("nat_expired"), 1);
+    assert_eq!(sweep(&w)["by"], "kernel");
+    w.del(&a);
+}
+
+/// `sluice-node sweep` on `node`'s datapath (killed when dropped).
+fn start_agent(node: &Node) -> exec::Running {
+    let bin = sluice_tests::sluice_node_bin().unwrap();
+    exec::spawn(
+        Some(&node.netns_path()),
+        &bin,
+        &["sweep", "--pin-root", &node.pin_root().display().to_string()],
+        &[],
+        b"",
+    )
+    .unwrap()
+}
+
 // --- 5. ICMP errors: path MTU discovery, time exceeded -------------------------
 
 fn set_int_opt(s: &impl AsRawFd, level: i32, name: i32, v: i32) {

@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
+use sluice_common::{config_flags, masq_flags, pin_dirs, sweep_slot, Masq6Config, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -71,6 +71,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
             sluice_maps::bandwidth::EgressMode::Policer => (e, p + 1),
         },
     );
+    let sweep = NatSweep::read(&dp, &links)?;
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -85,6 +86,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "podInterfaces": pods,
         "endpoints": endpoints,
         "masquerade": masq_json(&masq, flows, &masq6, flows6),
+        "natSweep": sweep.json(),
         "hostPort": {
             "mappings": mappings,
             "nodeAddresses": node_addrs,
@@ -121,6 +123,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     );
     println!("masquerade: {}", masq_line(&masq, flows));
     println!("masquerade IPv6: {}", masq6_line(&masq6, flows6));
+    println!("NAT sweep:  {}", sweep.line());
     println!(
         "hostPort:   {mappings} mappings; node addresses {}; socket hooks {}",
         if node_addrs.is_empty() {
@@ -149,6 +152,70 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         println!("counter:    {k} {v}");
     }
     Ok(())
+}
+
+/// Who removes idle NAT flows: the node agent (`sluice-node`, while its lease
+/// in `sl_sweep` lasts), the in-kernel sweeper (its perf-event link is
+/// pinned), or nobody between packets (kernels without the sweeper expire a
+/// flow when a packet meets it).
+struct NatSweep {
+    /// Seconds left of the agent's lease (0: not held).
+    lease_secs: f64,
+    /// Flows the agent has removed (since the map was made).
+    agent_expired: u64,
+    kernel: bool,
+}
+
+impl NatSweep {
+    fn read(dp: &Datapath, links: &[String]) -> Result<Self> {
+        let (lease_secs, agent_expired) = if sluice_maps::sweep::supported(&dp.root) {
+            let until = sluice_maps::sweep::slot(&dp.root, sweep_slot::LEASE_UNTIL_NS)?;
+            let left = until.saturating_sub(sluice_common::user::monotonic_ns());
+            (
+                left as f64 / 1e9,
+                sluice_maps::sweep::slot(&dp.root, sweep_slot::AGENT_EXPIRED)?,
+            )
+        } else {
+            (0.0, 0)
+        };
+        Ok(Self {
+            lease_secs,
+            agent_expired,
+            kernel: links
+                .iter()
+                .any(|l| l == sluice_common::prog_names::NAT_SWEEP),
+        })
+    }
+
+    fn by(&self) -> &'static str {
+        if self.lease_secs > 0.0 {
+            "agent"
+        } else if self.kernel {
+            "kernel"
+        } else {
+            "lazy"
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "by": self.by(),
+            "agentLeaseSeconds": (self.lease_secs * 1000.0).round() / 1000.0,
+            "agentExpired": self.agent_expired,
+        })
+    }
+
+    fn line(&self) -> String {
+        let agent = format!("the node agent has removed {} flows", self.agent_expired);
+        match self.by() {
+            "agent" => format!(
+                "by the node agent (sluice-node; lease {:.1} s left); {agent}",
+                self.lease_secs
+            ),
+            "kernel" => format!("by the in-kernel sweeper (a perf event, once a second); {agent}"),
+            _ => format!("when a packet meets an idle flow (this kernel has no sweeper); {agent}"),
+        }
+    }
 }
 
 /// The uplink's XDP mode from `sl_config`'s flags: native, generic or off.

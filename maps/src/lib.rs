@@ -4,11 +4,12 @@
 //! a masquerade address change flushes, which entries go with a pod).
 //!
 //! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
-//! [`hostport`], [`bandwidth`], [`events`]; [`programs`] reads what is known of
+//! [`hostport`], [`bandwidth`], [`events`], [`sweep`] (the node agent's NAT sweep); [`programs`] reads what is known of
 //! the pinned programs. Loading the object and attaching programs is the
 //! plugin's loader's job. With the loader, this crate holds every aya call of
 //! Sluice's userspace.
 pub mod bandwidth;
+mod batch;
 pub mod counters;
 pub mod endpoint;
 mod error;
@@ -18,6 +19,7 @@ pub mod nat;
 pub mod node;
 mod pinned;
 pub mod programs;
+pub mod sweep;
 
 pub use error::Error;
 pub use pinned::PinRoot;

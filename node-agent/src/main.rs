@@ -5,7 +5,11 @@
 //! - `install` (a DaemonSet's init container): copies the plugin into the
 //!   host's CNI bin directory and writes the conflist from the Node's
 //!   `spec.podCIDRs`, both atomically;
-//! - `route-sync` (the DaemonSet's container): routes to other nodes' pods;
+//! - `route-sync` (the DaemonSet's container): routes to other nodes' pods,
+//!   and the NAT sweep;
+//! - `sweep`: the NAT sweep alone (nodes without Kubernetes): idle flows
+//!   removed from process context instead of the in-kernel sweeper's hard
+//!   interrupt;
 //! - `uninstall`.
 mod atomic;
 mod cluster;
@@ -13,6 +17,7 @@ mod conflist;
 mod error;
 mod install;
 mod routes;
+mod sweep;
 mod sync;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -44,6 +49,29 @@ enum Cmd {
     /// Keep routes to other nodes' pod CIDRs (`podCIDR via InternalIP`) and
     /// the datapath's non-masquerade ranges in step with the cluster's Nodes.
     RouteSync(SyncArgs),
+    /// Remove idle NAT flows from this process, once a second, instead of the
+    /// datapath's in-kernel sweeper (a perf-event program, in hard interrupt
+    /// context); the in-kernel one takes over again when this stops.
+    Sweep(Datapath),
+}
+
+/// Where the network's datapath is pinned.
+#[derive(clap::Args)]
+struct Datapath {
+    /// The network's name; its datapath is pinned where the plugin pins it by
+    /// default (/sys/fs/bpf/sluice/<network>, dots replaced as bpffs requires).
+    #[arg(long, env = "SLUICE_NETWORK", default_value = "sluice")]
+    network: String,
+    /// The datapath's pin root, if the conflist sets `pinRoot`.
+    #[arg(long, env = "SLUICE_PIN_ROOT")]
+    pin_root: Option<PathBuf>,
+}
+
+impl Datapath {
+    fn pin_root(self) -> PathBuf {
+        self.pin_root
+            .unwrap_or_else(|| sluice_common::user::default_pin_root(&self.network))
+    }
 }
 
 #[derive(clap::Args)]
@@ -113,13 +141,11 @@ struct SyncArgs {
     /// This node's name: its own pod CIDRs get no route.
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    /// The network's name; its datapath is pinned where the plugin pins it by
-    /// default (/sys/fs/bpf/sluice/<network>, dots replaced as bpffs requires).
-    #[arg(long, env = "SLUICE_NETWORK", default_value = "sluice")]
-    network: String,
-    /// The datapath's pin root, if the conflist sets `pinRoot`.
-    #[arg(long, env = "SLUICE_PIN_ROOT")]
-    pin_root: Option<PathBuf>,
+    #[command(flatten)]
+    datapath: Datapath,
+    /// Leave idle NAT flows to the datapath's in-kernel sweeper (see `sweep`).
+    #[arg(long, env = "SLUICE_NO_NAT_SWEEP")]
+    no_nat_sweep: bool,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -182,15 +208,15 @@ async fn run(cli: Cli) -> Result<()> {
             sync::run(
                 client,
                 &sync::Options {
-                    pin_root: a
-                        .pin_root
-                        .unwrap_or_else(|| sluice_common::user::default_pin_root(&a.network)),
+                    pin_root: a.datapath.pin_root(),
                     node_name: a.node_name,
                     resync: Duration::from_secs(a.resync_secs),
+                    nat_sweep: !a.no_nat_sweep,
                 },
             )
             .await
         }
+        Cmd::Sweep(d) => sweep::run(d.pin_root()).await,
     }
 }
 

@@ -36,6 +36,8 @@ pub(crate) struct Options {
     /// Everything is reconciled this often even without a change (a route
     /// someone deleted by hand comes back).
     pub(crate) resync: Duration,
+    /// Sweep idle NAT flows from here (see `sweep`).
+    pub(crate) nat_sweep: bool,
 }
 
 /// The Nodes as the watch has delivered them.
@@ -103,24 +105,34 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut nodes = Nodes::default();
     let mut state = Applied::default();
+    let mut sweeper = opts
+        .nat_sweep
+        .then(|| crate::sweep::Sweeper::new(&opts.pin_root));
+    let mut sweep_tick = tokio::time::interval(crate::sweep::INTERVAL);
     log(&format!(
         "route-sync for node {:?}: watching Nodes; datapath {}",
         opts.node_name,
         opts.pin_root.display()
     ));
-    loop {
+    let end = loop {
         let mut full = false;
         tokio::select! {
             ev = stream.next() => match ev {
                 Some(Ok(ev)) => full = nodes.take(ev),
                 // The watcher retries with backoff; say why it had to.
                 Some(Err(e)) => log(&format!("watching Nodes: {e}")),
-                None => return Err(Error::invalid("Node watch", "", "ended")),
+                None => break Err(Error::invalid("Node watch", "", "ended")),
             },
             _ = resync.tick() => full = true,
             _ = pins.tick() => {}
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            _ = sweep_tick.tick(), if sweeper.is_some() => {
+                if let Some(s) = sweeper.as_mut() {
+                    s.pass();
+                }
+                continue;
+            }
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
         }
         if !nodes.ready {
             continue;
@@ -135,7 +147,12 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
         if let Err(e) = state.datapath(&root, &want, full) {
             log(&format!("datapath: {e}"));
         }
+    };
+    // The in-kernel sweeper takes the tables back now, not when the lease ends.
+    if let Some(s) = sweeper.as_mut() {
+        s.release();
     }
+    end
 }
 
 /// What the agent last did, to log changes only.

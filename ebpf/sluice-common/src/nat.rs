@@ -176,6 +176,57 @@ pub struct MasqConfig {
     pub prev_addr: [u8; 4],
 }
 
+impl MasqConfig {
+    /// How long a flow in `state` ([`nat_state`]) may stay idle, in ns: the
+    /// datapath, the in-kernel sweeper and the node agent's sweeper all ask
+    /// this.
+    #[inline(always)]
+    pub fn idle_timeout_ns(&self, state: u8) -> u64 {
+        // All five loaded first: matching on the state to pick a field made
+        // LLVM compute the field offset from the state, which the verifier
+        // cannot bound.
+        let (syn, est, closing, udp, icmp) = (
+            self.tcp_syn_secs,
+            self.tcp_established_secs,
+            self.tcp_closing_secs,
+            self.udp_secs,
+            self.icmp_secs,
+        );
+        let secs = match state {
+            nat_state::TCP_SYN => syn,
+            nat_state::TCP_ESTABLISHED => est,
+            nat_state::TCP_CLOSING => closing,
+            nat_state::ICMP => icmp,
+            _ => udp,
+        };
+        u64::from(secs) * 1_000_000_000
+    }
+
+    /// Whether a flow in `state`, last seen at `last_seen_ns`, is past its
+    /// idle timeout at `now` (all `CLOCK_MONOTONIC` ns).
+    #[inline(always)]
+    pub fn is_expired(&self, state: u8, last_seen_ns: u64, now: u64) -> bool {
+        now.saturating_sub(last_seen_ns) > self.idle_timeout_ns(state)
+    }
+}
+
+/// Slots of `sl_sweep`, the node agent's NAT sweep (both written by the agent
+/// only).
+pub mod sweep_slot {
+    /// `CLOCK_MONOTONIC` ns until which the agent sweeps the flow tables and the
+    /// in-kernel sweeper leaves them alone: the agent's lease, renewed every
+    /// pass [`SWEEP_LEASE_NS`] ahead.
+    pub const LEASE_UNTIL_NS: u32 = 0;
+    /// Flows the agent has removed as idle, since the map was made (the
+    /// datapath's own count is the `nat_expired` counter).
+    pub const AGENT_EXPIRED: u32 = 1;
+    /// Slots in the array.
+    pub const MAX: u32 = 2;
+    /// How far ahead the agent's lease reaches: a stopped or stuck agent gives
+    /// the tables back to the in-kernel sweeper within this time.
+    pub const SWEEP_LEASE_NS: u64 = 3_000_000_000;
+}
+
 /// NAT ports a new flow tries before it is dropped (`drop_masq_no_port`).
 pub const NAT_PORT_TRIES: u32 = 32;
 
@@ -228,6 +279,35 @@ mod tests {
     use std::{vec, vec::Vec};
 
     use super::*;
+
+    #[test]
+    fn each_state_has_its_own_idle_timeout_and_expiry_is_strictly_after_it() {
+        let cfg = MasqConfig {
+            tcp_syn_secs: 1,
+            tcp_established_secs: 2,
+            tcp_closing_secs: 3,
+            udp_secs: 4,
+            icmp_secs: 5,
+            ..MasqConfig::default()
+        };
+        let s = 1_000_000_000;
+        for (state, secs) in [
+            (nat_state::TCP_SYN, 1),
+            (nat_state::TCP_ESTABLISHED, 2),
+            (nat_state::TCP_CLOSING, 3),
+            (nat_state::UDP, 4),
+            (nat_state::ICMP, 5),
+            // An unknown state is treated as UDP (the datapath's default).
+            (0, 4),
+        ] {
+            assert_eq!(cfg.idle_timeout_ns(state), secs * s, "state {state}");
+            let seen = 10 * s;
+            assert!(!cfg.is_expired(state, seen, seen + secs * s), "state {state}");
+            assert!(cfg.is_expired(state, seen, seen + secs * s + 1), "state {state}");
+        }
+        // A flow stamped after `now` (another CPU's newer stamp) is not expired.
+        assert!(!cfg.is_expired(nat_state::UDP, 20 * s, 10 * s));
+    }
 
     /// A well-mixed stand-in for the programs' flow hash.
     fn hash(n: u32) -> u32 {

@@ -34,34 +34,6 @@ pub(super) fn now() -> u64 {
     }
 }
 
-/// How long a flow in `state` may stay idle (seconds of the config, in ns).
-#[inline(always)]
-fn timeout_ns(cfg: &MasqConfig, state: u8) -> u64 {
-    // All five loaded first: matching on the state to pick a field made LLVM
-    // compute the field offset from the state, which the verifier cannot bound.
-    let (syn, est, closing, udp, icmp) = (
-        cfg.tcp_syn_secs,
-        cfg.tcp_established_secs,
-        cfg.tcp_closing_secs,
-        cfg.udp_secs,
-        cfg.icmp_secs,
-    );
-    let secs = match state {
-        nat_state::TCP_SYN => syn,
-        nat_state::TCP_ESTABLISHED => est,
-        nat_state::TCP_CLOSING => closing,
-        nat_state::ICMP => icmp,
-        _ => udp,
-    };
-    u64::from(secs) * 1_000_000_000
-}
-
-/// Whether a flow idle since `last_seen_ns` in `state` is past its timeout.
-#[inline(always)]
-pub(super) fn is_expired(cfg: &MasqConfig, state: u8, last_seen_ns: u64, now: u64) -> bool {
-    now.saturating_sub(last_seen_ns) > timeout_ns(cfg, state)
-}
-
 /// On a kernel without the sweeper, whether the flow `k` (value `e`) is past
 /// its timeout; if so it is removed (both entries), as the sweeper would have.
 /// The check is inline; the work a BPF-to-BPF call of its own (its locals stay
@@ -83,7 +55,7 @@ fn expire_if_idle<F: Family>(cfg: &MasqConfig, k: &FlowKey<F>, e: *const Entry<F
             (*e).nat_port,
         )
     };
-    if !is_expired(cfg, state, last_seen, now()) {
+    if !cfg.is_expired(state, last_seen, now()) {
         return 0;
     }
     if flags & nat_flags::INBOUND == 0 {

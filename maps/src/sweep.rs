@@ -1,0 +1,146 @@
+//! The node agent's NAT sweep (`sluice-node`): what the in-kernel sweeper
+//! does (`nat::sweep` of the eBPF crate: idle flows and stale fragment
+//! entries removed), from process context. The kernel's walk runs in a perf
+//! event's hard interrupt, where a masquerading node's tables took 2.6 ms a
+//! second; here the walk is preemptible and reads the tables in batches.
+//!
+//! While the agent's lease in `sl_sweep` lasts, the in-kernel sweeper skips
+//! its runs; the agent renews the lease on every pass, so a stopped agent
+//! hands the tables back within `SWEEP_LEASE_NS`.
+use aya::{
+    maps::{Array, HashMap, MapData},
+    Pod,
+};
+use sluice_common::{
+    maps::{self, MapSpec},
+    masq_flags, nat_flags, sweep_slot, FragEntry, FragKey, MasqConfig, NatEntryOf, NatKeyOf,
+    NatRevOf, FRAG_TIMEOUT_NS,
+};
+
+use crate::{batch, nat, Error, PinRoot, Result};
+
+/// What one pass removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// IPv4 flows past their idle timeout.
+    pub flows: u64,
+    /// IPv6 flows past their idle timeout.
+    pub flows6: u64,
+    /// Fragment entries past `FRAG_TIMEOUT_NS`.
+    pub frags: u64,
+}
+
+/// Whether this datapath takes a sweep lease: one loaded by an older sluice
+/// has no `sl_sweep`, and its in-kernel sweeper cannot be told to stand back.
+pub fn supported(root: &PinRoot) -> bool {
+    root.has(&maps::SWEEP)
+}
+
+/// One slot of `sl_sweep`.
+pub fn slot(root: &PinRoot, slot: u32) -> Result<u64> {
+    let arr: Array<MapData, u64> = root.typed(&maps::SWEEP)?;
+    arr.get(&slot, 0)
+        .map_err(|e| Error::map("read", maps::SWEEP.name, e))
+}
+
+fn set_slot(root: &PinRoot, slot: u32, value: u64) -> Result<()> {
+    let mut arr: Array<MapData, u64> = root.typed(&maps::SWEEP)?;
+    arr.set(slot, value, 0)
+        .map_err(|e| Error::map("write", maps::SWEEP.name, e))
+}
+
+/// Takes (or renews) the lease until `until_ns` (`CLOCK_MONOTONIC`); 0 gives
+/// the tables back to the in-kernel sweeper at once.
+pub fn set_lease(root: &PinRoot, until_ns: u64) -> Result<()> {
+    set_slot(root, sweep_slot::LEASE_UNTIL_NS, until_ns)
+}
+
+/// One pass at `now` (`CLOCK_MONOTONIC` ns, `sluice_common::user::monotonic_ns`): the flows of each family whose
+/// masquerade is on, and the fragment entries while either is (the tables
+/// the in-kernel sweeper walks). Adds the flows removed to the agent's count.
+pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
+    let cfg = nat::config(root)?;
+    let v4 = cfg.flags & masq_flags::ENABLED != 0;
+    let v6 = root.has(&maps::MASQ6) && nat::config6(root)?.flags & masq_flags::ENABLED != 0;
+    let mut swept = Swept::default();
+    if v4 {
+        swept.flows = expire::<[u8; 4], u32>(root, &maps::NAT_FWD, &maps::NAT_REV, &cfg, now)?;
+    }
+    if v6 {
+        swept.flows6 =
+            expire::<sluice_common::Addr6, ()>(root, &maps::NAT6_FWD, &maps::NAT6_REV, &cfg, now)?;
+    }
+    if v4 || v6 {
+        swept.frags = expire_frags(root, now)?;
+    }
+    let n = swept.flows + swept.flows6;
+    if n > 0 {
+        let total = slot(root, sweep_slot::AGENT_EXPIRED)?;
+        set_slot(root, sweep_slot::AGENT_EXPIRED, total.wrapping_add(n))?;
+    }
+    Ok(swept)
+}
+
+/// Removes the flows of one family idle past their timeout (IPv6 flows use
+/// the IPv4 settings' timeouts, as the datapath does), each with its reverse
+/// entry, as the in-kernel sweeper does.
+fn expire<A, P>(
+    root: &PinRoot,
+    fwd_spec: &MapSpec,
+    rev_spec: &MapSpec,
+    cfg: &MasqConfig,
+    now: u64,
+) -> Result<u64>
+where
+    A: Copy,
+    NatKeyOf<A>: Pod,
+    NatEntryOf<A, P>: Pod,
+    NatRevOf<A>: Pod,
+{
+    let idle: Vec<NatKeyOf<A>> =
+        batch::lookup_all::<NatKeyOf<A>, NatEntryOf<A, P>>(root, fwd_spec)?
+            .into_iter()
+            .filter(|(_, e)| cfg.is_expired(e.state, e.last_seen_ns, now))
+            .map(|(k, _)| k)
+            .collect();
+    if idle.is_empty() {
+        return Ok(0);
+    }
+    let mut fwd: HashMap<MapData, NatKeyOf<A>, NatEntryOf<A, P>> = root.typed(fwd_spec)?;
+    let mut rev: HashMap<MapData, NatKeyOf<A>, NatRevOf<A>> = root.typed(rev_spec)?;
+    let mut n = 0;
+    for k in &idle {
+        // Read again: a packet may have refreshed the flow since the batch.
+        let Ok(e) = fwd.get(k, 0) else { continue };
+        if !cfg.is_expired(e.state, e.last_seen_ns, now) {
+            continue;
+        }
+        // Inbound flows have no reverse entry (and their key could be a
+        // masqueraded flow's).
+        if e.flags & nat_flags::INBOUND == 0 {
+            let _ = rev.remove(&k.reverse(e.nat_addr, e.nat_port));
+        }
+        if fwd.remove(k).is_ok() {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Removes fragment entries older than `FRAG_TIMEOUT_NS` (the datapath
+/// ignores them already).
+fn expire_frags(root: &PinRoot, now: u64) -> Result<u64> {
+    if !root.has(&maps::NAT_FRAG) {
+        return Ok(0);
+    }
+    let stale: Vec<FragKey> = batch::lookup_all::<FragKey, FragEntry>(root, &maps::NAT_FRAG)?
+        .into_iter()
+        .filter(|(_, e)| now.saturating_sub(e.created_ns) > FRAG_TIMEOUT_NS)
+        .map(|(k, _)| k)
+        .collect();
+    if stale.is_empty() {
+        return Ok(0);
+    }
+    let mut frags: HashMap<MapData, FragKey, FragEntry> = root.typed(&maps::NAT_FRAG)?;
+    Ok(stale.iter().filter(|k| frags.remove(k).is_ok()).count() as u64)
+}
