@@ -1069,7 +1069,7 @@ fn idle_flows_expire_and_come_back_as_new_flows() {
 /// lease (`sluicectl status`: `natSweep.by` is `agent`), an idle flow goes
 /// within the same bounded wait as with the in-kernel sweeper, and the agent
 /// removed it (its count grows, the datapath's `nat_expired` does not). On
-/// SIGTERM it gives the lease back at once; SIGKILLed, its lease runs out.
+/// SIGTERM it gives the lease back at once; killed with SIGKILL, its lease runs out.
 /// Either way the in-kernel sweeper removes the next idle flow.
 #[test]
 fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
@@ -1139,7 +1139,11 @@ fn start_agent(node: &Node) -> exec::Running {
     exec::spawn(
         Some(&node.netns_path()),
         &bin,
-        &["sweep", "--pin-root", &node.pin_root().display().to_string()],
+        &[
+            "sweep",
+            "--pin-root",
+            &node.pin_root().display().to_string(),
+        ],
         &[],
         b"",
     )

@@ -302,8 +302,14 @@ mod tests {
         ] {
             assert_eq!(cfg.idle_timeout_ns(state), secs * s, "state {state}");
             let seen = 10 * s;
-            assert!(!cfg.is_expired(state, seen, seen + secs * s), "state {state}");
-            assert!(cfg.is_expired(state, seen, seen + secs * s + 1), "state {state}");
+            assert!(
+                !cfg.is_expired(state, seen, seen + secs * s),
+                "state {state}"
+            );
+            assert!(
+                cfg.is_expired(state, seen, seen + secs * s + 1),
+                "state {state}"
+            );
         }
         // A flow stamped after `now` (another CPU's newer stamp) is not expired.
         assert!(!cfg.is_expired(nat_state::UDP, 20 * s, 10 * s));
