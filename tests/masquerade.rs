@@ -29,8 +29,9 @@ use sluice_tests::{
     kernel, look,
     masq::{
         checksums_ok, in_netns, ipv4_addrs, ipv4_of, masq_external_host, nat_list, path_mtu,
-        payload, routed_external_host, sysctl, tcp_abort, tcp_accept, tcp_connect, tcp_echo_on,
-        tcp_listen, tcp_send_over, udp_echo_on, udp_socket, wait_for, EchoServer, Pinger, FAR_IP,
+        payload, routed_external_host, sweep_agent, sysctl, tcp_abort, tcp_accept, tcp_connect,
+        tcp_echo_on, tcp_listen, tcp_send_over, udp_echo_on, udp_socket, wait_for, EchoServer,
+        Pinger, FAR_IP,
     },
     raw::{ethernet, parse_mac, send_frames, udp, Capture, Ipv4},
     schema::Added,
@@ -1087,7 +1088,7 @@ fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
         assert!(gone, "after {:?}: {:#?}", started.elapsed(), w.flows_of(&a));
     };
 
-    let mut agent = start_agent(&w.node);
+    let mut agent = sweep_agent(&w.node).unwrap();
     assert!(
         wait_for(Duration::from_secs(10), || sweep(&w)["by"] == "agent"),
         "{}",
@@ -1118,7 +1119,7 @@ fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
     assert_eq!(w.counters().since(&c1).get("nat_expired"), 1);
 
     // SIGKILL: the lease runs out by itself.
-    agent = start_agent(&w.node);
+    agent = sweep_agent(&w.node).unwrap();
     assert!(
         wait_for(Duration::from_secs(10), || sweep(&w)["by"] == "agent"),
         "{}",
@@ -1131,23 +1132,6 @@ fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
     assert_eq!(w.counters().since(&c2).get("nat_expired"), 1);
     assert_eq!(sweep(&w)["by"], "kernel");
     w.del(&a);
-}
-
-/// `sluice-node sweep` on `node`'s datapath (killed when dropped).
-fn start_agent(node: &Node) -> exec::Running {
-    let bin = sluice_tests::sluice_node_bin().unwrap();
-    exec::spawn(
-        Some(&node.netns_path()),
-        &bin,
-        &[
-            "sweep",
-            "--pin-root",
-            &node.pin_root().display().to_string(),
-        ],
-        &[],
-        b"",
-    )
-    .unwrap()
 }
 
 // --- 5. ICMP errors: path MTU discovery, time exceeded -------------------------

@@ -32,8 +32,8 @@ use sluice_tests::{
     host, kernel, look,
     masq::{
         in_netns, masq_external_host, nat_list, path_mtu6, payload, routed_external_host6,
-        set_dstopts, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for, EchoServer,
-        Pinger6, FAR6_IP, NODE6_ROUTED, ROUTER6_IP,
+        set_dstopts, sweep_agent, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for,
+        EchoServer, Pinger6, FAR6_IP, NODE6_ROUTED, ROUTER6_IP,
     },
     Host, Node, Pod, NETWORK,
 };
@@ -748,6 +748,67 @@ fn idle_ipv6_flows_expire_and_come_back_as_new_flows() {
     w.del(&a);
     assert!(w.flows(&[]).is_empty(), "{:#?}", w.flows(&[]));
     w.node.assert_clean(NETWORK);
+}
+
+/// The node agent's sweep (`sluice-node sweep`) on IPv6 flows: idle UDP,
+/// ICMPv6 and closed TCP flows go within the same bounded wait, removed by
+/// the agent (its count grows by 3, the datapath's `nat_expired` not at all),
+/// and the open connection's flow stays and still carries it on its NAT port.
+#[test]
+fn idle_ipv6_flows_are_swept_by_the_node_agent() {
+    let w =
+        World::new(&json!({"natTimeouts": {"udp": 2, "tcpClosing": 2, "icmp": 2, "tcpSyn": 2}}));
+    let Some(a) = w.add_masq6("x6", "masq6-agent") else {
+        return;
+    };
+    let agent = sweep_agent(&w.node).unwrap();
+    let sweep = || w.node.status().unwrap()["natSweep"].clone();
+    assert!(
+        wait_for(Duration::from_secs(10), || sweep()["by"] == "agent"),
+        "{}",
+        sweep()
+    );
+    let server = w.server();
+    let wait = Duration::from_secs(2);
+    let u = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
+    udp_echo_on(&u, server.addr, b"first", 3, wait).unwrap();
+    Pinger6::new(&a.pod.path)
+        .unwrap()
+        .ping(ext6(), ICMP_ID, 1, 3, wait)
+        .unwrap();
+    let closed = tcp6(&a, server.addr);
+    tcp_echo_on(&closed, 4096, 10).unwrap();
+    closed.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    Read::read_to_end(&mut &closed, &mut rest).unwrap();
+    drop(closed);
+    let open = tcp6(&a, server.addr);
+    let open_port = open.local_addr().unwrap().port();
+    tcp_echo_on(&open, 4096, 11).unwrap();
+    let open_nat = nat_port(flow_from(&w.flows_of(&a), "tcp", open_port));
+    assert_eq!(w.flows_of(&a).len(), 4, "{:#?}", w.flows_of(&a));
+
+    let (c0, n0) = (
+        w.node.counters().unwrap(),
+        sweep()["agentExpired"].as_u64().unwrap(),
+    );
+    let started = Instant::now();
+    let gone = wait_for(Duration::from_secs(15), || {
+        let f = w.flows_of(&a);
+        f.len() == 1 && f[0]["podPort"] == open_port
+    });
+    assert!(gone, "after {:?}: {:#?}", started.elapsed(), w.flows_of(&a));
+    let d = w.node.counters().unwrap().since(&c0);
+    assert_eq!(d.get("nat_expired"), 0, "the datapath expired some: {d}");
+    assert_eq!(sweep()["agentExpired"].as_u64().unwrap(), n0 + 3);
+    tcp_echo_on(&open, 4096, 12).unwrap();
+    assert_eq!(
+        nat_port(flow_from(&w.flows_of(&a), "tcp", open_port)),
+        open_nat
+    );
+    drop(agent);
+    drop((open, u));
+    w.del(&a);
 }
 
 /// A server that answers one byte on each connection and closes it first, so

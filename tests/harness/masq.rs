@@ -158,6 +158,23 @@ pub fn nat_list(node: &Node, filters: &[&str]) -> Result<Vec<Value>> {
         .ok_or_else(|| err!("nat list printed no JSON array: {v}"))
 }
 
+/// `sluice-node sweep` on `node`'s datapath: the NAT sweep from the node
+/// agent (killed when dropped).
+pub fn sweep_agent(node: &Node) -> Result<exec::Running> {
+    let bin = crate::sluice_node_bin()?;
+    exec::spawn(
+        Some(&node.netns_path()),
+        &bin,
+        &[
+            "sweep",
+            "--pin-root",
+            &node.pin_root().display().to_string(),
+        ],
+        &[],
+        b"",
+    )
+}
+
 /// Polls `cond` every 100 ms for at most `timeout`; whether it came to hold.
 pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
