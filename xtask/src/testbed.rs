@@ -14,11 +14,13 @@ use serde_json::Value;
 pub(crate) use sluice_testbed::Netns;
 use sluice_testbed::{cni::Invocation, Uplink};
 
-/// Everything of one run: namespaces, pin roots, scratch directories.
+/// Everything of one run: namespaces, pin roots, scratch directories, and
+/// processes that live as long as the run (a node agent).
 pub(crate) struct Testbed {
     prefix: String,
     pub dir: PathBuf,
     netns: Vec<Netns>,
+    processes: Vec<std::process::Child>,
 }
 
 impl Testbed {
@@ -32,7 +34,14 @@ impl Testbed {
             prefix: prefix.to_string(),
             dir,
             netns: Vec::new(),
+            processes: Vec::new(),
         })
+    }
+
+    /// Keeps `child` until the run ends: then it gets SIGTERM and 5 s to end
+    /// (SIGKILL after), before the namespaces and pins go.
+    pub(crate) fn keep_process(&mut self, child: std::process::Child) {
+        self.processes.push(child);
     }
 
     /// A new namespace `<prefix>-<name>` with loopback up; its index.
@@ -143,10 +152,32 @@ impl Testbed {
 
 impl Drop for Testbed {
     fn drop(&mut self) {
+        for mut c in self.processes.drain(..) {
+            stop(&mut c);
+        }
         // Namespaces first (their veths and the links to them go too), then pins.
         self.netns.clear();
         clean(&self.prefix);
     }
+}
+
+/// SIGTERM, at most 5 s to end, then SIGKILL.
+fn stop(c: &mut std::process::Child) {
+    if let Ok(pid) = i32::try_from(c.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        if !matches!(c.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
 }
 
 /// Removes every namespace, pin root and scratch dir named with `prefix`.

@@ -386,7 +386,7 @@ fn prebuilt() -> Result<Binaries> {
     Ok(Binaries {
         sluice: var("SLUICE_BIN")?,
         sluicectl: var("SLUICECTL_BIN")?,
-        // No bench runs the node agent.
+        // The masquerade setups run the node agent's sweep when it is given.
         node: std::env::var_os("SLUICE_NODE_BIN")
             .map(std::path::PathBuf::from)
             .unwrap_or_default(),

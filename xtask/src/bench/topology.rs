@@ -320,11 +320,65 @@ pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
 /// through its tc ingress (Sluice's own NAT maps, no `nf_conntrack`). `V6`:
 /// dual-stack pods, IPv6 leaving with the uplink's first global IPv6 address
 /// (the default `masqueradeAddress`).
+///
+/// The node runs the node agent's NAT sweep (`sluice-node sweep`), as a
+/// cluster node's `route-sync` does: idle flows go from process context, and
+/// the in-kernel sweeper, in hard interrupt context, stands back. Its log is
+/// `<tag>-agent.log` in the testbed's directory.
 pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> Result<Setup> {
-    match family {
-        Family::V4 => sluice_with(tb, bins, "smq", (84, family), true, json!({})),
-        Family::V6 => sluice_with(tb, bins, "sm6", (94, family), true, json!({})),
+    let tag = match family {
+        Family::V4 => "smq",
+        Family::V6 => "sm6",
+    };
+    let n = match family {
+        Family::V4 => 84,
+        Family::V6 => 94,
+    };
+    let setup = sluice_with(tb, bins, tag, (n, family), true, json!({}))?;
+    let pin_root = setup
+        .cni
+        .as_ref()
+        .and_then(|c| c.conf["pinRoot"].as_str())
+        .context("the masquerade node's config has no pinRoot")?
+        .to_string();
+    // A guest's prebuilt binaries may come without the agent.
+    if !bins.node.is_file() {
+        eprintln!("bench: no sluice-node binary: the masquerade node's in-kernel sweeper sweeps");
+        return Ok(setup);
     }
+    let log_path = tb.dir.join(format!("{tag}-agent.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let agent = std::process::Command::new(&bins.node)
+        .args(["sweep", "--pin-root", &pin_root])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {} sweep", bins.node.display()))?;
+    tb.keep_process(agent);
+    Ok(setup)
+}
+
+/// What the node agent on the masquerade node `family` said of its sweep
+/// passes: its last report (what they removed, how long a pass took), or
+/// why there is none.
+pub(super) fn agent_report(tb: &Testbed, family: Family) -> String {
+    let tag = match family {
+        Family::V4 => "smq",
+        Family::V6 => "sm6",
+    };
+    let Ok(log) = std::fs::read_to_string(tb.dir.join(format!("{tag}-agent.log"))) else {
+        return "none: the agent did not run (no sluice-node binary), the in-kernel sweeper swept"
+            .into();
+    };
+    log.lines()
+        .rev()
+        .find(|l| l.contains("a pass took"))
+        .map_or_else(
+            || "none yet (it reports once a minute, when it removed flows)".into(),
+            |l| format!("`{l}`"),
+        )
 }
 
 /// Sluice with netkit pods (`podDevice: netkit`, Linux 6.7+), otherwise as
