@@ -196,14 +196,15 @@ fn install(
 
 /// Starts the DaemonSet's two long-running containers in a host-network pod,
 /// with the manifest's capabilities and mounts: `route-sync` (in-cluster
-/// config) and `metrics` on 127.0.0.1:[`METRICS_PORT`].
+/// config) and `metrics` on 127.0.0.1:[`METRICS_PORT`]. The pod and the
+/// containers' ids.
 fn run_agents(
     ctrd: &Containerd,
     node: &Node,
     bpffs: &OwnBpffs,
     api: &ApiServer,
     sa_dir: &std::path::Path,
-) -> Sandbox {
+) -> (Sandbox, Vec<String>) {
     let pod = ctrd
         .run_pod(&PodSpec::new("sluice").host_network())
         .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
@@ -238,11 +239,14 @@ fn run_agents(
         ],
         capabilities: Some(vec!["BPF".into()]),
     };
-    for c in [route_sync, metrics] {
-        ctrd.run_container_spec(&pod, &c)
-            .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)));
-    }
-    pod
+    let ids = [route_sync, metrics]
+        .iter()
+        .map(|c| {
+            ctrd.run_container_spec(&pod, c)
+                .unwrap_or_else(|e| panic!("{e}\ncontainerd:\n{}", ctrd.log_tail(20)))
+        })
+        .collect();
+    (pod, ids)
 }
 
 #[track_caller]
@@ -370,7 +374,7 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     // The DaemonSet's other two containers, as the manifest runs them: a
     // route to the other Node's pods, and /metrics counting the pod.
     api.set_node("node-other", &[OTHER_CIDR], &[OTHER_IP]);
-    let agents = run_agents(&ctrd, &node, &bpffs, &api, &sa_dir);
+    let (agents, agent_ids) = run_agents(&ctrd, &node, &bpffs, &api, &sa_dir);
     let routed = || {
         look::ip_json(node.name(), &["route", "show", "proto", "83"])
             .unwrap()
@@ -405,8 +409,36 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
         "{text}"
     );
     assert!(text.contains("sluice_datapath_info{"), "{text}");
+    // route-sync sweeps the NAT tables with the manifest's capabilities (its
+    // lease held), and gives them back to the in-kernel sweeper when stopped.
+    let sweep = || {
+        let out = node
+            .sluicectl_at(&bpffs.path.join("sluice"), &["status", "--json"])
+            .unwrap();
+        assert!(out.success(), "{out}");
+        serde_json::from_str::<Value>(&out.stdout).unwrap()["natSweep"].clone()
+    };
+    let deadline = Instant::now() + LISTEN_WAIT;
+    while sweep()["by"] != "agent" {
+        assert!(
+            Instant::now() < deadline,
+            "route-sync holds no sweep lease: {}",
+            sweep()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // Deleted as the kubelet deletes a pod: its containers stopped with a
+    // grace period first.
+    for id in &agent_ids {
+        ctrd.stop_container(id, 10).unwrap();
+    }
     ctrd.remove_pod(&agents).unwrap();
     assert!(routed(), "the route went with the agent");
+    let s = sweep();
+    assert_eq!(
+        s["agentLeaseSeconds"], 0.0,
+        "route-sync kept its lease: {s}"
+    );
 
     // An upgrade with the same image: nothing to write, the pod keeps serving.
     let (code, log) = install(&ctrd, &node, &bpffs, &api, &sa_dir, (IMAGE, 2));

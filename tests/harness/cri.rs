@@ -37,7 +37,7 @@ use k8s_cri::v1::{
     LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PortMapping, Protocol,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
-    StopPodSandboxRequest,
+    StopContainerRequest, StopPodSandboxRequest,
 };
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -656,6 +656,21 @@ impl Containerd {
     }
 
     /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet does when a pod goes.
+    /// Stops container `id` as the kubelet does when a pod is deleted: SIGTERM,
+    /// then SIGKILL after `grace` seconds (`terminationGracePeriodSeconds`).
+    /// (`StopPodSandbox` alone kills at once.)
+    pub fn stop_container(&self, id: &str, grace: i64) -> Result<()> {
+        let mut rs = self.runtime();
+        self.call(
+            &format!("StopContainer {id}"),
+            rs.stop_container(StopContainerRequest {
+                container_id: id.into(),
+                timeout: grace,
+            }),
+        )?;
+        Ok(())
+    }
+
     pub fn remove_pod(&self, sb: &Sandbox) -> Result<()> {
         self.remove_by_id(&sb.id)
     }
