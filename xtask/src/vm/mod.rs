@@ -28,7 +28,7 @@ use crate::{cli::VmTestArgs, host::fmt_duration, test::TestEnv, ws::Workspace};
 pub(crate) use qemu::Accel;
 
 /// The kernels of the matrix: Debian 11, 12, 13 and unstable.
-const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
+pub(crate) const MATRIX: [&str; 4] = ["5.10", "6.1", "6.12", "sid"];
 
 /// Modules a node has loaded (or auto-loads) that the guest loads up front; a
 /// missing one is not an error (built in, or absent from that kernel).
@@ -111,7 +111,9 @@ const HOST_ONLY: [&str; 1] = ["cri"];
 pub(crate) struct Plan {
     pub kernels: Vec<String>,
     /// Test binaries by name (`lifecycle`), each optionally with test name
-    /// filters of its own (`masquerade:idle_flows|tcp_udp`); empty: every one.
+    /// filters of its own (`masquerade:idle_flows|tcp_udp`) and the kernels
+    /// it runs on (`masquerade6@6.1,6.12`; without: every kernel); empty:
+    /// every binary. A binary may appear twice, for disjoint kernels.
     pub binaries: Vec<String>,
     /// Passed to each binary (a test name filter), after its own.
     pub filter: Vec<String>,
@@ -134,11 +136,13 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
                 name,
                 exe,
                 filters: plan.filter.clone(),
+                kernels: Vec::new(),
             })
             .collect()
     } else {
         let mut runs = Vec::new();
         for entry in &plan.binaries {
+            let (entry, only) = entry.split_once('@').unwrap_or((entry, ""));
             let (name, own) = entry.split_once(':').unwrap_or((entry, ""));
             let Some((_, exe)) = built.iter().find(|(n, _)| n == name) else {
                 let known: Vec<&str> = built.iter().map(|(n, _)| n.as_str()).collect();
@@ -157,6 +161,11 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
                 name: name.to_string(),
                 exe: exe.clone(),
                 filters,
+                kernels: only
+                    .split(',')
+                    .filter(|k| !k.is_empty())
+                    .map(str::to_string)
+                    .collect(),
             });
         }
         runs
@@ -226,6 +235,14 @@ struct Run {
     name: String,
     exe: PathBuf,
     filters: Vec<String>,
+    /// The kernels (matrix names) it runs on; empty: every one.
+    kernels: Vec<String>,
+}
+
+impl Run {
+    fn runs_on(&self, kernel: &Kernel) -> bool {
+        self.kernels.is_empty() || self.kernels.contains(&kernel.name)
+    }
 }
 
 /// The guest's job: the prelude, each test binary with its log and exit
@@ -242,7 +259,10 @@ fn job_script(
         "snapshot() { ip netns list; ip -o link | cut -d: -f2; find /sys/fs/bpf; }\n\
          snapshot | sort > /out/before\n",
     );
-    for Run { name, exe, filters } in tests {
+    for Run {
+        name, exe, filters, ..
+    } in tests.iter().filter(|r| r.runs_on(kernel))
+    {
         let filter: Vec<String> = filters.iter().map(|f| format!("'{f}'")).collect();
         let _ = writeln!(
             s,
@@ -336,6 +356,7 @@ impl KernelResult {
     fn read(kernel: &Kernel, tests: &[Run], out: &Path, console: &qemu::Console) -> Self {
         let binaries = tests
             .iter()
+            .filter(|r| r.runs_on(kernel))
             .map(|Run { name, .. }| {
                 let log = fs::read_to_string(out.join(format!("{name}.log"))).unwrap_or_default();
                 let status = fs::read_to_string(out.join(format!("{name}.rc")))
