@@ -1099,6 +1099,18 @@ fn the_node_agent_sweeps_idle_flows_and_hands_back_when_it_stops() {
     let d = w.counters().since(&c0);
     assert_eq!(d.get("nat_expired"), 0, "the datapath expired it: {d}");
     assert_eq!(sweep(&w)["agentExpired"].as_u64().unwrap(), n0 + 1);
+    let m = w.node.sluicectl(&["metrics"]).unwrap();
+    assert!(m.success(), "{m}");
+    for line in [
+        "sluice_nat_sweep_by_agent 1".to_string(),
+        format!("sluice_nat_agent_expired_total {}", n0 + 1),
+    ] {
+        assert!(
+            m.stdout.lines().any(|l| l == line),
+            "no {line:?} in\n{}",
+            m.stdout
+        );
+    }
 
     // SIGTERM: the lease goes back at once.
     let pid = i32::try_from(agent.pid().unwrap()).unwrap();

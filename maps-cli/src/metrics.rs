@@ -20,7 +20,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice_common::maps;
+use sluice_common::{maps, sweep_slot};
 use sluice_maps::hostport::{V4, V6};
 
 use crate::{
@@ -368,6 +368,31 @@ fn render(scrape: &Scrape) -> Result<String> {
         let cap = dp.root.capacity(spec)?;
         x.sample("sluice_nat_flows_max", &[("family", family)], cap);
         pressure.push((spec.name, *n as f64 / f64::from(cap.max(1))));
+    }
+    // Who sweeps idle flows (README, "Masquerade"); a datapath an older sluice
+    // loaded has no lease map.
+    if sluice_maps::sweep::supported(&dp.root) {
+        let until = sluice_maps::sweep::slot(&dp.root, sweep_slot::LEASE_UNTIL_NS)?;
+        x.family(
+            "sluice_nat_sweep_by_agent",
+            "gauge",
+            "1 while the node agent (sluice-node) holds the NAT sweep lease and the in-kernel sweeper stands back.",
+        );
+        x.sample(
+            "sluice_nat_sweep_by_agent",
+            &[],
+            u8::from(until > sluice_common::user::monotonic_ns()),
+        );
+        x.family(
+            "sluice_nat_agent_expired_total",
+            "counter",
+            "Idle NAT flows the node agent removed (the datapath's own: sluice_datapath_packets_total{reason=\"nat_expired\"}).",
+        );
+        x.sample(
+            "sluice_nat_agent_expired_total",
+            &[],
+            sluice_maps::sweep::slot(&dp.root, sweep_slot::AGENT_EXPIRED)?,
+        );
     }
     x.family(
         "sluice_bpf_map_pressure",
