@@ -112,6 +112,14 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(root: &PinRoot, spec: &MapSpec) -> Resu
         if errno == Some(libc::ENOENT) {
             return Ok(out);
         }
+        // Each call returns at least one bucket's entries; one returning none
+        // would repeat forever.
+        if n == 0 {
+            return Err(Error::io(
+                format!("read {} (BPF_MAP_LOOKUP_BATCH)", path.display()),
+                std::io::Error::other("the kernel returned no entries and no end"),
+            ));
+        }
         in_batch = out_batch;
         first = false;
     }

@@ -89,6 +89,9 @@ impl Sweeper {
                 self.say(format!(
                     "NAT sweep: {e}; the in-kernel sweeper sweeps until a pass succeeds"
                 ));
+                // The lease may have been taken before the sweep failed: a
+                // failing agent must not keep the in-kernel sweeper away.
+                self.holds_lease = true;
                 self.release();
             }
         }

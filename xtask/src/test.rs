@@ -155,7 +155,7 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 }
 
 /// Under emulation, what each kernel runs: every feature's main traffic
-/// tests (`binary:filter|filter@kernel,kernel`: libtest's substring filters,
+/// tests (`binary:filter|filter@kernel+kernel`: libtest's substring filters,
 /// then the kernels where the entry applies, every one without). The host
 /// runs everything, churn, crash and fuzz included.
 ///
@@ -167,7 +167,7 @@ const TCG_MAIN_TESTS: [&str; 15] = [
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods",
     "uplink:xdp_native_carries|xdp_generic_carries|xdp_off_leaves",
     "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire|netkit_pods|the_node_agent_sweeps",
-    "masquerade6@6.1,6.12,sid",
+    "masquerade6@6.1+6.12+sid",
     "masquerade6:ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address@5.10",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod",
     "hostport6",
@@ -427,13 +427,13 @@ mod tests {
             for entry in TCG_MAIN_TESTS {
                 let (rest, only) = entry.split_once('@').unwrap_or((entry, ""));
                 let name = rest.split_once(':').map_or(rest, |(n, _)| n);
-                for o in only.split(',').filter(|o| !o.is_empty()) {
+                for o in only.split('+').filter(|o| !o.is_empty()) {
                     assert!(
                         vm::MATRIX.contains(&o),
                         "{entry}: no kernel {o} in the matrix"
                     );
                 }
-                if only.is_empty() || only.split(',').any(|o| o == k) {
+                if only.is_empty() || only.split('+').any(|o| o == k) {
                     assert!(!seen.contains(&name), "{name} runs twice on {k}");
                     seen.push(name);
                 }

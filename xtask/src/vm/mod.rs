@@ -112,8 +112,9 @@ pub(crate) struct Plan {
     pub kernels: Vec<String>,
     /// Test binaries by name (`lifecycle`), each optionally with test name
     /// filters of its own (`masquerade:idle_flows|tcp_udp`) and the kernels
-    /// it runs on (`masquerade6@6.1,6.12`; without: every kernel); empty:
-    /// every binary. A binary may appear twice, for disjoint kernels.
+    /// it runs on (`masquerade6@6.1+6.12`: `+`, since the command line splits
+    /// at commas; without: every kernel); empty: every binary. A binary may
+    /// appear twice, for disjoint kernels.
     pub binaries: Vec<String>,
     /// Passed to each binary (a test name filter), after its own.
     pub filter: Vec<String>,
@@ -162,7 +163,7 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
                 exe: exe.clone(),
                 filters,
                 kernels: only
-                    .split(',')
+                    .split('+')
                     .filter(|k| !k.is_empty())
                     .map(str::to_string)
                     .collect(),
