@@ -287,6 +287,7 @@ fn status_json_describes_the_live_datapath() {
             "podInterfaces",
             "endpoints",
             "masquerade",
+            "natSweep",
             "hostPort",
             "bandwidth",
             "counters"
@@ -294,6 +295,17 @@ fn status_json_describes_the_live_datapath() {
         "{st:#}"
     );
     assert_eq!(st["pinRoot"], root.display().to_string(), "{st:#}");
+    // No node agent runs: the in-kernel sweeper sweeps (lazy expiry where the
+    // kernel has none).
+    assert_eq!(
+        st["natSweep"],
+        json!({
+            "by": if kernel::has("sweeper") { "kernel" } else { "lazy" },
+            "agentLeaseSeconds": 0.0,
+            "agentExpired": 0,
+        }),
+        "{st:#}"
+    );
     // No pod of this test has a limit.
     assert_eq!(
         st["bandwidth"],
