@@ -55,7 +55,8 @@ pub fn set_lease(root: &PinRoot, until_ns: u64) -> Result<()> {
     set_slot(root, sweep_slot::LEASE_UNTIL_NS, until_ns)
 }
 
-/// One pass at `now` (`CLOCK_MONOTONIC` ns, `sluice_common::user::monotonic_ns`): the flows of each family whose
+/// One pass at `now` (`CLOCK_MONOTONIC` ns, from
+/// `sluice_common::user::monotonic_ns`): the flows of each family whose
 /// masquerade is on, and the fragment entries while either is (the tables
 /// the in-kernel sweeper walks). Adds the flows removed to the agent's count.
 pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
