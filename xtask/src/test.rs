@@ -420,6 +420,25 @@ mod tests {
         );
     }
 
+    #[test]
+    fn plan_entries_give_binary_filters_and_kernels() {
+        let e = vm::PlanEntry::parse("masquerade6:idle|agent@6.1+sid");
+        assert_eq!(
+            (e.name, e.filters, e.kernels),
+            ("masquerade6", vec!["idle", "agent"], vec!["6.1", "sid"])
+        );
+        let e = vm::PlanEntry::parse("traffic");
+        assert_eq!(
+            (e.name, e.filters.len(), e.kernels.len()),
+            ("traffic", 0, 0)
+        );
+        let e = vm::PlanEntry::parse("masquerade6@5.10");
+        assert_eq!(
+            (e.name, e.filters.len(), e.kernels),
+            ("masquerade6", 0, vec!["5.10"])
+        );
+    }
+
     /// A kernel named in the plan is one of the matrix (a typo would make
     /// the entry run nowhere), and no binary runs twice on one kernel (its
     /// log and exit status files would collide).
@@ -428,17 +447,16 @@ mod tests {
         for k in vm::MATRIX {
             let mut seen = Vec::new();
             for entry in TCG_MAIN_TESTS {
-                let (rest, only) = entry.split_once('@').unwrap_or((entry, ""));
-                let name = rest.split_once(':').map_or(rest, |(n, _)| n);
-                for o in only.split('+').filter(|o| !o.is_empty()) {
+                let e = vm::PlanEntry::parse(entry);
+                for o in &e.kernels {
                     assert!(
-                        vm::MATRIX.contains(&o),
+                        vm::MATRIX.contains(o),
                         "{entry}: no kernel {o} in the matrix"
                     );
                 }
-                if only.is_empty() || only.split('+').any(|o| o == k) {
-                    assert!(!seen.contains(&name), "{name} runs twice on {k}");
-                    seen.push(name);
+                if e.kernels.is_empty() || e.kernels.contains(&k) {
+                    assert!(!seen.contains(&e.name), "{} runs twice on {k}", e.name);
+                    seen.push(e.name);
                 }
             }
         }

@@ -143,8 +143,11 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
     } else {
         let mut runs = Vec::new();
         for entry in &plan.binaries {
-            let (entry, only) = entry.split_once('@').unwrap_or((entry, ""));
-            let (name, own) = entry.split_once(':').unwrap_or((entry, ""));
+            let PlanEntry {
+                name,
+                filters: own,
+                kernels,
+            } = PlanEntry::parse(entry);
             let Some((_, exe)) = built.iter().find(|(n, _)| n == name) else {
                 let known: Vec<&str> = built.iter().map(|(n, _)| n.as_str()).collect();
                 bail!(
@@ -152,21 +155,13 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
                     known.join(", ")
                 );
             };
-            let mut filters: Vec<String> = own
-                .split('|')
-                .filter(|f| !f.is_empty())
-                .map(str::to_string)
-                .collect();
+            let mut filters: Vec<String> = own.iter().map(|f| (*f).to_string()).collect();
             filters.extend(plan.filter.iter().cloned());
             runs.push(Run {
                 name: name.to_string(),
                 exe: exe.clone(),
                 filters,
-                kernels: only
-                    .split('+')
-                    .filter(|k| !k.is_empty())
-                    .map(str::to_string)
-                    .collect(),
+                kernels: kernels.iter().map(|k| (*k).to_string()).collect(),
             });
         }
         runs
@@ -229,6 +224,27 @@ fn boot_job(
         console = boot.run()?;
     }
     Ok((out, console))
+}
+
+/// One entry of [`Plan::binaries`]: `binary[:filter|filter][@kernel+kernel]`.
+pub(crate) struct PlanEntry<'a> {
+    pub name: &'a str,
+    pub filters: Vec<&'a str>,
+    /// Empty: every kernel.
+    pub kernels: Vec<&'a str>,
+}
+
+impl<'a> PlanEntry<'a> {
+    pub(crate) fn parse(entry: &'a str) -> Self {
+        let (rest, only) = entry.split_once('@').unwrap_or((entry, ""));
+        let (name, own) = rest.split_once(':').unwrap_or((rest, ""));
+        let list = |s: &'a str, sep: char| s.split(sep).filter(|x| !x.is_empty()).collect();
+        Self {
+            name,
+            filters: list(own, '|'),
+            kernels: list(only, '+'),
+        }
+    }
 }
 
 /// One test binary to run in the guest, with its test name filters.
