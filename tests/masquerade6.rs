@@ -652,6 +652,42 @@ fn two_ipv6_pods_with_the_same_source_port_get_different_nat_ports() {
 
 // --- Expiry --------------------------------------------------------------------
 
+/// The flows of the idle-expiry tests, all answered by `server`: a UDP socket
+/// on pod port 40001 and an ICMPv6 echo, a TCP connection closed by both ends,
+/// and one left open (tcpEstablished: the default six hours).
+struct IdleFlows {
+    udp: UdpSocket,
+    closed_port: u16,
+    open: TcpStream,
+    open_port: u16,
+}
+
+fn idle_flows(a: &P, server: &EchoServer) -> IdleFlows {
+    let wait = Duration::from_secs(2);
+    let udp = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
+    udp_echo_on(&udp, server.addr, b"first", 3, wait).unwrap();
+    Pinger6::new(&a.pod.path)
+        .unwrap()
+        .ping(ext6(), ICMP_ID, 1, 3, wait)
+        .unwrap();
+    let closed = tcp6(a, server.addr);
+    let closed_port = closed.local_addr().unwrap().port();
+    tcp_echo_on(&closed, 4096, 10).unwrap();
+    closed.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    Read::read_to_end(&mut &closed, &mut rest).unwrap();
+    drop(closed);
+    let open = tcp6(a, server.addr);
+    let open_port = open.local_addr().unwrap().port();
+    tcp_echo_on(&open, 4096, 11).unwrap();
+    IdleFlows {
+        udp,
+        closed_port,
+        open,
+        open_port,
+    }
+}
+
 /// With short timeouts (the keys the IPv4 test sets), idle UDP, ICMPv6 and
 /// closed TCP flows disappear within a bounded wait (`nat_expired`), an open
 /// TCP connection's flow stays on its NAT port, and a later datagram of the
@@ -666,24 +702,12 @@ fn idle_ipv6_flows_expire_and_come_back_as_new_flows() {
     };
     let server = w.server();
     let wait = Duration::from_secs(2);
-    let u = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
-    udp_echo_on(&u, server.addr, b"first", 3, wait).unwrap();
-    Pinger6::new(&a.pod.path)
-        .unwrap()
-        .ping(ext6(), ICMP_ID, 1, 3, wait)
-        .unwrap();
-    // A connection closed by both ends.
-    let closed = tcp6(&a, server.addr);
-    let closed_port = closed.local_addr().unwrap().port();
-    tcp_echo_on(&closed, 4096, 10).unwrap();
-    closed.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut rest = Vec::new();
-    Read::read_to_end(&mut &closed, &mut rest).unwrap();
-    drop(closed);
-    // A connection left open (tcpEstablished: the default six hours).
-    let open = tcp6(&a, server.addr);
-    let open_port = open.local_addr().unwrap().port();
-    tcp_echo_on(&open, 4096, 11).unwrap();
+    let IdleFlows {
+        udp: u,
+        closed_port,
+        open,
+        open_port,
+    } = idle_flows(&a, &server);
 
     let flows = w.flows_of(&a);
     assert_eq!(flows.len(), 4, "{flows:#?}");
@@ -769,22 +793,12 @@ fn idle_ipv6_flows_are_swept_by_the_node_agent() {
         sweep()
     );
     let server = w.server();
-    let wait = Duration::from_secs(2);
-    let u = udp_socket(&a.pod.path, a.sock(40001)).unwrap();
-    udp_echo_on(&u, server.addr, b"first", 3, wait).unwrap();
-    Pinger6::new(&a.pod.path)
-        .unwrap()
-        .ping(ext6(), ICMP_ID, 1, 3, wait)
-        .unwrap();
-    let closed = tcp6(&a, server.addr);
-    tcp_echo_on(&closed, 4096, 10).unwrap();
-    closed.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut rest = Vec::new();
-    Read::read_to_end(&mut &closed, &mut rest).unwrap();
-    drop(closed);
-    let open = tcp6(&a, server.addr);
-    let open_port = open.local_addr().unwrap().port();
-    tcp_echo_on(&open, 4096, 11).unwrap();
+    let IdleFlows {
+        udp: u,
+        open,
+        open_port,
+        ..
+    } = idle_flows(&a, &server);
     let open_nat = nat_port(flow_from(&w.flows_of(&a), "tcp", open_port));
     assert_eq!(w.flows_of(&a).len(), 4, "{:#?}", w.flows_of(&a));
 

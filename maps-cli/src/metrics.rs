@@ -372,7 +372,6 @@ fn render(scrape: &Scrape) -> Result<String> {
     // Who sweeps idle flows (README, "Masquerade"); a datapath an older sluice
     // loaded has no lease map.
     if sluice_maps::sweep::supported(&dp.root) {
-        let until = sluice_maps::sweep::slot(&dp.root, sweep_slot::LEASE_UNTIL_NS)?;
         x.family(
             "sluice_nat_sweep_by_agent",
             "gauge",
@@ -381,7 +380,7 @@ fn render(scrape: &Scrape) -> Result<String> {
         x.sample(
             "sluice_nat_sweep_by_agent",
             &[],
-            u8::from(until > sluice_common::user::monotonic_ns()),
+            u8::from(sluice_maps::sweep::lease_left_ns(&dp.root)? > 0),
         );
         x.family(
             "sluice_nat_agent_expired_total",

@@ -169,10 +169,8 @@ struct NatSweep {
 impl NatSweep {
     fn read(dp: &Datapath, links: &[String]) -> Result<Self> {
         let (lease_secs, agent_expired) = if sluice_maps::sweep::supported(&dp.root) {
-            let until = sluice_maps::sweep::slot(&dp.root, sweep_slot::LEASE_UNTIL_NS)?;
-            let left = until.saturating_sub(sluice_common::user::monotonic_ns());
             (
-                left as f64 / 1e9,
+                sluice_maps::sweep::lease_left_ns(&dp.root)? as f64 / 1e9,
                 sluice_maps::sweep::slot(&dp.root, sweep_slot::AGENT_EXPIRED)?,
             )
         } else {

@@ -49,6 +49,12 @@ fn set_slot(root: &PinRoot, slot: u32, value: u64) -> Result<()> {
         .map_err(|e| Error::map("write", maps::SWEEP.name, e))
 }
 
+/// How long the agent's lease still lasts, in ns (0: not held).
+pub fn lease_left_ns(root: &PinRoot) -> Result<u64> {
+    let until = slot(root, sweep_slot::LEASE_UNTIL_NS)?;
+    Ok(until.saturating_sub(sluice_common::user::monotonic_ns()))
+}
+
 /// Takes (or renews) the lease until `until_ns` (`CLOCK_MONOTONIC`); 0 gives
 /// the tables back to the in-kernel sweeper at once.
 pub fn set_lease(root: &PinRoot, until_ns: u64) -> Result<()> {

@@ -184,6 +184,18 @@ fn read_output(child: &mut Child) -> [thread::JoinHandle<String>; 2] {
     ]
 }
 
+/// Asks `child` to end (SIGTERM) and waits for it at most `timeout`, then
+/// kills it: its exit code (`None` when a signal ended it).
+pub fn terminate(child: &mut Child, timeout: Duration, what: &str) -> Result<Option<i32>> {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    wait_until(child, timeout, what).map(|(code, _)| code)
+}
+
 /// Waits for `child` to end, at most `timeout` (then kills it): its exit code
 /// (`None` when a signal ended it) and whether the deadline killed it. A thread
 /// blocks in `waitid(WEXITED | WNOWAIT)`, which returns the moment the child

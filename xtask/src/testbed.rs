@@ -7,6 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -153,31 +154,13 @@ impl Testbed {
 impl Drop for Testbed {
     fn drop(&mut self) {
         for mut c in self.processes.drain(..) {
-            stop(&mut c);
+            let _ =
+                sluice_testbed::exec::terminate(&mut c, Duration::from_secs(5), "a kept process");
         }
         // Namespaces first (their veths and the links to them go too), then pins.
         self.netns.clear();
         clean(&self.prefix);
     }
-}
-
-/// SIGTERM, at most 5 s to end, then SIGKILL.
-fn stop(c: &mut std::process::Child) {
-    if let Ok(pid) = i32::try_from(c.id()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while std::time::Instant::now() < deadline {
-        if !matches!(c.try_wait(), Ok(None)) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let _ = c.kill();
-    let _ = c.wait();
 }
 
 /// Removes every namespace, pin root and scratch dir named with `prefix`.

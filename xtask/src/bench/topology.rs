@@ -326,14 +326,7 @@ pub(super) fn sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
 /// the in-kernel sweeper, in hard interrupt context, stands back. Its log is
 /// `<tag>-agent.log` in the testbed's directory.
 pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> Result<Setup> {
-    let tag = match family {
-        Family::V4 => "smq",
-        Family::V6 => "sm6",
-    };
-    let n = match family {
-        Family::V4 => 84,
-        Family::V6 => 94,
-    };
+    let (tag, n) = masq_node(family);
     let setup = sluice_with(tb, bins, tag, (n, family), true, json!({}))?;
     let pin_root = setup
         .cni
@@ -349,25 +342,33 @@ pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> 
     let log_path = tb.dir.join(format!("{tag}-agent.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let agent = std::process::Command::new(&bins.node)
-        .args(["sweep", "--pin-root", &pin_root])
+    let mut cmd = std::process::Command::new(&bins.node);
+    cmd.args(["sweep", "--pin-root", &pin_root])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(log)
+        .stderr(log);
+    // An interrupted bench leaves no agent behind.
+    sluice_testbed::exec::die_with_parent(&mut cmd);
+    let agent = cmd
         .spawn()
         .with_context(|| format!("starting {} sweep", bins.node.display()))?;
     tb.keep_process(agent);
     Ok(setup)
 }
 
+/// The tag and subnet number of Sluice's masquerade node for `family`.
+const fn masq_node(family: Family) -> (&'static str, u8) {
+    match family {
+        Family::V4 => ("smq", 84),
+        Family::V6 => ("sm6", 94),
+    }
+}
+
 /// What the node agent on the masquerade node `family` said of its sweep
 /// passes: its last report (what they removed, how long a pass took), or
 /// why there is none.
 pub(super) fn agent_report(tb: &Testbed, family: Family) -> String {
-    let tag = match family {
-        Family::V4 => "smq",
-        Family::V6 => "sm6",
-    };
+    let (tag, _) = masq_node(family);
     let Ok(log) = std::fs::read_to_string(tb.dir.join(format!("{tag}-agent.log"))) else {
         return "none: the agent did not run (no sluice-node binary), the in-kernel sweeper swept"
             .into();
