@@ -16,7 +16,7 @@ use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ use sluice_tests::{
         second_node_ip, with_raw_mappings, ClientReport, HpPod, HpWorld, SECOND_NODE_IP,
     },
     kernel, look,
-    masq::{tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, EchoServer},
+    masq::{node_agent, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket, wait_for, EchoServer},
     sluice_next_bin, Counters, NETWORK,
 };
 
@@ -353,6 +353,86 @@ fn a_host_ip_mapping_answers_on_that_address_only() {
         "{list:#?}"
     );
     w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+/// The node agent keeps the node's addresses (`sluice-node node-addrs`): it
+/// takes the lease (`sluicectl status`: `hostPort.nodeAddressesBy` is
+/// `agent`, and the metric says so); an address added to the node answers a
+/// hostPort within seconds with no ADD in between. While the lease lasts an
+/// ADD leaves the addresses alone: with the agent stopped (SIGSTOP), an
+/// address taken off the node stays in the map across an ADD, and goes once
+/// the agent runs again and reads the notification. SIGTERM gives the lease
+/// back, and ADDs read the addresses themselves again.
+#[test]
+fn the_node_agent_keeps_the_node_addresses_current() {
+    let w = HpWorld::new("10.97.21.0/24", "auto", &json!({})).unwrap();
+    let a = w.add("a", "hp-addrs-a", &[mapping(HP, CPORT, "tcp", "")]);
+    let server = server_in(&a);
+    let hp = |w: &HpWorld| w.node.status().unwrap()["hostPort"].clone();
+    let listed = |w: &HpWorld| {
+        hp(w)["nodeAddresses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == SECOND_NODE_IP)
+    };
+    let wait = Duration::from_secs(10);
+    assert_eq!(hp(&w)["nodeAddressesBy"], "add", "{}", hp(&w));
+
+    let agent = node_agent(&w.node, "node-addrs").unwrap();
+    assert!(
+        wait_for(wait, || hp(&w)["nodeAddressesBy"] == "agent"),
+        "{}",
+        hp(&w)
+    );
+    let m = w.node.sluicectl(&["metrics"]).unwrap();
+    assert!(
+        m.stdout
+            .lines()
+            .any(|l| l == "sluice_node_addrs_by_agent 1"),
+        "{m}"
+    );
+    // An address added with no ADD after it: written, and it answers.
+    assert!(!listed(&w), "{}", hp(&w));
+    w.add_second_address().unwrap();
+    assert!(wait_for(wait, || listed(&w)), "{}", hp(&w));
+    let t = w.ext_tcp(sa(second_node_ip(), HP), 1).unwrap();
+    assert_eq!(server.peers().tcp, vec![t], "TCP peers");
+
+    // Stopped, its lease still running: an ADD leaves the map alone.
+    let pid = i32::try_from(agent.pid().unwrap()).unwrap();
+    // SAFETY: signals to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let lease = hp(&w);
+    w.del_second_address().unwrap();
+    let started = Instant::now();
+    let b = w.add("b", "hp-addrs-b", &[mapping(HP + 1, CPORT, "tcp", "")]);
+    let took = started.elapsed();
+    let left = Duration::from_secs_f64(lease["nodeAddressesAgentLeaseSeconds"].as_f64().unwrap());
+    assert!(
+        took < left,
+        "the ADD took {took:?}, longer than the {left:?} the stopped agent's lease had left"
+    );
+    assert!(listed(&w), "the ADD rewrote the node addresses: {}", hp(&w));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(wait_for(wait, || !listed(&w)), "{}", hp(&w));
+
+    // SIGTERM: the lease goes back at once; the next ADD reads them itself.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = agent.wait(wait).unwrap();
+    assert!(out.success(), "{out}");
+    assert!(out.stderr.contains("kept for"), "{out}");
+    assert_eq!(hp(&w)["nodeAddressesBy"], "add", "{}", hp(&w));
+    w.add_second_address().unwrap();
+    assert!(!listed(&w), "{}", hp(&w));
+    let c = w.add("c", "hp-addrs-c", &[mapping(HP + 2, CPORT, "tcp", "")]);
+    assert!(listed(&w), "{}", hp(&w));
+    for p in [&c, &b, &a] {
+        w.del(p);
+    }
     w.node.assert_clean(NETWORK);
 }
 

@@ -409,21 +409,23 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
         "{text}"
     );
     assert!(text.contains("sluice_datapath_info{"), "{text}");
-    // route-sync sweeps the NAT tables with the manifest's capabilities (its
-    // lease held), and gives them back to the in-kernel sweeper when stopped.
-    let sweep = || {
+    // route-sync sweeps the NAT tables and keeps the node's addresses with
+    // the manifest's capabilities (both leases held), and gives both back
+    // when stopped.
+    let status = || {
         let out = node
             .sluicectl_at(&bpffs.path.join("sluice"), &["status", "--json"])
             .unwrap();
         assert!(out.success(), "{out}");
-        serde_json::from_str::<Value>(&out.stdout).unwrap()["natSweep"].clone()
+        serde_json::from_str::<Value>(&out.stdout).unwrap()
     };
+    let sweep = || status()["natSweep"].clone();
     let deadline = Instant::now() + LISTEN_WAIT;
-    while sweep()["by"] != "agent" {
+    while sweep()["by"] != "agent" || status()["hostPort"]["nodeAddressesBy"] != "agent" {
         assert!(
             Instant::now() < deadline,
-            "route-sync holds no sweep lease: {}",
-            sweep()
+            "route-sync holds not both leases: {}",
+            status()
         );
         thread::sleep(Duration::from_millis(100));
     }
@@ -438,6 +440,11 @@ fn the_image_installs_sluice_and_containerd_attaches_pods_with_it() {
     assert_eq!(
         s["agentLeaseSeconds"], 0.0,
         "route-sync kept its lease: {s}"
+    );
+    let hp = status()["hostPort"].clone();
+    assert_eq!(
+        hp["nodeAddressesBy"], "add",
+        "route-sync kept its lease: {hp}"
     );
 
     // An upgrade with the same image: nothing to write, the pod keeps serving.

@@ -424,6 +424,9 @@ fn status_json_describes_the_live_datapath() {
     let mut want = vec![NODE_IP, gw.as_str()];
     want.sort_unstable();
     assert_eq!(addrs, want, "{hp:#}");
+    // No node agent here: the ADD read them.
+    assert_eq!(hp["nodeAddressesBy"], "add", "{hp:#}");
+    assert_eq!(hp["nodeAddressesAgentLeaseSeconds"], 0.0, "{hp:#}");
     let hooks = hp["socketHooks"].as_array().unwrap();
     assert!(!hooks.is_empty(), "{hp:#}");
     for h in hooks {

@@ -20,7 +20,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice_common::{maps, sweep_slot};
+use sluice_common::{agent_slot, maps};
 use sluice_maps::hostport::{V4, V6};
 
 use crate::{
@@ -390,7 +390,19 @@ fn render(scrape: &Scrape) -> Result<String> {
         x.sample(
             "sluice_nat_agent_expired_total",
             &[],
-            sluice_maps::sweep::slot(&dp.root, sweep_slot::AGENT_EXPIRED)?,
+            sluice_maps::sweep::agent_expired(&dp.root)?,
+        );
+        x.family(
+            "sluice_node_addrs_by_agent",
+            "gauge",
+            "1 while the node agent (sluice-node) keeps the node addresses hostPorts answer on, and ADDs leave them alone.",
+        );
+        x.sample(
+            "sluice_node_addrs_by_agent",
+            &[],
+            u8::from(
+                sluice_maps::agent::lease_left_ns(&dp.root, agent_slot::NODE_ADDRS_UNTIL_NS)? > 0,
+            ),
         );
     }
     x.family(

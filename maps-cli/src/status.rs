@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, masq_flags, pin_dirs, sweep_slot, Masq6Config, MasqConfig};
+use sluice_common::{agent_slot, config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -72,6 +72,10 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         },
     );
     let sweep = NatSweep::read(&dp, &links)?;
+    // Who keeps the node addresses: the node agent while its lease lasts,
+    // else each ADD with hostPorts.
+    let addrs_lease = sluice_maps::agent::lease_left_ns(&dp.root, agent_slot::NODE_ADDRS_UNTIL_NS)?;
+    let addrs_by = if addrs_lease > 0 { "agent" } else { "add" };
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -90,6 +94,8 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "hostPort": {
             "mappings": mappings,
             "nodeAddresses": node_addrs,
+            "nodeAddressesBy": addrs_by,
+            "nodeAddressesAgentLeaseSeconds": (addrs_lease as f64 / 1e6).round() / 1e3,
             "socketHooks": hooks,
         },
         "bandwidth": {
@@ -125,11 +131,19 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     println!("masquerade IPv6: {}", masq6_line(&masq6, flows6));
     println!("NAT sweep:  {}", sweep.line());
     println!(
-        "hostPort:   {mappings} mappings; node addresses {}; socket hooks {}",
+        "hostPort:   {mappings} mappings; node addresses {} ({}); socket hooks {}",
         if node_addrs.is_empty() {
             "-".to_string()
         } else {
             node_addrs.join(", ")
+        },
+        if addrs_lease > 0 {
+            format!(
+                "kept by the node agent, lease {:.1} s left",
+                addrs_lease as f64 / 1e9
+            )
+        } else {
+            "read by each ADD with hostPorts".to_string()
         },
         if hooks.is_empty() {
             "not attached (the first ADD with portMappings attaches them)".to_string()
@@ -155,7 +169,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
 }
 
 /// Who removes idle NAT flows: the node agent (`sluice-node`, while its lease
-/// in `sl_sweep` lasts), the in-kernel sweeper (its perf-event link is
+/// in `sl_agent` lasts), the in-kernel sweeper (its perf-event link is
 /// pinned), or nobody between packets (kernels without the sweeper expire a
 /// flow when a packet meets it).
 struct NatSweep {
@@ -171,7 +185,7 @@ impl NatSweep {
         let (lease_secs, agent_expired) = if sluice_maps::sweep::supported(&dp.root) {
             (
                 sluice_maps::sweep::lease_left_ns(&dp.root)? as f64 / 1e9,
-                sluice_maps::sweep::slot(&dp.root, sweep_slot::AGENT_EXPIRED)?,
+                sluice_maps::sweep::agent_expired(&dp.root)?,
             )
         } else {
             (0.0, 0)

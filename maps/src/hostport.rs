@@ -431,6 +431,14 @@ pub fn set_node_addrs<F: Family>(root: &PinRoot, addrs: &[F::Addr]) -> Result<()
     Ok(())
 }
 
+/// Whether the node agent keeps `sl_node_addrs` and `sl_node_addrs6` in step
+/// with the node's addresses now (its lease in `sl_agent` lasts), so an ADD
+/// need not read the node's addresses itself.
+pub fn node_addrs_kept_by_agent(root: &PinRoot) -> bool {
+    crate::agent::lease_left_ns(root, sluice_common::agent_slot::NODE_ADDRS_UNTIL_NS)
+        .is_ok_and(|left| left > 0)
+}
+
 /// Turns the pod programs' flow lookup on and records the node namespace (the
 /// socket hooks act there only).
 fn activate(root: &PinRoot, netns_cookie: u64) -> Result<()> {

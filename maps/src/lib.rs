@@ -4,10 +4,12 @@
 //! a masquerade address change flushes, which entries go with a pod).
 //!
 //! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
-//! [`hostport`], [`bandwidth`], [`events`], [`sweep`] (the node agent's NAT sweep); [`programs`] reads what is known of
+//! [`hostport`], [`bandwidth`], [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
+//! sweep); [`programs`] reads what is known of
 //! the pinned programs. Loading the object and attaching programs is the
 //! plugin's loader's job. With the loader, this crate holds every aya call of
 //! Sluice's userspace.
+pub mod agent;
 pub mod bandwidth;
 mod batch;
 pub mod counters;

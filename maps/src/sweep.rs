@@ -4,20 +4,21 @@
 //! event's hard interrupt, where a masquerading node's tables took 2.6 ms a
 //! second; here the walk is preemptible and reads the tables in batches.
 //!
-//! While the agent's lease in `sl_sweep` lasts, the in-kernel sweeper skips
+//! While the agent's lease in `sl_agent` lasts, the in-kernel sweeper skips
 //! its runs; the agent renews the lease on every pass, so a stopped agent
 //! hands the tables back within `SWEEP_LEASE_NS`.
 use aya::{
-    maps::{Array, HashMap, MapData},
+    maps::{HashMap, MapData},
     Pod,
 };
 use sluice_common::{
+    agent_slot,
     maps::{self, MapSpec},
-    masq_flags, nat_flags, sweep_slot, FragEntry, FragKey, MasqConfig, NatEntryOf, NatKeyOf,
-    NatRevOf, FRAG_TIMEOUT_NS,
+    masq_flags, nat_flags, FragEntry, FragKey, MasqConfig, NatEntryOf, NatKeyOf, NatRevOf,
+    FRAG_TIMEOUT_NS,
 };
 
-use crate::{batch, nat, Error, PinRoot, Result};
+use crate::{agent, batch, nat, PinRoot, Result};
 
 /// What one pass removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,34 +32,25 @@ pub struct Swept {
 }
 
 /// Whether this datapath takes a sweep lease: one loaded by an older sluice
-/// has no `sl_sweep`, and its in-kernel sweeper cannot be told to stand back.
+/// has no `sl_agent`, and its in-kernel sweeper cannot be told to stand back.
 pub fn supported(root: &PinRoot) -> bool {
-    root.has(&maps::SWEEP)
+    agent::supported(root)
 }
 
-/// One slot of `sl_sweep`.
-pub fn slot(root: &PinRoot, slot: u32) -> Result<u64> {
-    let arr: Array<MapData, u64> = root.typed(&maps::SWEEP)?;
-    arr.get(&slot, 0)
-        .map_err(|e| Error::map("read", maps::SWEEP.name, e))
-}
-
-fn set_slot(root: &PinRoot, slot: u32, value: u64) -> Result<()> {
-    let mut arr: Array<MapData, u64> = root.typed(&maps::SWEEP)?;
-    arr.set(slot, value, 0)
-        .map_err(|e| Error::map("write", maps::SWEEP.name, e))
-}
-
-/// How long the agent's lease still lasts, in ns (0: not held).
+/// How long the agent's sweep lease still lasts, in ns (0: not held).
 pub fn lease_left_ns(root: &PinRoot) -> Result<u64> {
-    let until = slot(root, sweep_slot::LEASE_UNTIL_NS)?;
-    Ok(until.saturating_sub(sluice_common::user::monotonic_ns()))
+    agent::lease_left_ns(root, agent_slot::SWEEP_UNTIL_NS)
 }
 
-/// Takes (or renews) the lease until `until_ns` (`CLOCK_MONOTONIC`); 0 gives
-/// the tables back to the in-kernel sweeper at once.
+/// Takes (or renews) the sweep lease until `until_ns` (`CLOCK_MONOTONIC`); 0
+/// gives the tables back to the in-kernel sweeper at once.
 pub fn set_lease(root: &PinRoot, until_ns: u64) -> Result<()> {
-    set_slot(root, sweep_slot::LEASE_UNTIL_NS, until_ns)
+    agent::set_lease(root, agent_slot::SWEEP_UNTIL_NS, until_ns)
+}
+
+/// Flows the agent has removed as idle (`agent_slot::SWEEP_EXPIRED`).
+pub fn agent_expired(root: &PinRoot) -> Result<u64> {
+    agent::slot(root, agent_slot::SWEEP_EXPIRED)
 }
 
 /// One pass at `now` (`CLOCK_MONOTONIC` ns, from
@@ -82,8 +74,8 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
     }
     let n = swept.flows + swept.flows6;
     if n > 0 {
-        let total = slot(root, sweep_slot::AGENT_EXPIRED)?;
-        set_slot(root, sweep_slot::AGENT_EXPIRED, total.wrapping_add(n))?;
+        let total = agent_expired(root)?;
+        agent::set_slot(root, agent_slot::SWEEP_EXPIRED, total.wrapping_add(n))?;
     }
     Ok(swept)
 }

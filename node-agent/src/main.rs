@@ -6,16 +6,20 @@
 //!   host's CNI bin directory and writes the conflist from the Node's
 //!   `spec.podCIDRs`, both atomically;
 //! - `route-sync` (the DaemonSet's container): routes to other nodes' pods,
-//!   and the NAT sweep;
+//!   the NAT sweep and the node's addresses for hostPorts;
 //! - `sweep`: the NAT sweep alone (nodes without Kubernetes): idle flows
 //!   removed from process context instead of the in-kernel sweeper's hard
 //!   interrupt;
+//! - `node-addrs`: the node's addresses for hostPorts alone (nodes without
+//!   Kubernetes), followed from the kernel's notifications instead of read by
+//!   every ADD with hostPorts;
 //! - `uninstall`.
 mod atomic;
 mod cluster;
 mod conflist;
 mod error;
 mod install;
+mod node_addrs;
 mod routes;
 mod sweep;
 mod sync;
@@ -53,6 +57,11 @@ enum Cmd {
     /// datapath's in-kernel sweeper (a perf-event program, in hard interrupt
     /// context); the in-kernel one takes over again when this stops.
     Sweep(Datapath),
+    /// Keep the datapath's copy of the node's addresses (on which hostPorts
+    /// answer) current from the kernel's address notifications, instead of
+    /// each ADD with hostPorts reading them; ADDs read them again when this
+    /// stops.
+    NodeAddrs(Datapath),
 }
 
 /// Where the network's datapath is pinned.
@@ -146,6 +155,9 @@ struct SyncArgs {
     /// Leave idle NAT flows to the datapath's in-kernel sweeper (see `sweep`).
     #[arg(long, env = "SLUICE_NO_NAT_SWEEP")]
     no_nat_sweep: bool,
+    /// Leave the node's addresses for hostPorts to each ADD (see `node-addrs`).
+    #[arg(long, env = "SLUICE_NO_NODE_ADDRS")]
+    no_node_addrs: bool,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -212,11 +224,13 @@ async fn run(cli: Cli) -> Result<()> {
                     node_name: a.node_name,
                     resync: Duration::from_secs(a.resync_secs),
                     nat_sweep: !a.no_nat_sweep,
+                    node_addrs: !a.no_node_addrs,
                 },
             )
             .await
         }
         Cmd::Sweep(d) => sweep::run(d.pin_root()).await,
+        Cmd::NodeAddrs(d) => node_addrs::run(d.pin_root()).await,
     }
 }
 

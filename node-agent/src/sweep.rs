@@ -1,5 +1,5 @@
 //! The NAT sweep from process context (`sluice-node sweep`, and part of
-//! `route-sync`): once a second, the agent renews its lease in `sl_sweep` and
+//! `route-sync`): once a second, the agent renews its lease in `sl_agent` and
 //! removes idle flows and stale fragment entries itself
 //! (`sluice_maps::sweep`). While the lease lasts the in-kernel sweeper, a
 //! perf-event program in hard interrupt context, skips its runs; when the
@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sluice_common::{sweep_slot::SWEEP_LEASE_NS, user::monotonic_ns};
+use sluice_common::{agent_slot::SWEEP_LEASE_NS, user::monotonic_ns};
 use sluice_maps::{
     sweep::{self, Swept},
     PinRoot,

@@ -22,7 +22,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     cluster::{node_info, NodeInfo},
     error::{Error, Result},
-    log,
+    log, node_addrs,
     routes::{self, Route},
 };
 
@@ -38,6 +38,8 @@ pub(crate) struct Options {
     pub(crate) resync: Duration,
     /// Sweep idle NAT flows from here (see `sweep`).
     pub(crate) nat_sweep: bool,
+    /// Keep the node's addresses for hostPorts from here (see `node_addrs`).
+    pub(crate) node_addrs: bool,
 }
 
 /// The Nodes as the watch has delivered them.
@@ -109,6 +111,20 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
         .nat_sweep
         .then(|| crate::sweep::Sweeper::new(&opts.pin_root));
     let mut sweep_tick = tokio::time::interval(crate::sweep::INTERVAL);
+    let mut addrs = if opts.node_addrs {
+        match node_addrs::Keeper::new(&opts.pin_root) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                log(&format!(
+                    "node addresses: {e}; ADDs with hostPorts read them themselves"
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut addrs_tick = tokio::time::interval(node_addrs::RENEW);
     log(&format!(
         "route-sync for node {:?}: watching Nodes; datapath {}",
         opts.node_name,
@@ -116,6 +132,7 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
     ));
     let end = loop {
         let mut full = false;
+        let mut addrs_pass = None;
         tokio::select! {
             ev = stream.next() => match ev {
                 Some(Ok(ev)) => full = nodes.take(ev),
@@ -131,8 +148,14 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
                 }
                 continue;
             }
+            _ = addrs_tick.tick(), if addrs.is_some() => addrs_pass = Some(None),
+            c = node_addrs::next_change(addrs.as_mut()), if addrs.is_some() => addrs_pass = Some(Some(c)),
             _ = term.recv() => break Ok(()),
             _ = int.recv() => break Ok(()),
+        }
+        if let (Some(change), Some(k)) = (addrs_pass, addrs.as_mut()) {
+            k.pass(change).await;
+            continue;
         }
         if !nodes.ready {
             continue;
@@ -151,6 +174,10 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
     // The in-kernel sweeper takes the tables back now, not when the lease ends.
     if let Some(s) = sweeper.as_mut() {
         s.release();
+    }
+    // ADDs read the node's addresses again from now on.
+    if let Some(k) = addrs.as_mut() {
+        k.release();
     }
     end
 }

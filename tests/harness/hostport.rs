@@ -381,18 +381,21 @@ impl HpWorld {
         self.node.counters().unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Adds [`SECOND_NODE_IP`]/24 to the uplink (before the first ADD, so that
-    /// the datapath learns it with the others).
+    /// Adds [`SECOND_NODE_IP`]/24 to the uplink (the datapath learns it at the
+    /// next ADD with mappings, or at once from the node agent).
     pub fn add_second_address(&self) -> Result<()> {
+        self.second_address("add")
+    }
+
+    /// Takes [`SECOND_NODE_IP`] off the node again.
+    pub fn del_second_address(&self) -> Result<()> {
+        self.second_address("del")
+    }
+
+    fn second_address(&self, op: &str) -> Result<()> {
         crate::host::ip(
             self.node.name(),
-            &[
-                "addr",
-                "add",
-                &format!("{SECOND_NODE_IP}/24"),
-                "dev",
-                UPLINK,
-            ],
+            &["addr", op, &format!("{SECOND_NODE_IP}/24"), "dev", UPLINK],
         )
         .map(drop)
     }

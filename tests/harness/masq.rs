@@ -161,15 +161,17 @@ pub fn nat_list(node: &Node, filters: &[&str]) -> Result<Vec<Value>> {
 /// `sluice-node sweep` on `node`'s datapath: the NAT sweep from the node
 /// agent (killed when dropped).
 pub fn sweep_agent(node: &Node) -> Result<exec::Running> {
+    node_agent(node, "sweep")
+}
+
+/// `sluice-node <duty>` on `node`'s datapath, in its namespace (killed when
+/// dropped).
+pub fn node_agent(node: &Node, duty: &str) -> Result<exec::Running> {
     let bin = crate::sluice_node_bin()?;
     exec::spawn(
         Some(&node.netns_path()),
         &bin,
-        &[
-            "sweep",
-            "--pin-root",
-            &node.pin_root().display().to_string(),
-        ],
+        &[duty, "--pin-root", &node.pin_root().display().to_string()],
         &[],
         b"",
     )

@@ -117,7 +117,7 @@ impl Netlink {
         };
         for a in self.local_routes(false).await? {
             if let IpAddr::V4(a) = a {
-                if !a.is_loopback() && !out.v4.contains(&a.octets()) {
+                if NodeAddrs::counts(a.into()) && !out.v4.contains(&a.octets()) {
                     out.v4.push(a.octets());
                 }
             }
@@ -125,9 +125,8 @@ impl Netlink {
         if let Some(list) = out.v6.as_mut() {
             for a in self.local_routes(true).await? {
                 if let IpAddr::V6(a) = a {
-                    let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
                     let a6 = sluice_common::Addr6(a.octets());
-                    if !a.is_loopback() && !link_local && !list.contains(&a6) {
+                    if NodeAddrs::counts(a.into()) && !list.contains(&a6) {
                         list.push(a6);
                     }
                 }
@@ -182,4 +181,39 @@ pub struct NodeAddrs {
     pub v4: Vec<[u8; 4]>,
     /// `None`: not dumped (the pod has no IPv6 mappings); the map is left as it is.
     pub v6: Option<Vec<sluice_common::Addr6>>,
+}
+
+impl NodeAddrs {
+    /// Whether hostPorts answer on `addr` when the node has it: every address
+    /// but loopback ones and IPv6 link-local ones.
+    pub fn counts(addr: IpAddr) -> bool {
+        match addr {
+            IpAddr::V4(a) => !a.is_loopback(),
+            IpAddr::V6(a) => !a.is_loopback() && a.segments()[0] & 0xffc0 != 0xfe80,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ports_answer_on_every_address_but_loopback_and_ipv6_link_local() {
+        for (a, counts) in [
+            ("192.168.1.5", true),
+            ("10.88.0.1", true),
+            ("127.0.0.1", false),
+            ("127.3.4.5", false),
+            ("169.254.1.1", true),
+            ("2001:db8::1", true),
+            ("fd00::1", true),
+            ("::1", false),
+            ("fe80::1", false),
+            ("febf::1", false),
+            ("fec0::1", true),
+        ] {
+            assert_eq!(NodeAddrs::counts(a.parse().unwrap()), counts, "{a}");
+        }
+    }
 }

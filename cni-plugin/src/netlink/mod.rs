@@ -2,6 +2,7 @@
 //! never see raw netlink messages. A [`Netlink`] is bound to the namespace it was
 //! opened in (see [`crate::netns`]).
 mod addr;
+mod addr_events;
 mod filter;
 mod link;
 mod neigh;
@@ -12,6 +13,7 @@ mod route;
 use rtnetlink::Handle;
 
 pub use addr::NodeAddrs;
+pub use addr_events::{AddrChange, AddrEvents};
 pub use filter::BpfFilter;
 pub use link::{LinkInfo, VethSpec};
 pub use qdisc::FQ;

@@ -11,6 +11,7 @@
 // BPF-to-BPF call the verifier follows apart (see sluice-ebpf's nat/flow.rs).
 #![expect(clippy::inline_always, reason = "shared with the eBPF programs")]
 
+pub mod agent;
 pub mod bandwidth;
 pub mod endpoint;
 pub mod events;
@@ -24,6 +25,7 @@ pub mod reason;
 pub mod user;
 
 // Everything at the root too: the programs and userspace name types by these paths.
+pub use agent::*;
 pub use bandwidth::*;
 pub use endpoint::*;
 pub use events::*;

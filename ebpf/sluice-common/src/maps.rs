@@ -133,10 +133,10 @@ pub const EP_DROPS: MapSpec = spec::<EpDropKey, u64>("sl_ep_drops", MapKind::Per
 /// kernels without `SO_NETNS_COOKIE` (before 5.14).
 pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 
-/// [`crate::sweep_slot`] -> u64: the node agent's lease on sweeping the NAT
-/// tables (while it holds it, the in-kernel sweeper leaves them alone) and
-/// its count of flows removed.
-pub const SWEEP: MapSpec = spec::<u32, u64>("sl_sweep", MapKind::Array);
+/// [`crate::agent_slot`] -> u64: the node agent's leases (on sweeping the NAT
+/// tables, while it holds it the in-kernel sweeper leaves them alone; on
+/// keeping the node's addresses current) and its count of flows removed.
+pub const AGENT: MapSpec = spec::<u32, u64>("sl_agent", MapKind::Array);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
@@ -172,7 +172,7 @@ pub const ALL: [MapSpec; 32] = [
     HP_CT6,
     NODE_ADDRS6,
     HP_SOCK6,
-    SWEEP,
+    AGENT,
 ];
 
 /// The map names, for code that wants a name only.
@@ -208,7 +208,7 @@ pub mod map_names {
     pub const HP_CT6: &str = super::HP_CT6.name;
     pub const NODE_ADDRS6: &str = super::NODE_ADDRS6.name;
     pub const HP_SOCK6: &str = super::HP_SOCK6.name;
-    pub const SWEEP: &str = super::SWEEP.name;
+    pub const AGENT: &str = super::AGENT.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";

@@ -210,23 +210,6 @@ impl MasqConfig {
     }
 }
 
-/// Slots of `sl_sweep`, the node agent's NAT sweep (both written by the agent
-/// only).
-pub mod sweep_slot {
-    /// `CLOCK_MONOTONIC` ns until which the agent sweeps the flow tables and the
-    /// in-kernel sweeper leaves them alone: the agent's lease, renewed every
-    /// pass [`SWEEP_LEASE_NS`] ahead.
-    pub const LEASE_UNTIL_NS: u32 = 0;
-    /// Flows the agent has removed as idle, since the map was made (the
-    /// datapath's own count is the `nat_expired` counter).
-    pub const AGENT_EXPIRED: u32 = 1;
-    /// Slots in the array.
-    pub const MAX: u32 = 2;
-    /// How far ahead the agent's lease reaches: a stopped or stuck agent gives
-    /// the tables back to the in-kernel sweeper within this time.
-    pub const SWEEP_LEASE_NS: u64 = 3_000_000_000;
-}
-
 /// NAT ports a new flow tries before it is dropped (`drop_masq_no_port`).
 pub const NAT_PORT_TRIES: u32 = 32;
 

@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    map_sizes, monitor_slot, reason, sweep_slot, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
+    map_sizes, monitor_slot, reason, agent_slot, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
     Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow,
     HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev,
     NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
@@ -107,9 +107,9 @@ pub static EVENTS: RingBuf = RingBuf::pinned(map_sizes::EVENTS_BYTES, 0);
 #[map(name = "sl_monitor")]
 pub static MONITOR: Array<u64> = Array::pinned(monitor_slot::MAX, 0);
 
-/// The node agent's sweep lease (see `nat::sweep`); written by `sluice-node`.
-#[map(name = "sl_sweep")]
-pub static SWEEP: Array<u64> = Array::pinned(sweep_slot::MAX, 0);
+/// The node agent's leases (the sweep's: see `nat::sweep`); written by `sluice-node`.
+#[map(name = "sl_agent")]
+pub static AGENT: Array<u64> = Array::pinned(agent_slot::MAX, 0);
 
 /// Inserted on an endpoint's first drop of a reason, hence no preallocation.
 #[map(name = "sl_ep_drops")]

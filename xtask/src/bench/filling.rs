@@ -14,7 +14,10 @@
 //! the 1.2x target leaves). Beside each Sluice node's pods in those windows,
 //! a bare veth pair made and removed with `ip` (`KERNEL_FILL`) is the limit:
 //! what the kernel itself takes for the pair every plugin's ADD and DEL pay.
-use std::{path::Path, time::Instant};
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -55,6 +58,8 @@ pub(super) struct FillSetup {
     hostport: bool,
     /// Setup index in the report (see [`filling`]).
     index: usize,
+    /// The log of the node agent keeping this node's addresses, if one runs.
+    agent_log: Option<PathBuf>,
 }
 
 /// The four nodes; `cgroup` for the Sluice node with mappings (its socket hooks).
@@ -100,8 +105,21 @@ pub(super) fn setups(tb: &mut Testbed, bins: &Binaries, cgroup: &Cgroup) -> Resu
             (n, topology::Family::V4),
             extra,
         ));
+        let pin_root = conf["pinRoot"]
+            .as_str()
+            .context("the filling node's config has no pinRoot")?
+            .to_string();
         let plugins = vec![(bins.sluice.clone(), conf)];
-        out.push(node(tb, tag, n, plugins, "1.1.0", (hostport, SLUICE_FILL))?);
+        let mut setup = node(tb, tag, n, plugins, "1.1.0", (hostport, SLUICE_FILL))?;
+        // The node agent keeps the node's addresses for hostPorts, as a
+        // cluster node's route-sync does: ADDs then leave them alone.
+        let ns = tb.ns(setup.node).path();
+        if hostport
+            && topology::start_agent(tb, bins, &setup.tag, "node-addrs", Some(&ns), &pin_root)?
+        {
+            setup.agent_log = Some(tb.dir.join(format!("{}-agent.log", setup.tag)));
+        }
+        out.push(setup);
     }
     Ok(out)
 }
@@ -134,6 +152,7 @@ fn node(
         node,
         hostport,
         index: base,
+        agent_log: None,
     })
 }
 
@@ -222,6 +241,11 @@ fn fill_and_empty(
             .with_context(|| format!("{}: ADD of pod {i}", s.tag))?;
         adds.push(ms);
         attached.push(a);
+        if i == 0 {
+            if let Some(log) = &s.agent_log {
+                wait_for_agent(log)?;
+            }
+        }
         pairs.push(if with_kernel && in_window(i) {
             let (pair, ms) = KernelPair::add(&node, i, tb.ns(*pod).name())?;
             kernel.0[i] = ms;
@@ -247,6 +271,30 @@ fn fill_and_empty(
             .with_context(|| format!("{}: DEL of pod {i}", s.tag))?;
     }
     Ok(((adds, dels), kernel))
+}
+
+/// Waits (at most 10 s) until the node agent whose log is `log` keeps the
+/// node's addresses: the first ADD loads the datapath, and the agent takes
+/// its lease within a second of that; the ADDs timed after it then run as on
+/// a node whose agent was there first.
+fn wait_for_agent(log: &Path) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| l.contains("kept for") || l.contains("read them themselves"));
+        if last.is_some_and(|l| l.contains("kept for")) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the node agent did not take the node addresses within 10 s: {}",
+            log.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// The limit of the filling table: a bare veth pair from the node into a pod's

@@ -5,6 +5,8 @@
 //! pods, so only masqueraded traffic gets answers: once with IPv4 pods, once with
 //! dual-stack pods measured on IPv6 (the uplink then has an IPv6 subnet too). The
 //! port-mapping table has its own nodes, one per plugin and number of mappings.
+use std::path::Path;
+
 use serde_json::{json, Value};
 
 use super::{
@@ -334,26 +336,48 @@ pub(super) fn sluice_masq(tb: &mut Testbed, bins: &Binaries, family: Family) -> 
         .and_then(|c| c.conf["pinRoot"].as_str())
         .context("the masquerade node's config has no pinRoot")?
         .to_string();
-    // A guest's prebuilt binaries may come without the agent.
-    if !bins.node.is_file() {
+    if !start_agent(tb, bins, tag, "sweep", None, &pin_root)? {
         eprintln!("bench: no sluice-node binary: the masquerade node's in-kernel sweeper sweeps");
-        return Ok(setup);
+    }
+    Ok(setup)
+}
+
+/// Starts `sluice-node <duty>` for the datapath pinned at `pin_root`, inside
+/// the namespace `netns` when given (a duty that follows the node's
+/// addresses must run there), kept until the testbed goes. Its log is
+/// `<tag>-agent.log` in the testbed's directory. `false`: no `sluice-node`
+/// binary (a guest's prebuilt binaries may come without it).
+pub(super) fn start_agent(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    tag: &str,
+    duty: &str,
+    netns: Option<&Path>,
+    pin_root: &str,
+) -> Result<bool> {
+    if !bins.node.is_file() {
+        return Ok(false);
     }
     let log_path = tb.dir.join(format!("{tag}-agent.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let mut cmd = std::process::Command::new(&bins.node);
-    cmd.args(["sweep", "--pin-root", &pin_root])
+    cmd.args([duty, "--pin-root", pin_root])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);
     // An interrupted bench leaves no agent behind.
     sluice_testbed::exec::die_with_parent(&mut cmd);
-    let agent = cmd
-        .spawn()
-        .with_context(|| format!("starting {} sweep", bins.node.display()))?;
+    let mut spawn = move || {
+        cmd.spawn()
+            .with_context(|| format!("starting {} {duty}", bins.node.display()))
+    };
+    let agent = match netns {
+        Some(ns) => super::conflist::in_netns(ns, spawn)?,
+        None => spawn()?,
+    };
     tb.keep_process(agent);
-    Ok(setup)
+    Ok(true)
 }
 
 /// The tag and subnet number of Sluice's masquerade node for `family`.

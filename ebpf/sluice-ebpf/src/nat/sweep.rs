@@ -9,12 +9,12 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns};
-use sluice_common::{nat_flags, reason, sweep_slot, FragEntry, FragKey, FRAG_TIMEOUT_NS};
+use sluice_common::{nat_flags, reason, agent_slot, FragEntry, FragKey, FRAG_TIMEOUT_NS};
 
 use super::family::{Entry, Family, FlowKey, V4, V6};
 use crate::{
     counters::count,
-    maps::{MASQ, NAT6_FWD, NAT_FRAG, NAT_FWD, SWEEP},
+    maps::{MASQ, NAT6_FWD, NAT_FRAG, NAT_FWD, AGENT},
 };
 
 /// Deletes every flow idle longer than its timeout. Runs from a perf event.
@@ -26,16 +26,16 @@ use crate::{
 /// a masquerade turned off since left behind are swept once it is on again.
 ///
 /// Where the node agent (`sluice-node`) sweeps, from process context, it holds
-/// a lease in `sl_sweep` and this run does nothing: a walk of a masquerading
+/// a lease in `sl_agent` and this run does nothing: a walk of a masquerading
 /// node's tables took about 2.6 ms here, in the perf event's hard interrupt.
 /// The agent renews the lease every pass; a stopped agent's lease runs out
-/// within `sweep_slot::SWEEP_LEASE_NS` and this sweeper takes the tables back.
+/// within `agent_slot::SWEEP_LEASE_NS` and this sweeper takes the tables back.
 #[inline(always)]
 pub fn sweep() {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    if SWEEP
-        .get(sweep_slot::LEASE_UNTIL_NS)
+    if AGENT
+        .get(agent_slot::SWEEP_UNTIL_NS)
         .is_some_and(|until| now < *until)
     {
         return;
