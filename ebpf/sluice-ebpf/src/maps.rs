@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    map_sizes, monitor_slot, reason, agent_slot, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
+    agent_slot, map_sizes, monitor_slot, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
     Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow,
     HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev,
     NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,

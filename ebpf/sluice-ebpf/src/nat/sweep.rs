@@ -9,12 +9,12 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns};
-use sluice_common::{nat_flags, reason, agent_slot, FragEntry, FragKey, FRAG_TIMEOUT_NS};
+use sluice_common::{agent_slot, nat_flags, reason, FragEntry, FragKey, FRAG_TIMEOUT_NS};
 
 use super::family::{Entry, Family, FlowKey, V4, V6};
 use crate::{
     counters::count,
-    maps::{MASQ, NAT6_FWD, NAT_FRAG, NAT_FWD, AGENT},
+    maps::{AGENT, MASQ, NAT6_FWD, NAT_FRAG, NAT_FWD},
 };
 
 /// Deletes every flow idle longer than its timeout. Runs from a perf event.
