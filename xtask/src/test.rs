@@ -162,8 +162,9 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// masquerade6 on 5.10: no IPv6 masquerade before the sweeper's kernels, so
 /// each of its tests checks the same routed fallback; one does it there. The
 /// node agent's sweep on 5.10 (LRU flow maps, no in-kernel sweeper) and 6.1
-/// (the oldest with it); later kernels add nothing to that test.
-const TCG_MAIN_TESTS: [&str; 16] = [
+/// (the oldest with it); later kernels add nothing to that test. The node
+/// agent's node addresses on 5.10, the oldest kernel's address notifications.
+const TCG_MAIN_TESTS: [&str; 17] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods",
@@ -172,7 +173,8 @@ const TCG_MAIN_TESTS: [&str; 16] = [
     "masquerade:tcp_udp_and_icmp_echo_leave_with_the_node_address|idle_flows_expire|netkit_pods@6.12+sid",
     "masquerade6@6.1+6.12+sid",
     "masquerade6:ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address@5.10",
-    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod",
+    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod|the_node_agent_keeps@5.10",
+    "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod@6.1+6.12+sid",
     "hostport6",
     "bandwidth:a_single_tcp_stream_holds_10_mbit|egress_is_shaped_by_edt|netkit",
     "upgrade:reload_mid_stream_replaces_cls_bpf|reload_keeps_the_uplink_links_native_xdp|netkit",
