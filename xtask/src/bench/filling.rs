@@ -290,7 +290,7 @@ fn wait_for_agent(log: &Path) -> Result<()> {
         }
         anyhow::ensure!(
             started.elapsed() < std::time::Duration::from_secs(10),
-            "the node agent did not take the node addresses within 10 s: {}",
+            "the node agent did not take the node addresses within 10 s; {}:\n{text}",
             log.display()
         );
         std::thread::sleep(std::time::Duration::from_millis(50));

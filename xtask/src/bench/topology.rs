@@ -361,21 +361,28 @@ pub(super) fn start_agent(
     let log_path = tb.dir.join(format!("{tag}-agent.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let mut cmd = std::process::Command::new(&bins.node);
+    // Into `netns` with `nsenter` (which execs the agent, one process), not
+    // from a thread that entered it: `PR_SET_PDEATHSIG` fires when the thread
+    // that made the child ends, and such a thread ends at once.
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("nsenter");
+            c.arg(format!("--net={}", ns.display()))
+                .arg("--")
+                .arg(&bins.node);
+            c
+        }
+        None => std::process::Command::new(&bins.node),
+    };
     cmd.args([duty, "--pin-root", pin_root])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);
     // An interrupted bench leaves no agent behind.
     sluice_testbed::exec::die_with_parent(&mut cmd);
-    let mut spawn = move || {
-        cmd.spawn()
-            .with_context(|| format!("starting {} {duty}", bins.node.display()))
-    };
-    let agent = match netns {
-        Some(ns) => super::conflist::in_netns(ns, spawn)?,
-        None => spawn()?,
-    };
+    let agent = cmd
+        .spawn()
+        .with_context(|| format!("starting {} {duty}", bins.node.display()))?;
     tb.keep_process(agent);
     Ok(true)
 }
