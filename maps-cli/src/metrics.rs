@@ -20,7 +20,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice_common::{agent_slot, maps};
+use sluice_common::maps;
 use sluice_maps::hostport::{V4, V6};
 
 use crate::{
@@ -400,9 +400,7 @@ fn render(scrape: &Scrape) -> Result<String> {
         x.sample(
             "sluice_node_addrs_by_agent",
             &[],
-            u8::from(
-                sluice_maps::agent::lease_left_ns(&dp.root, agent_slot::NODE_ADDRS_UNTIL_NS)? > 0,
-            ),
+            u8::from(sluice_maps::hostport::node_addrs_lease_left_ns(&dp.root)? > 0),
         );
     }
     x.family(

@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{agent_slot, config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
+use sluice_common::{config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
@@ -74,7 +74,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     let sweep = NatSweep::read(&dp, &links)?;
     // Who keeps the node addresses: the node agent while its lease lasts,
     // else each ADD with hostPorts.
-    let addrs_lease = sluice_maps::agent::lease_left_ns(&dp.root, agent_slot::NODE_ADDRS_UNTIL_NS)?;
+    let addrs_lease = sluice_maps::hostport::node_addrs_lease_left_ns(&dp.root)?;
     let addrs_by = if addrs_lease > 0 { "agent" } else { "add" };
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),

@@ -435,8 +435,13 @@ pub fn set_node_addrs<F: Family>(root: &PinRoot, addrs: &[F::Addr]) -> Result<()
 /// with the node's addresses now (its lease in `sl_agent` lasts), so an ADD
 /// need not read the node's addresses itself.
 pub fn node_addrs_kept_by_agent(root: &PinRoot) -> bool {
+    node_addrs_lease_left_ns(root).is_ok_and(|left| left > 0)
+}
+
+/// How long the node agent's node-address lease still lasts, in ns (0: not
+/// held).
+pub fn node_addrs_lease_left_ns(root: &PinRoot) -> Result<u64> {
     crate::agent::lease_left_ns(root, sluice_common::agent_slot::NODE_ADDRS_UNTIL_NS)
-        .is_ok_and(|left| left > 0)
 }
 
 /// Turns the pod programs' flow lookup on and records the node namespace (the

@@ -138,8 +138,9 @@ impl Keeper {
     }
 
     async fn write_and_renew(&mut self, changed: bool) -> Result<()> {
-        let pin = std::fs::metadata(self.root.map_path(&maps::AGENT))
-            .map_err(|e| Error::io(format!("{}", self.root.map_path(&maps::AGENT).display()), e))?
+        let path = self.root.map_path(&maps::AGENT);
+        let pin = std::fs::metadata(&path)
+            .map_err(|e| Error::io(path.display().to_string(), e))?
             .ino();
         let due = changed
             || self
