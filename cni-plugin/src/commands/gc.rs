@@ -5,7 +5,7 @@
 //! shared resources stay while anyone may use them).
 use std::collections::HashSet;
 
-use super::del::{delete_host_veth, teardown};
+use super::del::{teardown, VethRemoval};
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
     datapath::Datapath,
@@ -48,7 +48,10 @@ pub(super) async fn gc(env: &Env, conf: &NetConf) -> Result<(), Error> {
     let dp = Datapath::new(&conf.pin_root);
     if let Some(orphans) = errors.note(dp.collect(valid)) {
         for host_ifname in orphans {
-            errors.note(delete_host_veth(&host_nl, &host_ifname).await);
+            let removal = VethRemoval::start(&host_nl, &host_ifname).await;
+            if let Some(r) = errors.note(removal).flatten() {
+                errors.note(r.finish().await);
+            }
         }
     }
     errors.note(ipam.gc(conf, valid));

@@ -17,23 +17,21 @@
 //! CHECK). A block lives while a qdisc holds it: the last pod's DEL frees it and
 //! its filters, and the next ADD sets them again.
 //!
-//! Plain netlink requests on a socket of the calling thread's namespace (the
-//! node's), as aya's own tc calls are.
+//! Plain netlink requests ([`Blocking`]) on a socket of the calling thread's
+//! namespace (the node's), as aya's own tc calls are.
 use std::{io, os::fd::RawFd};
 
 use rtnetlink::packet_core::DefaultNla;
 use rtnetlink::{
-    packet_core::{
-        NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE,
-        NLM_F_REQUEST,
-    },
+    packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE},
     packet_route::{
         tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
         RouteNetlinkMessage,
     },
-    sys::{constants::NETLINK_ROUTE, Socket, SocketAddr},
 };
 use sluice_maps::PinRoot;
+
+use crate::netlink::Blocking;
 
 // include/uapi/linux/rtnetlink.h (netlink-packet-route leaves them out).
 const TCA_INGRESS_BLOCK: u16 = 13;
@@ -41,8 +39,6 @@ const TCA_EGRESS_BLOCK: u16 = 14;
 /// Priority and handle of the pod filters on a block (as on a veth before).
 const PRIORITY: u16 = 1;
 const HANDLE: u32 = 1;
-/// The most messages read while waiting for one request's acknowledgement.
-const MAX_READS: usize = 16;
 /// `ETH_P_ALL`, in network order in `tcm_info`'s low half.
 const ETH_P_ALL: u16 = 0x0003;
 
@@ -87,50 +83,18 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 
 /// A netlink route socket for tc requests, in the calling thread's namespace.
 pub(super) struct Tc {
-    socket: Socket,
-    seq: u32,
+    socket: Blocking,
 }
 
 impl Tc {
     pub(super) fn open() -> io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
-        Ok(Self { socket, seq: 0 })
+        Ok(Self {
+            socket: Blocking::open()?,
+        })
     }
 
-    /// Sends one request and waits for its acknowledgement.
     fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
-        self.seq = self.seq.wrapping_add(1);
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        req.header.sequence_number = self.seq;
-        req.finalize();
-        let mut buf = vec![0u8; req.buffer_len()];
-        req.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
-        let mut answer = vec![0u8; 8192];
-        // The socket joins no multicast group: what it reads are answers, and
-        // NLM_F_ACK makes the kernel answer every request. Bounded all the same.
-        for _ in 0..MAX_READS {
-            let n = self.socket.recv(&mut &mut answer[..], 0)?;
-            let m =
-                NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n.min(answer.len())])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            if m.header.sequence_number != self.seq {
-                continue;
-            }
-            if let NetlinkPayload::Error(e) = m.payload {
-                return match e.code {
-                    None => Ok(()),
-                    Some(c) => Err(io::Error::from_raw_os_error(-c.get())),
-                };
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("no acknowledgement among {MAX_READS} netlink messages"),
-        ))
+        self.socket.request(msg, flags)
     }
 
     /// Adds a clsact qdisc to link `ifindex` whose hooks are `blocks`.

@@ -221,13 +221,4 @@ impl Netlink {
             .await
             .map_err(|e| nl_err(format!("set link #{index} up"), e))
     }
-
-    /// Deletes a link; `Ok(false)` if it did not exist.
-    pub async fn delete_link(&self, index: u32) -> Result<bool, Error> {
-        match self.handle.link().del(index).execute().await {
-            Ok(()) => Ok(true),
-            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(false),
-            Err(e) => Err(nl_err(format!("delete link #{index}"), e)),
-        }
-    }
 }

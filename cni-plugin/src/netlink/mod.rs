@@ -3,8 +3,10 @@
 //! opened in (see [`crate::netns`]).
 mod addr;
 mod addr_events;
+mod blocking;
 mod filter;
 mod link;
+mod link_events;
 mod neigh;
 pub mod netconf;
 mod qdisc;
@@ -14,8 +16,10 @@ use rtnetlink::Handle;
 
 pub use addr::NodeAddrs;
 pub use addr_events::{AddrChange, AddrEvents};
+pub use blocking::Blocking;
 pub use filter::BpfFilter;
 pub use link::{LinkInfo, VethSpec};
+pub use link_events::LinkEvents;
 pub use qdisc::FQ;
 pub use route::RouteSpec;
 
