@@ -152,7 +152,7 @@ pub(super) struct VethRemoval {
     answer: Answer,
 }
 
-type Deleted = std::io::Result<bool>;
+type Deleted = std::io::Result<()>;
 
 enum Answer {
     Here(Result<Deleted, oneshot::Canceled>),
@@ -210,7 +210,7 @@ impl VethRemoval {
             Answer::Pending(rx) => rx.await,
         };
         match answer {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Error::netlink(
                 format!("delete link {} (#{})", self.name, self.index),
                 e,

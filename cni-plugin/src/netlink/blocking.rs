@@ -64,14 +64,14 @@ impl Blocking {
         ))
     }
 
-    /// Deletes link `index` (`ip link del`); `Ok(false)` if it did not exist.
-    pub fn delete_link(&mut self, index: u32) -> io::Result<bool> {
+    /// Deletes link `index` (`ip link del`). A link already gone (`ENODEV`:
+    /// its peer's deletion took it, or a concurrent DEL) counts as deleted.
+    pub fn delete_link(&mut self, index: u32) -> io::Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         match self.request(RouteNetlinkMessage::DelLink(msg), 0) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+            r => r,
         }
     }
 }
