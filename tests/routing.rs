@@ -415,3 +415,71 @@ fn redirected_packets_carry_the_pod_link_macs_and_a_decremented_ttl() {
     del(&node, &conf, "rewrite-a", &a);
     del(&node, &conf, "rewrite-b", &b);
 }
+
+/// Rounds of [`the_first_datagrams_after_add_arrive`].
+const FIRST_ROUNDS: usize = 8;
+
+/// The first datagram a pod sends, right after its ADD returns, reaches
+/// another pod, in both families: a runtime starts the container as soon as
+/// ADD answers, and a lost first packet (a DNS query) costs the application
+/// a retry timeout. Each round adds two fresh pods, the receiver listening in
+/// pod b's namespace before its ADD, and pod a sends as soon as its own ADD
+/// returns: one datagram per family, no retry.
+#[test]
+fn the_first_datagrams_after_add_arrive() {
+    let node = Node::new().unwrap();
+    let conf = json!({
+        "cniVersion": "1.1.0",
+        "name": NETWORK,
+        "type": "sluice",
+        "ipam": {
+            "type": "sluice",
+            "ranges": [[{"subnet": "10.90.9.0/24"}], [{"subnet": "fd00:90:9::/64"}]],
+        },
+    });
+    let mut lost = Vec::new();
+    for round in 0..FIRST_ROUNDS {
+        let a = node.pod(&format!("first-a{round}")).unwrap();
+        let b = node.pod(&format!("first-b{round}")).unwrap();
+        let (ca, cb) = (format!("first-a{round}"), format!("first-b{round}"));
+        let rx4 = UdpReceiver::start(
+            &b.path,
+            SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+            1,
+            Duration::from_secs(3),
+        )
+        .unwrap();
+        let rx6 = UdpReceiver::start(
+            &b.path,
+            SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0),
+            1,
+            Duration::from_secs(3),
+        )
+        .unwrap();
+        let added_b = add(&node, &conf, &cb, &b);
+        add(&node, &conf, &ca, &a);
+        let (b4, b6) = (added_b.ip(), ipv6(&added_b));
+        for (dst, port, bind) in [
+            (b4, rx4.addr.port(), IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+            (
+                b6,
+                rx6.addr.port(),
+                IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+            ),
+        ] {
+            let u = sluice_tests::masq::udp_socket(&a.path, SocketAddr::new(bind, 0)).unwrap();
+            u.send_to(b"first", SocketAddr::new(dst, port)).unwrap();
+        }
+        for (family, rx) in [("IPv4", rx4), ("IPv6", rx6)] {
+            if rx.finish().unwrap().is_empty() {
+                lost.push(format!(
+                    "round {round}: {family}; counters: {}",
+                    node.counters().unwrap()
+                ));
+            }
+        }
+        del(&node, &conf, &ca, &a);
+        del(&node, &conf, &cb, &b);
+    }
+    assert!(lost.is_empty(), "first datagrams lost: {lost:#?}");
+}
