@@ -428,14 +428,11 @@ const FIRST_ROUNDS: usize = 8;
 #[test]
 fn the_first_datagrams_after_add_arrive() {
     let node = Node::new().unwrap();
-    let conf = json!({
-        "cniVersion": "1.1.0",
-        "name": NETWORK,
+    let mut conf = node.conf("1.1.0", "10.90.9.0/24");
+    conf["ipam"] = json!({
         "type": "sluice",
-        "ipam": {
-            "type": "sluice",
-            "ranges": [[{"subnet": "10.90.9.0/24"}], [{"subnet": "fd00:90:9::/64"}]],
-        },
+        "ranges": [[{"subnet": "10.90.9.0/24"}], [{"subnet": "fd00:90:9::/64"}]],
+        "dataDir": node.ipam_dir(),
     });
     let mut lost = Vec::new();
     for round in 0..FIRST_ROUNDS {
