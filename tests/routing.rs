@@ -4,7 +4,7 @@
 //! datapath counted and what the node's kernel did not.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     fixtures::{add, check, del, ipv6},
     kernel, look,
+    masq::udp_socket,
     raw::{
         ethernet, is_udp_to, l2_l3, parse_mac, send_frames, udp, udp_send, Capture, Ipv4,
         UdpReceiver, ETH_P_IP,
@@ -418,6 +419,8 @@ fn redirected_packets_carry_the_pod_link_macs_and_a_decremented_ttl() {
 
 /// Rounds of [`the_first_datagrams_after_add_arrive`].
 const FIRST_ROUNDS: usize = 8;
+/// How long it waits for each first datagram after sending it.
+const FIRST_WAIT: Duration = Duration::from_secs(3);
 
 /// The first datagram a pod sends, right after its ADD returns, reaches
 /// another pod, in both families: a runtime starts the container as soon as
@@ -439,36 +442,24 @@ fn the_first_datagrams_after_add_arrive() {
         let a = node.pod(&format!("first-a{round}")).unwrap();
         let b = node.pod(&format!("first-b{round}")).unwrap();
         let (ca, cb) = (format!("first-a{round}"), format!("first-b{round}"));
-        let rx4 = UdpReceiver::start(
-            &b.path,
-            SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
-            1,
-            Duration::from_secs(3),
-        )
-        .unwrap();
-        let rx6 = UdpReceiver::start(
-            &b.path,
-            SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0),
-            1,
-            Duration::from_secs(3),
-        )
-        .unwrap();
+        // Bound before the ADDs (the first one of a node loads the datapath,
+        // seconds under emulation); read from after the sends.
+        let v4_any = IpAddr::from(Ipv4Addr::UNSPECIFIED);
+        let v6_any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
+        let rx4 = udp_socket(&b.path, SocketAddr::new(v4_any, 0)).unwrap();
+        let rx6 = udp_socket(&b.path, SocketAddr::new(v6_any, 0)).unwrap();
         let added_b = add(&node, &conf, &cb, &b);
         add(&node, &conf, &ca, &a);
         let (b4, b6) = (added_b.ip(), ipv6(&added_b));
-        for (dst, port, bind) in [
-            (b4, rx4.addr.port(), IpAddr::from(Ipv4Addr::UNSPECIFIED)),
-            (
-                b6,
-                rx6.addr.port(),
-                IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
-            ),
-        ] {
-            let u = sluice_tests::masq::udp_socket(&a.path, SocketAddr::new(bind, 0)).unwrap();
+        for (dst, rx, bind) in [(b4, &rx4, v4_any), (b6, &rx6, v6_any)] {
+            let port = rx.local_addr().unwrap().port();
+            let u = udp_socket(&a.path, SocketAddr::new(bind, 0)).unwrap();
             u.send_to(b"first", SocketAddr::new(dst, port)).unwrap();
         }
         for (family, rx) in [("IPv4", rx4), ("IPv6", rx6)] {
-            if rx.finish().unwrap().is_empty() {
+            rx.set_read_timeout(Some(FIRST_WAIT)).unwrap();
+            let mut buf = [0u8; 16];
+            if rx.recv(&mut buf).is_err() {
                 lost.push(format!(
                     "round {round}: {family}; counters: {}",
                     node.counters().unwrap()
