@@ -36,8 +36,8 @@ pub(crate) fn build(ws: &Workspace) -> Result<PathBuf> {
 
 /// A second object for the upgrade tests: the shipped one with [`VARIANT_TAIL`]
 /// appended after its last byte. ELF readers (aya's included) find everything
-/// through the header's offsets and never look past the section header table,
-/// so it is the same object to the kernel (the same programs, maps and BTF,
+/// through the header's offsets, and none points at the appended bytes, so it
+/// is the same object to the kernel (the same programs, maps and BTF,
 /// passing the verifier wherever the shipped one does), with other bytes and
 /// so another hash: the upgrade test embeds it in a second `sluice` to replace
 /// the pinned programs under live traffic. (A second build with another `-C
