@@ -437,15 +437,15 @@ fn the_first_datagrams_after_add_arrive() {
         "ranges": [[{"subnet": "10.90.9.0/24"}], [{"subnet": "fd00:90:9::/64"}]],
         "dataDir": node.ipam_dir(),
     });
+    let v4_any = IpAddr::from(Ipv4Addr::UNSPECIFIED);
+    let v6_any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
     let mut lost = Vec::new();
     for round in 0..FIRST_ROUNDS {
-        let a = node.pod(&format!("first-a{round}")).unwrap();
-        let b = node.pod(&format!("first-b{round}")).unwrap();
         let (ca, cb) = (format!("first-a{round}"), format!("first-b{round}"));
+        let a = node.pod(&ca).unwrap();
+        let b = node.pod(&cb).unwrap();
         // Bound before the ADDs (the first one of a node loads the datapath,
         // seconds under emulation); read from after the sends.
-        let v4_any = IpAddr::from(Ipv4Addr::UNSPECIFIED);
-        let v6_any = IpAddr::from(Ipv6Addr::UNSPECIFIED);
         let rx4 = udp_socket(&b.path, SocketAddr::new(v4_any, 0)).unwrap();
         let rx6 = udp_socket(&b.path, SocketAddr::new(v6_any, 0)).unwrap();
         let added_b = add(&node, &conf, &cb, &b);

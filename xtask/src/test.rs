@@ -169,9 +169,9 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// socket hooks) and 6.12 (Debian's stable kernel), its main tests elsewhere.
 /// `route_sync` (a netlink follower in userspace) on the oldest and the
 /// newest. The first datagrams after ADD on 5.10 (`cls_bpf` attachments, 80 s
-/// there; the host runs them on tcx). Under emulation on a 2-vCPU host the matrix takes about 45 minutes
-/// (CI of 1a42ebc: 45m38s, 5.10 the longest at 13m53s: each test's first ADD
-/// verifies the datapath, ~7 s there).
+/// there; the host runs them on tcx). Under emulation on a 2-vCPU host the
+/// matrix takes about 45 minutes (CI of 36bcb75: 44m49s, 5.10 the longest at
+/// 15m34s: each test's first ADD verifies the datapath, ~7 s there).
 const TCG_MAIN_TESTS: [&str; 20] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
