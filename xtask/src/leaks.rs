@@ -1,6 +1,6 @@
 //! What the integration tests may leave behind on the node: network namespaces,
-//! interfaces, bpf links and bpffs pins. A snapshot before and after the tests;
-//! anything new afterwards is a leak.
+//! interfaces, bpf links, bpffs pins and files under the CNI state directory. A
+//! snapshot before and after the tests; anything new afterwards is a leak.
 use std::{
     collections::BTreeMap,
     fs,
@@ -16,6 +16,13 @@ const BPFFS: &str = "/sys/fs/bpf";
 const SLUICE_PIN_ROOT: &str = "/sys/fs/bpf/sluice";
 /// How deep under the sluice pin root to look (network/kind/name).
 const PIN_DEPTH: usize = 4;
+/// Where Sluice (`stateDir`, IPAM `dataDir`) and libcni's result cache write when
+/// a config does not say otherwise. Tests must give each node its own dirs, so a
+/// file here afterwards is a test that fell back to the defaults.
+const CNI_STATE: &str = "/var/lib/cni";
+/// networks/<network>/<address>, sluice/<network>/<file>, results/<file>; one
+/// more level for what a plugin nests.
+const CNI_STATE_DEPTH: usize = 4;
 
 /// Objects by identity ("netns foo", "bpf link 42") -> how to show them.
 #[derive(Debug, Default)]
@@ -61,6 +68,16 @@ impl Snapshot {
             "bpffs entries",
             pins.iter().map(|p| p.display().to_string()),
             |p| format!("bpffs {p}"),
+        );
+        // Files only: an empty directory holds no state, and runtimes create
+        // /var/lib/cni/results on their own.
+        let state = list_tree(Path::new(CNI_STATE), CNI_STATE_DEPTH)?
+            .into_iter()
+            .filter(|p| fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir()));
+        snap.add_all(
+            "CNI state files",
+            state.map(|p| p.display().to_string()),
+            |p| format!("file {p}"),
         );
         Ok(snap)
     }
