@@ -4,7 +4,7 @@
 //! a masquerade address change flushes, which entries go with a pod).
 //!
 //! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
-//! [`hostport`], [`bandwidth`], [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
+//! [`hostport`], [`services`] (traffic the node's stack translates), [`bandwidth`], [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
 //! sweep); [`programs`] reads what is known of
 //! the pinned programs. Loading the object and attaching programs is the
 //! plugin's loader's job. With the loader, this crate holds every aya call of
@@ -21,7 +21,9 @@ pub mod nat;
 pub mod node;
 mod pinned;
 pub mod programs;
+pub mod services;
 pub mod sweep;
+mod trie;
 
 pub use error::Error;
 pub use pinned::PinRoot;

@@ -1,13 +1,10 @@
 //! Masquerade: settings (`sl_masq`, `sl_masq6`), the prefixes never
 //! masqueraded (`sl_nonmasq`, `sl_nonmasq6`), the flow tables (`sl_nat_fwd`,
 //! `sl_nat_rev`; `sl_nat6_fwd`, `sl_nat6_rev`) and fragments (`sl_nat_frag`).
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::{
-    maps::{
-        lpm_trie::{Key as LpmKey, LpmTrie},
-        Array, HashMap, MapData,
-    },
+    maps::{Array, HashMap, MapData},
     Pod,
 };
 use sluice_common::{
@@ -111,51 +108,16 @@ pub mod non_masq_owner {
 /// prefixes are added before stale ones go, so traffic inside the cluster
 /// range is never masqueraded while it changes.
 pub fn set_non_masq(root: &PinRoot, owner: u8, cidrs: &[(u32, [u8; 4])]) -> Result<()> {
-    set_trie(root, &maps::NON_MASQ, owner, cidrs, |a| {
+    crate::trie::set_owned(root, &maps::NON_MASQ, owner, cidrs, |a| {
         Ipv4Addr::from(a).into()
     })
 }
 
 /// [`set_non_masq`] for the IPv6 prefixes.
 pub fn set_non_masq6(root: &PinRoot, owner: u8, cidrs: &[(u32, [u8; 16])]) -> Result<()> {
-    set_trie(root, &maps::NON_MASQ6, owner, cidrs, |a| {
+    crate::trie::set_owned(root, &maps::NON_MASQ6, owner, cidrs, |a| {
         Ipv6Addr::from(a).into()
     })
-}
-
-fn set_trie<A: Pod + PartialEq>(
-    root: &PinRoot,
-    spec: &MapSpec,
-    owner: u8,
-    cidrs: &[(u32, A)],
-    ip: fn(A) -> IpAddr,
-) -> Result<()> {
-    let mut trie: LpmTrie<MapData, A, u8> = root.typed(spec)?;
-    let have: Vec<(LpmKey<A>, u8)> = trie.iter().filter_map(std::result::Result::ok).collect();
-    let same = |h: &LpmKey<A>, len: u32, addr: A| h.prefix_len() == len && h.data() == addr;
-    for (len, addr) in cidrs {
-        let cur = have
-            .iter()
-            .find(|(h, _)| same(h, *len, *addr))
-            .map_or(0, |(_, v)| *v);
-        if cur & owner == 0 {
-            trie.insert(&LpmKey::new(*len, *addr), cur | owner, 0)
-                .map_err(|e| Error::map(format!("add {}/{len}", ip(*addr)), spec.name, e))?;
-        }
-    }
-    for (h, v) in have {
-        if v & owner == 0 || cidrs.iter().any(|(len, addr)| same(&h, *len, *addr)) {
-            continue;
-        }
-        // Another owner's prefix stays; one written before owners existed
-        // (value 1) counts as the config's.
-        let _ = if v & !owner == 0 {
-            trie.remove(&h)
-        } else {
-            trie.insert(&h, v & !owner, 0)
-        };
-    }
-    Ok(())
 }
 
 /// The forward and reverse map of one address family.

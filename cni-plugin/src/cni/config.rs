@@ -158,22 +158,7 @@ impl Default for MasqSettings {
 
 impl MasqSettings {
     fn parse(o: &json::Object) -> Result<Self, Error> {
-        let non_masq = if o.get("nonMasqueradeCIDRs").is_none_or(Value::is_null) {
-            None
-        } else {
-            let mut v = Vec::new();
-            for (i, c) in array(o, "nonMasqueradeCIDRs", "")?.iter().enumerate() {
-                let key = format!("nonMasqueradeCIDRs[{i}]");
-                let s = c
-                    .as_str()
-                    .ok_or_else(|| Error::config(&key, c, "must be a string"))?;
-                match super::parse_cidr(s) {
-                    Some(n) => v.push(n),
-                    None => return Err(Error::config(&key, s, "must be a CIDR")),
-                }
-            }
-            Some(v)
-        };
+        let non_masq = cidr_list(o, "nonMasqueradeCIDRs")?;
         let (address, address6) = masquerade_addresses(o)?;
         let ports = match string(o, "masqueradePorts", "")? {
             Some(s) => {
@@ -224,6 +209,25 @@ impl MasqSettings {
             timeouts,
         })
     }
+}
+
+/// A list of CIDRs under `key`; `None` when absent or null.
+fn cidr_list(o: &json::Object, key: &str) -> Result<Option<Vec<ipnetwork::IpNetwork>>, Error> {
+    if o.get(key).is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    let mut v = Vec::new();
+    for (i, c) in array(o, key, "")?.iter().enumerate() {
+        let item = format!("{key}[{i}]");
+        let s = c
+            .as_str()
+            .ok_or_else(|| Error::config(&item, c, "must be a string"))?;
+        match super::parse_cidr(s) {
+            Some(n) => v.push(n),
+            None => return Err(Error::config(&item, s, "must be a CIDR")),
+        }
+    }
+    Ok(Some(v))
 }
 
 /// `"61000-65535"` -> (61000, 65535); at least 1 port, at least 1024.
@@ -309,6 +313,9 @@ pub struct NetConf {
     pub pod_device: PodDeviceKind,
     /// Static routes to other nodes' pod ranges.
     pub nodes: Vec<RemoteNode>,
+    /// `serviceCIDRs`: the Service ranges kube-proxy translates; pods' traffic
+    /// to them goes to the node's stack (see `datapath::services`).
+    pub service_cidrs: Vec<ipnetwork::IpNetwork>,
     /// GC: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<AttachmentId>>,
     /// How strictly this config was read (DEL and GC tolerate bad ADD-only keys).
@@ -484,6 +491,10 @@ impl NetConf {
         let pod_attach = st.add_only(parse_pod_attach(o), PodAttach::Tc)?;
         let pod_device = st.add_only(parse_pod_device(o), PodDeviceKind::Veth)?;
         let nodes = st.add_only(parse_nodes(o), Vec::new())?;
+        let service_cidrs = st.add_only(
+            cidr_list(o, "serviceCIDRs").map(Option::unwrap_or_default),
+            Vec::new(),
+        )?;
 
         Ok(Self {
             cni_version,
@@ -507,6 +518,7 @@ impl NetConf {
             pod_attach,
             pod_device,
             nodes,
+            service_cidrs,
             valid_attachments,
             strictness,
             raw: bytes.to_vec(),

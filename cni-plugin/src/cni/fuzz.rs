@@ -61,7 +61,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 /// Keys the plugin reads, at the top level of a config.
-const CONFIG_KEYS: [&str; 30] = [
+const CONFIG_KEYS: [&str; 31] = [
     "cniVersion",
     "name",
     "type",
@@ -77,6 +77,7 @@ const CONFIG_KEYS: [&str; 30] = [
     "podAttach",
     "nodes",
     "nonMasqueradeCIDRs",
+    "serviceCIDRs",
     "masqueradeAddress",
     "masqueradePorts",
     "natMaxFlows",

@@ -341,6 +341,7 @@ async fn node_settings(
     let maps_ports = !conf.runtime.port_mappings.is_empty();
     Ok(NodeSettings {
         masq: masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, ips).await?,
+        services: datapath::services::spec(conf, ipam, ips)?,
         uplink,
         xdp: conf.xdp,
         pod_mtu: mtu,

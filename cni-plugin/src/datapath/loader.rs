@@ -92,6 +92,7 @@ pub(super) fn load_and_pin(
         .map_max_entries(map_names::NAT_REV, nat_flows)
         .map_max_entries(map_names::NAT6_FWD, nat_flows)
         .map_max_entries(map_names::NAT6_REV, nat_flows)
+        .map_max_entries(map_names::KFLOWS, nat_flows)
         // Kernel features the programs may use (constant for the verifier).
         .override_global(kernel_features::GLOBAL, &bits, true)
         .load(&object)
@@ -270,6 +271,7 @@ mod tests {
             if name == map_names::SCRATCH
                 || name == map_names::SCRATCH6
                 || name == map_names::HP_SCRATCH6
+                || name == map_names::KFLOW_KEY
                 || name.starts_with('.')
                 || name == "AYA_LOGS"
             {

@@ -93,10 +93,7 @@ pub async fn spec(
             );
         }
     }
-    let non_masq = non_masq(
-        conf.masq.non_masq.as_deref(),
-        &default_non_masq(conf, ipam, ips),
-    );
+    let non_masq = non_masq(conf.masq.non_masq.as_deref(), &pod_ranges(conf, ipam, ips));
     let (v4, v6) = trie_prefixes(&non_masq);
     Ok(Some(MasqSpec {
         config,
@@ -213,8 +210,9 @@ fn nat_ports(configured: Option<(u16, u16)>, node: (u16, u16)) -> Result<[(u16, 
 }
 
 /// This network's pods, here and on the other nodes: the IPAM ranges, the pod's
-/// own subnets, and `nodes`' pod CIDRs, both families.
-fn default_non_masq(conf: &NetConf, ipam: &Ipam, ips: &[IpConfig]) -> Vec<IpNetwork> {
+/// own subnets, and `nodes`' pod CIDRs, both families (the default
+/// non-masquerade prefixes; what Service ranges must not overlap).
+pub(super) fn pod_ranges(conf: &NetConf, ipam: &Ipam, ips: &[IpConfig]) -> Vec<IpNetwork> {
     let mut out: Vec<IpNetwork> = Vec::new();
     let mut add = |n: IpNetwork| {
         if let Ok(net) = IpNetwork::new(n.network(), n.prefix()) {

@@ -3,7 +3,7 @@
 //! - [`Datapath::prepare`]: the node-wide part, once per ADD: load the programs
 //!   (once per node, or when this binary carries another object: an upgrade),
 //!   attach the uplink, the NAT sweeper and the hostPort socket hooks, write the
-//!   masquerade, debug and node-address settings;
+//!   masquerade, Service range, debug and node-address settings;
 //! - [`Datapath::attach`]: one pod (its [`PodSpec`]: endpoint, hostPorts,
 //!   bandwidth), all of it or an error;
 //! - [`Datapath::detach`]: everything of one pod, best effort;
@@ -22,6 +22,7 @@ mod loader;
 pub mod masquerade;
 mod pod_block;
 mod repair;
+pub mod services;
 mod sys;
 
 use std::{
@@ -114,6 +115,8 @@ pub struct NodeSettings {
     pub node_addrs: Option<crate::netlink::NodeAddrs>,
     /// `None`: masquerade off.
     pub masq: Option<MasqSpec>,
+    /// The config's Service ranges (`serviceCIDRs`, see [`services`]).
+    pub services: Vec<ipnetwork::IpNetwork>,
     /// Config `debug`.
     pub debug: bool,
 }
@@ -311,6 +314,7 @@ impl Datapath {
             sluice_maps::nat::write_config(&self.root, MasqConfig::default())?;
             sluice_maps::nat::write_config6(&self.root, Masq6Config::default())?;
         }
+        services::write(&self.root, &settings.services)?;
         sluice_maps::node::set_monitor_slot(
             &self.root,
             monitor_slot::DEBUG,

@@ -16,6 +16,7 @@ pub mod bandwidth;
 pub mod endpoint;
 pub mod events;
 pub mod hostport;
+pub mod kernel_nat;
 pub mod maps;
 pub mod nat;
 pub mod node;
@@ -30,6 +31,7 @@ pub use bandwidth::*;
 pub use endpoint::*;
 pub use events::*;
 pub use hostport::*;
+pub use kernel_nat::*;
 pub use maps::{map_names, map_sizes};
 pub use nat::*;
 pub use node::*;
@@ -90,6 +92,8 @@ mod pod {
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::EpDropKey {}
     unsafe impl aya::Pod for super::DropNote {}
+    unsafe impl aya::Pod for super::KernelFlowKey {}
+    unsafe impl aya::Pod for super::KernelFlow {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -184,7 +188,7 @@ mod tests {
         assert_eq!(size_of::<NodeConfig>(), 16);
         assert_eq!(
             u32::try_from(reason::COUNT),
-            Ok(reason::FROM_POD_LINK_MULTICAST + 1)
+            Ok(reason::KERNEL_FLOW_NEW + 1)
         );
         assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
         // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.
@@ -218,6 +222,8 @@ mod tests {
         assert_eq!(size_of::<Nat6Entry>(), 2 + 1 + 1 + 4 + 8 + 8 + 16);
         assert_eq!(size_of::<Nat6Rev>(), 20);
         assert_eq!(size_of::<Masq6Config>(), 36);
+        assert_eq!(size_of::<KernelFlowKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(size_of::<KernelFlow>(), 8 + 4 + 1 + 1 + 2);
     }
 
     #[test]

@@ -8,9 +8,9 @@ use core::mem::size_of;
 
 use crate::{
     Addr6, BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey,
-    FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry,
-    Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortKey6, PortTarget,
-    PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
+    FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6, IpKey, KernelFlow, KernelFlowKey,
+    Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig,
+    PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -138,9 +138,25 @@ pub const HP_LEARN: MapSpec = spec::<u64, u64>("sl_hp_learn", MapKind::LruHash);
 /// keeping the node's addresses current) and its count of flows removed.
 pub const AGENT: MapSpec = spec::<u32, u64>("sl_agent", MapKind::Array);
 
+/// IPv4 prefix (LPM key) -> owners (bits): the Service ranges, whose traffic
+/// from pods the node's stack translates (kube-proxy).
+pub const SVC: MapSpec = spec::<(u32, [u8; 4]), u8>("sl_svc", MapKind::LpmTrie);
+/// IPv6 prefix (LPM key) -> owners: the IPv6 Service ranges.
+pub const SVC6: MapSpec = spec::<(u32, [u8; 16]), u8>("sl_svc6", MapKind::LpmTrie);
+/// Index 0 -> fingerprint of the config's Service ranges (`serviceCIDRs`) in
+/// the tries, so an ADD rewrites them only when they changed (userspace only).
+pub const SVC_CONFIG: MapSpec = spec::<u32, u64>("sl_svc_config", MapKind::Array);
+/// (LRU) [`KernelFlowKey`] -> [`KernelFlow`]: flows the node's stack
+/// translates; every packet of them takes the stack's path.
+pub const KFLOWS: MapSpec = spec::<KernelFlowKey, KernelFlow>("sl_kflows", MapKind::LruHash);
+/// (LRU) [`FragKey`] -> `bpf_ktime_get_ns` of the first fragment: IPv4
+/// datagrams of kernel flows whose later fragments follow the first to the
+/// stack.
+pub const KFLOW_FRAG: MapSpec = spec::<FragKey, u64>("sl_kflow_frag", MapKind::LruHash);
+
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 32] = [
+pub const ALL: [MapSpec; 37] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -173,6 +189,11 @@ pub const ALL: [MapSpec; 32] = [
     NODE_ADDRS6,
     HP_SOCK6,
     AGENT,
+    SVC,
+    SVC6,
+    SVC_CONFIG,
+    KFLOWS,
+    KFLOW_FRAG,
 ];
 
 /// The map names, for code that wants a name only.
@@ -209,6 +230,11 @@ pub mod map_names {
     pub const NODE_ADDRS6: &str = super::NODE_ADDRS6.name;
     pub const HP_SOCK6: &str = super::HP_SOCK6.name;
     pub const AGENT: &str = super::AGENT.name;
+    pub const SVC: &str = super::SVC.name;
+    pub const SVC6: &str = super::SVC6.name;
+    pub const SVC_CONFIG: &str = super::SVC_CONFIG.name;
+    pub const KFLOWS: &str = super::KFLOWS.name;
+    pub const KFLOW_FRAG: &str = super::KFLOW_FRAG.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -218,6 +244,8 @@ pub mod map_names {
     /// Per-CPU scratch: an IPv6 packet between the steps of its hostPort
     /// translation (not pinned).
     pub const HP_SCRATCH6: &str = "sl_hp_scratch6";
+    /// Per-CPU scratch: the kernel flow key being looked up (not pinned).
+    pub const KFLOW_KEY: &str = "sl_kflow_key";
 }
 
 /// Default sizes of the maps (entries).
@@ -250,6 +278,13 @@ pub mod map_sizes {
     pub const EP_DROPS: u32 = 16_384;
     /// Netns cookies learned (a few at a time, LRU).
     pub const HP_LEARN: u32 = 64;
+    /// Service prefixes of each family: the ranges, and one address per
+    /// externalIP and load balancer IP the agent adds.
+    pub const SVC: u32 = 16_384;
+    /// Default kernel flows; config `natMaxFlows` sizes it with the NAT maps.
+    pub const KFLOWS: u32 = 65_536;
+    /// Fragmented datagrams of kernel flows in flight (LRU).
+    pub const KFLOW_FRAG: u32 = 1_024;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

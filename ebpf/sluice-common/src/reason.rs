@@ -152,6 +152,18 @@ reasons! {
     /// never routes it; not a drop (every pod start sends some). Neighbour
     /// solicitations and advertisements from a specified source still pass.
     count FROM_POD_LINK_MULTICAST = 41 "from_pod_link_multicast";
+    /// from-pod: the destination is in the Service ranges (`serviceCIDRs`,
+    /// `sl_svc`): handed to the node's stack, where kube-proxy translates it.
+    count FROM_POD_TO_SERVICE = 42 "from_pod_to_service";
+    /// from-pod: a packet of a flow the node's stack translates
+    /// (`sl_kflows`): handed to the stack, which undoes its translation.
+    count FROM_POD_KERNEL_FLOW = 43 "from_pod_kernel_flow";
+    /// uplink tc: a packet for a pod on a flow the node's stack translates:
+    /// handed to the stack instead of delivered.
+    count UPLINK_KERNEL_FLOW = 44 "uplink_kernel_flow";
+    /// A flow the node's stack delivered into a pod or routed out of the
+    /// uplink from one was remembered in `sl_kflows`.
+    count KERNEL_FLOW_NEW = 45 "kernel_flow_new";
 }
 
 /// Slots in the array (room to append).

@@ -158,6 +158,12 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey) -> i32 {
     };
     // SAFETY: map values are only read.
     match unsafe { ENDPOINTS.get(pod) } {
+        // A flow the stack translated too (a pod's Service flow that Sluice
+        // masqueraded on its way out): the stack undoes its part.
+        Some(_) if crate::kernel_nat::is_kernel_flow(ctx, &h, false) => {
+            count(reason::UPLINK_KERNEL_FLOW);
+            TCX_NEXT
+        }
         Some(ep) if h.ttl() > 1 => deliver_tc(
             &h,
             ep,

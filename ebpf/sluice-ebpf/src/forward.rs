@@ -23,13 +23,16 @@ use sluice_common::reason;
 
 use crate::{
     counters::count,
+    kernel_nat,
     l3::{Headers, AF_INET, AF_INET6, L3},
     TCX_NEXT,
 };
 
 /// Forwards a packet from a pod by FIB lookup. `ifindex` is the ingress device.
+/// Where the FIB would have it redirected, a packet of a flow the stack
+/// translates (`kernel_nat`) goes to the stack instead, if `kernel_flows`.
 #[inline(always)]
-pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
+pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32, kernel_flows: bool) -> i32 {
     // Zero is a valid value for every field of the C struct. `tot_len` stays 0:
     // then the kernel checks the MTU with `is_skb_forwardable`, which knows
     // GSO; a GSO packet's header length would fail the plain check.
@@ -76,9 +79,14 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
                 count(reason::PASS_TTL);
                 return TCX_NEXT;
             }
+            if kernel_flows && kernel_nat::is_kernel_flow(ctx, h, true) {
+                count(reason::FROM_POD_KERNEL_FLOW);
+                return TCX_NEXT;
+            }
             h.decrement_ttl();
             h.set_macs(p.dmac, p.smac);
             count(reason::FROM_POD_FIB_REDIRECT);
+            kernel_nat::mark_forwarded(ctx);
             // SAFETY: plain helper call.
             unsafe { bpf_redirect(p.ifindex, 0) as i32 }
         }
@@ -92,6 +100,10 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
             // returns SUCCESS once the neighbour is known).
             if !crate::kernel::check_mtu() {
                 count(reason::FROM_POD_FIB_PASS);
+                return TCX_NEXT;
+            }
+            if kernel_flows && kernel_nat::is_kernel_flow(ctx, h, true) {
+                count(reason::FROM_POD_KERNEL_FLOW);
                 return TCX_NEXT;
             }
             // With tot_len 0 the kernel checks the MTU only on success; here
@@ -126,6 +138,7 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32) -> i32 {
                 }
             }
             count(reason::FROM_POD_FIB_NEIGH);
+            kernel_nat::mark_forwarded(ctx);
             // SAFETY: `nh` is a valid bpf_redir_neigh of the size passed.
             unsafe {
                 bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)

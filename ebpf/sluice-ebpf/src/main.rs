@@ -31,6 +31,7 @@ mod events;
 mod forward;
 mod hostport;
 mod kernel;
+mod kernel_nat;
 mod l3;
 mod l4;
 mod maps;
@@ -264,6 +265,12 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
             count(reason::PASS_TTL);
             return TCX_NEXT;
         }
+        // A reply on a flow the stack translated (a Service's endpoint here
+        // answering a pod here): the stack undoes its translation.
+        if !translated && kernel_nat::is_kernel_flow(ctx, &h, true) {
+            count(reason::FROM_POD_KERNEL_FLOW);
+            return TCX_NEXT;
+        }
         if netkit {
             return endpoint::deliver_from_netkit(
                 ctx,
@@ -280,7 +287,15 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
             reason::FROM_POD_TO_LOCAL_POD,
         );
     }
-    forward::forward(ctx, &h, ifindex)
+    if !translated {
+        // kube-proxy's Services: its rules are on the stack's path.
+        if kernel_nat::to_service(&h) {
+            count(reason::FROM_POD_TO_SERVICE);
+            return TCX_NEXT;
+        }
+    }
+    // (forward hands the packets of flows the stack translates to the stack.)
+    forward::forward(ctx, &h, ifindex, !translated)
 }
 
 /// tc egress of a limited pod's own `eth0` (in its namespace): EDT departure
@@ -298,6 +313,7 @@ pub fn to_pod(ctx: TcContext) -> i32 {
         return TCX_NEXT;
     }
     let ifindex = skb_field_ifindex(&ctx);
+    kernel_nat::note_delivered(&ctx, ifindex);
     // The endpoint is not looked up here: the kernel's deliveries count by
     // ifindex.
     let v = to_pod_verdict(&ctx, ifindex, 0);
@@ -318,6 +334,7 @@ pub fn to_netkit_pod(ctx: TcContext) -> i32 {
     let Some((ifindex, flags)) = destination(&ctx) else {
         return TCX_NEXT;
     };
+    kernel_nat::note_delivered(&ctx, ifindex);
     let v = to_pod_verdict(&ctx, ifindex, flags);
     tc_exit(&ctx, v, ifindex)
 }
@@ -391,6 +408,10 @@ fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
     }
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
+        Some(_) if kernel_nat::is_kernel_flow(ctx, &h, false) => {
+            count(reason::UPLINK_KERNEL_FLOW);
+            TCX_NEXT
+        }
         Some(ep) if h.ttl() > 1 => {
             nat::note_inbound(ctx, &h, ep.ifindex);
             endpoint::deliver_tc(&h, ep, bandwidth::wire_len(ctx), reason::UPLINK_TO_POD)
@@ -409,6 +430,7 @@ fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
 /// tc egress of the uplink: masquerade.
 #[classifier]
 pub fn uplink_out(ctx: TcContext) -> i32 {
+    kernel_nat::note_routed(&ctx);
     let v = nat::snat(&ctx);
     tc_exit(&ctx, v, 0)
 }
@@ -512,6 +534,11 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
             return match unsafe { ENDPOINTS.get(pod) } {
+                // On a flow the stack translated: tc hands it to the stack.
+                Some(_) if kernel_nat::is_kernel_flow(ctx, &h, false) => {
+                    count(reason::XDP_PASS_TO_TC);
+                    xdp_action::XDP_PASS
+                }
                 Some(ep)
                     if ep.flags & endpoint_flags::XDP_READY != 0
                         && h.ttl() > 1
@@ -529,6 +556,10 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     }
     // SAFETY: the map value is only read.
     match unsafe { ENDPOINTS.get(h.dst_key()) } {
+        Some(_) if kernel_nat::is_kernel_flow(ctx, &h, false) => {
+            count(reason::XDP_PASS_TO_TC);
+            xdp_action::XDP_PASS
+        }
         Some(ep)
             if ep.flags & endpoint_flags::XDP_READY != 0
                 && h.ttl() > 1

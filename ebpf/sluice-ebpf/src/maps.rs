@@ -8,9 +8,9 @@ use aya_ebpf::{
 use sluice_common::{
     agent_slot, map_sizes, monitor_slot, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
     Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow,
-    HpFlow6, IpKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev,
-    NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
-    SockOrig6,
+    HpFlow6, IpKey, KernelFlow, KernelFlowKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key,
+    Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6,
+    SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 #[map(name = "sl_endpoints")]
@@ -118,6 +118,29 @@ pub static EP_DROPS: PerCpuHashMap<EpDropKey, u64> =
 
 #[map(name = "sl_hp_learn")]
 pub static HP_LEARN: LruHashMap<u64, u64> = LruHashMap::pinned(map_sizes::HP_LEARN, 0);
+
+/// The Service ranges (see `kernel_nat`); LPM tries take no preallocation.
+#[map(name = "sl_svc")]
+pub static SVC: LpmTrie<[u8; 4], u8> = LpmTrie::pinned(map_sizes::SVC, BPF_F_NO_PREALLOC);
+
+#[map(name = "sl_svc6")]
+pub static SVC6: LpmTrie<[u8; 16], u8> = LpmTrie::pinned(map_sizes::SVC, BPF_F_NO_PREALLOC);
+
+/// Written by userspace only (the config's Service ranges' fingerprint).
+#[map(name = "sl_svc_config")]
+pub static SVC_CONFIG: Array<u64> = Array::pinned(1, 0);
+
+/// Flows the node's stack translates (see `kernel_nat`).
+#[map(name = "sl_kflows")]
+pub static KFLOWS: LruHashMap<KernelFlowKey, KernelFlow> = LruHashMap::pinned(map_sizes::KFLOWS, 0);
+
+#[map(name = "sl_kflow_frag")]
+pub static KFLOW_FRAG: LruHashMap<FragKey, u64> = LruHashMap::pinned(map_sizes::KFLOW_FRAG, 0);
+
+/// Not pinned: the flow key `kernel_nat` looks up, off the stack.
+#[map(name = "sl_kflow_key")]
+pub static KFLOW_SCRATCH: PerCpuArray<crate::kernel_nat::Scratch> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Not pinned: a leaving IPv6 packet between the steps of its masquerade.
 #[map(name = "sl_scratch6")]
