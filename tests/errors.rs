@@ -118,6 +118,56 @@ fn invalid_config_values_are_code_7_naming_key_and_value() {
     }
 }
 
+/// `serviceCIDRs` overlapping the pod range would hand pods' traffic to their
+/// peers to the node's stack as Service traffic: code 7 naming the entry
+/// (`serviceCIDRs[i]`), its value and the pod range, after IPAM, so the ADD
+/// rolls back. An entry that is no CIDR is code 7 too.
+#[test]
+fn service_cidrs_overlapping_the_pod_range_are_code_7() {
+    let node = Node::new().unwrap();
+    let pod = node.pod("a").unwrap();
+    let base = node.conf("1.0.0", "10.82.0.0/24");
+    let cases: [(Value, &[&str]); 4] = [
+        (
+            json!(["10.82.0.0/16"]),
+            &["serviceCIDRs[0]", "10.82.0.0/16", "10.82.0.0/24"],
+        ),
+        (
+            json!(["10.82.0.128/25", "10.96.0.0/12"]),
+            &["serviceCIDRs[0]", "10.82.0.128/25", "10.82.0.0/24"],
+        ),
+        (
+            json!(["10.96.0.0/12", "10.0.0.0/8"]),
+            &["serviceCIDRs[1]", "10.0.0.0/8", "10.82.0.0/24"],
+        ),
+        (json!(["not-a-cidr"]), &["serviceCIDRs[0]", "not-a-cidr"]),
+    ];
+    for (cidrs, names) in cases {
+        let mut conf = base.clone();
+        conf["serviceCIDRs"] = cidrs;
+        let out = node
+            .cni("ADD", &conf, "err-svc", "eth0", Some(&pod), &[])
+            .unwrap();
+        let e = out.error(7);
+        e.assert_names(names);
+        assert_eq!(e.cni_version.as_deref(), Some("1.0.0"));
+        node.assert_clean(NETWORK);
+        assert!(look::link(&pod.name, "eth0").unwrap().is_none());
+    }
+    // Ranges beside the pods' are taken.
+    let mut conf = base.clone();
+    conf["serviceCIDRs"] = json!(["10.96.0.0/12"]);
+    let out = node
+        .cni("ADD", &conf, "err-svc", "eth0", Some(&pod), &[])
+        .unwrap();
+    check_add_result(&out.result(), "1.0.0", "eth0", &pod);
+    let out = node
+        .cni("DEL", &conf, "err-svc", "eth0", Some(&pod), &[])
+        .unwrap();
+    out.ok_silent();
+    node.assert_clean(NETWORK);
+}
+
 #[test]
 fn missing_environment_is_code_4_naming_every_variable() {
     let node = Node::new().unwrap();

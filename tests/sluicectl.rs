@@ -5,8 +5,10 @@
 //! operations (`ports add|del`, `nat flush`, `bandwidth set`, `datapath
 //! reload|detach-all`) are checked in real traffic; `monitor` runs as a child
 //! process while the test makes drops and new flows, its lease and ring buffer
-//! read from the kernel; errors (no datapath, another map layout, bad input, no
-//! privileges) exit 1 naming the problem.
+//! read from the kernel; `services` on nodes with `serviceCIDRs`, a DNAT in the
+//! node namespace standing in for kube-proxy and real TCP through a ClusterIP;
+//! errors (no datapath, another map layout, bad input, no privileges) exit 1
+//! naming the problem.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 #![expect(
     clippy::cast_possible_truncation,
@@ -290,6 +292,7 @@ fn status_json_describes_the_live_datapath() {
             "natSweep",
             "hostPort",
             "bandwidth",
+            "services",
             "counters"
         ]),
         "{st:#}"
@@ -306,6 +309,18 @@ fn status_json_describes_the_live_datapath() {
         }),
         "{st:#}"
     );
+    // No Service range in this config: pods' traffic to ClusterIPs is
+    // forwarded like any other.
+    let svc = &st["services"];
+    assert_eq!(svc["ranges"], json!([]), "{svc:#}");
+    assert!(
+        svc["handling"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("no Service ranges")),
+        "{svc:#}"
+    );
+    assert!(svc["kernelFlows"].is_u64(), "{svc:#}");
+    assert!(svc["kernelFlowsCapacity"].is_u64(), "{svc:#}");
     // No pod of this test has a limit.
     assert_eq!(
         st["bandwidth"],
@@ -456,6 +471,7 @@ fn status_json_describes_the_live_datapath() {
         format!("masquerade: on, as {NODE_IP}"),
         "hostPort:   2 mappings".to_string(),
         "program:    from_pod (id".to_string(),
+        "services:   no Service ranges".to_string(),
     ] {
         assert!(out.stdout.contains(&want), "no {want:?} in: {out}");
     }
@@ -1953,7 +1969,7 @@ fn completions_print_scripts_for_bash_zsh_and_fish() {
         let out = exec::run(None, &bin, &["completions", shell], &[], b"").unwrap();
         assert!(out.success(), "{out}");
         assert!(out.stdout.len() > 1000, "{shell}: a short script: {out}");
-        for word in ["monitor", "detach-all", "sluicectl"] {
+        for word in ["monitor", "detach-all", "services", "sluicectl"] {
             assert!(out.stdout.contains(word), "{shell}: no {word}");
         }
         assert!(out.stderr.is_empty(), "{out}");
@@ -2031,7 +2047,7 @@ fn a_network_name_finds_its_default_pin_root() {
 }
 
 /// Read-only subcommands, each of which needs a datapath.
-const READERS: [&[&str]; 9] = [
+const READERS: [&[&str]; 11] = [
     &["status"],
     &["status", "--json"],
     &["endpoints", "--json"],
@@ -2040,6 +2056,8 @@ const READERS: [&[&str]; 9] = [
     &["nat", "list"],
     &["ports", "list"],
     &["bandwidth", "list"],
+    &["services", "list"],
+    &["services", "flows", "--json"],
     &["datapath", "version"],
 ];
 
@@ -2287,6 +2305,18 @@ fn bad_input_is_refused_naming_it_and_changes_nothing() {
             vec!["invalid value 'sctp'", "--proto"],
         ),
         (
+            vec!["services", "flows", "--pod", "nosuchpod"],
+            vec!["no pod", "\"nosuchpod\""],
+        ),
+        (
+            vec!["services", "flows", "--pod", "10.98.18.250"],
+            vec!["no pod", "\"10.98.18.250\""],
+        ),
+        (
+            vec!["services", "flows", "--proto", "icmp"],
+            vec!["invalid value 'icmp'", "--proto"],
+        ),
+        (
             vec!["nosuchcommand"],
             vec!["unrecognized subcommand 'nosuchcommand'"],
         ),
@@ -2412,4 +2442,358 @@ fn nat_refuses_a_pod_address_no_pod_has() {
         assert_refused(&out, &["no pod", "10.98.21.250"]);
     }
     w.del(&a);
+}
+
+// --- 11. services (kube-proxy) ---------------------------------------------------
+
+/// The Service range of the services tests' configs (outside their pod
+/// subnets, 10.98.x.0/24), and a ClusterIP in it.
+const SVC_RANGE: &str = "10.96.0.0/16";
+const CLUSTER_IP: &str = "10.96.0.10";
+/// The port of [`CLUSTER_IP`], translated (DNAT) to the pod's [`CPORT`].
+const SVC_PORT: u16 = 80;
+/// `natMaxFlows` of the services tests: the kernel flow table's capacity.
+const KFLOWS_MAX: u64 = 4096;
+
+fn cluster_ip() -> Ipv4Addr {
+    CLUSTER_IP.parse().unwrap()
+}
+
+/// The value of sample `series` (its name and labels as printed) in the
+/// exposition `text`, as printed.
+#[track_caller]
+fn metric<'a>(text: &'a str, series: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+}
+
+/// [`metric`] of a counter or a count.
+#[track_caller]
+fn metric_u64(text: &str, series: &str) -> u64 {
+    let v = metric(text, series);
+    v.parse()
+        .unwrap_or_else(|e| panic!("{series} {v:?} is no count ({e})"))
+}
+
+/// `sluicectl metrics` of `w`'s node (its own state directory for the labels).
+#[track_caller]
+fn metrics_text(w: &CtlWorld) -> String {
+    let state = w.node.state_dir().join(NETWORK).display().to_string();
+    let out = w.ctl(&["metrics", "--state-dir", &state]);
+    assert!(out.success(), "{out}");
+    out.stdout
+}
+
+/// kube-proxy's iptables mode in a few words: a DNAT rule in the node
+/// namespace's `PREROUTING` from [`CLUSTER_IP`]:[`SVC_PORT`] to `to`'s [`CPORT`].
+fn dnat_service(w: &CtlWorld, to: &CtlPod) {
+    let dest = format!("{}:{CPORT}", to.ip);
+    let cluster = format!("{CLUSTER_IP}/32");
+    let port = SVC_PORT.to_string();
+    exec::tool(
+        Some(&w.node.netns_path()),
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            &cluster,
+            "-p",
+            "tcp",
+            "--dport",
+            &port,
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &dest,
+        ],
+    )
+    .unwrap();
+}
+
+/// The one element of a JSON array.
+#[track_caller]
+fn only(v: &Value) -> &Value {
+    match v.as_array().map(Vec::as_slice) {
+        Some([one]) => one,
+        _ => panic!("expected exactly one element: {v:#}"),
+    }
+}
+
+#[test]
+fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
+    let w = CtlWorld::new(
+        "10.98.23.0/24",
+        &json!({"serviceCIDRs": [SVC_RANGE], "natMaxFlows": KFLOWS_MAX}),
+    )
+    .unwrap();
+    let a = w.add("a", "ctl-svc-a", &json!({}));
+    let b = w.add("b", "ctl-svc-b", &json!({}));
+
+    // Before any Service traffic: the config's range, no flow yet.
+    let l = w.ctl_json(&["services", "list", "--json"]);
+    assert_eq!(
+        keys(&l),
+        sorted(&["handling", "ranges", "kernelFlows", "kernelFlowsCapacity"]),
+        "{l:#}"
+    );
+    assert_eq!(
+        l["ranges"],
+        json!([{"cidr": SVC_RANGE, "family": "ipv4", "owner": "config"}]),
+        "{l:#}"
+    );
+    assert_eq!(l["kernelFlows"], 0, "{l:#}");
+    assert_eq!(l["kernelFlowsCapacity"], KFLOWS_MAX, "{l:#}");
+    assert_eq!(
+        l["handling"],
+        format!(
+            "handed to the node's stack (kube-proxy) for 1 Service range ({SVC_RANGE}); flows it translates stay on its path"
+        ),
+        "{l:#}"
+    );
+    assert_eq!(w.ctl_json(&["services", "flows", "--json"]), json!([]));
+
+    // A Service: the ClusterIP DNATed to b by the node's netfilter, a real
+    // TCP connection from a to it, echoed by b.
+    dnat_service(&w, &b);
+    let server = EchoServer::start(&b.pod.path, b.sock(CPORT)).unwrap();
+    let sport = 47001;
+    let conn = tcp_connect(&a.pod.path, Some(a.sock(sport)), sa(cluster_ip(), SVC_PORT)).unwrap();
+    tcp_echo_on(&conn, 64 << 10, 11).unwrap();
+    // b saw a itself: the stack translated the destination only.
+    assert_eq!(server.peers().tcp, vec![a.sock(sport)]);
+    settle(&w);
+
+    // The flow of b, the Service's endpoint: delivered into it by the stack.
+    let fb = w.ctl_json(&["services", "flows", "--json", "--pod", &b.ip_string()]);
+    let f = only(&fb);
+    assert_eq!(
+        keys(f),
+        sorted(&[
+            "proto",
+            "podIp",
+            "podPort",
+            "peerIp",
+            "peerPort",
+            "origin",
+            "hostIfindex",
+            "hostIfname",
+            "containerId",
+            "ifname",
+            "ageSeconds",
+        ]),
+        "{f:#}"
+    );
+    let want = json!({
+        "proto": "tcp",
+        "podIp": b.ip_string(),
+        "podPort": CPORT,
+        "peerIp": a.ip_string(),
+        "peerPort": sport,
+        "origin": "delivered",
+        "hostIfindex": w.host_ifindex(&b),
+        "hostIfname": b.added.host_veth,
+        "containerId": b.cid,
+        "ifname": "eth0",
+    });
+    for (k, v) in want.as_object().unwrap() {
+        assert_eq!(&f[k], v, "{k} of {f:#}");
+    }
+    assert!(
+        f["ageSeconds"].as_u64().is_some_and(|s| s < 60),
+        "ageSeconds: {f:#}"
+    );
+    // By container id prefix, and by protocol.
+    assert_eq!(
+        w.ctl_json(&["services", "flows", "--json", "--pod", "ctl-svc-b"]),
+        fb
+    );
+    let tcp = w.ctl_json(&["services", "flows", "--json", "--proto", "tcp"]);
+    assert!(tcp.as_array().unwrap().contains(f), "{tcp:#}");
+    assert_eq!(
+        w.ctl_json(&["services", "flows", "--json", "--proto", "udp"]),
+        json!([])
+    );
+    // a's side: the replies the stack translated back delivered into a, from
+    // the ClusterIP.
+    let fa = w.ctl_json(&["services", "flows", "--json", "--pod", "ctl-svc-a"]);
+    let f = only(&fa);
+    assert_eq!(f["podIp"], a.ip_string(), "{f:#}");
+    assert_eq!(f["podPort"], sport, "{f:#}");
+    assert_eq!(f["peerIp"], CLUSTER_IP, "{f:#}");
+    assert_eq!(f["peerPort"], SVC_PORT, "{f:#}");
+    assert_eq!(f["origin"], "delivered", "{f:#}");
+    assert_eq!(f["hostIfname"], a.added.host_veth, "{f:#}");
+    assert_eq!(f["containerId"], a.cid, "{f:#}");
+    let all = w.ctl_json(&["services", "flows", "--json"]);
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all:#}");
+
+    // The list and status say the same.
+    let l = w.ctl_json(&["services", "list", "--json"]);
+    assert_eq!(l["kernelFlows"], 2, "{l:#}");
+    let st = w.ctl_json(&["status", "--json"]);
+    assert_eq!(st["services"], l, "{st:#}");
+    // The datapath's counters of it.
+    let c = w.ctl_json(&["counters", "--json", "--node"]);
+    for reason in [
+        "from_pod_to_service",
+        "from_pod_kernel_flow",
+        "kernel_flow_new",
+    ] {
+        assert!(node_counter(&c, reason) > 0, "{reason}: {c:#}");
+    }
+    assert_eq!(node_counter(&c, "kernel_flow_new"), 2, "{c:#}");
+
+    // The text forms.
+    let out = w.ctl(&["services", "list"]);
+    assert!(out.success(), "{out}");
+    for want in [
+        "RANGE".to_string(),
+        format!("{SVC_RANGE}  config"),
+        "Service traffic: handed to the node's stack (kube-proxy) for these ranges".to_string(),
+        format!("kernel flows: 2 of {KFLOWS_MAX}"),
+    ] {
+        assert!(out.stdout.contains(&want), "no {want:?} in: {out}");
+    }
+    let out = w.ctl(&["services", "flows", "--pod", &b.ip_string()]);
+    assert!(out.success(), "{out}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for h in [
+        "PROTO",
+        "POD",
+        "PEER",
+        "ORIGIN",
+        "HOST-IF",
+        "CONTAINER",
+        "AGE",
+    ] {
+        assert!(lines[0].contains(h), "no {h} in the header: {out}");
+    }
+    for cell in [
+        "tcp".to_string(),
+        format!("{}:{CPORT}", b.ip),
+        format!("{}:{sport}", a.ip),
+        "delivered".to_string(),
+        b.added.host_veth.clone(),
+        "ctl-svc-b/eth0".to_string(),
+    ] {
+        assert!(lines[1].contains(&cell), "no {cell:?} in: {out}");
+    }
+    let out = w.ctl(&["status"]);
+    assert!(out.success(), "{out}");
+    let want = format!(
+        "services:   handed to the node's stack (kube-proxy) for 1 Service range ({SVC_RANGE}); flows it translates stay on its path; kernel flows 2 of {KFLOWS_MAX}"
+    );
+    assert!(out.stdout.contains(&want), "no {want:?} in: {out}");
+
+    // Metrics: the gauges, and the new reasons among the packet counters.
+    let m = metrics_text(&w);
+    assert_eq!(metric(&m, "sluice_service_ranges{owner=\"config\"}"), "1");
+    assert_eq!(metric(&m, "sluice_service_ranges{owner=\"agent\"}"), "0");
+    assert_eq!(metric_u64(&m, "sluice_kernel_flows"), 2);
+    assert_eq!(metric_u64(&m, "sluice_kernel_flows_max"), KFLOWS_MAX);
+    assert!(m.contains("# TYPE sluice_kernel_flows gauge\n"), "{m}");
+    let pressure: f64 = metric(&m, "sluice_bpf_map_pressure{map_name=\"sl_kflows\"}")
+        .parse()
+        .unwrap();
+    assert!((pressure - 2.0 / KFLOWS_MAX as f64).abs() < 1e-9, "{m}");
+    for reason in [
+        "from_pod_to_service",
+        "from_pod_kernel_flow",
+        "kernel_flow_new",
+    ] {
+        let series = format!("sluice_datapath_packets_total{{reason=\"{reason}\"}}");
+        assert!(metric_u64(&m, &series) > 0, "{series}: {m}");
+    }
+    // The reason no packet of this test had is there too, at zero.
+    assert!(
+        m.contains("sluice_datapath_packets_total{reason=\"uplink_kernel_flow\"} "),
+        "{m}"
+    );
+
+    drop(conn);
+    w.del(&a);
+    w.del(&b);
+    w.node.assert_clean(NETWORK);
+}
+
+#[test]
+fn services_without_ranges_say_kube_proxy_will_not_see_pod_traffic() {
+    let w = CtlWorld::new("10.98.24.0/24", &json!({})).unwrap();
+    let a = w.add("a", "ctl-nosvc-a", &json!({}));
+    let l = w.ctl_json(&["services", "list", "--json"]);
+    assert_eq!(l["ranges"], json!([]), "{l:#}");
+    let h = l["handling"].as_str().unwrap();
+    for want in [
+        "no Service ranges",
+        "pods' traffic to ClusterIPs is forwarded like any other",
+        "kube-proxy's iptables/nftables rules will not see it",
+        "serviceCIDRs",
+        "node agent",
+    ] {
+        assert!(h.contains(want), "no {want:?} in {h:?}");
+    }
+    assert!(l["kernelFlowsCapacity"].as_u64().is_some_and(|n| n > 0));
+    let st = w.ctl_json(&["status", "--json"]);
+    assert_eq!(st["services"]["ranges"], json!([]), "{st:#}");
+    assert_eq!(st["services"]["handling"], l["handling"], "{st:#}");
+    let out = w.ctl(&["services", "list"]);
+    assert!(out.success(), "{out}");
+    assert!(!out.stdout.contains("RANGE"), "an empty table: {out}");
+    assert!(
+        out.stdout.contains(&format!("Service traffic: {h}")),
+        "{out}"
+    );
+    let m = metrics_text(&w);
+    assert_eq!(metric(&m, "sluice_service_ranges{owner=\"config\"}"), "0");
+    assert_eq!(metric(&m, "sluice_service_ranges{owner=\"agent\"}"), "0");
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
+}
+
+/// A datapath pinned by a Sluice without Service handling (no `sl_svc`,
+/// `sl_kflows`, ...: their pins are taken away here): every reader still
+/// works and says Service traffic is not handled.
+#[test]
+fn services_on_a_datapath_without_service_maps_say_it_is_not_handled() {
+    let w = CtlWorld::new("10.98.25.0/24", &json!({"serviceCIDRs": [SVC_RANGE]})).unwrap();
+    let a = w.add("a", "ctl-oldsvc-a", &json!({}));
+    let maps = w.node.pin_root().join("maps");
+    for m in [
+        "sl_svc",
+        "sl_svc6",
+        "sl_svc_config",
+        "sl_kflows",
+        "sl_kflow_frag",
+    ] {
+        std::fs::remove_file(maps.join(m)).unwrap_or_else(|e| panic!("unpinning {m}: {e}"));
+    }
+    let l = w.ctl_json(&["services", "list", "--json"]);
+    assert_eq!(l["ranges"], json!([]), "{l:#}");
+    assert_eq!(l["kernelFlows"], 0, "{l:#}");
+    assert_eq!(l["kernelFlowsCapacity"], Value::Null, "{l:#}");
+    let h = l["handling"].as_str().unwrap();
+    assert!(
+        h.starts_with("not handled")
+            && h.contains("kube-proxy's iptables/nftables rules will not see it"),
+        "{h}"
+    );
+    assert_eq!(w.ctl_json(&["services", "flows", "--json"]), json!([]));
+    let st = w.ctl_json(&["status", "--json"]);
+    assert_eq!(st["services"], l, "{st:#}");
+    assert_eq!(st["endpoints"], 1, "{st:#}");
+    let out = w.ctl(&["status"]);
+    assert!(out.success(), "{out}");
+    assert!(out.stdout.contains("services:   not handled"), "{out}");
+    // No Service families, as for any map an older datapath lacks.
+    let m = metrics_text(&w);
+    assert!(!m.contains("sluice_service_ranges"), "{m}");
+    assert!(!m.contains("sluice_kernel_flows"), "{m}");
+    assert!(m.contains("sluice_nat_flows{family=\"ipv4\"}"), "{m}");
+    w.del(&a);
+    w.node.assert_clean(NETWORK);
 }

@@ -18,6 +18,7 @@ Examples:
   sluicectl -n pods counters --pod 10.22.0.5 --watch
   sluicectl -n pods monitor --type drop --pod 10.22.0.5
   sluicectl -n pods nat list --proto tcp --dst 1.1.1.1 --json
+  sluicectl -n pods services flows --pod 10.22.0.5
   sluicectl -n pods ports add --host-port 8443 --pod 10.22.0.5 --container-port 443
   sluicectl -n pods bandwidth set 10.22.0.5 --egress-rate 50000000
   sluicectl -n pods datapath detach-all        # says what it would do; --yes does it"
@@ -80,6 +81,10 @@ Examples:
     /// Per-pod bandwidth limits: list, get, set (live).
     #[command(subcommand)]
     Bandwidth(BandwidthCommand),
+    /// How Service traffic is handled (kube-proxy): the Service ranges, the
+    /// flows the node's stack translates.
+    #[command(subcommand)]
+    Services(ServicesCommand),
     /// The datapath's counters and gauges in the Prometheus text format: printed
     /// once (for the textfile collector of `node_exporter`), or served on `/metrics`
     /// with `--listen`.
@@ -344,6 +349,31 @@ pub(crate) struct NatFlushArgs {
     pub all: bool,
 }
 
+#[derive(Subcommand)]
+pub(crate) enum ServicesCommand {
+    /// The Service ranges (config `serviceCIDRs`, the node agent's) whose
+    /// traffic from pods goes to the node's stack, where kube-proxy translates
+    /// it; who set each; the kernel flow table's fill.
+    List(JsonArgs),
+    /// The flows the node's stack translates: delivered into a pod (a Service
+    /// endpoint) or routed out of the uplink from one. Every packet of them
+    /// takes the stack's path, so conntrack undoes the translation on replies.
+    Flows(ServicesFlowsArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct ServicesFlowsArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only flows of this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only this protocol.
+    #[arg(long, value_parser = ["tcp", "udp", "sctp"])]
+    pub proto: Option<String>,
+}
+
 #[derive(Args)]
 pub(crate) struct JsonArgs {
     /// Print JSON (stable field names) instead of text.
@@ -425,6 +455,7 @@ mod tests {
             "nat",
             "ports",
             "bandwidth",
+            "services",
             "monitor",
             "detach-all",
             "completions",

@@ -12,6 +12,7 @@ mod metrics;
 mod monitor;
 mod nat;
 mod ports;
+mod services;
 mod signals;
 mod status;
 mod table;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         args::Command::Nat(c) => nat::execute(&cli.target, c),
         args::Command::Ports(c) => ports::execute(&cli.target, c),
         args::Command::Bandwidth(c) => bandwidth::execute(&cli.target, c),
+        args::Command::Services(c) => services::execute(&cli.target, c),
         args::Command::Metrics(a) => metrics::execute(&cli.target, a),
         args::Command::Completions(a) => {
             use clap::CommandFactory;

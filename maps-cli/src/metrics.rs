@@ -21,7 +21,10 @@ use std::{
 
 use anyhow::{Context, Result};
 use sluice_common::maps;
-use sluice_maps::hostport::{V4, V6};
+use sluice_maps::{
+    hostport::{V4, V6},
+    services::service_owner,
+};
 
 use crate::{
     args::{MetricsArgs, Target},
@@ -403,6 +406,7 @@ fn render(scrape: &Scrape) -> Result<String> {
             u8::from(sluice_maps::hostport::node_addrs_lease_left_ns(&dp.root)? > 0),
         );
     }
+    service_families(&mut x, dp, &mut pressure)?;
     x.family(
         "sluice_bpf_map_pressure",
         "gauge",
@@ -430,6 +434,53 @@ fn render(scrape: &Scrape) -> Result<String> {
 
     bandwidth_families(&mut x, dp, &reading.endpoints, scrape.max_endpoints)?;
     Ok(x.out)
+}
+
+/// Service traffic (kube-proxy): the Service ranges by who set them, the
+/// kernel flows and their table's capacity (its fill joins `pressure`). A
+/// datapath an older Sluice pinned has no Service maps: no families then, as
+/// for the NAT sweep lease.
+fn service_families(
+    x: &mut Exposition,
+    dp: &Datapath,
+    pressure: &mut Vec<(&'static str, f64)>,
+) -> Result<()> {
+    let s = crate::services::Summary::read(dp)?;
+    if !s.supported {
+        return Ok(());
+    }
+    x.family(
+        "sluice_service_ranges",
+        "gauge",
+        "Service ranges whose traffic from pods goes to the node's stack (kube-proxy), by who set them (config: serviceCIDRs; agent: the node agent); a range both set counts for each.",
+    );
+    for (owner, bit) in [
+        ("config", service_owner::CONFIG),
+        ("agent", service_owner::AGENT),
+    ] {
+        x.sample(
+            "sluice_service_ranges",
+            &[("owner", owner)],
+            s.ranges_of(bit),
+        );
+    }
+    x.family(
+        "sluice_kernel_flows",
+        "gauge",
+        "Flows the node's stack translates (Services, any DNAT) that the datapath keeps on the stack's path.",
+    );
+    x.sample("sluice_kernel_flows", &[], s.flows);
+    x.family(
+        "sluice_kernel_flows_max",
+        "gauge",
+        "Kernel flows the table holds at most (natMaxFlows); the least recently used goes when it is full.",
+    );
+    x.sample("sluice_kernel_flows_max", &[], s.capacity);
+    pressure.push((
+        maps::KFLOWS.name,
+        s.flows as f64 / f64::from(s.capacity.max(1)),
+    ));
+    Ok(())
 }
 
 /// The labels of every per-pod series (which pod interface), then `more`.

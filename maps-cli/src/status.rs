@@ -76,6 +76,9 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     // else each ADD with hostPorts.
     let addrs_lease = sluice_maps::hostport::node_addrs_lease_left_ns(&dp.root)?;
     let addrs_by = if addrs_lease > 0 { "agent" } else { "add" };
+    // Service traffic (kube-proxy); a datapath an older Sluice pinned has no
+    // Service maps and says so.
+    let services = crate::services::Summary::read(&dp)?;
     let v = json!({
         "pinRoot": dp.pin_root.display().to_string(),
         "layoutVersion": meta.layout_version,
@@ -103,6 +106,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
             "egressEdt": edt,
             "egressPolicer": policer,
         },
+        "services": services.json(),
         "counters": counters.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
     if a.json {
@@ -155,6 +159,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "bandwidth:  {} pods limited; egress: {edt} EDT (fq on the pod's eth0), {policer} policer",
         limited.len()
     );
+    println!("services:   {}", services.line());
     for p in &programs {
         println!(
             "program:    {} (id {})",

@@ -7,7 +7,9 @@
 //!   demo and the benchmarks build;
 //! - [`cni`]: a plugin run as a runtime runs it (the `CNI_*` environment, the
 //!   config on stdin);
-//! - [`exec`]: every program run with a cleared environment and a deadline.
+//! - [`exec`]: every program run with a cleared environment and a deadline;
+//! - [`kube_proxy`]: kube-proxy's rules for a node, in each of its modes, written
+//!   into a namespace with the real tools (the Service tests and benchmark).
 //!
 //! It never touches the machine's own interfaces, routes or sysctls: everything
 //! happens inside namespaces the caller made. It depends on nothing that
@@ -16,6 +18,7 @@ use std::fmt;
 
 pub mod cni;
 pub mod exec;
+pub mod kube_proxy;
 pub mod netns;
 pub mod world;
 

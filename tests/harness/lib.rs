@@ -31,6 +31,7 @@ pub mod fixtures;
 pub mod host;
 pub mod hostport;
 pub mod kernel;
+pub mod kube_cluster;
 pub mod leaks;
 pub mod look;
 pub mod masq;
@@ -55,7 +56,7 @@ pub const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 // One error type with the testbed the harness is built on: its `Result`, its
 // `err!`, its program runner.
-pub use sluice_testbed::{err, exec, Error, Result};
+pub use sluice_testbed::{err, exec, kube_proxy, Error, Result};
 
 /// An absolute path from a required environment variable.
 fn binary_from_env(var: &str, what: &str) -> Result<PathBuf> {

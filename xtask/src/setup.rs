@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// What the tests and the demo need from Debian.
-pub(crate) const PACKAGES: [&str; 19] = [
+pub(crate) const PACKAGES: [&str; 23] = [
     "bpftool",
     "iperf3",
     "sockperf",
@@ -48,6 +48,13 @@ pub(crate) const PACKAGES: [&str; 19] = [
     "buildah",
     // `cargo xtask profile`.
     "linux-perf",
+    // kube-proxy's rules on a test node (testbed/src/kube_proxy): `nft` for
+    // its nftables mode, `ipset` and `ipvsadm` for its IPVS mode, `nfacct`
+    // for the counters its iptables mode's INVALID-drop rule counts with.
+    "nftables",
+    "ipset",
+    "ipvsadm",
+    "nfacct",
 ];
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub(crate) const NIGHTLY: &str = "nightly";

@@ -57,6 +57,29 @@ const GUEST_MODULES: &[&str] = &[
     "bridge",
     "br_netfilter",
     "tun",
+    // kube-proxy's modes (tests/kube_proxy.rs): IPVS with its dummy device
+    // and ipsets, nftables, and the matches its iptables rules use.
+    "dummy",
+    "ip_vs",
+    "ip_vs_rr",
+    "xt_ipvs",
+    "ip_set",
+    "ip_set_hash_ip",
+    "ip_set_hash_ipport",
+    "ip_set_hash_ipportip",
+    "ip_set_hash_ipportnet",
+    "ip_set_hash_net",
+    "ip_set_bitmap_port",
+    "xt_set",
+    "xt_statistic",
+    "xt_conntrack",
+    "xt_nfacct",
+    "nf_tables",
+    "nft_chain_nat",
+    "nft_ct",
+    "nft_numgen",
+    "nft_fib_inet",
+    "nft_reject_inet",
 ];
 
 pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
@@ -284,7 +307,7 @@ fn job_script(
         let _ = writeln!(
             s,
             "echo 'SLUICE-VM-TEST {name}'\n\
-             ( '{}' --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
+             ( '{}' --include-ignored --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
             exe.display(),
             plan.threads,
             filter.join(" ")
