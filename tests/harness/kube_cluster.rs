@@ -605,6 +605,46 @@ impl Cluster {
         (s, all)
     }
 
+    /// What to look at when a case fails: each node's addresses and routes,
+    /// kube-proxy's state in its mode, and (Sluice) the datapath's counters.
+    pub fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            let ns = n.node.netns_path();
+            let mut look: Vec<(&str, Vec<&str>)> = vec![
+                ("ip", vec!["-o", "addr", "show"]),
+                ("ip", vec!["route", "show"]),
+                ("ip", vec!["-6", "route", "show"]),
+            ];
+            match self.mode {
+                Mode::Iptables => look.push(("iptables-save", vec!["-t", "nat"])),
+                Mode::Nftables => look.push(("nft", vec!["list", "table", "ip", "kube-proxy"])),
+                Mode::Ipvs => {
+                    look.push(("ipvsadm", vec!["-Ln"]));
+                    look.push(("ipset", vec!["list", "-t"]));
+                    look.push(("iptables-save", vec!["-t", "nat"]));
+                }
+            }
+            for (program, args) in look {
+                let text = exec::tool(Some(&ns), program, &args).unwrap_or_else(|e| e.to_string());
+                let _ = writeln!(
+                    out,
+                    "--- {}: {program} {}\n{text}",
+                    n.hostname,
+                    args.join(" ")
+                );
+            }
+            if !n.reference {
+                let text = n
+                    .node
+                    .counters()
+                    .map_or_else(|e| e.to_string(), |c| c.to_string());
+                let _ = writeln!(out, "--- {}: sluicectl counters\n{text}", n.hostname);
+            }
+        }
+        out
+    }
+
     /// `sluicectl counters --json` of node `n` (Sluice only).
     pub fn counters(&self, n: usize) -> Result<crate::Counters> {
         self.nodes[n].node.counters()

@@ -108,7 +108,8 @@ fn probe(p: &impl Ports, h: &Headers, pod_is_src: bool, s: *mut Scratch) -> u8 {
     // checked by `l3::parse`; every field of the key is written.
     unsafe {
         let k = &raw mut (*s).key;
-        let (pod, peer) = if pod_is_src {
+        // Where the packet's source and destination address go in the key.
+        let (src, dst) = if pod_is_src {
             (&raw mut (*k).pod, &raw mut (*k).peer)
         } else {
             (&raw mut (*k).peer, &raw mut (*k).pod)
@@ -134,8 +135,8 @@ fn probe(p: &impl Ports, h: &Headers, pod_is_src: bool, s: *mut Scratch) -> u8 {
                     }
                     FIRST_FRAGMENT
                 };
-                *pod = IpKey::v4((*ip).src_addr);
-                *peer = IpKey::v4((*ip).dst_addr);
+                *src = IpKey::v4((*ip).src_addr);
+                *dst = IpKey::v4((*ip).dst_addr);
                 (*k).proto = proto;
                 (ETH_LEN + usize::from((*ip).vihl & 0x0f) * 4, found)
             }
@@ -144,8 +145,8 @@ fn probe(p: &impl Ports, h: &Headers, pod_is_src: bool, s: *mut Scratch) -> u8 {
                 if !tracked(next) {
                     return UNTRACKED;
                 }
-                copy_nonoverlapping((*ip).src_addr.as_ptr(), (*pod).addr.as_mut_ptr(), 16);
-                copy_nonoverlapping((*ip).dst_addr.as_ptr(), (*peer).addr.as_mut_ptr(), 16);
+                copy_nonoverlapping((*ip).src_addr.as_ptr(), (*src).addr.as_mut_ptr(), 16);
+                copy_nonoverlapping((*ip).dst_addr.as_ptr(), (*dst).addr.as_mut_ptr(), 16);
                 (*k).proto = next;
                 (ETH_LEN + 40, WHOLE)
             }
@@ -194,14 +195,16 @@ pub fn is_kernel_flow<P: Ports>(p: &P, h: &Headers, pod_is_src: bool) -> bool {
 }
 
 /// `to_pod`: the stack delivered this packet into the pod on `pod_ifindex`
-/// (no Sluice program redirected it there): its flow is remembered, unless the
-/// node itself sent it (no ingress device): the pod's replies to the node's
-/// own addresses reach the stack anyway, and the kubelet's probes would fill
-/// the table.
+/// (no Sluice program redirected it there): its flow is remembered, unless a
+/// socket of the node itself sent it (`skb->sk` set): the pod's replies to the
+/// node's own addresses reach the stack anyway, and the kubelet's probes would
+/// fill the table. (Not `ingress_ifindex`: netkit clears it, with the rest of
+/// `skb_scrub_packet`, before its programs run.)
 #[inline(never)]
 pub fn note_delivered(ctx: &TcContext, pod_ifindex: u32) {
-    // SAFETY: `skb` points at the context the kernel passed in.
-    if unsafe { (*ctx.skb.skb).ingress_ifindex } == 0 {
+    // SAFETY: `skb` points at the context the kernel passed in; `sk` is only
+    // compared with null.
+    if !unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk }.is_null() {
         return;
     }
     let Ok(h) = crate::l3::parse(ctx) else {
