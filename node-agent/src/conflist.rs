@@ -19,6 +19,10 @@ pub(crate) struct Spec {
     /// them the plugin's default applies (this node's ranges), and
     /// `sluice-node route-sync` adds the other nodes' ranges as they come.
     pub(crate) cluster_cidrs: Vec<IpNetwork>,
+    /// The cluster's Service ranges (`serviceCIDRs`): pods' traffic to them
+    /// goes to the node's stack, where kube-proxy translates it. Empty: the
+    /// key is left out, and `sluice-node route-sync` writes each ClusterIP.
+    pub(crate) service_cidrs: Vec<IpNetwork>,
     pub(crate) masquerade: bool,
     /// More keys of the plugin's entry (`uplink`, `mtu`, `podDevice`, ...),
     /// given by the operator; they win over the defaults here.
@@ -61,6 +65,11 @@ pub(crate) fn check_cidrs(what: &str, cidrs: &[IpNetwork], one_per_family: bool)
     Ok(())
 }
 
+/// Whether two prefixes share an address.
+fn overlaps(a: &IpNetwork, b: &IpNetwork) -> bool {
+    a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
+}
+
 fn join(cidrs: &[IpNetwork]) -> String {
     cidrs
         .iter()
@@ -80,6 +89,17 @@ pub(crate) fn render(spec: &Spec) -> Result<Value> {
     }
     check_cidrs("pod CIDRs", &spec.pod_cidrs, true)?;
     check_cidrs("cluster CIDRs", &spec.cluster_cidrs, false)?;
+    check_cidrs("service CIDRs", &spec.service_cidrs, false)?;
+    // The plugin refuses such a range at every ADD; better said once, here.
+    for s in &spec.service_cidrs {
+        if let Some(p) = spec.pod_cidrs.iter().find(|p| overlaps(p, s)) {
+            return Err(Error::invalid(
+                "service CIDRs",
+                s,
+                format!("overlaps the pod range {p}: traffic between pods would go to kube-proxy"),
+            ));
+        }
+    }
     if let Some(k) = OWNED.iter().find(|k| spec.extra.contains_key(**k)) {
         return Err(Error::invalid(
             "plugin config",
@@ -130,6 +150,13 @@ pub(crate) fn render(spec: &Spec) -> Result<Value> {
             .map(ToString::to_string)
             .collect::<Vec<_>>());
     }
+    if !spec.service_cidrs.is_empty() {
+        plugin["serviceCIDRs"] = json!(spec
+            .service_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>());
+    }
     if let Some(p) = plugin.as_object_mut() {
         for (k, v) in spec.extra.iter().filter(|(k, _)| *k != "ipam") {
             p.insert(k.clone(), v.clone());
@@ -164,6 +191,7 @@ pub(crate) fn test_spec(pod: &[&str]) -> Spec {
         cni_version: "1.0.0".into(),
         pod_cidrs: pod.iter().map(|c| c.parse().unwrap()).collect(),
         cluster_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
         masquerade: true,
         extra: Map::new(),
     }
@@ -194,6 +222,7 @@ mod tests {
             json!({"portMappings": true, "bandwidth": true})
         );
         assert!(p.get("nonMasqueradeCIDRs").is_none());
+        assert!(p.get("serviceCIDRs").is_none());
         assert!(is_ours(&c, "sluice"));
         assert!(!is_ours(&c, "other"));
     }
@@ -213,6 +242,37 @@ mod tests {
         assert_eq!(p["nonMasqueradeCIDRs"], json!(["10.244.0.0/16"]));
         assert_eq!(p["uplink"], "ens3");
         assert_eq!(p["ipMasq"], false);
+    }
+
+    #[test]
+    fn service_ranges_both_families() {
+        let mut s = spec(&["10.244.3.0/24", "fd00:10:244:3::/64"]);
+        s.service_cidrs = vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "fd00:10:96::/112".parse().unwrap(),
+        ];
+        let c = render(&s).unwrap();
+        assert_eq!(
+            c["plugins"][0]["serviceCIDRs"],
+            json!(["10.96.0.0/12", "fd00:10:96::/112"])
+        );
+        // Host bits, and a range over the pods, are refused by name.
+        s.service_cidrs = vec!["10.96.0.1/12".parse().unwrap()];
+        let e = render(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("service CIDRs") && e.contains("10.96.0.1/12"),
+            "{e}"
+        );
+        s.service_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        let e = render(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("10.244.0.0/16") && e.contains("10.244.3.0/24"),
+            "{e}"
+        );
+        // Inside the never-masqueraded ranges is fine (operators list wide ones).
+        s.service_cidrs = vec!["10.96.0.0/12".parse().unwrap()];
+        s.cluster_cidrs = vec!["10.0.0.0/8".parse().unwrap()];
+        render(&s).unwrap();
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::{
     cluster,
     conflist::{self, Spec},
     error::{Error, Result},
-    log,
+    log, services,
 };
 
 /// The plugin's file name (the conflist's `type`).
@@ -32,8 +32,12 @@ pub(crate) struct Options {
     pub(crate) cni_bin_dir: PathBuf,
     pub(crate) cni_conf_dir: PathBuf,
     pub(crate) conflist_name: String,
-    /// The conflist, but for `pod_cidrs` when they come from the API.
+    /// The conflist, but for `pod_cidrs` when they come from the API, and
+    /// `service_cidrs` when they do.
     pub(crate) spec: Spec,
+    /// Read the ServiceCIDR objects' ranges when `spec.service_cidrs` is
+    /// empty (none given).
+    pub(crate) service_cidrs_from_api: bool,
     /// Read `spec.podCIDRs` of this Node when `spec.pod_cidrs` is empty.
     pub(crate) node_name: Option<String>,
     /// How long a Node without pod CIDRs is waited for.
@@ -57,6 +61,9 @@ pub(crate) async fn install(mut o: Options) -> Result<()> {
             )
         })?;
         o.spec.pod_cidrs = node_pod_cidrs(name, o.wait).await?;
+    }
+    if o.spec.service_cidrs.is_empty() && o.service_cidrs_from_api {
+        o.spec.service_cidrs = api_service_cidrs().await?;
     }
     let list = conflist::render(&o.spec)?;
     let mut text = serde_json::to_string_pretty(&list)
@@ -108,6 +115,37 @@ async fn node_pod_cidrs(name: &str, wait: Duration) -> Result<Vec<IpNetwork>> {
             ));
         }
         tokio::time::sleep(CIDR_POLL).await;
+    }
+}
+
+/// The ranges of the cluster's ServiceCIDR objects (Kubernetes 1.33+). None
+/// where there is no such API or no API configured at all (`--pod-cidrs`
+/// given, outside a cluster): route-sync then writes each ClusterIP.
+async fn api_service_cidrs() -> Result<Vec<IpNetwork>> {
+    let client = match cluster::client().await {
+        Ok(c) => c,
+        Err(e) => {
+            log(&format!(
+                "service CIDRs: none given, and no Kubernetes API to read ServiceCIDRs from ({e}); the conflist gets none"
+            ));
+            return Ok(Vec::new());
+        }
+    };
+    match services::list_ranges(&client).await? {
+        Some(r) if !r.is_empty() => {
+            log(&format!(
+                "ServiceCIDRs: {}",
+                r.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            Ok(r)
+        }
+        _ => {
+            log("service CIDRs: none given or listed: the conflist gets none (route-sync writes each ClusterIP)");
+            Ok(Vec::new())
+        }
     }
 }
 
@@ -219,6 +257,7 @@ mod tests {
             cni_conf_dir: conf.clone(),
             conflist_name: "10-sluice.conflist".into(),
             spec: spec(&["10.244.7.0/24"]),
+            service_cidrs_from_api: false,
             node_name: None,
             wait: Duration::ZERO,
             bpffs: None,
@@ -253,6 +292,7 @@ mod tests {
             cni_conf_dir: d.path().into(),
             conflist_name: "10-sluice.conflist".into(),
             spec: spec(&[]),
+            service_cidrs_from_api: false,
             node_name: None,
             wait: Duration::ZERO,
             bpffs: None,

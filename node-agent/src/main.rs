@@ -6,13 +6,17 @@
 //!   host's CNI bin directory and writes the conflist from the Node's
 //!   `spec.podCIDRs`, both atomically;
 //! - `route-sync` (the DaemonSet's container): routes to other nodes' pods,
-//!   the NAT sweep and the node's addresses for hostPorts;
+//!   the NAT sweep, the node's addresses for hostPorts and the Service
+//!   addresses kube-proxy translates;
 //! - `sweep`: the NAT sweep alone (nodes without Kubernetes): idle flows
 //!   removed from process context instead of the in-kernel sweeper's hard
 //!   interrupt;
 //! - `node-addrs`: the node's addresses for hostPorts alone (nodes without
 //!   Kubernetes), followed from the kernel's notifications instead of read by
 //!   every ADD with hostPorts;
+//! - `services`: the Service addresses alone (ServiceCIDRs, ClusterIPs,
+//!   externalIPs, load balancer IPs), whose traffic from pods the datapath
+//!   hands to kube-proxy;
 //! - `uninstall`.
 mod atomic;
 mod cluster;
@@ -21,6 +25,7 @@ mod error;
 mod install;
 mod node_addrs;
 mod routes;
+mod services;
 mod sweep;
 mod sync;
 
@@ -47,7 +52,7 @@ struct Cli {
 enum Cmd {
     /// Copy the plugin into the CNI bin directory and write the conflist
     /// from the Node's pod CIDRs (both atomically).
-    Install(InstallArgs),
+    Install(Box<InstallArgs>),
     /// Remove the conflist (if sluice-node wrote it) and the plugin.
     Uninstall(Dirs),
     /// Keep routes to other nodes' pod CIDRs (`podCIDR via InternalIP`) and
@@ -62,6 +67,27 @@ enum Cmd {
     /// each ADD with hostPorts reading them; ADDs read them again when this
     /// stops.
     NodeAddrs(Datapath),
+    /// Keep the addresses kube-proxy translates (ServiceCIDRs, or each
+    /// ClusterIP where the cluster has no ServiceCIDR API; externalIPs; load
+    /// balancer IPs) in the datapath's Service ranges, so that pods' traffic
+    /// to them goes to the node's stack.
+    Services(ServicesArgs),
+}
+
+/// A comma-separated list of CIDRs (`10.96.0.0/12,fd00:10:96::/112`); an
+/// empty one (a `ConfigMap` key left empty) is no CIDR at all.
+#[derive(Clone, Debug, Default)]
+struct Cidrs(Vec<IpNetwork>);
+
+fn parse_cidrs(s: &str) -> std::result::Result<Cidrs, String> {
+    let mut v = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        v.push(
+            item.parse::<IpNetwork>()
+                .map_err(|e| format!("{item:?} is not a CIDR ({e})"))?,
+        );
+    }
+    Ok(Cidrs(v))
 }
 
 /// Where the network's datapath is pinned.
@@ -121,12 +147,19 @@ struct InstallArgs {
     node_name: Option<String>,
     /// Pod CIDRs to use instead of reading the Node (comma-separated, at
     /// most one per family).
-    #[arg(long, env = "SLUICE_POD_CIDRS", value_delimiter = ',')]
-    pod_cidrs: Vec<IpNetwork>,
+    #[arg(long, env = "SLUICE_POD_CIDRS", value_parser = parse_cidrs)]
+    pod_cidrs: Option<Cidrs>,
     /// The cluster's pod CIDRs (comma-separated): never masqueraded. Without
     /// them, route-sync adds the other nodes' ranges as they appear.
-    #[arg(long, env = "SLUICE_CLUSTER_CIDRS", value_delimiter = ',')]
-    cluster_cidrs: Vec<IpNetwork>,
+    #[arg(long, env = "SLUICE_CLUSTER_CIDRS", value_parser = parse_cidrs)]
+    cluster_cidrs: Option<Cidrs>,
+    /// The cluster's Service CIDRs (comma-separated; kube-apiserver's
+    /// --service-cluster-ip-range): the conflist's serviceCIDRs, whose traffic
+    /// from pods goes to kube-proxy. Without them, the ServiceCIDR objects'
+    /// ranges (Kubernetes 1.33+), else none (route-sync then writes each
+    /// ClusterIP).
+    #[arg(long, env = "SLUICE_SERVICE_CIDRS", value_parser = parse_cidrs)]
+    service_cidrs: Option<Cidrs>,
     /// Do not masquerade pod traffic leaving the cluster.
     #[arg(long, env = "SLUICE_NO_MASQUERADE")]
     no_masquerade: bool,
@@ -158,7 +191,20 @@ struct SyncArgs {
     /// Leave the node's addresses for hostPorts to each ADD (see `node-addrs`).
     #[arg(long, env = "SLUICE_NO_NODE_ADDRS")]
     no_node_addrs: bool,
+    /// Leave the Service addresses to the config's serviceCIDRs (see `services`).
+    #[arg(long, env = "SLUICE_NO_SERVICES")]
+    no_services: bool,
     /// Reconcile everything this often (seconds) even without a change.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    resync_secs: u64,
+}
+
+#[derive(clap::Args)]
+struct ServicesArgs {
+    #[command(flatten)]
+    datapath: Datapath,
+    /// Write everything again this often (seconds) even without a change; a
+    /// cluster without the ServiceCIDR API is asked for it again this often.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
 }
@@ -192,11 +238,13 @@ async fn run(cli: Cli) -> Result<()> {
             };
             install::install(install::Options {
                 from,
+                service_cidrs_from_api: a.service_cidrs.as_ref().is_none_or(|c| c.0.is_empty()),
                 spec: conflist::Spec {
                     name: a.dirs.network.clone(),
                     cni_version: a.cni_version,
-                    pod_cidrs: a.pod_cidrs,
-                    cluster_cidrs: a.cluster_cidrs,
+                    pod_cidrs: a.pod_cidrs.unwrap_or_default().0,
+                    cluster_cidrs: a.cluster_cidrs.unwrap_or_default().0,
+                    service_cidrs: a.service_cidrs.unwrap_or_default().0,
                     masquerade: !a.no_masquerade,
                     extra: plugin_extra(a.plugin_config.as_deref())?,
                 },
@@ -217,14 +265,52 @@ async fn run(cli: Cli) -> Result<()> {
         ),
         Cmd::RouteSync(a) => {
             let client = cluster::client().await?;
-            sync::run(
+            let resync = Duration::from_secs(a.resync_secs);
+            let no_services = a.no_services;
+            let pin_root = a.datapath.pin_root();
+            let services_opts = services::Options {
+                pin_root: pin_root.clone(),
+                resync,
+            };
+            let sync_opts = sync::Options {
+                pin_root,
+                node_name: a.node_name,
+                resync,
+                nat_sweep: !a.no_nat_sweep,
+                node_addrs: !a.no_node_addrs,
+            };
+            let routes = sync::run(client.clone(), &sync_opts);
+            let services = async {
+                if no_services {
+                    return Ok(());
+                }
+                services::run(client, &services_opts)
+                    .await
+                    .inspect_err(|e| {
+                        log(&format!(
+                            "services: {e}; route-sync goes on without the Service addresses"
+                        ));
+                    })
+            };
+            futures::pin_mut!(routes, services);
+            // Both end at SIGTERM. The routes' end (a signal or an error) ends
+            // the process: the Service duty has nothing to clean up. The
+            // Service duty failing leaves the routes to go on.
+            tokio::select! {
+                r = &mut routes => r,
+                s = &mut services => {
+                    let r = routes.await;
+                    r.and(s)
+                }
+            }
+        }
+        Cmd::Services(a) => {
+            let client = cluster::client().await?;
+            services::run(
                 client,
-                &sync::Options {
+                &services::Options {
                     pin_root: a.datapath.pin_root(),
-                    node_name: a.node_name,
                     resync: Duration::from_secs(a.resync_secs),
-                    nat_sweep: !a.no_nat_sweep,
-                    node_addrs: !a.no_node_addrs,
                 },
             )
             .await

@@ -1,23 +1,60 @@
-//! A stand-in for kube-apiserver serving Nodes, for `sluice-node`'s tests.
+//! A stand-in for kube-apiserver, for `sluice-node`'s tests.
 //!
 //! None of the registries this project builds from carries a Kubernetes API
 //! server (Debian has kubectl and etcd, not kube-apiserver; nothing on PyPI,
 //! npm or crates.io ships it), so the tests talk to this. It speaks the part
-//! of the API that kube-rs uses for Nodes, over plain HTTP/1.1:
-//! - `GET /api/v1/nodes/<name>`: the Node, or a 404 `Status`;
-//! - `GET /api/v1/nodes` (paging parameters ignored): a `NodeList` with the
-//!   current `resourceVersion`;
-//! - `GET /api/v1/nodes?watch=true&resourceVersion=N`: the events after `N` as
-//!   JSON lines (`ADDED`, `MODIFIED`, `DELETED`), then every new one as it
-//!   happens, until `timeoutSeconds`, the stand-in's end, or the client leaves.
+//! of the API that kube-rs uses (its `Api` calls, its `watcher`'s
+//! list-then-watch, its reconnects and relists), over HTTP/1.1, for three
+//! resources: Nodes (v1, cluster-scoped), Services (v1, namespaced) and
+//! ServiceCIDRs (networking.k8s.io/v1, cluster-scoped). Per resource (`R`
+//! being `/api/v1/nodes`, `/api/v1/services`,
+//! `/api/v1/namespaces/<ns>/services`, `/apis/networking.k8s.io/v1/servicecidrs`):
+//! - `GET R/<name>`: the object, or a 404 `Status`;
+//! - `GET R`: a `<Kind>List` with the current `resourceVersion`; with
+//!   `limit`, pages with a `continue` token over a snapshot taken at the first
+//!   page ([`ApiServer::set_max_page`] makes pages smaller than the client
+//!   asks for, as a server may); an unknown token is `410 Expired`;
+//! - `GET R?watch=true&resourceVersion=N`: the changes after `N` as JSON
+//!   lines (`ADDED`, `MODIFIED`, `DELETED`), then each new one as it happens,
+//!   until `timeoutSeconds`, the stand-in's end, or the client leaves. Without
+//!   `N` (or `0`), synthetic `ADDED` events of every object first. With
+//!   `allowWatchBookmarks=true`, a `BOOKMARK` carrying the resource version
+//!   the watch has got to, when nothing else was sent for
+//!   [`ApiServer::set_bookmark_interval`] (1 s by default: kube-apiserver
+//!   sends one about every minute). A watch from a resource version older
+//!   than the history kept ([`ApiServer::expire`], [`ApiServer::compact`])
+//!   gets what kube-apiserver sends: `200`, then one `ERROR` event with a
+//!   `410` `Expired` `Status`, after which kube-rs lists again.
+//!
+//! Resource versions are one counter for every resource, as etcd's revision
+//! is: a watch of Services falls behind while Nodes change, and only
+//! bookmarks move it on. Discovery is served as kube-rs's `Discovery` reads it
+//! (`/api`, `/api/v1`, `/apis`, `/apis/networking.k8s.io`,
+//! `/apis/networking.k8s.io/v1`). [`ApiServer::set_service_cidr_api`]`(false)`
+//! makes the cluster one from before Kubernetes 1.33: discovery leaves
+//! ServiceCIDRs out, their paths answer `404 NotFound`, and open watches of
+//! them end.
 //!
 //! Each request line and `Authorization` header is recorded
 //! ([`ApiServer::requests`], [`ApiServer::authorizations`]), so a test can see
-//! that the client watched instead of polling and sent its token.
+//! that the client watched instead of polling, listed again after a `410`,
+//! and sent its token.
 //!
 //! [`ApiServer::start_tls`] serves HTTPS (rustls) with a certificate for
 //! 127.0.0.1 signed by a CA of the test's own (made with `openssl`): what a
 //! pod's in-cluster client meets, `ca.crt` and all.
+//!
+//! What it does not cover: the token is recorded, never checked, and there is
+//! no RBAC (every request is allowed; the manifest's `ClusterRole` is checked
+//! against the requests the agent makes only by reading it); no writes
+//! (`POST`, `PUT`, `PATCH`, `DELETE` get `405`); label and field selectors are
+//! ignored (every object matches); no `sendInitialEvents` (streaming lists),
+//! no `resourceVersionMatch` (a list is always the latest state), no
+//! aggregated discovery (`apidiscovery.k8s.io/v2`), no protobuf, no HTTP/2,
+//! one connection per request (`Connection: close`); no admission, defaulting
+//! or validation (objects are served as the test wrote them); and none of the
+//! real server's behaviour under load (priority and fairness, `429`, watch
+//! cache sizes).
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
@@ -25,7 +62,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Condvar, Mutex,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     thread,
     time::{Duration, Instant},
@@ -44,15 +81,131 @@ use crate::{err, exec, masq::in_netns, Result};
 const MAX_WATCH: Duration = Duration::from_mins(5);
 /// Timeout of reading a request and of each write.
 const IO: Duration = Duration::from_secs(10);
+/// Default time between bookmarks of a quiet watch.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(1);
+/// How often an open watch looks at its stop conditions without a change.
+const WATCH_TICK: Duration = Duration::from_millis(100);
 
-#[derive(Default)]
+/// A resource the stand-in serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Resource {
+    /// `nodes` (v1, cluster-scoped).
+    Nodes,
+    /// `services` (v1, namespaced).
+    Services,
+    /// `servicecidrs` (networking.k8s.io/v1, cluster-scoped).
+    ServiceCidrs,
+}
+
+impl Resource {
+    const ALL: [Self; 3] = [Self::Nodes, Self::Services, Self::ServiceCidrs];
+
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Nodes => "Node",
+            Self::Services => "Service",
+            Self::ServiceCidrs => "ServiceCIDR",
+        }
+    }
+
+    fn singular(self) -> &'static str {
+        match self {
+            Self::Nodes => "node",
+            Self::Services => "service",
+            Self::ServiceCidrs => "servicecidr",
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Self::Nodes => "nodes",
+            Self::Services => "services",
+            Self::ServiceCidrs => "servicecidrs",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Self::Nodes | Self::Services => "v1",
+            Self::ServiceCidrs => "networking.k8s.io/v1",
+        }
+    }
+
+    fn namespaced(self) -> bool {
+        self == Self::Services
+    }
+
+    /// The API resource entry discovery lists for it.
+    fn discovery(self) -> Value {
+        let mut v = json!({
+            "name": self.plural(),
+            "singularName": self.singular(),
+            "namespaced": self.namespaced(),
+            "kind": self.kind(),
+            "verbs": ["get", "list", "watch"],
+        });
+        if self == Self::Services {
+            v["shortNames"] = json!(["svc"]);
+        }
+        v
+    }
+}
+
+/// An object's key: resource, namespace ("" for cluster-scoped), name.
+type Key = (Resource, String, String);
+
+/// One change: (resourceVersion, resource, event type, object).
+struct Change {
+    rv: u64,
+    res: Resource,
+    ns: String,
+    kind: &'static str,
+    obj: Value,
+}
+
 struct Inner {
     rv: u64,
-    nodes: BTreeMap<String, Value>,
-    /// (resourceVersion, type, object) of every change.
-    events: Vec<(u64, &'static str, Value)>,
+    objects: BTreeMap<Key, Value>,
+    /// Every change since `compacted`.
+    changes: Vec<Change>,
+    /// Watches from a resource version below this get `410 Expired`.
+    compacted: u64,
+    /// Bumped to end every open watch.
+    generation: u64,
+    /// Open watches send nothing while set.
+    held: bool,
+    service_cidr_api: bool,
+    bookmark_every: Duration,
+    max_page: Option<usize>,
+    /// Pages still to serve, by `continue` token: (resourceVersion, items).
+    pages: BTreeMap<String, (u64, Vec<Value>)>,
+    next_token: u64,
     requests: Vec<String>,
     authorizations: Vec<String>,
+    expired: usize,
+    bookmarks: usize,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            rv: 0,
+            objects: BTreeMap::new(),
+            changes: Vec::new(),
+            compacted: 0,
+            generation: 0,
+            held: false,
+            service_cidr_api: true,
+            bookmark_every: BOOKMARK_EVERY,
+            max_page: None,
+            pages: BTreeMap::new(),
+            next_token: 0,
+            requests: Vec::new(),
+            authorizations: Vec::new(),
+            expired: 0,
+            bookmarks: 0,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +213,14 @@ struct Shared {
     inner: Mutex<Inner>,
     changed: Condvar,
     stop: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>> {
+        self.inner
+            .lock()
+            .map_err(|_| err!("stand-in state poisoned"))
+    }
 }
 
 /// See the module documentation. Stops (closing every watch) when dropped.
@@ -129,6 +290,77 @@ impl ApiServer {
         .to_string()
     }
 
+    /// Changes the state under the lock, then wakes the watches.
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Ok(mut inner) = self.shared.inner.lock() {
+            f(&mut inner);
+        }
+        self.shared.changed.notify_all();
+    }
+
+    /// Creates or replaces `obj` (its `metadata.name`, and for a Service its
+    /// `metadata.namespace`, default `default`) as a `res`; `apiVersion`,
+    /// `kind`, `uid` and `resourceVersion` are set here.
+    pub fn put(&self, res: Resource, mut obj: Value) {
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ns = if res.namespaced() {
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string();
+            obj["metadata"]["namespace"] = json!(ns);
+            ns
+        } else {
+            String::new()
+        };
+        obj["apiVersion"] = json!(res.api_version());
+        obj["kind"] = json!(res.kind());
+        obj["metadata"]["uid"] = json!(format!("uid-{}-{ns}-{name}", res.plural()));
+        self.with(|inner| {
+            let rv = inner.rv + 1;
+            inner.rv = rv;
+            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+            let key = (res, ns.clone(), name);
+            let kind = if inner.objects.contains_key(&key) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            inner.objects.insert(key, obj.clone());
+            inner.changes.push(Change {
+                rv,
+                res,
+                ns,
+                kind,
+                obj,
+            });
+        });
+    }
+
+    /// Deletes the `res` named `name` (in namespace `ns`, ignored for
+    /// cluster-scoped resources); nothing if there is none.
+    pub fn delete(&self, res: Resource, ns: &str, name: &str) {
+        let ns = if res.namespaced() { ns } else { "" }.to_string();
+        self.with(|inner| {
+            let Some(mut obj) = inner.objects.remove(&(res, ns.clone(), name.to_string())) else {
+                return;
+            };
+            let rv = inner.rv + 1;
+            inner.rv = rv;
+            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+            inner.changes.push(Change {
+                rv,
+                res,
+                ns,
+                kind: "DELETED",
+                obj,
+            });
+        });
+    }
+
     /// Creates or replaces Node `name` with these pod CIDRs and InternalIPs.
     pub fn set_node(&self, name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) {
         let addresses: Vec<Value> = internal_ips
@@ -140,44 +372,120 @@ impl ApiServer {
         if let Some(first) = pod_cidrs.first() {
             spec = json!({"podCIDR": first, "podCIDRs": pod_cidrs});
         }
-        self.change(|inner, rv| {
-            let node = json!({
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv.to_string()},
+        self.put(
+            Resource::Nodes,
+            json!({
+                "metadata": {"name": name},
                 "spec": spec,
                 "status": {"addresses": addresses},
-            });
-            let kind = if inner.nodes.contains_key(name) { "MODIFIED" } else { "ADDED" };
-            inner.nodes.insert(name.to_string(), node.clone());
-            Some((kind, node))
-        });
+            }),
+        );
     }
 
     /// Deletes Node `name` (nothing if there is none).
     pub fn delete_node(&self, name: &str) {
-        self.change(|inner, rv| {
-            let mut node = inner.nodes.remove(name)?;
-            node["metadata"]["resourceVersion"] = json!(rv.to_string());
-            Some(("DELETED", node))
+        self.delete(Resource::Nodes, "", name);
+    }
+
+    /// Creates or replaces Service `ns/name` with this `spec` and `status`.
+    pub fn set_service(&self, ns: &str, name: &str, spec: &Value, status: &Value) {
+        self.put(
+            Resource::Services,
+            json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": spec,
+                "status": status,
+            }),
+        );
+    }
+
+    /// Deletes Service `ns/name` (nothing if there is none).
+    pub fn delete_service(&self, ns: &str, name: &str) {
+        self.delete(Resource::Services, ns, name);
+    }
+
+    /// Creates or replaces ServiceCIDR `name` with these `spec.cidrs`.
+    pub fn set_service_cidr(&self, name: &str, cidrs: &[&str]) {
+        self.put(
+            Resource::ServiceCidrs,
+            json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}),
+        );
+    }
+
+    /// Deletes ServiceCIDR `name` (nothing if there is none).
+    pub fn delete_service_cidr(&self, name: &str) {
+        self.delete(Resource::ServiceCidrs, "", name);
+    }
+
+    /// Serves the ServiceCIDR API (the default), or not: a cluster from
+    /// before Kubernetes 1.33 (404s; open ServiceCIDR watches end).
+    pub fn set_service_cidr_api(&self, on: bool) {
+        self.with(|inner| inner.service_cidr_api = on);
+    }
+
+    /// Time between bookmarks of a quiet watch that asked for them.
+    pub fn set_bookmark_interval(&self, every: Duration) {
+        self.with(|inner| inner.bookmark_every = every);
+    }
+
+    /// At most this many items per list page, whatever `limit` the client
+    /// asks for (`None`: the client's `limit`).
+    pub fn set_max_page(&self, max: Option<usize>) {
+        self.with(|inner| inner.max_page = max);
+    }
+
+    /// Open watches send nothing (no event, no bookmark past what they sent)
+    /// until [`Self::expire`] or [`Self::close_watches`]: changes made
+    /// meanwhile reach the clients only by a new watch or list.
+    pub fn hold_watches(&self) {
+        self.with(|inner| inner.held = true);
+    }
+
+    /// Ends every open watch (kube-rs watches again from the last resource
+    /// version it saw).
+    pub fn close_watches(&self) {
+        self.with(|inner| {
+            inner.generation += 1;
+            inner.held = false;
         });
     }
 
-    fn change(&self, f: impl FnOnce(&mut Inner, u64) -> Option<(&'static str, Value)>) {
-        if let Ok(mut inner) = self.shared.inner.lock() {
-            let rv = inner.rv + 1;
-            if let Some((kind, obj)) = f(&mut inner, rv) {
-                inner.rv = rv;
-                inner.events.push((rv, kind, obj));
-            }
-        }
-        self.shared.changed.notify_all();
+    /// Forgets the history up to now (etcd's compaction) and ends a
+    /// [`Self::hold_watches`]: a watch from an older resource version gets
+    /// `410 Expired`, and so does an open watch that had not delivered
+    /// everything (inside its stream, as kube-apiserver does); the others go on.
+    pub fn compact(&self) {
+        self.with(|inner| {
+            inner.compacted = inner.rv;
+            inner.changes.clear();
+            inner.held = false;
+        });
+    }
+
+    /// [`Self::compact`] and [`Self::close_watches`] at once: every client
+    /// that had not seen the latest change must list again.
+    pub fn expire(&self) {
+        self.with(|inner| {
+            inner.compacted = inner.rv;
+            inner.changes.clear();
+            inner.generation += 1;
+            inner.held = false;
+        });
+    }
+
+    /// How many watches were answered `410 Expired`.
+    pub fn expired_watches(&self) -> usize {
+        self.shared.lock().map(|i| i.expired).unwrap_or_default()
+    }
+
+    /// How many bookmarks were sent.
+    pub fn bookmarks_sent(&self) -> usize {
+        self.shared.lock().map(|i| i.bookmarks).unwrap_or_default()
     }
 
     /// The request lines served so far (`GET /api/v1/nodes?watch=true...`).
     pub fn requests(&self) -> Vec<String> {
         self.shared
-            .inner
             .lock()
             .map(|i| i.requests.clone())
             .unwrap_or_default()
@@ -186,7 +494,6 @@ impl ApiServer {
     /// The `Authorization` headers received (`Bearer <token>`).
     pub fn authorizations(&self) -> Vec<String> {
         self.shared
-            .inner
             .lock()
             .map(|i| i.authorizations.clone())
             .unwrap_or_default()
@@ -320,6 +627,89 @@ fn read_head(s: &mut impl Read) -> Result<String> {
     Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
+/// What a request path names.
+enum Target {
+    Discovery(Value),
+    /// A collection: of every namespace (`None`) or of one.
+    List(Resource, Option<String>),
+    /// One object: resource, namespace ("" if cluster-scoped), name.
+    Object(Resource, String, String),
+}
+
+fn api_group() -> Value {
+    let v1 = json!({"groupVersion": "networking.k8s.io/v1", "version": "v1"});
+    json!({
+        "name": "networking.k8s.io",
+        "versions": [v1.clone()],
+        "preferredVersion": v1,
+    })
+}
+
+fn target(path: &str, inner: &Inner) -> Option<Target> {
+    let cidr_api = inner.service_cidr_api;
+    let discovery = match path {
+        "/api" => Some(json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [],
+        })),
+        "/api/v1" => Some(json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": "v1",
+            "resources": [Resource::Nodes.discovery(), Resource::Services.discovery()],
+        })),
+        "/apis" => Some(json!({
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [api_group()],
+        })),
+        "/apis/networking.k8s.io" => {
+            let mut g = api_group();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
+        }
+        // Before 1.33 the group version is there with other resources
+        // (NetworkPolicies, Ingresses: not served here), without ServiceCIDRs.
+        "/apis/networking.k8s.io/v1" => Some(json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": "networking.k8s.io/v1",
+            "resources": if cidr_api { vec![Resource::ServiceCidrs.discovery()] } else { Vec::new() },
+        })),
+        _ => None,
+    };
+    if let Some(d) = discovery {
+        return Some(Target::Discovery(d));
+    }
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (core, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => (true, rest),
+        ["apis", "networking.k8s.io", "v1", rest @ ..] => (false, rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_string()), rest),
+        _ => (None, rest),
+    };
+    let res = *Resource::ALL
+        .iter()
+        .find(|r| Some(&r.plural()) == rest.first() && (r.api_version() == "v1") == core)?;
+    if (ns.is_some() && !res.namespaced()) || (res == Resource::ServiceCidrs && !cidr_api) {
+        return None;
+    }
+    match rest {
+        [_] => Some(Target::List(res, ns)),
+        [_, name] if res.namespaced() == ns.is_some() => Some(Target::Object(
+            res,
+            ns.unwrap_or_default(),
+            (*name).to_string(),
+        )),
+        _ => None,
+    }
+}
+
 fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
     let head = read_head(&mut s)?;
     let mut lines = head.lines();
@@ -329,13 +719,9 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
         k.eq_ignore_ascii_case("authorization")
             .then(|| v.trim().to_string())
     });
-    if let Ok(mut i) = shared.inner.lock() {
-        i.requests.push(line.clone());
-        i.authorizations.extend(auth);
-    }
     let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let (method, target_line) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (path, query) = target_line.split_once('?').unwrap_or((target_line, ""));
     let param = |k: &str| {
         query
             .split('&')
@@ -343,55 +729,127 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
             .map(str::to_string)
     };
     let out = &mut s;
+    let found = {
+        let mut i = shared.lock()?;
+        i.requests.push(line.clone());
+        i.authorizations.extend(auth);
+        target(path, &i)
+    };
     if method != "GET" {
         return respond(out, 405, &status(405, "MethodNotAllowed", method));
     }
-    if path == "/api/v1/nodes" {
-        if param("watch").is_some_and(|w| w == "true" || w == "1") {
-            let from = param("resourceVersion")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let secs = param("timeoutSeconds")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(60);
-            return watch(out, shared, from, Duration::from_secs(secs).min(MAX_WATCH));
-        }
-        let list = {
-            let i = shared
-                .inner
-                .lock()
-                .map_err(|_| err!("stand-in state poisoned"))?;
-            json!({
-                "apiVersion": "v1",
-                "kind": "NodeList",
-                "metadata": {"resourceVersion": i.rv.to_string()},
-                "items": i.nodes.values().cloned().collect::<Vec<_>>(),
-            })
-        };
-        return respond(out, 200, &list);
-    }
-    if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
-        let node = shared
-            .inner
-            .lock()
-            .map_err(|_| err!("stand-in state poisoned"))?
-            .nodes
-            .get(name)
-            .cloned();
-        return match node {
-            Some(n) => respond(out, 200, &n),
-            None => respond(
-                out,
+    match found {
+        None => respond(
+            out,
+            404,
+            &status(
                 404,
-                &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        ),
+        Some(Target::Discovery(v)) => respond(out, 200, &v),
+        Some(Target::Object(res, ns, name)) => {
+            let obj = shared
+                .lock()?
+                .objects
+                .get(&(res, ns, name.clone()))
+                .cloned();
+            match obj {
+                Some(o) => respond(out, 200, &o),
+                None => respond(
+                    out,
+                    404,
+                    &status(
+                        404,
+                        "NotFound",
+                        &format!("{} \"{name}\" not found", res.plural()),
+                    ),
+                ),
+            }
+        }
+        Some(Target::List(res, ns)) => {
+            if param("watch").is_some_and(|w| w == "true" || w == "1") {
+                let from = param("resourceVersion").and_then(|v| v.parse().ok());
+                let secs = param("timeoutSeconds")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(60);
+                let bookmarks = param("allowWatchBookmarks").is_some_and(|b| b == "true");
+                return watch(
+                    out,
+                    shared,
+                    (res, ns),
+                    from,
+                    Duration::from_secs(secs).min(MAX_WATCH),
+                    bookmarks,
+                );
+            }
+            let limit = param("limit").and_then(|v| v.parse().ok());
+            list(out, shared, (res, ns), limit, param("continue"))
+        }
+    }
+}
+
+/// A page of the objects of `res` in `ns` (every namespace: `None`).
+fn list(
+    out: &mut impl Write,
+    shared: &Shared,
+    (res, ns): (Resource, Option<String>),
+    limit: Option<usize>,
+    cont: Option<String>,
+) -> Result<()> {
+    let body = {
+        let mut i = shared.lock()?;
+        let (rv, mut items) = match cont.filter(|c| !c.is_empty()) {
+            Some(token) => {
+                let Some(p) = i.pages.remove(&token) else {
+                    drop(i);
+                    return respond(
+                        out,
+                        410,
+                        &status(
+                            410,
+                            "Expired",
+                            "the provided continue parameter is too old to display a consistent list result",
+                        ),
+                    );
+                };
+                p
+            }
+            None => (
+                i.rv,
+                i.objects
+                    .iter()
+                    .filter(|((r, n, _), _)| *r == res && ns.as_ref().is_none_or(|ns| ns == n))
+                    .map(|(_, o)| o.clone())
+                    .collect::<Vec<_>>(),
             ),
         };
-    }
-    respond(out, 404, &status(404, "NotFound", path))
+        let page = match (limit.filter(|l| *l > 0), i.max_page) {
+            (Some(l), Some(m)) => Some(l.min(m)),
+            (l, m) => l.or(m),
+        };
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if let Some(n) = page.filter(|n| items.len() > *n) {
+            let rest = items.split_off(n);
+            i.next_token += 1;
+            let token = format!("page-{}", i.next_token);
+            meta["remainingItemCount"] = json!(rest.len());
+            meta["continue"] = json!(token);
+            i.pages.insert(token, (rv, rest));
+        }
+        json!({
+            "apiVersion": res.api_version(),
+            "kind": format!("{}List", res.kind()),
+            "metadata": meta,
+            "items": items,
+        })
+    };
+    respond(out, 200, &body)
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "reason": reason, "code": code})
+    json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
 }
 
 fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
@@ -399,7 +857,9 @@ fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let text = match code {
         200 => "OK",
         404 => "Not Found",
-        _ => "Method Not Allowed",
+        405 => "Method Not Allowed",
+        410 => "Gone",
+        _ => "Error",
     };
     write!(
         s,
@@ -410,44 +870,125 @@ fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     Ok(())
 }
 
-/// The events after `from`, then new ones as they come; the body ends when the
-/// connection closes (no length: HTTP/1.1 with `Connection: close`).
-fn watch(s: &mut impl Write, shared: &Shared, from: u64, limit: Duration) -> Result<()> {
+/// A watch of `res` in `ns` (every namespace: `None`) from `from`: the
+/// changes after it, then new ones as they come, bookmarks if asked for; the
+/// body ends when the connection closes (no length: HTTP/1.1 with
+/// `Connection: close`).
+fn watch(
+    s: &mut impl Write,
+    shared: &Shared,
+    (res, ns): (Resource, Option<String>),
+    from: Option<u64>,
+    limit: Duration,
+    bookmarks: bool,
+) -> Result<()> {
     write!(
         s,
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
     )?;
     s.flush()?;
+    let ours = |r: Resource, n: &str| r == res && ns.as_deref().is_none_or(|ns| ns == n);
+    let event = |kind: &str, obj: &Value| json!({"type": kind, "object": obj}).to_string();
+    let expired = |from: u64, compacted: u64| {
+        event(
+            "ERROR",
+            &status(
+                410,
+                "Expired",
+                &format!("too old resource version: {from} ({compacted})"),
+            ),
+        )
+    };
     let end = Instant::now() + limit;
-    let mut sent = from;
-    let mut guard = shared
-        .inner
-        .lock()
-        .map_err(|_| err!("stand-in state poisoned"))?;
-    while Instant::now() < end && !shared.stop.load(Ordering::Relaxed) {
-        let new: Vec<String> = guard
-            .events
-            .iter()
-            .filter(|(rv, _, _)| *rv > sent)
-            .map(|(_, kind, obj)| json!({"type": kind, "object": obj}).to_string())
-            .collect();
-        sent = guard.rv;
-        if !new.is_empty() {
+    let mut guard = shared.lock()?;
+    let generation = guard.generation;
+    // The last resource version this watch has delivered everything up to.
+    let mut sent;
+    let mut pending: Vec<String> = Vec::new();
+    match from.filter(|n| *n > 0) {
+        Some(n) if n < guard.compacted => {
+            guard.expired += 1;
+            let e = expired(n, guard.compacted);
             drop(guard);
-            for e in new {
+            s.write_all(e.as_bytes())?;
+            s.write_all(b"\n")?;
+            s.flush()?;
+            return Ok(());
+        }
+        Some(n) => sent = n,
+        None => {
+            sent = guard.rv;
+            pending = guard
+                .objects
+                .iter()
+                .filter(|((r, n, _), _)| ours(*r, n))
+                .map(|(_, o)| event("ADDED", o))
+                .collect();
+        }
+    }
+    let mut last_write = Instant::now();
+    loop {
+        if !pending.is_empty() {
+            drop(guard);
+            for e in pending.drain(..) {
                 s.write_all(e.as_bytes())?;
                 s.write_all(b"\n")?;
             }
             s.flush()?;
-            guard = shared
-                .inner
-                .lock()
-                .map_err(|_| err!("stand-in state poisoned"))?;
+            last_write = Instant::now();
+            guard = shared.lock()?;
+            continue;
+        }
+        if Instant::now() >= end
+            || shared.stop.load(Ordering::Relaxed)
+            || guard.generation != generation
+            || (res == Resource::ServiceCidrs && !guard.service_cidr_api)
+        {
+            break;
+        }
+        // The history this watch still needed was compacted away: what
+        // etcd and kube-apiserver do, an ERROR event with 410, then the end.
+        if sent < guard.compacted {
+            guard.expired += 1;
+            pending.push(expired(sent, guard.compacted));
+            drop(guard);
+            for e in pending.drain(..) {
+                s.write_all(e.as_bytes())?;
+                s.write_all(b"\n")?;
+            }
+            s.flush()?;
+            return Ok(());
+        }
+        if !guard.held {
+            pending = guard
+                .changes
+                .iter()
+                .filter(|c| c.rv > sent && ours(c.res, &c.ns))
+                .map(|c| event(c.kind, &c.obj))
+                .collect();
+            sent = sent.max(guard.rv);
+            if !pending.is_empty() {
+                continue;
+            }
+        }
+        if bookmarks && last_write.elapsed() >= guard.bookmark_every {
+            guard.bookmarks += 1;
+            pending.push(
+                json!({
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": res.kind(),
+                        "apiVersion": res.api_version(),
+                        "metadata": {"resourceVersion": sent.to_string()},
+                    },
+                })
+                .to_string(),
+            );
             continue;
         }
         guard = shared
             .changed
-            .wait_timeout(guard, Duration::from_millis(200))
+            .wait_timeout(guard, WATCH_TICK)
             .map_err(|_| err!("stand-in state poisoned"))?
             .0;
     }

@@ -1,7 +1,7 @@
 //! kube-proxy's IPVS mode: `syncProxyRules`, `syncService`, `syncEndpoint`,
 //! `writeIptablesRules` and `createAndLinkKubeChain` of
 //! pkg/proxy/ipvs/proxier.go, the sets of pkg/proxy/ipvs/ipset.go, written for
-//! `ipset restore`, `ipvsadm-restore`, `iptables-restore` and `ip`.
+//! `ipset restore`, `ipvsadm -R`, `iptables-restore` and `ip`.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
@@ -304,7 +304,7 @@ pub struct Rules {
     /// The `ipset -exist restore` input of a node with no sets yet.
     pub ipset_restore: String,
     pub virtual_servers: Vec<VirtualServer>,
-    /// The `ipvsadm-restore` input of a node with no virtual servers yet.
+    /// The `ipvsadm -R` input of a node with no virtual servers yet.
     pub ipvsadm_restore: String,
     /// Addresses bound to [`DUMMY`] (`activeBindAddrs`).
     pub bind: Vec<IpAddr>,
@@ -861,7 +861,7 @@ fn of_family(addr: &str, ipv6: bool) -> bool {
     addr.starts_with('[') == ipv6
 }
 
-/// The `ipvsadm-restore` commands that make the namespace's IPVS table what
+/// The `ipvsadm -R` commands that make the namespace's IPVS table what
 /// `rules` wants: `syncService` (add, or edit a changed service) and
 /// `syncEndpoint` (add missing real servers, edit changed ones, delete gone
 /// ones); and, apart, `cleanLegacyService`'s deletes of services of the family
@@ -925,7 +925,7 @@ fn bound_addresses(netns: &Path, ipv6: bool) -> Result<Vec<IpAddr>> {
 /// kube-proxy's IPVS sync in the namespace, in its order: the iptables chains
 /// and jumps (`createAndLinkKubeChain`), the dummy device (`ip link add
 /// kube-ipvs0 type dummy`, left down as kube-proxy leaves it), the sets
-/// (`ipset create -exist`), the virtual and real servers (`ipvsadm-restore`,
+/// (`ipset create -exist`), the virtual and real servers (`ipvsadm -R`,
 /// reconciled against `ipvsadm-save -n`), the service addresses bound to the
 /// dummy device (`ip addr add`), the set entries (reconciled against `ipset
 /// save`), the `iptables-restore --noflush`, then the addresses and virtual
@@ -958,7 +958,10 @@ pub(crate) fn apply(netns: &Path, ctx: &Ctx, ports: &[SvcPort]) -> Result<Rules>
     let cur = current_ipvs(netns)?;
     let (sync, clean) = ipvs_commands(&rules, &cur);
     if !sync.is_empty() {
-        tools::run(netns, "ipvsadm-restore", &[], &sync)?;
+        // `ipvsadm -R`, not Debian's `ipvsadm-restore`, which runs
+        // `ipvsadm -C` first and would wipe the other family's proxier's
+        // virtual servers (kube-proxy edits them one by one over netlink).
+        tools::run(netns, "ipvsadm", &["-R"], &sync)?;
     }
 
     let len = if ctx.ipv6 { 128 } else { 32 };
@@ -989,7 +992,7 @@ pub(crate) fn apply(netns: &Path, ctx: &Ctx, ports: &[SvcPort]) -> Result<Rules>
         )?;
     }
     if !clean.is_empty() {
-        tools::run(netns, "ipvsadm-restore", &[], &clean)?;
+        tools::run(netns, "ipvsadm", &["-R"], &clean)?;
     }
     rules.ipset_restore = creates;
     rules.ipvsadm_restore = sync + &clean;
