@@ -217,6 +217,8 @@ pub(crate) enum BenchTable {
     Masquerade,
     /// pod -> external host's IPv6 address through masquerade (dual-stack pods).
     Masquerade6,
+    /// pod -> a Service's ClusterIP through kube-proxy's iptables-mode rules.
+    Clusterip,
     /// external host -> node address:hostPort with 1, 1,000 and 10,000 mappings.
     Hostport,
     /// pods with bandwidth limits (10 Mbit/s, 100 Mbit/s, 1 Gbit/s; bursts of 10, 100, 300 ms) both ways.

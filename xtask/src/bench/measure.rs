@@ -66,7 +66,10 @@ pub(super) fn udp_small_pps(client: &Netns, server: &Netns, addr: &str, secs: u3
 }
 
 const IPERF_PORT: u16 = 5301;
-const SOCKPERF_PORT: u16 = 11311;
+/// The port of sockperf's server (the RTT figures).
+pub(super) const SOCKPERF_PORT: u16 = 11311;
+/// The port of `conn-loop`'s server (new connections, IPv6 round trips).
+pub(super) const CONN_LOOP_PORT: u16 = 5302;
 
 fn iperf(
     client: &Netns,
@@ -245,7 +248,7 @@ pub(super) fn tcp_rtt_us(
         let v = conn_loop(
             client,
             server,
-            addr,
+            (addr, addr),
             secs,
             &["--echo"],
             &["ping", "--size", "64"],
@@ -278,10 +281,10 @@ fn is_ipv6(addr: &str) -> bool {
     addr.parse::<std::net::Ipv6Addr>().is_ok()
 }
 
-/// The same through a port mapping: the client connects to `to`, the server
-/// listens on `listen` (address, port), with `SO_REUSEADDR` (`--uc-reuseaddr`):
-/// the port is the one iperf3's server used just before, whose closed
-/// connections wait in `TIME_WAIT`.
+/// The same through a translation (a port mapping, a Service's ClusterIP):
+/// the client connects to `to`, the server listens on `listen` (address,
+/// port), with `SO_REUSEADDR` (`--uc-reuseaddr`): the port may be the one a
+/// server used just before, whose closed connections wait in `TIME_WAIT`.
 pub(super) fn tcp_rtt_us_via(
     client: &Netns,
     server: &Netns,
@@ -362,45 +365,77 @@ fn sockperf_pp(
 /// a masqueraded reference run leaves one `nf_conntrack` entry per connection for
 /// two minutes, and that table is shared with the host.
 pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
-    let (done, seconds) = conns(client, server, addr, secs)?;
+    conns_per_sec_via(client, server, (addr, addr), secs)
+}
+
+/// The same through a translation (a Service's ClusterIP): the client
+/// connects to `to`, the server listens on `listen` (same port).
+pub(super) fn conns_per_sec_via(
+    client: &Netns,
+    server: &Netns,
+    (to, listen): (&str, &str),
+    secs: u32,
+) -> Result<f64> {
+    let (done, seconds) = conns_via(client, server, (to, listen), secs)?;
     Ok(done / seconds)
 }
 
 /// The same run: (connections completed, seconds they took).
 pub(super) fn conns(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
+    conns_via(client, server, (addr, addr), secs)
+}
+
+/// [`conns`] to `to`, the server listening on `listen`.
+fn conns_via(
+    client: &Netns,
+    server: &Netns,
+    (to, listen): (&str, &str),
+    secs: u32,
+) -> Result<(f64, f64)> {
     const MAX_CONNS: u64 = 20_000;
     let max = MAX_CONNS.to_string();
-    let v = conn_loop(client, server, addr, secs, &[], &["connect", "--max", &max])?;
+    let v = conn_loop(
+        client,
+        server,
+        (to, listen),
+        secs,
+        &[],
+        &["connect", "--max", &max],
+    )?;
     let (done, failed, seconds) = (
         v["connections"].as_f64().unwrap_or(0.0),
         v["failed"].as_f64().unwrap_or(0.0),
         v["seconds"].as_f64().unwrap_or(0.0),
     );
     if done == 0.0 || seconds <= 0.0 || failed > done / 100.0 {
-        bail!("connections to {addr}: {done} completed, {failed} failed");
+        bail!("connections to {to}: {done} completed, {failed} failed");
     }
     Ok((done, seconds))
 }
 
-/// `cargo xtask conn-loop serve <server_args>` in `server` and `conn-loop
-/// <client_args>` (the mode first) in `client`, to `addr` (IPv4 or IPv6) for
-/// `secs`, both pinned: what the client printed.
+/// `cargo xtask conn-loop serve <server_args>` in `server`, listening on
+/// `listen`, and `conn-loop <client_args>` (the mode first) in `client`, to
+/// `to` (IPv4 or IPv6; the same address but where a translation is measured),
+/// both on `CONN_LOOP_PORT`, for `secs`, both pinned: what the client printed.
 fn conn_loop(
     client: &Netns,
     server: &Netns,
-    addr: &str,
+    (to, listen): (&str, &str),
     secs: u32,
     server_args: &[&str],
     client_args: &[&str],
 ) -> Result<Value> {
-    let port = 5302;
+    let port = CONN_LOOP_PORT;
     let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let ip: std::net::IpAddr = addr
-        .parse()
-        .with_context(|| format!("conn-loop to {addr}: not an IP address"))?;
-    let target = std::net::SocketAddr::new(ip, port).to_string();
+    let socket = |addr: &str| -> Result<String> {
+        let ip: std::net::IpAddr = addr
+            .parse()
+            .with_context(|| format!("conn-loop to {addr}: not an IP address"))?;
+        Ok(std::net::SocketAddr::new(ip, port).to_string())
+    };
+    let (target, bind) = (socket(to)?, socket(listen)?);
     let mut s = pinned(server, &exe.to_string_lossy());
-    s.args(["conn-loop", "serve", "--addr", &target, "--secs"])
+    s.args(["conn-loop", "serve", "--addr", &bind, "--secs"])
         .arg(secs.to_string())
         .args(server_args);
     let _server = Background::spawn(s)?;
@@ -434,6 +469,49 @@ pub(super) fn source_seen(client: &Netns, server: &Netns, addr: &str) -> Result<
     })?;
     // The handshake is done: the connection waits in the backlog.
     let (_conn, peer) = listener.accept().context("accept")?;
+    Ok(peer.ip())
+}
+
+/// One TCP exchange `client` -> `to`, answered by a listener of `server`'s on
+/// `listen` (a translation in between, a Service's ClusterIP): a byte each
+/// way, so the handshake and a reply came back through it. The source address
+/// the server saw. Fails when any step takes more than 5 s.
+pub(super) fn answered_through(
+    client: &Netns,
+    server: &Netns,
+    to: std::net::SocketAddr,
+    listen: std::net::SocketAddr,
+) -> Result<std::net::IpAddr> {
+    use std::{
+        io::{Read, Write},
+        net::{TcpListener, TcpStream},
+    };
+    const WAIT: Duration = Duration::from_secs(5);
+    let listener = in_netns(&server.path(), || {
+        TcpListener::bind(listen).with_context(|| format!("binding {listen} in {}", server.name()))
+    })?;
+    let mut conn = in_netns(&client.path(), || {
+        TcpStream::connect_timeout(&to, WAIT)
+            .with_context(|| format!("connecting to {to} from {}", client.name()))
+    })?;
+    conn.set_read_timeout(Some(WAIT))?;
+    conn.write_all(b"?")
+        .with_context(|| format!("sending to {to}"))?;
+    // The handshake is done: the connection waits in the backlog.
+    let (mut accepted, peer) = listener.accept().context("accept")?;
+    accepted.set_read_timeout(Some(WAIT))?;
+    let mut b = [0u8; 1];
+    accepted
+        .read_exact(&mut b)
+        .with_context(|| format!("{listen}: reading what {} sent", peer.ip()))?;
+    accepted
+        .write_all(b"!")
+        .with_context(|| format!("{listen}: answering {}", peer.ip()))?;
+    conn.read_exact(&mut b)
+        .with_context(|| format!("{to}: reading the answer from {listen}"))?;
+    if b != *b"!" {
+        bail!("{to}: answered {b:?}, not what {listen} sent");
+    }
     Ok(peer.ip())
 }
 

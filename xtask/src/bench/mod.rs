@@ -4,7 +4,9 @@
 //! docs/benchmarks.md. Absolute numbers drift 30% between runs on these VMs;
 //! the ratios within one run are what to compare. Masquerade is measured on two
 //! more setups (both plugins with `ipMasq: true`) in the same run, IPv6
-//! masquerade on two more (the same, dual-stack, measured on IPv6), port mapping
+//! masquerade on two more (the same, dual-stack, measured on IPv6), Services on
+//! two more (`clusterip`: both plugins with kube-proxy's iptables-mode rules for
+//! one Service in the node namespace, pod -> ClusterIP), port mapping
 //! on six more (both plugins with 1, 1,000 and 10,000 mappings on the node),
 //! bandwidth limits on two more (bridge + the reference `bandwidth` plugin, and
 //! Sluice, each a node with one pod per limit), and the control plane on four
@@ -33,12 +35,12 @@ use crate::{
 };
 
 use report::{
-    Figure, Report, BW_CPU_RATE, BW_UDP_RATE, LIMIT, REFERENCE, REFERENCE_BW, REFERENCE_HP,
-    REFERENCE_MASQ, REFERENCE_MASQ6, SLUICE, SLUICE_BW, SLUICE_HP, SLUICE_MASQ, SLUICE_MASQ6,
-    SLUICE_NETKIT,
+    Figure, Report, BW_CPU_RATE, BW_UDP_RATE, LIMIT, REFERENCE, REFERENCE_BW, REFERENCE_CI,
+    REFERENCE_HP, REFERENCE_MASQ, REFERENCE_MASQ6, SLUICE, SLUICE_BW, SLUICE_CI, SLUICE_HP,
+    SLUICE_MASQ, SLUICE_MASQ6, SLUICE_NETKIT,
 };
 use topology::{
-    bw_pod, BwSetup, Family, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES,
+    bw_pod, BwSetup, Family, HpSetup, Setup, BW_BURSTS_MS, BW_DEFAULT_BURST, BW_RATES, CLUSTER_IP,
     HP_CONTAINER_PORT, HP_HOST_PORT, HP_SIZES, HP_TIMED_PODS_REFERENCE, HP_TIMED_PODS_SLUICE,
 };
 
@@ -128,6 +130,16 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
             masq.push((sluice, topology::sluice_masq(&mut tb, &bins, family)?));
         }
     }
+    // Reference and Sluice with kube-proxy's rules, each with its index in the
+    // report.
+    let clusterip = if want(BenchTable::Clusterip) {
+        vec![
+            (REFERENCE_CI, topology::clusterip_reference(&mut tb)?),
+            (SLUICE_CI, topology::clusterip_sluice(&mut tb, &bins)?),
+        ]
+    } else {
+        Vec::new()
+    };
     // Reference and Sluice for each number of mappings, each with its index in
     // the report.
     let mut hp = Vec::new();
@@ -158,6 +170,9 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         }
         if !masq.is_empty() {
             masq_round(&tb, &masq, args.seconds, &mut report)?;
+        }
+        if !clusterip.is_empty() {
+            clusterip_round(&tb, &clusterip, args.seconds, &mut report)?;
         }
         if !hp.is_empty() {
             hostport_round(&tb, &hp, args.seconds, &mut report)?;
@@ -277,6 +292,40 @@ fn masq_round(tb: &Testbed, setups: &[(usize, Setup)], secs: u32, r: &mut Report
             Figure::MasqConnsPerSec,
             i,
             measure::conns_per_sec(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,
+        );
+    }
+    Ok(())
+}
+
+/// The ClusterIP figures, pod -> the Service's ClusterIP (kube-proxy's DNAT
+/// to the node's other pod, whose servers listen on its own address), the
+/// setups (reference, Sluice) in turn, each with its index in the report.
+fn clusterip_round(
+    tb: &Testbed,
+    setups: &[(usize, Setup)],
+    secs: u32,
+    r: &mut Report,
+) -> Result<()> {
+    let ns = |i| tb.ns(i);
+    for &(i, ref s) in setups {
+        let port = measure::SOCKPERF_PORT;
+        let (p50, p99) = measure::tcp_rtt_us_via(
+            ns(s.pod1),
+            ns(s.pod2),
+            (CLUSTER_IP, port),
+            (&s.pod2_ip, port),
+            secs,
+        )
+        .with_context(|| format!("{} RTT to {CLUSTER_IP}", report::name(i)))?;
+        r.add(Figure::CiRttP50, i, p50);
+        r.add(Figure::CiRttP99, i, p99);
+    }
+    for &(i, ref s) in setups {
+        r.add(
+            Figure::CiConnsPerSec,
+            i,
+            measure::conns_per_sec_via(ns(s.pod1), ns(s.pod2), (CLUSTER_IP, &s.pod2_ip), secs)
+                .with_context(|| format!("{} connections to {CLUSTER_IP}", report::name(i)))?,
         );
     }
     Ok(())

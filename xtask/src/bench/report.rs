@@ -35,6 +35,14 @@ pub(super) enum Figure {
     MasqRttP50,
     MasqRttP99,
     MasqConnsPerSec,
+    /// TCP RTT median (us), pod -> a Service's ClusterIP (kube-proxy's DNAT
+    /// to a pod of the same node).
+    CiRttP50,
+    /// Its p99.
+    CiRttP99,
+    /// New TCP connections per second, pod -> the ClusterIP (as
+    /// `PodPodConnsPerSec`).
+    CiConnsPerSec,
     HpGbps,
     HpRttP50,
     HpRttP99,
@@ -101,11 +109,14 @@ pub(super) const SLUICE_FILL: usize = 16;
 pub(super) const KERNEL_FILL: usize = 17;
 /// Sluice with netkit pods, in the routing table (kernels with netkit only).
 pub(super) const SLUICE_NETKIT: usize = 24;
+/// The ClusterIP setups: both plugins with kube-proxy's iptables-mode rules.
+pub(super) const REFERENCE_CI: usize = 25;
+pub(super) const SLUICE_CI: usize = 26;
 /// Setups a run may not have: their columns and ratios are left out then.
 const OPTIONAL: [usize; 1] = [SLUICE_NETKIT];
 
 /// Setup names, by index.
-const NAMES: [&str; 25] = [
+const NAMES: [&str; 27] = [
     "bare veth",
     "bridge+host-local",
     "sluice",
@@ -131,6 +142,8 @@ const NAMES: [&str; 25] = [
     "sluice",
     "kernel veth pair",
     "sluice netkit",
+    "bridge+kube-proxy",
+    "sluice+kube-proxy",
 ];
 
 /// The name of setup `setup` in tables.
@@ -180,7 +193,7 @@ const MASQ_FIGURES: &[Figure] = &[
     Figure::MasqConnsPerSec,
 ];
 
-const TABLES: [Table; 6] = [
+const TABLES: [Table; 7] = [
     Table {
         which: BenchTable::Routing,
         by_size: false,
@@ -222,6 +235,14 @@ const TABLES: [Table; 6] = [
         columns: &[REFERENCE_MASQ6, SLUICE_MASQ6],
         ratios: &[("sluice/reference", SLUICE_MASQ6, REFERENCE_MASQ6)],
         which: BenchTable::Masquerade6,
+        by_size: false,
+    },
+    Table {
+        title: "ClusterIP through kube-proxy (iptables mode)",
+        figures: &[Figure::CiRttP50, Figure::CiRttP99, Figure::CiConnsPerSec],
+        columns: &[REFERENCE_CI, SLUICE_CI],
+        ratios: &[("sluice/reference", SLUICE_CI, REFERENCE_CI)],
+        which: BenchTable::Clusterip,
         by_size: false,
     },
     Table {
@@ -284,6 +305,9 @@ impl Figure {
             Self::MasqRttP50 => "masqueraded TCP RTT median (us)",
             Self::MasqRttP99 => "masqueraded TCP RTT p99 (us)",
             Self::MasqConnsPerSec => "masqueraded new TCP connections per second",
+            Self::CiRttP50 => "pod->ClusterIP TCP RTT median (us)",
+            Self::CiRttP99 => "pod->ClusterIP TCP RTT p99 (us)",
+            Self::CiConnsPerSec => "pod->ClusterIP new TCP connections per second",
             Self::HpGbps => "TCP throughput (Gbit/s)",
             Self::HpRttP50 => "TCP RTT median (us)",
             Self::HpRttP99 => "TCP RTT p99 (us)",
@@ -321,6 +345,7 @@ impl Figure {
                 | Self::ExtPodGbps
                 | Self::MasqGbps
                 | Self::MasqConnsPerSec
+                | Self::CiConnsPerSec
                 | Self::HpGbps
                 | Self::BwTcpMbps(_)
                 | Self::BwUdpMbps { .. }
@@ -766,6 +791,9 @@ impl Report {
                         out.push(self.masq_conns_issue_18(masq_conns, reference));
                     }
                 }
+                // The issue asks for the figures beside the reference's, with
+                // no target ratio.
+                BenchTable::Clusterip => {}
                 BenchTable::Hostport => out.extend(self.hostport_targets()),
                 BenchTable::Bandwidth => out.extend(self.bandwidth_targets()),
                 BenchTable::Filling => out.extend(self.filling_targets()),
@@ -916,6 +944,7 @@ impl Report {
                 BenchTable::Masquerade => &["masquerade"],
                 // What both masquerade tables share, once.
                 BenchTable::Masquerade6 => &["masquerade", "masquerade6"],
+                BenchTable::Clusterip => &["clusterip"],
                 BenchTable::Hostport => &["hostport"],
                 BenchTable::Bandwidth => &["bandwidth"],
                 BenchTable::Filling => &["filling"],
@@ -1105,6 +1134,10 @@ fn method_vars(args: &BenchArgs, sluice_egress: Option<&str>) -> Vec<(&'static s
         ("fill_window", FILL_WINDOW.to_string()),
         ("fill_rounds", FILL_ROUNDS.to_string()),
         ("settle", FILL_SETTLE_SECS.to_string()),
+        ("service_cidr", super::topology::SERVICE_CIDR.to_string()),
+        ("cluster_ip", super::topology::CLUSTER_IP.to_string()),
+        ("sockperf_port", super::measure::SOCKPERF_PORT.to_string()),
+        ("conn_port", super::measure::CONN_LOOP_PORT.to_string()),
     ]
 }
 
@@ -1139,6 +1172,20 @@ const PATHS: &str = "
   the same in `sl_nat6_fwd` and `sl_nat6_rev`, keyed by IPv6 addresses, the
   address change going into the L4 checksum's pseudo header (IPv6 has no header
   checksum).
+- **bridge+kube-proxy** (ClusterIP table): the pod's packet to the ClusterIP goes
+  up the bridge to the node's IP stack (the pods' gateway), where the first packet
+  of a connection walks kube-proxy's nat chains (`KUBE-SERVICES` -> `KUBE-SVC-*` ->
+  `KUBE-SEP-*`) to its DNAT and nf_conntrack translates the rest; routed back down
+  the bridge into the endpoint pod. The endpoint's replies are bridged straight to
+  the client pod, and br_netfilter passes them through the netfilter hooks, where
+  nf_conntrack translates their source back to the ClusterIP.
+- **sluice+kube-proxy** (ClusterIP table): `from_pod` finds the destination in the
+  Service ranges (`sl_svc`) and hands the packet to the node's IP stack instead of
+  redirecting it: the same chains and DNAT as above, then the stack routes it to
+  the endpoint's host veth, where `to_pod` remembers the flow in `sl_kflows`. The
+  endpoint's replies are found there by `from_pod` and go to the stack too, whose
+  nf_conntrack translates them back and routes them to the client's host veth.
+  Every packet of the connection, both ways, takes the stack's path.
 - **bridge+portmap** (port mapping table): the external host's packets to node
   address:hostPort pass the node's nat PREROUTING, where the first packet of a
   connection walks `CNI-HOSTPORT-DNAT` (one multiport rule per 15 mappings) and the
@@ -1214,6 +1261,7 @@ mod tests {
             "routing",
             "masquerade",
             "masquerade6",
+            "clusterip",
             "hostport",
             "bandwidth",
         ] {
@@ -1272,6 +1320,8 @@ mod tests {
             REFERENCE_BW,
             SLUICE_BW,
             SLUICE_NETKIT,
+            REFERENCE_CI,
+            SLUICE_CI,
         ];
         for i in 0..HP_SIZES.len() {
             setups.extend([hp(REFERENCE_HP, i), hp(SLUICE_HP, i)]);
@@ -1394,6 +1444,113 @@ mod tests {
         assert_eq!(method.len(), 3, "{method:#?}");
         assert!(method[1].starts_with("Masquerade:"), "{}", method[1]);
         assert!(method[2].starts_with("IPv6 masquerade:"), "{}", method[2]);
+    }
+
+    #[test]
+    fn the_clusterip_table_shows_its_setups_figures_and_ratio() {
+        let mut r = Report::new(Some(BenchTable::Clusterip));
+        // Figures of other tables that must not show in this one.
+        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 4], [9.0; 4]]);
+        r.add(Figure::PodPodRttP50, SLUICE, 7.0);
+        // Two rounds: RTT median, p99 and connections/s of each setup.
+        for (setup, rounds) in [
+            (
+                REFERENCE_CI,
+                [[20.0, 40.0, 10_000.0], [22.0, 44.0, 9_000.0]],
+            ),
+            (SLUICE_CI, [[18.0, 30.0, 12_000.0], [16.0, 34.0, 11_000.0]]),
+        ] {
+            for values in rounds {
+                let figures = [Figure::CiRttP50, Figure::CiRttP99, Figure::CiConnsPerSec];
+                for (f, x) in figures.into_iter().zip(values) {
+                    r.add(f, setup, x);
+                }
+            }
+        }
+        let out = r.render(&args(Some(BenchTable::Clusterip)));
+        assert!(
+            out.contains("\nClusterIP through kube-proxy (iptables mode):\n"),
+            "{out}"
+        );
+        assert!(!out.contains("Masquerade ("), "{out}");
+        let header = out
+            .lines()
+            .find(|l| l.starts_with("figure"))
+            .unwrap_or_else(|| panic!("no header: {out}"));
+        assert_eq!(
+            header
+                .split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect::<Vec<_>>(),
+            [
+                "figure",
+                "bridge+kube-proxy",
+                "sluice+kube-proxy",
+                "sluice/reference"
+            ]
+        );
+        // A row's cells (padded with two spaces or more; cells have single ones).
+        let row = |label: &str| {
+            out.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label} row: {out}"))
+                .split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        // Medians of two rounds: the upper one (as every figure's).
+        assert_eq!(
+            row("pod->ClusterIP TCP RTT median"),
+            [
+                "pod->ClusterIP TCP RTT median (us) [lower is better]",
+                "22.00 (20.0-22.0)",
+                "18.00 (16.0-18.0)",
+                "0.82x"
+            ]
+        );
+        assert_eq!(
+            row("pod->ClusterIP TCP RTT p99"),
+            [
+                "pod->ClusterIP TCP RTT p99 (us) [lower is better]",
+                "44.00 (40.0-44.0)",
+                "34.00 (30.0-34.0)",
+                "0.77x"
+            ]
+        );
+        assert_eq!(
+            row("pod->ClusterIP new TCP"),
+            [
+                "pod->ClusterIP new TCP connections per second",
+                "10000.00 (9000.0-10000.0)",
+                "12000.00 (11000.0-12000.0)",
+                "1.20x"
+            ]
+        );
+        // No target of its own; the method has its paragraph, filled.
+        assert!(r.targets().is_empty(), "{:?}", r.targets());
+        let method = r.method(&args(Some(BenchTable::Clusterip)));
+        assert_eq!(method.len(), 2, "{method:#?}");
+        assert!(method[1].starts_with("ClusterIP:"), "{}", method[1]);
+        for want in [
+            "10.96.0.10",
+            "10.96.0.0/16",
+            "11311",
+            "5302",
+            "iptables-restore",
+        ] {
+            assert!(method[1].contains(want), "{want}: {}", method[1]);
+        }
+        let md = r.markdown_results("##");
+        assert!(
+            md.contains(
+                "| pod->ClusterIP new TCP connections per second | 10000.00 (9000.0-10000.0) | \
+                 12000.00 (11000.0-12000.0) | 1.20x |"
+            ),
+            "{md}"
+        );
     }
 
     #[test]

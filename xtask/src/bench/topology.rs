@@ -3,11 +3,14 @@
 //! namespace with two pods and an "external" host behind its uplink; and both
 //! plugins again with `ipMasq: true`, where the external host has no route to the
 //! pods, so only masqueraded traffic gets answers: once with IPv4 pods, once with
-//! dual-stack pods measured on IPv6 (the uplink then has an IPv6 subnet too). The
-//! port-mapping table has its own nodes, one per plugin and number of mappings.
-use std::path::Path;
+//! dual-stack pods measured on IPv6 (the uplink then has an IPv6 subnet too); and
+//! both plugins again with kube-proxy's iptables-mode rules for one Service in
+//! the node namespace (the ClusterIP table). The port-mapping table has its own
+//! nodes, one per plugin and number of mappings.
+use std::{net::IpAddr, path::Path};
 
 use serde_json::{json, Value};
+use sluice_testbed::kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service};
 
 use super::{
     conflist::Conflist,
@@ -451,6 +454,163 @@ fn sluice_with(
     conf["cniVersion"] = json!("1.1.0");
     conf["name"] = json!(format!("bench{tag}"));
     node_with_pods(tb, tag, at, &bins.sluice, conf, masq)
+}
+
+/// The Service range of the ClusterIP table's nodes (Sluice's `serviceCIDRs`).
+pub(super) const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The ClusterIP of the one Service on those nodes.
+pub(super) const CLUSTER_IP: &str = "10.96.0.10";
+/// kube-proxy's `--hostname-override` on those nodes (the endpoint's node).
+const KUBE_NODE: &str = "bench-node";
+
+/// bridge + host-local (`ipMasq` false, as [`reference`]) with kube-proxy's
+/// iptables-mode rules for one Service in the node namespace.
+pub(super) fn clusterip_reference(tb: &mut Testbed) -> Result<Setup> {
+    let (tag, at) = ("rci", (97, Family::V4));
+    let s = reference_with(tb, tag, at, false)?;
+    check_bridge_nf(tb, tag, &s)?;
+    with_kube_proxy(tb, tag, at.0, &s)?;
+    check_cluster_ip(tb, tag, &s, None)?;
+    Ok(s)
+}
+
+/// Sluice (as [`sluice`]) with `serviceCIDRs`, and kube-proxy's iptables-mode
+/// rules for one Service in the node namespace.
+pub(super) fn clusterip_sluice(tb: &mut Testbed, bins: &Binaries) -> Result<Setup> {
+    let (tag, at) = ("sci", (98, Family::V4));
+    let extra = json!({"serviceCIDRs": [SERVICE_CIDR]});
+    let s = sluice_with(tb, bins, tag, at, false, extra)?;
+    with_kube_proxy(tb, tag, at.0, &s)?;
+    check_cluster_ip(tb, tag, &s, Some(bins))?;
+    Ok(s)
+}
+
+/// The ClusterIP table's Service: [`CLUSTER_IP`] with the sockperf and
+/// `conn-loop` ports (TCP), each onto the same port of the setup's second pod,
+/// so only the address changes.
+fn bench_service(s: &Setup) -> Result<Service> {
+    let vip: IpAddr = CLUSTER_IP.parse()?;
+    let pod2: IpAddr = s
+        .pod2_ip
+        .parse()
+        .with_context(|| format!("pod address {}", s.pod2_ip))?;
+    let port = |name: &str, p: u16| Port::new(name, Protocol::Tcp, p, p);
+    let mut svc = Service::new(
+        "default",
+        "bench",
+        vip,
+        vec![
+            port("sockperf", super::measure::SOCKPERF_PORT),
+            port("conn-loop", super::measure::CONN_LOOP_PORT),
+        ],
+    );
+    svc.endpoints = vec![Endpoint::new(pod2, KUBE_NODE)];
+    Ok(svc)
+}
+
+/// Writes kube-proxy's iptables-mode rules for [`bench_service`] into the
+/// setup's node namespace (`sluice_testbed::kube_proxy`: the real
+/// `iptables-restore`, kube-proxy's chains and sysctls): node IP the uplink's
+/// address, `--cluster-cidr` the node's pod subnet (`n`), so pods' traffic is
+/// not masqueraded.
+fn with_kube_proxy(tb: &Testbed, tag: &str, n: u8, s: &Setup) -> Result<()> {
+    let cni = s.cni.as_ref().context("a ClusterIP setup without a node")?;
+    let node_ip: IpAddr = s
+        .node_ip
+        .as_deref()
+        .context("a ClusterIP setup without a node address")?
+        .parse()?;
+    let mut proxy = Proxy::new(Mode::Iptables, false, KUBE_NODE, vec![node_ip]);
+    proxy.cluster_cidr = Some(Family::V4.pods(n));
+    let svc = bench_service(s)?;
+    let rendered = kube_proxy::apply(&tb.ns(cni.node).path(), &proxy, &[svc])
+        .map_err(|e| anyhow::anyhow!("{tag}: kube-proxy's rules: {e}"))?;
+    eprintln!(
+        "bench: {tag}: kube-proxy's iptables-mode rules for {CLUSTER_IP} written ({} lines)",
+        rendered.to_string().lines().count()
+    );
+    Ok(())
+}
+
+/// Fails unless the reference ClusterIP node's bridge hands bridged packets
+/// to iptables (`net.bridge.bridge-nf-call-iptables` 1 in the node namespace,
+/// `br_netfilter`; the kernel's default for a new namespace), as kube-proxy
+/// needs of a bridge CNI: an endpoint's replies to a pod on the same bridge
+/// would otherwise skip conntrack and never be translated back. Read, never
+/// written.
+fn check_bridge_nf(tb: &Testbed, tag: &str, s: &Setup) -> Result<()> {
+    const KEY: &str = "net.bridge.bridge-nf-call-iptables";
+    let cni = s.cni.as_ref().context("a ClusterIP setup without a node")?;
+    let node = tb.ns(cni.node);
+    let out = crate::cmd::stdout(node.command("sysctl").args(["-n", KEY])).with_context(|| {
+        format!(
+            "{tag}: reading {KEY} in {} (is br_netfilter there?)",
+            node.name()
+        )
+    })?;
+    if out.trim() != "1" {
+        bail!(
+            "{tag}: {KEY} is {} in {}: the bridge would not pass the endpoint's replies \
+             to conntrack (kube-proxy needs br_netfilter and this at 1)",
+            out.trim(),
+            node.name()
+        );
+    }
+    Ok(())
+}
+
+/// Fails unless a TCP connection from the setup's first pod to each port of
+/// the Service at [`CLUSTER_IP`] is answered by a listener on the second pod's
+/// address (a byte each way), which sees the first pod's own address; on a
+/// Sluice node (`bins` given), unless its counters say it handed the packets
+/// to the stack (`from_pod_to_service`) and remembered the flows the stack
+/// delivered (`kernel_flow_new`).
+fn check_cluster_ip(tb: &Testbed, tag: &str, s: &Setup, bins: Option<&Binaries>) -> Result<()> {
+    let vip: IpAddr = CLUSTER_IP.parse()?;
+    let pod2: IpAddr = s.pod2_ip.parse()?;
+    for port in [
+        super::measure::SOCKPERF_PORT,
+        super::measure::CONN_LOOP_PORT,
+    ] {
+        let to = std::net::SocketAddr::new(vip, port);
+        let listen = std::net::SocketAddr::new(pod2, port);
+        let seen = super::measure::answered_through(tb.ns(s.pod1), tb.ns(s.pod2), to, listen)
+            .with_context(|| {
+                format!(
+                    "{tag}: pod {} -> ClusterIP {to} -> pod {listen}: are kube-proxy's rules \
+                     and the Service's path at work?",
+                    s.pod1_ip
+                )
+            })?;
+        if seen.to_string() != s.pod1_ip {
+            bail!(
+                "{tag}: pod {listen} saw pod {}'s connection to {to} come from {seen}, not from \
+                 the pod's own address",
+                s.pod1_ip
+            );
+        }
+    }
+    if let Some(bins) = bins {
+        let mut c = std::process::Command::new(&bins.sluicectl);
+        c.args(["--pin-root", &tb.pin_root(tag).display().to_string()])
+            .args(["counters", "--json"]);
+        let out = crate::cmd::stdout(&mut c)?;
+        let v: Value =
+            serde_json::from_str(&out).with_context(|| format!("sluicectl counters: {out}"))?;
+        for counter in ["from_pod_to_service", "kernel_flow_new"] {
+            if v["node"][counter].as_u64().unwrap_or(0) == 0 {
+                bail!(
+                    "{tag}: the connections to {CLUSTER_IP} were answered, but Sluice's counter \
+                     {counter} is 0: not the Service path (sluicectl counters: {out})"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "bench: {tag}: pod {} -> {CLUSTER_IP} answered by pod {} (through kube-proxy's rules)",
+        s.pod1_ip, s.pod2_ip
+    );
+    Ok(())
 }
 
 /// Mappings on each port-mapping node, one node per count and plugin.
