@@ -169,10 +169,14 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// socket hooks) and 6.12 (Debian's stable kernel), its main tests elsewhere.
 /// `route_sync` (a netlink follower in userspace) on the oldest and the
 /// newest. The first datagrams after ADD on 5.10 (`cls_bpf` attachments, 80 s
-/// there; the host runs them on tcx). Under emulation on a 2-vCPU host the
+/// there; the host runs them on tcx). kube-proxy's Services: its iptables mode
+/// on 5.10 (the oldest kernel's helpers and `cls_bpf`), its IPVS mode (which
+/// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
+/// with netkit pods, Sluice's and the reference's, and with masquerade on
+/// sid; the rule writer's IPVS path on 6.12. Under emulation on a 2-vCPU host the
 /// matrix takes about 45 minutes (CI of 36bcb75: 44m49s, 5.10 the longest at
 /// 15m34s: each test's first ADD verifies the datapath, ~7 s there).
-const TCG_MAIN_TESTS: [&str; 20] = [
+const TCG_MAIN_TESTS: [&str; 24] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods|the_first_datagrams@5.10",
@@ -193,6 +197,10 @@ const TCG_MAIN_TESTS: [&str; 20] = [
     "two_nodes:xdp_auto",
     "gc_status:status_reports",
     "route_sync@5.10+sid",
+    "kube_proxy:iptables_mode_every_service_path_works@5.10",
+    "kube_proxy:ipvs_mode_every_service_path_works|the_reference_chain_passes_the_same_cases_ipvs@6.12",
+    "kube_proxy:ipvs_mode_with_masquerade@sid",
+    "kube_proxy_rules@6.12",
 ];
 
 /// What the integration tests are given: the eBPF object and the binaries
