@@ -32,7 +32,7 @@ use crate::{
     fixtures::add,
     host::{self, Host},
     kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service},
-    masq::{in_netns, sysctl, EchoServer},
+    masq::{in_netns, sysctl, EchoServer, Pinger, Pinger6},
     node::{Node, Pod},
     Result,
 };
@@ -61,8 +61,9 @@ pub const NODE_PORT_LOCAL: u16 = 30081;
 pub const NODE_PORT_LB: u16 = 30082;
 
 /// Longest a case waits for a connection or an answer: a case that fails
-/// times out, and the instrument checks expect some to.
-const WAIT: Duration = Duration::from_secs(3);
+/// times out, and the instrument checks expect some to. (Under emulation in
+/// the kernel matrix a first connection across both nodes took over 3 s.)
+const WAIT: Duration = Duration::from_secs(6);
 
 /// Who attaches the pods.
 #[derive(Clone, Copy, Debug)]
@@ -172,6 +173,23 @@ impl Cluster {
         // cloud's router or BGP would make them.
         for a in [EXTERNAL_IP, LB_IP] {
             router.ip(&["route", "add", &format!("{a}/32"), "via", "192.168.61.1"])?;
+        }
+        // The wires' neighbours resolved before the first case, both ways.
+        for (i, n) in nodes.iter().enumerate() {
+            let seq = u16::try_from(i).unwrap_or(0);
+            // The router's ends of node i+1's wire (see KubeNode::new).
+            let (rt4, rt6) = (
+                Ipv4Addr::new(192, 168, 61 + u8::try_from(i).unwrap_or(0), 2),
+                Ipv6Addr::new(0xfd00, 0x61 + seq, 0, 0, 0, 0, 0, 2),
+            );
+            let wait = Duration::from_secs(2);
+            for (ns, v4, v6) in [
+                (n.node.netns_path(), rt4, rt6),
+                (router.netns_path(), n.ip4, n.ip6),
+            ] {
+                Pinger::new(&ns)?.ping(v4, 0x5e1c, seq, 3, wait)?;
+                Pinger6::new(&ns)?.ping(v6, 0x5e1c, seq, 3, wait)?;
+            }
         }
         let api = EchoServer::start(
             &router.netns_path(),

@@ -147,10 +147,16 @@ pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
     unsafe { bpf_redirect(ep.ifindex, 0) as u32 }
 }
 
-/// Delivers a packet masquerade or hostPort translated (`nat`, `hostport`) into the pod (or to the kernel, which routes it
-/// there, when the pod is not in the endpoint map).
+/// Delivers a packet masquerade or hostPort translated (`nat`, `hostport`)
+/// into the pod (or to the kernel, which routes it there, when the pod is not
+/// in the endpoint map). `kernel_flows`: a reply
+/// masquerade translated back, which may belong to a flow the stack translated
+/// too (a pod's Service flow that Sluice masqueraded on its way out): then the
+/// stack gets it and undoes its part. (hostPort's own flows never are the
+/// stack's; its IPv6 path, deep in the call chain, has no stack to spare for
+/// the lookup on Linux 5.10.)
 #[inline(always)]
-pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey) -> i32 {
+pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey, kernel_flows: bool) -> i32 {
     // The translation's checksum helpers may have moved the packet: parse it
     // again.
     let Ok(h) = crate::l3::parse(ctx) else {
@@ -158,9 +164,7 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey) -> i32 {
     };
     // SAFETY: map values are only read.
     match unsafe { ENDPOINTS.get(pod) } {
-        // A flow the stack translated too (a pod's Service flow that Sluice
-        // masqueraded on its way out): the stack undoes its part.
-        Some(_) if crate::kernel_nat::is_kernel_flow(ctx, &h, false) => {
+        Some(_) if kernel_flows && crate::kernel_nat::is_kernel_flow(ctx, &h, false) => {
             count(reason::UPLINK_KERNEL_FLOW);
             TCX_NEXT
         }
@@ -172,4 +176,10 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey) -> i32 {
         ),
         _ => TCX_NEXT,
     }
+}
+
+/// [`deliver_translated`] of a reply masquerade translated back (see there).
+#[inline(always)]
+pub(crate) fn deliver_masq_reply(ctx: &TcContext, pod: IpKey) -> i32 {
+    deliver_translated(ctx, pod, true)
 }

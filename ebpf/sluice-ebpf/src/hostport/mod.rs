@@ -168,7 +168,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(deliver_translated(ctx, IpKey::v4(t.pod_ip)))
+    Some(deliver_translated(ctx, IpKey::v4(t.pod_ip), false))
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]

@@ -183,7 +183,7 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     count(reason::HOSTPORT_DNAT);
-    deliver_translated(ctx, IpKey::v6(p.t.pod_ip.0))
+    deliver_translated(ctx, IpKey::v6(p.t.pod_ip.0), false)
 }
 
 /// Records how the pod's answers to the client of `p` (from outside, to a

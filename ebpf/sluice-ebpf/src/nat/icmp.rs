@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     counters::count,
-    endpoint::deliver_translated as deliver,
+    endpoint::deliver_masq_reply as deliver,
     events::note_drop,
     l4::{l4, rewrite, Rewrite, ETH_LEN, ICMP_ECHO, IP_CSUM, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     maps::NAT_REV,

@@ -12,7 +12,7 @@ use sluice_common::{reason, Addr6, IpKey, Nat6Key};
 use super::v6::{addrs, upper_layer, DST_OFF};
 use crate::{
     counters::count,
-    endpoint::deliver_translated as deliver,
+    endpoint::deliver_masq_reply as deliver,
     events::note_drop,
     l4::{ICMP6_ECHO, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP},
     maps::NAT6_REV,

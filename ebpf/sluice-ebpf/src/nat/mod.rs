@@ -56,7 +56,7 @@ use self::{
 };
 use crate::{
     counters::count,
-    endpoint::deliver_translated as deliver,
+    endpoint::deliver_masq_reply as deliver,
     events::note_drop,
     l3::Headers,
     l4::{

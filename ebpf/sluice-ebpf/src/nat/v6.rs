@@ -22,7 +22,7 @@ use sluice_common::{
 use super::{family::V6, flow_back, flow_out, icmp::node_echo_flow};
 use crate::{
     counters::count,
-    endpoint::deliver_translated as deliver,
+    endpoint::deliver_masq_reply as deliver,
     events::{self, note_drop},
     l3::same6,
     l4::{
