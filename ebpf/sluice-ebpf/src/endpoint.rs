@@ -149,12 +149,12 @@ pub fn deliver_xdp(h: &Headers, ep: &Endpoint, len: u32, reason: u32) -> u32 {
 
 /// Delivers a packet masquerade or hostPort translated (`nat`, `hostport`)
 /// into the pod (or to the kernel, which routes it there, when the pod is not
-/// in the endpoint map). `kernel_flows`: a reply
-/// masquerade translated back, which may belong to a flow the stack translated
-/// too (a pod's Service flow that Sluice masqueraded on its way out): then the
-/// stack gets it and undoes its part. (hostPort's own flows never are the
-/// stack's; its IPv6 path, deep in the call chain, has no stack to spare for
-/// the lookup on Linux 5.10.)
+/// in the endpoint map). With `kernel_flows` (a reply masquerade translated
+/// back: [`deliver_masq_reply`]), a packet of a flow the stack translated too
+/// (a pod's Service flow Sluice masqueraded on its way out) goes to the
+/// stack, which undoes its part. hostPort's deliveries never belong to the
+/// stack's flows, and are not looked up: its IPv6 path, deep in `uplink_in`'s
+/// calls, has no stack left for the lookup on Linux 5.10.
 #[inline(always)]
 pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey, kernel_flows: bool) -> i32 {
     // The translation's checksum helpers may have moved the packet: parse it

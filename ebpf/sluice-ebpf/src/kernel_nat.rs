@@ -40,7 +40,7 @@ use crate::{
     l3::{Headers, L3},
     l4::{ETH_LEN, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, KFLOWS, KFLOW_FRAG, KFLOW_SCRATCH, SVC, SVC6},
-    packet::{ptr_at, read},
+    packet::{ptr_at, pull, read},
 };
 
 /// Whether the packet's destination is in the Service ranges.
@@ -207,6 +207,7 @@ pub fn note_delivered(ctx: &TcContext, pod_ifindex: u32) {
     if !unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk }.is_null() {
         return;
     }
+    pull(ctx, crate::HEADERS_LEN);
     let Ok(h) = crate::l3::parse(ctx) else {
         return;
     };
@@ -221,6 +222,7 @@ pub fn note_routed(ctx: &TcContext) {
     if take_forwarded(ctx) {
         return;
     }
+    pull(ctx, crate::HEADERS_LEN);
     let Ok(h) = crate::l3::parse(ctx) else {
         return;
     };

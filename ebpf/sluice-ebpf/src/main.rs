@@ -534,8 +534,9 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.
             return match unsafe { ENDPOINTS.get(pod) } {
-                // On a flow the stack translated: tc hands it to the stack.
-                Some(_) if kernel_nat::is_kernel_flow(ctx, &h, false) => {
+                // A masquerade reply on a flow the stack translated too: tc
+                // hands it to the stack (hostPort's flows never are).
+                Some(_) if masq && kernel_nat::is_kernel_flow(ctx, &h, false) => {
                     count(reason::XDP_PASS_TO_TC);
                     xdp_action::XDP_PASS
                 }
