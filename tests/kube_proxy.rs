@@ -18,6 +18,7 @@
 use std::net::{IpAddr, SocketAddr, TcpStream};
 
 use sluice_tests::{
+    fixtures::reload_datapath,
     kube_cluster::{
         service_ip, Case, Client, Cluster, Cni, Seen, Server, Sluice, API4, API_PORT, CLIENT,
         POD_PORT, SERVER_1, SERVER_2,
@@ -123,20 +124,9 @@ fn service_flows_open_before_a_datapath_upgrade_keep_working() {
     for s in &conns {
         tcp_echo_on(s, 32 << 10, 1).unwrap();
     }
-    let node = &c.nodes[0].node;
-    let root = node.pin_root().display().to_string();
     let next = sluice_tests::embedded_object_hash(&sluice_next_bin().unwrap()).unwrap();
-    let out = node
-        .run(
-            &sluice_next_bin().unwrap(),
-            &["datapath", "reload", "--pin-root", &root],
-        )
-        .unwrap();
-    assert!(out.success(), "reload failed: {out}");
-    assert!(
-        out.stdout.contains(&next),
-        "not reloaded to the next object: {out}"
-    );
+    let v = reload_datapath(&c.nodes[0].node, &sluice_next_bin().unwrap());
+    assert_eq!(v["after"]["objectHash"], next.as_str(), "{v}");
     for (i, s) in conns.iter().enumerate() {
         tcp_echo_on(s, 32 << 10, 2)
             .unwrap_or_else(|e| panic!("connection {i} opened before the upgrade: {e}"));

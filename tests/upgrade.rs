@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     attached::pod_programs,
     cni::CniOutput,
-    fixtures::{add, check, external_host, EXT_IF, UPLINK},
+    fixtures::{add, check, external_host, reload_datapath, EXT_IF, UPLINK},
     host::tx_checksum_off,
     kernel, look,
     schema::{check_add_result, Added},
@@ -172,17 +172,9 @@ fn stream_across(
 
 /// `sluice datapath reload --pin-root P` of the next binary, in the node namespace.
 fn reload_next(node: &Node, cur: &str, next: &str) {
-    let root = node.pin_root().display().to_string();
-    let out = node
-        .run(
-            &sluice_next_bin().unwrap(),
-            &["datapath", "reload", "--pin-root", &root],
-        )
-        .unwrap();
-    assert!(out.success(), "reload failed: {out}");
-    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    assert_eq!(v["before"]["objectHash"], cur, "{out}");
-    assert_eq!(v["after"]["objectHash"], next, "{out}");
+    let v = reload_datapath(node, &sluice_next_bin().unwrap());
+    assert_eq!(v["before"]["objectHash"], cur, "{v}");
+    assert_eq!(v["after"]["objectHash"], next, "{v}");
 }
 
 /// What must hold after an upgrade of a node with pods `pods` (ADD results) whose

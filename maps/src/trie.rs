@@ -54,7 +54,10 @@ pub(crate) fn set_owned<A: Pod + PartialEq>(
 }
 
 /// Every prefix of trie `spec` with its owner bits, sorted.
-pub(crate) fn list<A: Pod + Ord + Copy>(root: &PinRoot, spec: &MapSpec) -> Result<Vec<(u32, A, u8)>> {
+pub(crate) fn list<A: Pod + Ord + Copy>(
+    root: &PinRoot,
+    spec: &MapSpec,
+) -> Result<Vec<(u32, A, u8)>> {
     let trie: LpmTrie<MapData, A, u8> = root.typed(spec)?;
     let mut v: Vec<(u32, A, u8)> = trie
         .iter()

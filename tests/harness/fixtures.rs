@@ -115,3 +115,19 @@ pub fn merge_keys(conf: &mut Value, extra: &Value) {
         }
     }
 }
+
+/// `sluice datapath reload --pin-root P` of `binary`, in the node namespace:
+/// must succeed; what it printed (`before`, `after`: each with `objectHash`).
+#[track_caller]
+pub fn reload_datapath(node: &Node, binary: &std::path::Path) -> Value {
+    let root = node.pin_root().display().to_string();
+    let out = match node.run(binary, &["datapath", "reload", "--pin-root", &root]) {
+        Ok(o) => o,
+        Err(e) => panic!("reload: {e}"),
+    };
+    assert!(out.success(), "reload failed: {out}");
+    match serde_json::from_str(out.stdout.trim()) {
+        Ok(v) => v,
+        Err(e) => panic!("reload printed no JSON ({e}): {out}"),
+    }
+}
