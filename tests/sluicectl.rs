@@ -2617,23 +2617,30 @@ fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
         w.ctl_json(&["services", "flows", "--json", "--proto", "udp"]),
         json!([])
     );
-    // a's side: the replies the stack translated back delivered into a, from
-    // the ClusterIP.
+    // a's side: its socket, handed to the stack for the ClusterIP (a
+    // client, no peer), and the replies the stack translated back delivered
+    // into a, from the ClusterIP.
     let fa = w.ctl_json(&["services", "flows", "--json", "--pod", "ctl-svc-a"]);
-    let f = only(&fa);
+    let fa = fa.as_array().unwrap();
+    assert_eq!(fa.len(), 2, "{fa:#?}");
+    let client = fa.iter().find(|f| f["origin"] == "client").unwrap();
+    assert_eq!(client["podIp"], a.ip_string(), "{client:#}");
+    assert_eq!(client["podPort"], sport, "{client:#}");
+    assert_eq!(client["peerIp"], Value::Null, "{client:#}");
+    assert_eq!(client["peerPort"], Value::Null, "{client:#}");
+    let f = fa.iter().find(|f| f["origin"] == "delivered").unwrap();
     assert_eq!(f["podIp"], a.ip_string(), "{f:#}");
     assert_eq!(f["podPort"], sport, "{f:#}");
     assert_eq!(f["peerIp"], CLUSTER_IP, "{f:#}");
     assert_eq!(f["peerPort"], SVC_PORT, "{f:#}");
-    assert_eq!(f["origin"], "delivered", "{f:#}");
     assert_eq!(f["hostIfname"], a.added.host_veth, "{f:#}");
     assert_eq!(f["containerId"], a.cid, "{f:#}");
     let all = w.ctl_json(&["services", "flows", "--json"]);
-    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all:#}");
+    assert_eq!(all.as_array().map(Vec::len), Some(3), "{all:#}");
 
     // The list and status say the same.
     let l = w.ctl_json(&["services", "list", "--json"]);
-    assert_eq!(l["kernelFlows"], 2, "{l:#}");
+    assert_eq!(l["kernelFlows"], 3, "{l:#}");
     let st = w.ctl_json(&["status", "--json"]);
     assert_eq!(st["services"], l, "{st:#}");
     // The datapath's counters of it.
@@ -2646,6 +2653,7 @@ fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
         assert!(node_counter(&c, reason) > 0, "{reason}: {c:#}");
     }
     assert_eq!(node_counter(&c, "kernel_flow_new"), 2, "{c:#}");
+    assert_eq!(node_counter(&c, "kernel_flow_client"), 1, "{c:#}");
 
     // The text forms.
     let out = w.ctl(&["services", "list"]);
@@ -2654,7 +2662,7 @@ fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
         "RANGE".to_string(),
         format!("{SVC_RANGE}  config"),
         "Service traffic: handed to the node's stack (kube-proxy) for these ranges".to_string(),
-        format!("kernel flows: 2 of {KFLOWS_MAX}"),
+        format!("kernel flows: 3 of {KFLOWS_MAX}"),
     ] {
         assert!(out.stdout.contains(&want), "no {want:?} in: {out}");
     }
@@ -2686,7 +2694,7 @@ fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
     let out = w.ctl(&["status"]);
     assert!(out.success(), "{out}");
     let want = format!(
-        "services:   handed to the node's stack (kube-proxy) for 1 Service range ({SVC_RANGE}); flows it translates stay on its path; kernel flows 2 of {KFLOWS_MAX}"
+        "services:   handed to the node's stack (kube-proxy) for 1 Service range ({SVC_RANGE}); flows it translates stay on its path; kernel flows 3 of {KFLOWS_MAX}"
     );
     assert!(out.stdout.contains(&want), "no {want:?} in: {out}");
 
@@ -2694,13 +2702,13 @@ fn services_show_a_cluster_ip_connection_handed_to_the_nodes_stack() {
     let m = metrics_text(&w);
     assert_eq!(metric(&m, "sluice_service_ranges{owner=\"config\"}"), "1");
     assert_eq!(metric(&m, "sluice_service_ranges{owner=\"agent\"}"), "0");
-    assert_eq!(metric_u64(&m, "sluice_kernel_flows"), 2);
+    assert_eq!(metric_u64(&m, "sluice_kernel_flows"), 3);
     assert_eq!(metric_u64(&m, "sluice_kernel_flows_max"), KFLOWS_MAX);
     assert!(m.contains("# TYPE sluice_kernel_flows gauge\n"), "{m}");
     let pressure: f64 = metric(&m, "sluice_bpf_map_pressure{map_name=\"sl_kflows\"}")
         .parse()
         .unwrap();
-    assert!((pressure - 2.0 / KFLOWS_MAX as f64).abs() < 1e-9, "{m}");
+    assert!((pressure - 3.0 / KFLOWS_MAX as f64).abs() < 1e-9, "{m}");
     for reason in [
         "from_pod_to_service",
         "from_pod_kernel_flow",

@@ -183,6 +183,7 @@ fn origin_name(o: u8) -> &'static str {
     match o {
         kernel_flow_origin::DELIVERED => "delivered",
         kernel_flow_origin::ROUTED => "routed",
+        kernel_flow_origin::CLIENT => "client",
         _ => "?",
     }
 }
@@ -200,8 +201,11 @@ impl Row<'_> {
         SocketAddr::new(key_ip(&self.key.pod), u16::from_be(self.key.pod_port))
     }
 
-    fn peer_addr(&self) -> SocketAddr {
-        SocketAddr::new(key_ip(&self.key.peer), u16::from_be(self.key.peer_port))
+    /// `None` for a pod socket ([`kernel_flow_origin::CLIENT`]), which has no
+    /// peer.
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        (self.flow.origin != kernel_flow_origin::CLIENT)
+            .then(|| SocketAddr::new(key_ip(&self.key.peer), u16::from_be(self.key.peer_port)))
     }
 
     fn owner(&self) -> Option<&EndpointInfo> {
@@ -271,8 +275,8 @@ fn flows(dp: &Datapath, a: &ServicesFlowsArgs) -> Result<()> {
                     "proto": table::proto_name(f.key.proto),
                     "podIp": f.pod_addr().ip().to_string(),
                     "podPort": f.pod_addr().port(),
-                    "peerIp": f.peer_addr().ip().to_string(),
-                    "peerPort": f.peer_addr().port(),
+                    "peerIp": f.peer_addr().map(|a| a.ip().to_string()),
+                    "peerPort": f.peer_addr().map(|a| a.port()),
                     "origin": origin_name(f.flow.origin),
                     "hostIfindex": f.host_ifindex(),
                     "hostIfname": o.map(|o| table::text(&o.host_ifname)),
@@ -292,7 +296,8 @@ fn flows(dp: &Datapath, a: &ServicesFlowsArgs) -> Result<()> {
             vec![
                 table::proto_name(f.key.proto).to_string(),
                 f.pod_addr().to_string(),
-                f.peer_addr().to_string(),
+                f.peer_addr()
+                    .map_or_else(|| "-".to_string(), |a| a.to_string()),
                 origin_name(f.flow.origin).to_string(),
                 o.map_or("-".into(), |o| table::text(&o.host_ifname)),
                 o.map_or("-".into(), |o| {

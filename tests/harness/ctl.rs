@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 46] = [
+pub const REASONS: [&str; 47] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -82,6 +82,7 @@ pub const REASONS: [&str; 46] = [
     "from_pod_kernel_flow",
     "uplink_kernel_flow",
     "kernel_flow_new",
+    "kernel_flow_client",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

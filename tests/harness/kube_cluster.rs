@@ -365,7 +365,9 @@ impl Cluster {
                 server,
                 seen,
             };
-            let api_seen = if self.masquerades() {
+            // IPv6 is masqueraded on the kernels with the NAT sweeper only
+            // (5.15; before, routed: the API server answers the pod itself).
+            let api_seen = if self.masquerades() && (!ipv6 || crate::kernel::has("sweeper")) {
                 NodeAddress(0)
             } else {
                 ClientPod

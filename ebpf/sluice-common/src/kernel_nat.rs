@@ -7,8 +7,9 @@
 //!   to one of them to the stack instead of forwarding it itself, so that
 //!   kube-proxy's rules see it.
 //! - `sl_kflows`: the flows the stack delivered into a pod (`to_pod`) or routed
-//!   out of the uplink from one (`uplink_out`) without Sluice's programs having
-//!   redirected them. Every later packet of such a flow, either way, is handed
+//!   out of the uplink from one (`uplink_out`, for a pod socket that sent to a
+//!   Service or the node: [`kernel_flow_origin::CLIENT`]) without Sluice's
+//!   programs having redirected them. Every later packet of such a flow, either way, is handed
 //!   to the stack too, so conntrack (or IPVS) sees the whole flow and undoes its
 //!   translation on the replies.
 //! - `sl_kflow_frag`: IPv4 datagrams of those flows whose first fragment was
@@ -69,4 +70,11 @@ pub mod kernel_flow_origin {
     /// The stack routed the pod's packet out of the uplink (`uplink_out`): the
     /// pod is the flow's client (a ClusterIP whose endpoint is off the node).
     pub const ROUTED: u8 = 2;
+    /// Not a flow but a pod's socket (the key's peer is `::`, port 0) that
+    /// `from_pod` handed to the stack for a Service address or one of the
+    /// node's own (a NodePort): only such a socket's packets that the stack
+    /// routes out of the uplink are remembered as [`ROUTED`] flows, not those
+    /// of a flow the stack forwarded for another reason (an unresolved
+    /// neighbour before Linux 5.12).
+    pub const CLIENT: u8 = 3;
 }

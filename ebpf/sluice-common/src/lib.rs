@@ -188,7 +188,7 @@ mod tests {
         assert_eq!(size_of::<NodeConfig>(), 16);
         assert_eq!(
             u32::try_from(reason::COUNT),
-            Ok(reason::KERNEL_FLOW_NEW + 1)
+            Ok(reason::KERNEL_FLOW_CLIENT + 1)
         );
         assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
         // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.

@@ -164,6 +164,10 @@ reasons! {
     /// A flow the node's stack delivered into a pod or routed out of the
     /// uplink from one was remembered in `sl_kflows`.
     count KERNEL_FLOW_NEW = 45 "kernel_flow_new";
+    /// from-pod: a pod's socket that sent to a Service address or to one of
+    /// the node's own was remembered in `sl_kflows`: what the stack then
+    /// routes out of the uplink from it is followed as the stack's flow.
+    count KERNEL_FLOW_CLIENT = 46 "kernel_flow_client";
 }
 
 /// Slots in the array (room to append).

@@ -146,6 +146,11 @@ pub fn forward(ctx: &TcContext, h: &Headers, ifindex: u32, kernel_flows: bool) -
             }
         }
         BPF_FIB_LKUP_RET_NOT_FWDED => {
+            // One of the node's own addresses: kube-proxy may translate it
+            // (a NodePort; IPVS's ClusterIPs are local addresses too).
+            if kernel_flows {
+                kernel_nat::note_client(ctx, h, ifindex);
+            }
             count(reason::FROM_POD_NOT_FORWARDED);
             TCX_NEXT
         }

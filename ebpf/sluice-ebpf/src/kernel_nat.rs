@@ -214,9 +214,46 @@ pub fn note_delivered(ctx: &TcContext, pod_ifindex: u32) {
     remember(ctx, &h, false, pod_ifindex, kernel_flow_origin::DELIVERED);
 }
 
+/// `from_pod`: the pod's packet goes to the stack for a Service address or
+/// one of the node's own, where kube-proxy may translate it (a ClusterIP, a
+/// NodePort): its socket is remembered ([`kernel_flow_origin::CLIENT`]), so
+/// that what the stack then routes out of the uplink from it counts as the
+/// stack's flow ([`note_routed`]).
+#[inline(never)]
+pub fn note_client(ctx: &TcContext, h: &Headers, pod_ifindex: u32) {
+    let Some(s) = KFLOW_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    if probe_client(ctx, h, s) {
+        // SAFETY: this CPU's scratch slot, written by `probe_client`.
+        remember_key(
+            unsafe { &(*s).key },
+            pod_ifindex,
+            kernel_flow_origin::CLIENT,
+            reason::KERNEL_FLOW_CLIENT,
+        );
+    }
+}
+
+/// Writes the key of the socket that sent `h` (a pod's packet) into `s`: the
+/// flow's key with the peer's side zero. Whether the packet has one.
+#[inline(always)]
+fn probe_client(p: &impl Ports, h: &Headers, s: *mut Scratch) -> bool {
+    if !matches!(probe(p, h, true, s), WHOLE | FIRST_FRAGMENT) {
+        return false;
+    }
+    // SAFETY: `s` is this CPU's scratch slot, written whole by `probe`.
+    unsafe {
+        (*s).key.peer = IpKey { addr: [0; 16] };
+        (*s).key.peer_port = 0;
+    }
+    true
+}
+
 /// `uplink_out`: a packet leaving by the uplink. One that `forward` sent here
-/// is Sluice's own ([`mark_forwarded`]); any other that a pod of this node
-/// sent was routed by the stack, and its flow is remembered.
+/// is Sluice's own ([`mark_forwarded`]); any other that a pod socket sent
+/// after [`note_client`] remembered it was routed by the stack, maybe
+/// translated, and its flow is remembered.
 #[inline(never)]
 pub fn note_routed(ctx: &TcContext) {
     if take_forwarded(ctx) {
@@ -231,6 +268,14 @@ pub fn note_routed(ctx: &TcContext) {
         return;
     };
     let pod_ifindex = ep.ifindex;
+    let Some(s) = KFLOW_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch slot, written by `probe_client`; the map
+    // value is only read.
+    if !probe_client(ctx, &h, s) || unsafe { KFLOWS.get(&(*s).key) }.is_none() {
+        return;
+    }
     remember(ctx, &h, true, pod_ifindex, kernel_flow_origin::ROUTED);
 }
 
@@ -244,7 +289,17 @@ fn remember(ctx: &TcContext, h: &Headers, pod_is_src: bool, pod_ifindex: u32, or
         return;
     }
     // SAFETY: this CPU's scratch slot, written by `probe`.
-    let key = unsafe { &(*s).key };
+    remember_key(
+        unsafe { &(*s).key },
+        pod_ifindex,
+        origin,
+        reason::KERNEL_FLOW_NEW,
+    );
+}
+
+/// Inserts `key` unless it is there, counting `new` when it was not.
+#[inline(always)]
+fn remember_key(key: &KernelFlowKey, pod_ifindex: u32, origin: u8, new: u32) {
     // A lookup first: it refreshes the entry's place in the LRU, and most
     // packets of a flow find it.
     // SAFETY: the map value is only read.
@@ -260,7 +315,7 @@ fn remember(ctx: &TcContext, h: &Headers, pod_is_src: bool, pod_ifindex: u32, or
         _pad2: 0,
     };
     if KFLOWS.insert(key, &v, u64::from(BPF_NOEXIST)).is_ok() {
-        count(reason::KERNEL_FLOW_NEW);
+        count(new);
     }
 }
 

@@ -290,6 +290,7 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     if !translated {
         // kube-proxy's Services: its rules are on the stack's path.
         if kernel_nat::to_service(&h) {
+            kernel_nat::note_client(ctx, &h, ifindex);
             count(reason::FROM_POD_TO_SERVICE);
             return TCX_NEXT;
         }
