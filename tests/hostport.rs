@@ -404,9 +404,12 @@ fn the_node_agent_keeps_the_node_addresses_current() {
     let pid = i32::try_from(agent.pid().unwrap()).unwrap();
     // SAFETY: signals to our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // The clock starts before the lease is read: `took` then bounds the
+    // time from that reading to the ADD's end, and `took < left` means the
+    // lease still held when the ADD looked at it.
+    let started = Instant::now();
     let lease = hp(&w);
     w.del_second_address().unwrap();
-    let started = Instant::now();
     let b = w.add("b", "hp-addrs-b", &[mapping(HP + 1, CPORT, "tcp", "")]);
     let took = started.elapsed();
     let left = Duration::from_secs_f64(lease["nodeAddressesAgentLeaseSeconds"].as_f64().unwrap());
