@@ -18,6 +18,7 @@ Examples:
   sluicectl -n pods counters --pod 10.22.0.5 --watch
   sluicectl -n pods monitor --type drop --pod 10.22.0.5
   sluicectl -n pods nat list --proto tcp --dst 1.1.1.1 --json
+  sluicectl -n pods nat pods                   # flows per pod against its share
   sluicectl -n pods services flows --pod 10.22.0.5
   sluicectl -n pods ports add --host-port 8443 --pod 10.22.0.5 --container-port 443
   sluicectl -n pods bandwidth set 10.22.0.5 --egress-rate 50000000
@@ -56,8 +57,8 @@ Examples:
   sluicectl -n pods counters --pod 10.22.0.5 --watch 2
   sluicectl -n pods counters --json            # {\"node\": {...}, \"endpoints\": [...]}")]
     Counters(CountersArgs),
-    /// Stream datapath events: drops with their reason, new masquerade and
-    /// hostPort flows, and the programs' debug lines when the network config has
+    /// Stream datapath events: drops with their reason, new and evicted
+    /// masquerade flows, new hostPort flows, and the programs' debug lines when the network config has
     /// `"debug": true`. Runs until Ctrl-C, `--count` or `--duration`.
     #[command(after_help = "\
 Events are written only while a monitor runs (a lease renewed every second, gone
@@ -72,7 +73,7 @@ Examples:
     /// The loaded programs: version, reload, detach-all.
     #[command(subcommand)]
     Datapath(DatapathCommand),
-    /// Masqueraded flows: list, flush.
+    /// Masqueraded flows: list, pods (flows per pod against its share), flush.
     #[command(subcommand)]
     Nat(NatCommand),
     /// hostPort mappings: list, add, del.
@@ -312,6 +313,11 @@ pub(crate) struct PortsDelArgs {
 pub(crate) enum NatCommand {
     /// List masqueraded flows (pod side -> NAT address:port -> destination).
     List(NatListArgs),
+    /// Flows per pod in the masquerade tables (both families), largest first,
+    /// and how much of its share (`natPodShare` of `natMaxFlows`) each holds: a
+    /// pod at its share replaces its own flows (`nat_evict_pod_share`) or has
+    /// its new ones dropped (`drop_masq_pod_share`).
+    Pods(NatPodsArgs),
     /// Delete masqueraded flows: all, or those of one pod. UDP and ICMP open a
     /// new flow with their next packet (its NAT port is chosen again by a hash of
     /// the flow, so it is usually the same port); a TCP connection in the middle
@@ -337,6 +343,16 @@ pub(crate) struct NatListArgs {
     /// Only flows with this port: the pod's, the NAT port or the destination's.
     #[arg(long)]
     pub port: Option<u16>,
+}
+
+#[derive(Args)]
+pub(crate) struct NatPodsArgs {
+    /// Print JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only this pod (its IP, or a container id prefix).
+    #[arg(long)]
+    pub pod: Option<String>,
 }
 
 #[derive(Args)]

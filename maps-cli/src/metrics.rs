@@ -20,7 +20,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice_common::maps;
+use sluice_common::{maps, reason};
 use sluice_maps::{
     hostport::{V4, V6},
     services::service_owner,
@@ -35,6 +35,8 @@ use crate::{
 
 /// `Content-Type` of the text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Pods with a `sluice_nat_pod_flows` series: those holding the most flows.
+const NAT_TOP_PODS: usize = 10;
 /// Longest a scrape's request may take to arrive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head read.
@@ -406,6 +408,7 @@ fn render(scrape: &Scrape) -> Result<String> {
             u8::from(sluice_maps::hostport::node_addrs_lease_left_ns(&dp.root)? > 0),
         );
     }
+    nat_pressure_families(&mut x, dp, &reading, scrape.max_endpoints)?;
     service_families(&mut x, dp, &mut pressure)?;
     x.family(
         "sluice_bpf_map_pressure",
@@ -434,6 +437,73 @@ fn render(scrape: &Scrape) -> Result<String> {
 
     bandwidth_families(&mut x, dp, &reading.endpoints, scrape.max_endpoints)?;
     Ok(x.out)
+}
+
+/// What keeps a full NAT table open to every pod: evictions by reason, the
+/// per-pod share, the unreplied UDP timeout, the flows of the pods holding
+/// most (at most [`NAT_TOP_PODS`], and `max` pods). A datapath an older sluice
+/// loaded has none of it: no families then, as for the Service ones.
+fn nat_pressure_families(
+    x: &mut Exposition,
+    dp: &Datapath,
+    reading: &counters::Reading,
+    max: usize,
+) -> Result<()> {
+    if !dp.root.has(&maps::NAT_LIMITS) {
+        return Ok(());
+    }
+    let limits = sluice_maps::nat_pressure::limits(&dp.root)?;
+    let masq = sluice_maps::nat::config(&dp.root)?;
+    let count = |r: u32| reading.node.get(r as usize).map_or(0, |(_, n)| *n);
+    x.family(
+        "sluice_nat_evictions_total",
+        "counter",
+        "Masqueraded flows a full NAT table (or a pod at its share) evicted for a new flow, by the rule that picked them (also sluice_datapath_packets_total{reason=~\"nat_evict_.*\"}).",
+    );
+    for (label, r) in [
+        ("unreplied", reason::NAT_EVICT_UNREPLIED),
+        ("idle", reason::NAT_EVICT_IDLE),
+        ("pod_share", reason::NAT_EVICT_POD_SHARE),
+    ] {
+        x.sample("sluice_nat_evictions_total", &[("reason", label)], count(r));
+    }
+    x.family(
+        "sluice_nat_pod_share_flows",
+        "gauge",
+        "Masqueraded flows one pod may hold (natPodShare of natMaxFlows) before its new flows replace its own; 0: no share.",
+    );
+    x.sample("sluice_nat_pod_share_flows", &[], limits.pod_max_flows);
+    x.family(
+        "sluice_nat_unreplied_timeout_seconds",
+        "gauge",
+        "Idle timeout of a masqueraded UDP flow that never saw a reply (natTimeouts.udpUnreplied, or the UDP timeout when that is not shorter).",
+    );
+    x.sample(
+        "sluice_nat_unreplied_timeout_seconds",
+        &[],
+        crate::nat::udp_unreplied_secs(&masq, &limits),
+    );
+    x.family(
+        "sluice_nat_pod_flows",
+        "gauge",
+        "Masqueraded flows (both families) of the pods holding the most, at most 10.",
+    );
+    let top = sluice_maps::nat_pressure::pod_counts(&dp.root)?;
+    nat_pod_samples(x, &top, &reading.endpoints, NAT_TOP_PODS.min(max));
+    Ok(())
+}
+
+/// `sluice_nat_pod_flows` of the first `n` pods of `top` (largest first)
+/// that are endpoints of the datapath and hold a flow.
+fn nat_pod_samples(x: &mut Exposition, top: &[(u32, u64)], eps: &[EndpointCounters], n: usize) {
+    let shown = top
+        .iter()
+        .filter(|(_, flows)| *flows > 0)
+        .filter_map(|(ifindex, flows)| Some((eps.iter().find(|e| e.ifindex == *ifindex)?, flows)))
+        .take(n);
+    for (e, flows) in shown {
+        x.sample("sluice_nat_pod_flows", &pod_labels(e, []), flows);
+    }
 }
 
 /// Service traffic (kube-proxy): the Service ranges by who set them, the
@@ -712,6 +782,34 @@ mod tests {
         assert!(x.out.contains("sluice_endpoint_series_truncated 1\n"));
         assert!(x.out.contains("container_id=\"container1xx\""));
         assert!(!x.out.contains("container_id=\"container2xx\""));
+    }
+
+    #[test]
+    fn nat_pod_series_are_the_largest_known_pods() {
+        let eps: Vec<EndpointCounters> = [3, 5, 7]
+            .into_iter()
+            .map(|i| EndpointCounters {
+                ifindex: i,
+                namespace: "shop".into(),
+                pod: format!("web-{i}"),
+                container_id: format!("container{i}xxxxxxxxx"),
+                ifname: "eth0".into(),
+                ..Default::default()
+            })
+            .collect();
+        // ifindex 9 has no endpoint (gone), 3 holds no flow.
+        let top = [(9, 900), (7, 700), (5, 500), (3, 0)];
+        let mut x = Exposition::default();
+        nat_pod_samples(&mut x, &top, &eps, 10);
+        assert_eq!(
+            x.out,
+            "sluice_nat_pod_flows{namespace=\"shop\",pod=\"web-7\",container_id=\"container7xx\",interface=\"eth0\"} 700\n\
+             sluice_nat_pod_flows{namespace=\"shop\",pod=\"web-5\",container_id=\"container5xx\",interface=\"eth0\"} 500\n"
+        );
+        let mut one = Exposition::default();
+        nat_pod_samples(&mut one, &top, &eps, 1);
+        assert_eq!(one.out.lines().count(), 1);
+        assert!(one.out.contains("web-7"));
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl Pods {
 fn type_filter_name(kind: u8) -> &'static str {
     match kind {
         event_kind::DROP => "drop",
-        event_kind::NAT_NEW | event_kind::NAT_INBOUND => "nat",
+        event_kind::NAT_NEW | event_kind::NAT_INBOUND | event_kind::NAT_EVICT => "nat",
         event_kind::HOSTPORT_NEW => "hostport",
         _ => "?",
     }
@@ -240,6 +240,7 @@ fn type_name(kind: u8) -> &'static str {
         event_kind::DROP => "drop",
         event_kind::NAT_NEW => "nat-new",
         event_kind::NAT_INBOUND => "nat-inbound",
+        event_kind::NAT_EVICT => "nat-evict",
         event_kind::HOSTPORT_NEW => "hostport-new",
         _ => "unknown",
     }
@@ -247,6 +248,14 @@ fn type_name(kind: u8) -> &'static str {
 
 fn reason_name(r: u32) -> &'static str {
     reason::NAMES.get(r as usize).copied().unwrap_or("unknown")
+}
+
+/// Why a flow was evicted, as the text line and the metrics' `reason` label
+/// say it (`unreplied`, `idle`, `pod_share`): the counter's name without
+/// `nat_evict_`.
+fn evict_reason(r: u32) -> &'static str {
+    let name = reason_name(r);
+    name.strip_prefix("nat_evict_").unwrap_or(name)
 }
 
 fn addr(family: u8, a: &[u8; 16]) -> Option<IpAddr> {
@@ -336,13 +345,22 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
         None if ev.ifindex != 0 => format!("ifindex {}", ev.ifindex),
         None => "-".into(),
     };
+    println!("{} {}", clock(unix), text_line(ev, &who));
+    Ok(())
+}
+
+/// The text form of an event (after its time), `who` being the pod it is of.
+fn text_line(ev: &Event, who: &str) -> String {
+    let src = addr(ev.family, &ev.src);
+    let dst = addr(ev.family, &ev.dst);
+    let nat = nat_addr(ev);
     let flow = format!(
         "{} {} -> {}",
         table::proto_name(ev.proto),
         endpoint(src, ev.sport, ev.proto),
         endpoint(dst, ev.dport, ev.proto)
     );
-    let line = match ev.kind {
+    match ev.kind {
         event_kind::DROP => format!(
             "drop      {:<22} {who}  {flow}  len {}",
             reason_name(ev.reason),
@@ -359,10 +377,13 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
             "hostport  new flow               {flow}  to {}",
             endpoint(nat, ev.nat_port, ev.proto)
         ),
+        event_kind::NAT_EVICT => format!(
+            "nat       {:<22} {who}  {flow}  was {}",
+            format!("evicted ({})", evict_reason(ev.reason)),
+            endpoint(nat, ev.nat_port, ev.proto)
+        ),
         k => format!("event kind {k}"),
-    };
-    println!("{} {line}", clock(unix));
-    Ok(())
+    }
 }
 
 /// The programs' aya-log lines, printed as they arrive; `reason=N` gets its name.
@@ -498,5 +519,46 @@ mod tests {
             "10.0.0.7:8080"
         );
         assert_eq!(sluice_maps::events::parse(&rec[..71]), None);
+    }
+
+    /// An evicted masquerade flow: a `nat` event (`--type nat`), `nat-evict`
+    /// in JSON, and a text line with the rule that picked it and the
+    /// translation the flow had.
+    #[test]
+    fn evicted_nat_flows_say_why_and_what_they_were() {
+        let mut rec = [0u8; std::mem::size_of::<Event>()];
+        rec[8] = event_kind::NAT_EVICT;
+        rec[9] = 4;
+        rec[10] = 17;
+        rec[12..16].copy_from_slice(&reason::NAT_EVICT_UNREPLIED.to_ne_bytes());
+        rec[16..20].copy_from_slice(&7u32.to_ne_bytes());
+        rec[24..28].copy_from_slice(&[10, 88, 0, 2]);
+        rec[40..44].copy_from_slice(&[1, 1, 1, 1]);
+        rec[56..58].copy_from_slice(&40000u16.to_ne_bytes());
+        rec[58..60].copy_from_slice(&53u16.to_ne_bytes());
+        rec[60..64].copy_from_slice(&[192, 168, 77, 1]);
+        rec[76..78].copy_from_slice(&61000u16.to_ne_bytes());
+        let ev = sluice_maps::events::parse(&rec).unwrap();
+        assert_eq!(ev.kind, event_kind::NAT_EVICT);
+        assert_eq!(ev.ifindex, 7);
+        assert_eq!(type_filter_name(ev.kind), "nat");
+        assert_eq!(type_name(ev.kind), "nat-evict");
+        assert_eq!(reason_name(ev.reason), "nat_evict_unreplied");
+        assert_eq!(
+            text_line(&ev, "pod web/eth0"),
+            "nat       evicted (unreplied)    pod web/eth0  \
+             udp 10.88.0.2:40000 -> 1.1.1.1:53  was 192.168.77.1:61000"
+        );
+        for (r, short) in [
+            (reason::NAT_EVICT_IDLE, "idle"),
+            (reason::NAT_EVICT_POD_SHARE, "pod_share"),
+        ] {
+            assert_eq!(evict_reason(r), short);
+        }
+        // The same columns as a new flow's line.
+        let mut new = ev;
+        new.kind = event_kind::NAT_NEW;
+        let (a, b) = (text_line(&ev, "-"), text_line(&new, "-"));
+        assert_eq!(a.find(" - "), b.find(" - "), "{a}\n{b}");
     }
 }

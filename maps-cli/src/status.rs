@@ -3,13 +3,17 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{config_flags, masq_flags, pin_dirs, Masq6Config, MasqConfig};
+use sluice_common::{config_flags, masq_flags, pin_dirs, reason, Masq6Config, MasqConfig};
 
 use crate::{
     args::{JsonArgs, Target},
+    nat::{share_percent, PodFlows},
     table,
     target::Datapath,
 };
+
+/// Pods `status` lists by the masquerade flows they hold.
+const TOP_PODS: usize = 5;
 
 pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     let dp = Datapath::open(t)?;
@@ -33,8 +37,10 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     pods.sort();
     pods.dedup();
     let xdp = xdp_mode(cfg.flags);
-    let counters: Vec<(&str, u64)> = sluice_maps::counters::named(&dp.root)?
-        .into_iter()
+    let all_counters = sluice_maps::counters::named(&dp.root)?;
+    let counters: Vec<(&str, u64)> = all_counters
+        .iter()
+        .copied()
         .filter(|(_, v)| *v > 0)
         .collect();
     let masq = sluice_maps::nat::config(&dp.root)?;
@@ -59,6 +65,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         sluice_common::Masq6Config::default()
     };
     let flows6 = sluice_maps::nat::flows6(&dp.root)?.len();
+    let pressure = NatPressure::read(&dp, &masq, [flows, flows6], &rows, &all_counters)?;
     // Limited pods, and those with an egress limit by how it is enforced (an
     // sl_edt entry counts only while its pod has an egress limit, as in
     // `bandwidth list`).
@@ -92,7 +99,7 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
         "links": links,
         "podInterfaces": pods,
         "endpoints": endpoints,
-        "masquerade": masq_json(&masq, flows, &masq6, flows6),
+        "masquerade": masq_json(&masq, flows, &masq6, flows6, &pressure),
         "natSweep": sweep.json(),
         "hostPort": {
             "mappings": mappings,
@@ -133,6 +140,13 @@ pub(crate) fn execute(t: &Target, a: &JsonArgs) -> Result<()> {
     );
     println!("masquerade: {}", masq_line(&masq, flows));
     println!("masquerade IPv6: {}", masq6_line(&masq6, flows6));
+    println!("NAT table:  {}", pressure.table_line());
+    if pressure.supported {
+        println!("NAT evict:  {}", pressure.evict_line());
+        for p in &pressure.top {
+            println!("NAT pod:    {}", pod_line(p, pressure.pod_max_flows));
+        }
+    }
     println!("NAT sweep:  {}", sweep.line());
     println!(
         "hostPort:   {mappings} mappings; node addresses {} ({}); socket hooks {}",
@@ -235,6 +249,141 @@ impl NatSweep {
     }
 }
 
+/// How full the masquerade tables are and what keeps them open to every pod:
+/// the per-pod share, the unreplied UDP timeout, evictions and the drops of
+/// a full table or share, the pods holding most flows.
+struct NatPressure {
+    /// The datapath has `sl_nat_limits` (an older sluice's has no eviction,
+    /// share or per-pod counts).
+    supported: bool,
+    /// (flows, capacity) of the IPv4 and IPv6 tables.
+    tables: [(usize, u32); 2],
+    /// A pod's share in flows (0: none).
+    pod_max_flows: u32,
+    /// Idle timeout of a UDP flow without a reply, seconds.
+    udp_unreplied_secs: u64,
+    /// Evictions: unreplied, idle, pod share.
+    evictions: [u64; 3],
+    drop_pod_share: u64,
+    drop_map_full: u64,
+    top: Vec<PodFlows>,
+}
+
+impl NatPressure {
+    fn read(
+        dp: &Datapath,
+        masq: &MasqConfig,
+        flows: [usize; 2],
+        eps: &[sluice_maps::endpoint::EndpointRow],
+        counters: &[(&str, u64)],
+    ) -> Result<Self> {
+        let cap = |spec: &sluice_common::maps::MapSpec| -> Result<u32> {
+            Ok(if dp.root.has(spec) {
+                dp.root.capacity(spec)?
+            } else {
+                0
+            })
+        };
+        let limits = sluice_maps::nat_pressure::limits(&dp.root)?;
+        let count = |r: u32| counters.get(r as usize).map_or(0, |(_, n)| *n);
+        let mut top = crate::nat::pod_flows(dp, eps)?;
+        top.truncate(TOP_PODS);
+        Ok(Self {
+            supported: dp.root.has(&sluice_common::maps::NAT_LIMITS),
+            tables: [
+                (flows[0], cap(&sluice_common::maps::NAT_FWD)?),
+                (flows[1], cap(&sluice_common::maps::NAT6_FWD)?),
+            ],
+            pod_max_flows: limits.pod_max_flows,
+            udp_unreplied_secs: crate::nat::udp_unreplied_secs(masq, &limits),
+            evictions: [
+                count(reason::NAT_EVICT_UNREPLIED),
+                count(reason::NAT_EVICT_IDLE),
+                count(reason::NAT_EVICT_POD_SHARE),
+            ],
+            drop_pod_share: count(reason::DROP_MASQ_POD_SHARE),
+            drop_map_full: count(reason::DROP_MASQ_MAP_FULL),
+            top,
+        })
+    }
+
+    fn json(&self) -> Value {
+        let table = |(flows, max): (usize, u32)| json!({ "flows": flows, "max": max });
+        let [unreplied, idle, pod_share] = self.evictions;
+        json!({
+            "ipv4": table(self.tables[0]),
+            "ipv6": table(self.tables[1]),
+            "podMaxFlows": (self.pod_max_flows != 0).then_some(self.pod_max_flows),
+            "udpUnrepliedSeconds": self.udp_unreplied_secs,
+            "evictions": {
+                "unreplied": unreplied,
+                "idle": idle,
+                "podShare": pod_share,
+                "total": unreplied + idle + pod_share,
+            },
+            "drops": {
+                "podShare": self.drop_pod_share,
+                "mapFull": self.drop_map_full,
+            },
+            "topPods": self.top.iter().map(|p| p.json(self.pod_max_flows)).collect::<Vec<_>>(),
+        })
+    }
+
+    fn table_line(&self) -> String {
+        let fill = |(flows, max): (usize, u32)| {
+            format!(
+                "{flows}/{max} flows ({:.1}%)",
+                flows as f64 * 100.0 / f64::from(max.max(1))
+            )
+        };
+        let mut s = format!(
+            "IPv4 {}, IPv6 {}",
+            fill(self.tables[0]),
+            fill(self.tables[1])
+        );
+        if !self.supported {
+            s.push_str("; no eviction or per-pod share (the datapath predates them)");
+            return s;
+        }
+        match self.pod_max_flows {
+            0 => s.push_str("; per-pod share off"),
+            n => {
+                let _ = write!(s, "; per-pod share {n} flows");
+            }
+        }
+        let _ = write!(
+            s,
+            "; unreplied UDP flows idle out after {}s",
+            self.udp_unreplied_secs
+        );
+        s
+    }
+
+    fn evict_line(&self) -> String {
+        let [unreplied, idle, pod_share] = self.evictions;
+        format!(
+            "{} flows evicted (unreplied {unreplied}, idle {idle}, pod share {pod_share}); \
+             new flows dropped: pod at its share {}, table full {}",
+            unreplied + idle + pod_share,
+            self.drop_pod_share,
+            self.drop_map_full
+        )
+    }
+}
+
+/// A pod of the NAT top list: who, its addresses, its flows against its share.
+fn pod_line(p: &PodFlows, pod_max_flows: u32) -> String {
+    let share = share_percent(p.flows, pod_max_flows)
+        .map_or_else(String::new, |s| format!(" ({s:.1}% of its share)"));
+    format!(
+        "{} {} ifindex {}: {} flows{share}",
+        p.name(),
+        p.ips_text(),
+        p.ifindex,
+        p.flows
+    )
+}
+
 /// The uplink's XDP mode from `sl_config`'s flags: native, generic or off.
 pub(crate) fn xdp_mode(flags: u32) -> &'static str {
     if flags & config_flags::XDP_NATIVE != 0 {
@@ -259,7 +408,13 @@ fn port_ranges(m: &MasqConfig) -> Vec<String> {
         .collect()
 }
 
-fn masq_json(m: &MasqConfig, flows: usize, m6: &Masq6Config, flows6: usize) -> Value {
+fn masq_json(
+    m: &MasqConfig,
+    flows: usize,
+    m6: &Masq6Config,
+    flows6: usize,
+    pressure: &NatPressure,
+) -> Value {
     let v6 = |a: sluice_common::Addr6| {
         (a != sluice_common::Addr6::default()).then(|| std::net::Ipv6Addr::from(a.0).to_string())
     };
@@ -282,6 +437,7 @@ fn masq_json(m: &MasqConfig, flows: usize, m6: &Masq6Config, flows6: usize) -> V
             "icmp": m.icmp_secs,
         },
         "flows": flows,
+        "pressure": pressure.json(),
     })
 }
 
@@ -321,4 +477,70 @@ fn masq_line(m: &MasqConfig, flows: usize) -> String {
         m.tcp_syn_secs, m.tcp_established_secs, m.tcp_closing_secs, m.udp_secs, m.icmp_secs
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pressure(supported: bool) -> NatPressure {
+        NatPressure {
+            supported,
+            tables: [(512, 1024), (0, 1024)],
+            pod_max_flows: if supported { 512 } else { 0 },
+            udp_unreplied_secs: if supported { 30 } else { 60 },
+            evictions: [10, 2, 3],
+            drop_pod_share: 4,
+            drop_map_full: 5,
+            top: vec![PodFlows {
+                ifindex: 7,
+                flows: 128,
+                container_id: "0123456789abcdef".into(),
+                ifname: "eth0".into(),
+                ips: vec!["10.88.0.2".parse().unwrap()],
+            }],
+        }
+    }
+
+    #[test]
+    fn nat_pressure_says_fill_share_timeout_evictions_and_top_pods() {
+        let p = pressure(true);
+        assert_eq!(
+            p.table_line(),
+            "IPv4 512/1024 flows (50.0%), IPv6 0/1024 flows (0.0%); per-pod share 512 flows; \
+             unreplied UDP flows idle out after 30s"
+        );
+        assert_eq!(
+            p.evict_line(),
+            "15 flows evicted (unreplied 10, idle 2, pod share 3); \
+             new flows dropped: pod at its share 4, table full 5"
+        );
+        assert_eq!(
+            pod_line(&p.top[0], p.pod_max_flows),
+            "0123456789ab/eth0 10.88.0.2 ifindex 7: 128 flows (25.0% of its share)"
+        );
+        let v = p.json();
+        assert_eq!(v["ipv4"], json!({"flows": 512, "max": 1024}));
+        assert_eq!(v["podMaxFlows"], 512);
+        assert_eq!(v["udpUnrepliedSeconds"], 30);
+        assert_eq!(
+            v["evictions"],
+            json!({"unreplied": 10, "idle": 2, "podShare": 3, "total": 15})
+        );
+        assert_eq!(v["drops"], json!({"podShare": 4, "mapFull": 5}));
+        assert_eq!(v["topPods"][0]["sharePercent"], 25.0);
+    }
+
+    #[test]
+    fn an_older_datapath_has_no_share() {
+        let p = pressure(false);
+        assert!(p
+            .table_line()
+            .ends_with("no eviction or per-pod share (the datapath predates them)"));
+        assert!(p.json()["podMaxFlows"].is_null());
+        assert_eq!(
+            pod_line(&p.top[0], 0),
+            "0123456789ab/eth0 10.88.0.2 ifindex 7: 128 flows"
+        );
+    }
 }

@@ -18,6 +18,7 @@ mod error;
 pub mod events;
 pub mod hostport;
 pub mod nat;
+pub mod nat_pressure;
 pub mod node;
 mod pinned;
 pub mod programs;

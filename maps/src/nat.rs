@@ -199,6 +199,8 @@ where
             n += 1;
         }
     }
+    // The pods' flow counts follow (the datapath counts only its own removals).
+    crate::nat_pressure::recount(root)?;
     Ok(n)
 }
 

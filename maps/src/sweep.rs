@@ -7,6 +7,8 @@
 //! While the agent's lease in `sl_agent` lasts, the in-kernel sweeper skips
 //! its runs; the agent renews the lease on every pass, so a stopped agent
 //! hands the tables back within `SWEEP_LEASE_NS`.
+use std::collections::BTreeMap;
+
 use aya::{
     maps::{HashMap, MapData},
     Pod,
@@ -18,7 +20,7 @@ use sluice_common::{
     FRAG_TIMEOUT_NS,
 };
 
-use crate::{agent, batch, nat, PinRoot, Result};
+use crate::{agent, batch, nat, nat_pressure, PinRoot, Result};
 
 /// What one pass removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,15 +61,33 @@ pub fn agent_expired(root: &PinRoot) -> Result<u64> {
 /// the in-kernel sweeper walks). Adds the flows removed to the agent's count.
 pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
     let cfg = nat::config(root)?;
+    let unreplied = nat_pressure::limits(root)?.udp_unreplied_secs;
+    let mut counts = BTreeMap::new();
     let v4 = cfg.flags & masq_flags::ENABLED != 0;
     let v6 = root.has(&maps::MASQ6) && nat::config6(root)?.flags & masq_flags::ENABLED != 0;
     let mut swept = Swept::default();
     if v4 {
-        swept.flows = expire::<[u8; 4], u32>(root, &maps::NAT_FWD, &maps::NAT_REV, &cfg, now)?;
+        swept.flows = expire::<[u8; 4], u32>(
+            root,
+            (&maps::NAT_FWD, &maps::NAT_REV),
+            (&cfg, unreplied),
+            now,
+            &mut counts,
+        )?;
     }
     if v6 {
-        swept.flows6 =
-            expire::<sluice_common::Addr6, ()>(root, &maps::NAT6_FWD, &maps::NAT6_REV, &cfg, now)?;
+        swept.flows6 = expire::<sluice_common::Addr6, ()>(
+            root,
+            (&maps::NAT6_FWD, &maps::NAT6_REV),
+            (&cfg, unreplied),
+            now,
+            &mut counts,
+        )?;
+    }
+    // The flows each pod holds, as this walk found them (the datapath's
+    // running counts drift with races; see `nat_pressure`).
+    if v4 || v6 {
+        nat_pressure::set_pod_counts(root, &counts)?;
     }
     if v4 || v6 {
         swept.frags = expire_frags(root, now)?;
@@ -82,13 +102,14 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
 
 /// Removes the flows of one family idle past their timeout (IPv6 flows use
 /// the IPv4 settings' timeouts, as the datapath does), each with its reverse
-/// entry, as the in-kernel sweeper does.
+/// entry, as the in-kernel sweeper does; the flows kept are added to
+/// `counts` by pod.
 fn expire<A, P>(
     root: &PinRoot,
-    fwd_spec: &MapSpec,
-    rev_spec: &MapSpec,
-    cfg: &MasqConfig,
+    (fwd_spec, rev_spec): (&MapSpec, &MapSpec),
+    (cfg, unreplied): (&MasqConfig, u32),
     now: u64,
+    counts: &mut BTreeMap<u32, u64>,
 ) -> Result<u64>
 where
     A: Copy,
@@ -96,22 +117,26 @@ where
     NatEntryOf<A, P>: Pod,
     NatRevOf<A>: Pod,
 {
-    let idle: Vec<NatKeyOf<A>> =
+    let expired =
+        |e: &NatEntryOf<A, P>| cfg.is_expired((e.state, e.flags), unreplied, e.last_seen_ns, now);
+    let (idle, kept): (Vec<_>, Vec<_>) =
         batch::lookup_all::<NatKeyOf<A>, NatEntryOf<A, P>>(root, fwd_spec)?
             .into_iter()
-            .filter(|(_, e)| cfg.is_expired(e.state, e.last_seen_ns, now))
-            .map(|(k, _)| k)
-            .collect();
+            .partition(|(_, e)| expired(e));
+    nat_pressure::count_by_pod(&kept, counts);
     if idle.is_empty() {
         return Ok(0);
     }
     let mut fwd: HashMap<MapData, NatKeyOf<A>, NatEntryOf<A, P>> = root.typed(fwd_spec)?;
     let mut rev: HashMap<MapData, NatKeyOf<A>, NatRevOf<A>> = root.typed(rev_spec)?;
     let mut n = 0;
-    for k in &idle {
+    for (k, _) in &idle {
         // Read again: a packet may have refreshed the flow since the batch.
         let Ok(e) = fwd.get(k, 0) else { continue };
-        if !cfg.is_expired(e.state, e.last_seen_ns, now) {
+        if !expired(&e) {
+            if e.pod_ifindex != 0 {
+                *counts.entry(e.pod_ifindex).or_default() += 1;
+            }
             continue;
         }
         // Inbound flows have no reverse entry (and their key could be a

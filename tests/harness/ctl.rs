@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 47] = [
+pub const REASONS: [&str; 51] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -83,6 +83,10 @@ pub const REASONS: [&str; 47] = [
     "uplink_kernel_flow",
     "kernel_flow_new",
     "kernel_flow_client",
+    "nat_evict_unreplied",
+    "nat_evict_idle",
+    "nat_evict_pod_share",
+    "drop_masq_pod_share",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

@@ -168,7 +168,9 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// kernel's address notifications. All of hostport6 on 5.10 (the oldest
 /// socket hooks) and 6.12 (Debian's stable kernel), its main tests elsewhere.
 /// `route_sync` (a netlink follower in userspace) on the oldest and the
-/// newest. The first datagrams after ADD on 5.10 (`cls_bpf` attachments, 80 s
+/// newest. A flood of new flows (`nat_pressure`) on 5.10 (LRU flow maps:
+/// the kernel makes room) and 6.1 (the oldest with eviction and the per-pod
+/// share), its IPv6 case on 6.12. The first datagrams after ADD on 5.10 (`cls_bpf` attachments, 80 s
 /// there; the host runs them on tcx). kube-proxy's Services: its iptables mode
 /// on 5.10 (the oldest kernel's helpers and `cls_bpf`), its IPVS mode (which
 /// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
@@ -176,7 +178,7 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
 /// sid; the rule writer's IPVS path on 6.12. Under emulation on a 2-vCPU host the
 /// matrix takes about 45 minutes (CI of 36bcb75: 44m49s, 5.10 the longest at
 /// 15m34s: each test's first ADD verifies the datapath, ~7 s there).
-const TCG_MAIN_TESTS: [&str; 24] = [
+const TCG_MAIN_TESTS: [&str; 26] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods|the_first_datagrams@5.10",
@@ -187,6 +189,8 @@ const TCG_MAIN_TESTS: [&str; 24] = [
     "masquerade6@6.1",
     "masquerade6:ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address|idle_ipv6_flows_expire@6.12+sid",
     "masquerade6:ipv6_tcp_udp_and_echo_leave_with_the_node_ipv6_address@5.10",
+    "nat_pressure:a_udp_flood_leaves@5.10+6.1",
+    "nat_pressure:an_ipv6_udp_flood@6.12",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod|the_node_agent_keeps@5.10",
     "hostport:reach_the_pod_through_the_host_port|the_node_reaches_host_ports|pods_reach_host_ports|netkit_pod@6.1+6.12+sid",
     "hostport6@5.10+6.12",

@@ -57,7 +57,7 @@ pub enum PodDeviceKind {
 }
 
 /// Masquerade settings: `nonMasqueradeCIDRs`, `masqueradeAddress`,
-/// `masqueradePorts`, `natMaxFlows`, `natTimeouts`.
+/// `masqueradePorts`, `natMaxFlows`, `natPodShare`, `natTimeouts`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MasqSettings {
     /// `None`: this network's pod ranges (and `nodes`' pod CIDRs). A family
@@ -71,6 +71,9 @@ pub struct MasqSettings {
     /// `None`: the ports from 1024 up outside the node's `ip_local_port_range`.
     pub ports: Option<(u16, u16)>,
     pub max_flows: u32,
+    /// Percent of `max_flows` one pod may hold before its new flows replace
+    /// its own (`natPodShare`).
+    pub pod_share: u32,
     pub timeouts: NatTimeouts,
 }
 
@@ -81,19 +84,23 @@ pub struct NatTimeouts {
     pub tcp_established: u32,
     pub tcp_closing: u32,
     pub udp: u32,
+    /// A UDP flow that never saw a reply (`udpUnreplied`).
+    pub udp_unreplied: u32,
     pub icmp: u32,
 }
 
 impl Default for NatTimeouts {
     /// Close to Cilium's and conntrack's: a SYN without answer a minute, an
-    /// established connection six hours, a closing one ten seconds, UDP a minute,
-    /// ICMP half a minute.
+    /// established connection six hours, a closing one ten seconds, UDP a minute
+    /// (half a minute until the first reply, as conntrack's unreplied UDP
+    /// entries), ICMP half a minute.
     fn default() -> Self {
         Self {
             tcp_syn: 60,
             tcp_established: 21_600,
             tcp_closing: 10,
             udp: 60,
+            udp_unreplied: 30,
             icmp: 30,
         }
     }
@@ -142,6 +149,9 @@ fn masquerade_addresses(
 /// Default and bounds of `natMaxFlows` (entries of each NAT map).
 pub const NAT_MAX_FLOWS_DEFAULT: u32 = 65_536;
 const NAT_MAX_FLOWS_RANGE: std::ops::RangeInclusive<u32> = 1_024..=4_194_304;
+/// Default `natPodShare`: one pod may hold half of the flow table, so the
+/// other half stays open to the other pods whatever one pod does.
+pub const NAT_POD_SHARE_DEFAULT: u32 = 50;
 
 impl Default for MasqSettings {
     fn default() -> Self {
@@ -151,6 +161,7 @@ impl Default for MasqSettings {
             address6: None,
             ports: None,
             max_flows: NAT_MAX_FLOWS_DEFAULT,
+            pod_share: NAT_POD_SHARE_DEFAULT,
             timeouts: NatTimeouts::default(),
         }
     }
@@ -178,6 +189,14 @@ impl MasqSettings {
                 ),
             ));
         }
+        let pod_share = uint(o, "natPodShare", "")?.unwrap_or(NAT_POD_SHARE_DEFAULT);
+        if !(1..=100).contains(&pod_share) {
+            return Err(Error::config(
+                "natPodShare",
+                pod_share,
+                "must be a percentage of natMaxFlows between 1 and 100",
+            ));
+        }
         let mut timeouts = NatTimeouts::default();
         if let Some(t) = o.get("natTimeouts").filter(|v| !v.is_null()) {
             let to = object(t, "natTimeouts")?;
@@ -186,6 +205,7 @@ impl MasqSettings {
                 ("tcpEstablished", &mut timeouts.tcp_established),
                 ("tcpClosing", &mut timeouts.tcp_closing),
                 ("udp", &mut timeouts.udp),
+                ("udpUnreplied", &mut timeouts.udp_unreplied),
                 ("icmp", &mut timeouts.icmp),
             ] {
                 if let Some(v) = uint(to, k, "natTimeouts")? {
@@ -206,6 +226,7 @@ impl MasqSettings {
             address6,
             ports,
             max_flows,
+            pod_share,
             timeouts,
         })
     }
@@ -760,7 +781,8 @@ mod tests {
             "masqueradeAddress": ["192.0.2.9", "2001:db8::9"],
             "masqueradePorts": "62000-62999",
             "natMaxFlows": 4096,
-            "natTimeouts": {"udp": 5, "tcpEstablished": 100},
+            "natTimeouts": {"udp": 5, "tcpEstablished": 100, "udpUnreplied": 3},
+            "natPodShare": 10,
             "xdp": "generic",
             "nodes": [{"podCIDR": "10.23.0.0/24", "nodeIP": "192.0.2.2"}],
             "debug": true,
@@ -792,6 +814,8 @@ mod tests {
         assert_eq!(c.masq.ports, Some((62000, 62999)));
         assert_eq!(c.masq.max_flows, 4096);
         assert_eq!(c.masq.timeouts.udp, 5);
+        assert_eq!(c.masq.timeouts.udp_unreplied, 3);
+        assert_eq!(c.masq.pod_share, 10);
         assert_eq!(c.masq.timeouts.tcp_established, 100);
         assert_eq!(c.masq.timeouts.icmp, 30);
         assert_eq!(c.xdp, XdpMode::Generic);
@@ -1001,6 +1025,13 @@ mod tests {
                 "65000-64000",
             ),
             (with("natMaxFlows", json!(10)), "natMaxFlows", "10"),
+            (
+                with("natTimeouts", json!({"udpUnreplied": 0})),
+                "natTimeouts.udpUnreplied",
+                "0",
+            ),
+            (with("natPodShare", json!(0)), "natPodShare", "0"),
+            (with("natPodShare", json!(101)), "natPodShare", "101"),
             (
                 with("natTimeouts", json!({"udp": 0})),
                 "natTimeouts.udp",

@@ -93,6 +93,9 @@ pub(super) fn load_and_pin(
         .map_max_entries(map_names::NAT6_FWD, nat_flows)
         .map_max_entries(map_names::NAT6_REV, nat_flows)
         .map_max_entries(map_names::KFLOWS, nat_flows)
+        // The rings of recent flows have a slot per flow (see nat::evict).
+        .map_max_entries(map_names::NAT_RING, nat_flows)
+        .map_max_entries(map_names::NAT6_RING, nat_flows)
         // Kernel features the programs may use (constant for the verifier).
         .override_global(kernel_features::GLOBAL, &bits, true)
         .load(&object)

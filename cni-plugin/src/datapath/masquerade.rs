@@ -22,6 +22,9 @@ pub struct MasqSpec {
     pub non_masq: Vec<Prefix4>,
     pub config6: Masq6Config,
     pub non_masq6: Vec<Prefix6>,
+    /// `natTimeouts.udpUnreplied` and `natPodShare` (`sl_nat_limits`).
+    pub udp_unreplied_secs: u32,
+    pub pod_share: u32,
 }
 
 const PORT_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
@@ -100,6 +103,8 @@ pub async fn spec(
         non_masq: v4,
         config6,
         non_masq6: v6,
+        udp_unreplied_secs: t.udp_unreplied,
+        pod_share: conf.masq.pod_share,
     }))
 }
 

@@ -310,6 +310,7 @@ impl Datapath {
             sluice_maps::nat::set_non_masq6(&self.root, non_masq_owner::CONFIG, &m.non_masq6)?;
             sluice_maps::nat::write_config(&self.root, m.config)?;
             sluice_maps::nat::write_config6(&self.root, m.config6)?;
+            sluice_maps::nat_pressure::write_limits(&self.root, m.udp_unreplied_secs, m.pod_share)?;
         } else {
             sluice_maps::nat::write_config(&self.root, MasqConfig::default())?;
             sluice_maps::nat::write_config6(&self.root, Masq6Config::default())?;

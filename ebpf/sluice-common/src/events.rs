@@ -11,6 +11,9 @@ pub mod event_kind {
     pub const NAT_INBOUND: u8 = 3;
     /// A new hostPort flow was translated to a pod.
     pub const HOSTPORT_NEW: u8 = 4;
+    /// A masqueraded flow was evicted from a full table (or a pod's full
+    /// share) for a new one; `reason` says which rule picked it.
+    pub const NAT_EVICT: u8 = 5;
 }
 
 /// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the

@@ -72,6 +72,7 @@ mod pod {
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::NatRev {}
     unsafe impl aya::Pod for super::MasqConfig {}
+    unsafe impl aya::Pod for super::NatLimits {}
     unsafe impl aya::Pod for super::Nat6Entry {}
     unsafe impl aya::Pod for super::Nat6Rev {}
     unsafe impl aya::Pod for super::Masq6Config {}
@@ -188,7 +189,7 @@ mod tests {
         assert_eq!(size_of::<NodeConfig>(), 16);
         assert_eq!(
             u32::try_from(reason::COUNT),
-            Ok(reason::KERNEL_FLOW_CLIENT + 1)
+            Ok(reason::DROP_MASQ_POD_SHARE + 1)
         );
         assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
         // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.
@@ -218,6 +219,7 @@ mod tests {
         assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<NatRev>(), 8);
         assert_eq!(size_of::<MasqConfig>(), 40);
+        assert_eq!(size_of::<NatLimits>(), 16);
         assert_eq!(size_of::<Nat6Key>(), 16 + 16 + 2 + 2 + 1 + 3);
         assert_eq!(size_of::<Nat6Entry>(), 2 + 1 + 1 + 4 + 8 + 8 + 16);
         assert_eq!(size_of::<Nat6Rev>(), 20);

@@ -9,8 +9,9 @@ use core::mem::size_of;
 use crate::{
     Addr6, BwState, DatapathMeta, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey,
     FragEntry, FragKey, HostPortConfig, HpFlow, HpFlow6, IpKey, KernelFlow, KernelFlowKey,
-    Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig,
-    PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
+    Masq6Config, MasqConfig, Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatLimits, NatRev,
+    NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
+    SockOrig6,
 };
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
@@ -153,10 +154,23 @@ pub const KFLOWS: MapSpec = spec::<KernelFlowKey, KernelFlow>("sl_kflows", MapKi
 /// datagrams of kernel flows whose later fragments follow the first to the
 /// stack.
 pub const KFLOW_FRAG: MapSpec = spec::<FragKey, u64>("sl_kflow_frag", MapKind::LruHash);
+/// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
+/// timeout.
+pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
+/// Slot -> the pod-side key of a recent IPv4 flow (a ring of `natMaxFlows`
+/// slots): where a full table looks for a flow to evict.
+pub const NAT_RING: MapSpec = spec::<u32, NatKey>("sl_nat_ring", MapKind::Array);
+/// Slot -> the pod-side key of a recent IPv6 flow.
+pub const NAT6_RING: MapSpec = spec::<u32, Nat6Key>("sl_nat6_ring", MapKind::Array);
+/// [`nat_cursor`] -> each family's ring position and eviction hand.
+pub const NAT_CURSOR: MapSpec = spec::<u32, u64>("sl_nat_cursor", MapKind::Array);
+/// Pod host veth ifindex -> the flows (both families) it holds; the node
+/// agent recounts it every sweep.
+pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 37] = [
+pub const ALL: [MapSpec; 42] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -194,6 +208,11 @@ pub const ALL: [MapSpec; 37] = [
     SVC_CONFIG,
     KFLOWS,
     KFLOW_FRAG,
+    NAT_LIMITS,
+    NAT_RING,
+    NAT6_RING,
+    NAT_CURSOR,
+    NAT_PODS,
 ];
 
 /// The map names, for code that wants a name only.
@@ -235,6 +254,11 @@ pub mod map_names {
     pub const SVC_CONFIG: &str = super::SVC_CONFIG.name;
     pub const KFLOWS: &str = super::KFLOWS.name;
     pub const KFLOW_FRAG: &str = super::KFLOW_FRAG.name;
+    pub const NAT_LIMITS: &str = super::NAT_LIMITS.name;
+    pub const NAT_RING: &str = super::NAT_RING.name;
+    pub const NAT6_RING: &str = super::NAT6_RING.name;
+    pub const NAT_CURSOR: &str = super::NAT_CURSOR.name;
+    pub const NAT_PODS: &str = super::NAT_PODS.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -285,6 +309,8 @@ pub mod map_sizes {
     pub const KFLOWS: u32 = 65_536;
     /// Fragmented datagrams of kernel flows in flight (LRU).
     pub const KFLOW_FRAG: u32 = 1_024;
+    /// Pods with a flow count (`sl_nat_pods`).
+    pub const NAT_PODS: u32 = 8_192;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

@@ -92,6 +92,10 @@ pub mod nat_flags {
     pub const INBOUND: u8 = 1 << 0;
     /// The node's own ICMP echo, tracked so no pod flow takes its identifier.
     pub const NODE: u8 = 1 << 1;
+    /// A packet came back the other way (a reply; for an inbound flow, the
+    /// pod answered). A flow without it is the first a full table evicts,
+    /// and an unreplied UDP flow expires after `udp_unreplied_secs`.
+    pub const REPLIED: u8 = 1 << 2;
 }
 
 pub mod nat_state {
@@ -177,11 +181,14 @@ pub struct MasqConfig {
 }
 
 impl MasqConfig {
-    /// How long a flow in `state` ([`nat_state`]) may stay idle, in ns: the
-    /// datapath, the in-kernel sweeper and the node agent's sweeper all ask
-    /// this.
+    /// How long a flow in `state` ([`nat_state`]) with `flags`
+    /// ([`nat_flags`]) may stay idle, in ns: the datapath, the in-kernel
+    /// sweeper and the node agent's sweeper all ask this. A UDP flow that
+    /// never saw a reply gets `udp_unreplied_secs` when it is shorter (0:
+    /// none), as conntrack gives an unreplied UDP entry 30 s and a replied one
+    /// 120 s (`nf_conntrack_udp_timeout`, `_stream`).
     #[inline(always)]
-    pub fn idle_timeout_ns(&self, state: u8) -> u64 {
+    pub fn idle_timeout_ns(&self, state: u8, flags: u8, udp_unreplied_secs: u32) -> u64 {
         // All five loaded first: matching on the state to pick a field made
         // LLVM compute the field offset from the state, which the verifier
         // cannot bound.
@@ -197,17 +204,79 @@ impl MasqConfig {
             nat_state::TCP_ESTABLISHED => est,
             nat_state::TCP_CLOSING => closing,
             nat_state::ICMP => icmp,
+            _ if flags & nat_flags::REPLIED == 0
+                && udp_unreplied_secs != 0
+                && udp_unreplied_secs < udp =>
+            {
+                udp_unreplied_secs
+            }
             _ => udp,
         };
         u64::from(secs) * 1_000_000_000
     }
 
-    /// Whether a flow in `state`, last seen at `last_seen_ns`, is past its
-    /// idle timeout at `now` (all `CLOCK_MONOTONIC` ns).
+    /// Whether a flow in `state` with `flags`, last seen at `last_seen_ns`, is
+    /// past its idle timeout at `now` (all `CLOCK_MONOTONIC` ns).
     #[inline(always)]
-    pub fn is_expired(&self, state: u8, last_seen_ns: u64, now: u64) -> bool {
-        now.saturating_sub(last_seen_ns) > self.idle_timeout_ns(state)
+    pub fn is_expired(
+        &self,
+        (state, flags): (u8, u8),
+        udp_unreplied_secs: u32,
+        last_seen_ns: u64,
+        now: u64,
+    ) -> bool {
+        now.saturating_sub(last_seen_ns) > self.idle_timeout_ns(state, flags, udp_unreplied_secs)
     }
+}
+
+/// What keeps a full flow table open to every pod, at index 0 of
+/// `sl_nat_limits` (written at ADD; all zero: no eviction, no share, one UDP
+/// timeout). Apart from [`MasqConfig`] so that a datapath loaded before
+/// keeps its map layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatLimits {
+    /// Idle timeout of a UDP flow that never saw a reply, seconds (0: the
+    /// UDP timeout).
+    pub udp_unreplied_secs: u32,
+    /// Flows (of both families) one pod may hold before its new ones replace
+    /// its own (`natPodShare` of the table); 0: no share.
+    pub pod_max_flows: u32,
+    /// Slots of each recent-flow ring (`sl_nat_ring`, `sl_nat6_ring`): the
+    /// size of the flow tables; 0: a full table refuses new flows.
+    pub ring_slots: u32,
+    pub _pad: u32,
+}
+
+/// Recent flows a full table looks at for one to evict, oldest first: the
+/// first that never saw a reply, else the least recently used that is not an
+/// established TCP connection.
+pub const NAT_EVICT_WINDOW: u32 = 8;
+
+/// Whether a flow may be evicted to make room, and how eagerly: 2 never
+/// replied (a scan, a flood, a peer that is gone), 1 replied but not an
+/// established TCP connection (UDP, ICMP, TCP closing), 0 never (established
+/// TCP: cutting it would break a connection in use).
+#[inline(always)]
+pub const fn eviction_rank(state: u8, flags: u8) -> u8 {
+    if state == nat_state::TCP_ESTABLISHED {
+        0
+    } else if flags & nat_flags::REPLIED == 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Slots of `sl_nat_cursor`, per family: how many flows were written into
+/// its ring (the next slot written is the oldest), and where the eviction
+/// hand looks next (it moves past what it scanned, as a CLOCK hand).
+pub mod nat_cursor {
+    pub const WRITTEN_V4: u32 = 0;
+    pub const WRITTEN_V6: u32 = 1;
+    pub const HAND_V4: u32 = 2;
+    pub const HAND_V6: u32 = 3;
+    pub const MAX: u32 = 4;
 }
 
 /// NAT ports a new flow tries before it is dropped (`drop_masq_no_port`).
@@ -283,19 +352,57 @@ mod tests {
             // An unknown state is treated as UDP (the datapath's default).
             (0, 4),
         ] {
-            assert_eq!(cfg.idle_timeout_ns(state), secs * s, "state {state}");
+            let replied = nat_flags::REPLIED;
+            assert_eq!(
+                cfg.idle_timeout_ns(state, replied, 0),
+                secs * s,
+                "state {state}"
+            );
             let seen = 10 * s;
             assert!(
-                !cfg.is_expired(state, seen, seen + secs * s),
+                !cfg.is_expired((state, replied), 0, seen, seen + secs * s),
                 "state {state}"
             );
             assert!(
-                cfg.is_expired(state, seen, seen + secs * s + 1),
+                cfg.is_expired((state, replied), 0, seen, seen + secs * s + 1),
                 "state {state}"
             );
         }
         // A flow stamped after `now` (another CPU's newer stamp) is not expired.
-        assert!(!cfg.is_expired(nat_state::UDP, 20 * s, 10 * s));
+        assert!(!cfg.is_expired((nat_state::UDP, 0), 0, 20 * s, 10 * s));
+    }
+
+    #[test]
+    fn an_unreplied_udp_flow_expires_sooner_and_only_udp() {
+        let cfg = MasqConfig {
+            tcp_syn_secs: 60,
+            udp_secs: 120,
+            icmp_secs: 30,
+            ..MasqConfig::default()
+        };
+        let s = 1_000_000_000;
+        assert_eq!(cfg.idle_timeout_ns(nat_state::UDP, 0, 30), 30 * s);
+        assert_eq!(
+            cfg.idle_timeout_ns(nat_state::UDP, nat_flags::REPLIED, 30),
+            120 * s
+        );
+        // 0: off; longer than the UDP timeout: the UDP timeout.
+        assert_eq!(cfg.idle_timeout_ns(nat_state::UDP, 0, 0), 120 * s);
+        assert_eq!(cfg.idle_timeout_ns(nat_state::UDP, 0, 500), 120 * s);
+        assert_eq!(cfg.idle_timeout_ns(nat_state::TCP_SYN, 0, 30), 60 * s);
+        assert_eq!(cfg.idle_timeout_ns(nat_state::ICMP, 0, 10), 30 * s);
+    }
+
+    #[test]
+    fn established_tcp_is_never_evicted_and_unreplied_flows_go_first() {
+        use nat_flags::REPLIED;
+        assert_eq!(eviction_rank(nat_state::TCP_ESTABLISHED, REPLIED), 0);
+        assert_eq!(eviction_rank(nat_state::TCP_ESTABLISHED, 0), 0);
+        assert_eq!(eviction_rank(nat_state::TCP_SYN, 0), 2);
+        assert_eq!(eviction_rank(nat_state::UDP, 0), 2);
+        assert_eq!(eviction_rank(nat_state::UDP, REPLIED), 1);
+        assert_eq!(eviction_rank(nat_state::TCP_CLOSING, REPLIED), 1);
+        assert_eq!(eviction_rank(nat_state::ICMP, REPLIED), 1);
     }
 
     /// A well-mixed stand-in for the programs' flow hash.

@@ -102,8 +102,9 @@ reasons! {
     drop DROP_MASQ_PROTO = 23 "drop_masq_proto";
     /// masquerade: every port tried for a new flow was taken: dropped.
     drop DROP_MASQ_NO_PORT = 24 "drop_masq_no_port";
-    /// masquerade: the NAT maps are full: the new flow is dropped, existing
-    /// flows are unaffected.
+    /// masquerade: the NAT maps are full and no flow could make room (the
+    /// oldest are established TCP connections in use, which are never
+    /// evicted): the new flow is dropped, existing flows are unaffected.
     drop DROP_MASQ_MAP_FULL = 25 "drop_masq_map_full";
     /// masquerade: flows deleted by the sweeper after their timeout.
     count NAT_EXPIRED = 26 "nat_expired";
@@ -168,6 +169,19 @@ reasons! {
     /// the node's own was remembered in `sl_kflows`: what the stack then
     /// routes out of the uplink from it is followed as the stack's flow.
     count KERNEL_FLOW_CLIENT = 46 "kernel_flow_client";
+    /// masquerade: the flow table was full; a flow that never saw a reply
+    /// (the oldest in a window of the recent ones) made room for a new one.
+    count NAT_EVICT_UNREPLIED = 47 "nat_evict_unreplied";
+    /// masquerade: the flow table was full; the least recently used replied
+    /// flow that was not an established TCP connection made room.
+    count NAT_EVICT_IDLE = 48 "nat_evict_idle";
+    /// masquerade: a pod at its share of the table (`natPodShare`) replaced
+    /// one of its own flows with a new one.
+    count NAT_EVICT_POD_SHARE = 49 "nat_evict_pod_share";
+    /// masquerade: a pod at its share of the table had no flow of its own to
+    /// give up (all established, or none among the oldest): its new flow is
+    /// dropped; other pods are unaffected.
+    drop DROP_MASQ_POD_SHARE = 50 "drop_masq_pod_share";
 }
 
 /// Slots in the array (room to append).

@@ -105,16 +105,15 @@ pub fn dropped<P: Packet>(p: &P, own_ifindex: u32) {
     }
 }
 
-/// A new masquerade or hostPort flow. `key` is the pod-side (masquerade) or
-/// outside (hostPort) tuple, ports in network byte order.
+/// A new, or evicted, masquerade or hostPort flow. `key` is the pod-side
+/// (masquerade) or outside (hostPort) tuple, ports in network byte order.
+/// `kind`: an [`event_kind`] in the low byte, and above it the reason the
+/// event reports (0: the kind's own, see [`kind_reason`]).
 #[inline(never)]
-pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
-    // (At most five arguments: BPF calls pass no more in registers.)
-    let r = match kind {
-        event_kind::NAT_NEW => reason::MASQ_NEW_FLOW,
-        event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
-        _ => reason::HOSTPORT_DNAT,
-    };
+pub fn flow(kind: u32, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
+    // (At most five arguments: BPF calls pass no more in registers: hence
+    // the reason packed with the kind.)
+    let (kind, r) = kind_reason(kind);
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     if monitor_on(now) {
@@ -163,13 +162,26 @@ pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u
     }
 }
 
+/// A flow event's kind and reason from `kind` as [`flow`] takes it.
+#[inline(always)]
+fn kind_reason(kind: u32) -> (u8, u32) {
+    let (k, given) = ((kind & 0xff) as u8, kind >> 8);
+    let r = match k {
+        _ if given != 0 => given,
+        event_kind::NAT_NEW => reason::MASQ_NEW_FLOW,
+        event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
+        _ => reason::HOSTPORT_DNAT,
+    };
+    (k, r)
+}
+
 /// A new IPv6 masquerade flow (`key` the pod-side tuple, `nat_addr` the
 /// translated address, `None` for an inbound flow), written in place in the
 /// ring as [`flow`] writes IPv4 flows: an `Event` on the stack of this call,
 /// made from `snat6`, would pass the 512 bytes the chain may use.
 #[inline(never)]
 pub fn flow6(
-    kind: u8,
+    kind: u32,
     key: &sluice_common::Nat6Key,
     nat_addr: Option<&sluice_common::Addr6>,
     nat_port: u16,
@@ -180,11 +192,7 @@ pub fn flow6(
     if !monitor_on(now) {
         return;
     }
-    let r = match kind {
-        event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
-        event_kind::HOSTPORT_NEW => reason::HOSTPORT_DNAT,
-        _ => reason::MASQ_NEW_FLOW,
-    };
+    let (kind, r) = kind_reason(kind);
     let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
         count(reason::EVENTS_LOST);
         return;

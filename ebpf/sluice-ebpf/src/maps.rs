@@ -6,10 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    agent_slot, map_sizes, monitor_slot, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
+    agent_slot, map_sizes, monitor_slot, nat_cursor, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
     Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow,
     HpFlow6, IpKey, KernelFlow, KernelFlowKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key,
-    Nat6Rev, NatEntry, NatKey, NatRev, NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6,
+    Nat6Rev, NatEntry, NatKey, NatLimits, NatRev, NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6,
     SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
@@ -154,3 +154,22 @@ pub static HP_SCRATCH6: PerCpuArray<crate::hostport::v6::Scratch> =
 /// Not pinned: only lives from a drop site to its program's exit.
 #[map(name = "sl_scratch")]
 pub static SCRATCH: PerCpuArray<DropNote> = PerCpuArray::with_max_entries(1, 0);
+
+/// Eviction and share settings (see `nat::evict`).
+#[map(name = "sl_nat_limits")]
+pub static NAT_LIMITS: Array<NatLimits> = Array::pinned(1, 0);
+
+/// Recent IPv4 flows, a ring (`natMaxFlows` slots, set at load).
+#[map(name = "sl_nat_ring")]
+pub static NAT_RING: Array<NatKey> = Array::pinned(map_sizes::NAT_FLOWS, 0);
+
+/// Recent IPv6 flows, a ring.
+#[map(name = "sl_nat6_ring")]
+pub static NAT6_RING: Array<Nat6Key> = Array::pinned(map_sizes::NAT_FLOWS, 0);
+
+#[map(name = "sl_nat_cursor")]
+pub static NAT_CURSOR: Array<u64> = Array::pinned(nat_cursor::MAX, 0);
+
+/// Flows per pod; inserted on a pod's first flow, hence no preallocation.
+#[map(name = "sl_nat_pods")]
+pub static NAT_PODS: HashMap<u32, u64> = HashMap::pinned(map_sizes::NAT_PODS, BPF_F_NO_PREALLOC);

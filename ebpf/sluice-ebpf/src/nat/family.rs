@@ -1,12 +1,12 @@
 //! The two flow tables, IPv4 (`sl_nat_fwd`/`sl_nat_rev`) and IPv6
 //! (`sl_nat6_fwd`/`sl_nat6_rev`), behind one trait so that ports, states,
 //! timeouts and expiry (`flow`, `sweep`) are written once for both.
-use aya_ebpf::maps::HashMap;
-use sluice_common::{event_kind, Addr6, NatEntryOf, NatKeyOf, NatRevOf};
+use aya_ebpf::maps::{Array, HashMap};
+use sluice_common::{event_kind, nat_cursor, Addr6, NatEntryOf, NatKeyOf, NatRevOf};
 
 use crate::{
     events,
-    maps::{NAT6_FWD, NAT6_REV, NAT_FWD, NAT_REV},
+    maps::{NAT6_FWD, NAT6_REV, NAT6_RING, NAT_FWD, NAT_REV, NAT_RING},
 };
 
 /// An address family's flow table.
@@ -23,10 +23,15 @@ pub(super) trait Family {
 
     fn fwd() -> &'static HashMap<FlowKey<Self>, Entry<Self>>;
     fn rev() -> &'static HashMap<FlowKey<Self>, Rev<Self>>;
+    /// The ring of recent flows (see `evict`).
+    fn ring() -> &'static Array<FlowKey<Self>>;
+    /// The ring's slots in `sl_nat_cursor` ([`nat_cursor`]).
+    const WRITTEN: u32;
+    const HAND: u32;
     /// 32 bits of an address for the port choice's hash.
     fn fold(a: &Self::Addr) -> u32;
-    /// A flow event for `sluicectl monitor`.
-    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: Self::Addr, nat_port: u16, ifindex: u32);
+    /// A flow event for `sluicectl monitor` (`kind`: see `events::flow`).
+    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: Self::Addr, nat_port: u16, ifindex: u32);
     /// The event of a flow that just claimed its port, sent where the port is
     /// claimed (IPv4) or by the caller (IPv6, see `v6::snat6`: one call less
     /// deep, for the stack).
@@ -45,6 +50,8 @@ impl Family for V4 {
     type Pad = u32;
     const PAD: u32 = 0;
     const CLAIM_CALL: bool = false;
+    const WRITTEN: u32 = nat_cursor::WRITTEN_V4;
+    const HAND: u32 = nat_cursor::HAND_V4;
 
     #[inline(always)]
     fn fwd() -> &'static HashMap<FlowKey<Self>, Entry<Self>> {
@@ -55,16 +62,20 @@ impl Family for V4 {
         &NAT_REV
     }
     #[inline(always)]
+    fn ring() -> &'static Array<FlowKey<Self>> {
+        &NAT_RING
+    }
+    #[inline(always)]
     fn fold(a: &[u8; 4]) -> u32 {
         u32::from_ne_bytes(*a)
     }
     #[inline(always)]
-    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
+    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
         events::flow(kind, k, nat_addr, nat_port, ifindex);
     }
     #[inline(always)]
     fn claimed(k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
-        events::flow(event_kind::NAT_NEW, k, nat_addr, nat_port, ifindex);
+        events::flow(event_kind::NAT_NEW.into(), k, nat_addr, nat_port, ifindex);
     }
 }
 
@@ -73,6 +84,8 @@ impl Family for V6 {
     type Pad = ();
     const PAD: () = ();
     const CLAIM_CALL: bool = false;
+    const WRITTEN: u32 = nat_cursor::WRITTEN_V6;
+    const HAND: u32 = nat_cursor::HAND_V6;
 
     #[inline(always)]
     fn fwd() -> &'static HashMap<FlowKey<Self>, Entry<Self>> {
@@ -83,12 +96,16 @@ impl Family for V6 {
         &NAT6_REV
     }
     #[inline(always)]
+    fn ring() -> &'static Array<FlowKey<Self>> {
+        &NAT6_RING
+    }
+    #[inline(always)]
     fn fold(a: &Addr6) -> u32 {
         let w = |i: usize| u32::from_ne_bytes([a.0[i], a.0[i + 1], a.0[i + 2], a.0[i + 3]]);
         w(0) ^ w(4) ^ w(8) ^ w(12)
     }
     #[inline(always)]
-    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: Addr6, nat_port: u16, ifindex: u32) {
+    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: Addr6, nat_port: u16, ifindex: u32) {
         // No translated address (inbound flows): none in the event, and no
         // copy of `::` on the stack for it to point to.
         let nat = (nat_addr != Addr6::default()).then_some(&nat_addr);

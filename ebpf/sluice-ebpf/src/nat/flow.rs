@@ -11,7 +11,10 @@ use aya_ebpf::{
 };
 use sluice_common::{nat_flags, nat_port_index, nat_state, reason, MasqConfig, NAT_PORT_TRIES};
 
-use super::family::{Entry, Family, FlowKey, Rev};
+use super::{
+    evict::{make_room, udp_unreplied_secs},
+    family::{Entry, Family, FlowKey, Rev},
+};
 use crate::{
     counters::count,
     l4::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -55,7 +58,7 @@ fn expire_if_idle<F: Family>(cfg: &MasqConfig, k: &FlowKey<F>, e: *const Entry<F
             (*e).nat_port,
         )
     };
-    if !cfg.is_expired(state, last_seen, now()) {
+    if !cfg.is_expired((state, flags), udp_unreplied_secs(), last_seen, now()) {
         return 0;
     }
     if flags & nat_flags::INBOUND == 0 {
@@ -139,28 +142,40 @@ pub(super) fn allocate<F: Family>(
     // per try at each of the body's prune points (the counter is precise, so
     // none prunes another) and compares each new one with all of them; on 5.10
     // and 6.1 that was half of a datapath load (docs/kernels.md).
-    macro_rules! tries {
-        ($($i:literal)*) => {$(
-            let nat_port = candidate_port(cfg, nat_port_index(h, $i, range), n1);
+    // A try that finds the table full leaves the block with its port: one
+    // flow is evicted (`evict`) and the port tried again.
+    let full_port = 'tries: {
+        macro_rules! tries {
+            ($($i:literal)*) => {$(
+                let nat_port = candidate_port(cfg, nat_port_index(h, $i, range), n1);
+                match claim_port::<F>(k, nat_port, &flow) {
+                    Some(Err(r)) if r == reason::DROP_MASQ_MAP_FULL => break 'tries nat_port,
+                    Some(r) => return r,
+                    None => {}
+                }
+            )*};
+        }
+        const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
+        tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+        // Without the sweeper a port may be held by a dead flow until a packet
+        // meets it: the first candidate's holder is checked, once, after the
+        // tries. (Checked in every try, as part of the loop the tries were
+        // then, 5.10's verifier walked every iteration apart and gave up at a
+        // million instructions.)
+        let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
+        if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
             if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
                 return r;
             }
-        )*};
-    }
-    const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
-    tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
-    // Without the sweeper a port may be held by a dead flow until a packet
-    // meets it: the first candidate's holder is checked, once, after the tries.
-    // (Checked in every try, as part of the loop the tries were then, 5.10's
-    // verifier walked every iteration apart and gave up at a million
-    // instructions.)
-    let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
-    if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
-        if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
+        }
+        return Err(reason::DROP_MASQ_NO_PORT);
+    };
+    if make_room::<F>(pod_ifindex, 0) != 0 {
+        if let Some(r) = claim_port::<F>(k, full_port, &flow) {
             return r;
         }
     }
-    Err(reason::DROP_MASQ_NO_PORT)
+    Err(reason::DROP_MASQ_MAP_FULL)
 }
 
 /// What a new flow gets besides its port.
@@ -300,7 +315,7 @@ pub(super) fn next_state(cur: u8, proto: u8, flags: u8, reply: bool) -> u8 {
     }
 }
 
-/// Refreshes a flow's state and timestamp.
+/// Refreshes a flow's state and timestamp; `reply` marks it replied.
 #[inline(always)]
 pub(super) fn touch<A, P>(
     e: *mut sluice_common::NatEntryOf<A, P>,
@@ -315,6 +330,9 @@ pub(super) fn touch<A, P>(
         let s = next_state((*e).state, proto, flags, reply);
         if s != (*e).state {
             (*e).state = s;
+        }
+        if reply && (*e).flags & nat_flags::REPLIED == 0 {
+            (*e).flags |= nat_flags::REPLIED;
         }
         if t.saturating_sub((*e).last_seen_ns) > REFRESH_NS {
             (*e).last_seen_ns = t;

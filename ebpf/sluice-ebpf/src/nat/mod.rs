@@ -26,6 +26,7 @@
     clippy::needless_borrows_for_generic_args,
     reason = "flow keys go to the map helpers by reference: an IPv6 key is 40 bytes of a 512-byte stack"
 )]
+mod evict;
 mod family;
 mod flow;
 mod frag;
@@ -228,8 +229,13 @@ fn flow_out<F: Family>(
             if key.proto == PROTO_TCP && !syn {
                 return Err(reason::DROP_MASQ_NO_FLOW);
             }
+            // A pod at its share makes room among its own flows first.
+            if evict::at_share(pod_ifindex) && evict::make_room::<F>(pod_ifindex, 1) == 0 {
+                return Err(reason::DROP_MASQ_POD_SHARE);
+            }
             let state = next_state(0, key.proto, flags, false);
             allocate::<F>(key, cfg, addr, pod_ifindex, state)?;
+            evict::note_new::<F>(key, pod_ifindex);
             *new = true;
             F::fwd()
                 .get_ptr_mut(key)
@@ -331,7 +337,13 @@ fn open_inbound<F: Family>(key: &FlowKey<F>, none: F::Addr, pod_ifindex: u32) {
         nat_addr: none,
         _pad: F::PAD,
     };
-    if F::fwd().insert(key, &e, u64::from(BPF_NOEXIST)).is_ok() {
+    let mut made = F::fwd().insert(key, &e, u64::from(BPF_NOEXIST));
+    // A full table: one flow makes room (see `evict`), as for a new flow out.
+    if made.is_err() && evict::make_room::<F>(pod_ifindex, 0) != 0 {
+        made = F::fwd().insert(key, &e, u64::from(BPF_NOEXIST));
+    }
+    if made.is_ok() {
+        evict::note_new::<F>(key, pod_ifindex);
         count(reason::MASQ_INBOUND_FLOW);
         // Described as the outside sees it: client -> pod.
         let outside = FlowKey::<F>::new(
@@ -341,7 +353,7 @@ fn open_inbound<F: Family>(key: &FlowKey<F>, none: F::Addr, pod_ifindex: u32) {
             key.src_port,
             key.proto,
         );
-        F::event(event_kind::NAT_INBOUND, &outside, none, 0, pod_ifindex);
+        F::event(event_kind::NAT_INBOUND.into(), &outside, none, 0, pod_ifindex);
     }
 }
 

@@ -131,7 +131,7 @@ pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
         TRANSLATE => {}
         TRANSLATE_NEW => {
             events::flow6(
-                event_kind::NAT_NEW,
+                event_kind::NAT_NEW.into(),
                 &p.key,
                 Some(&p.out.0),
                 p.out.1,
