@@ -27,8 +27,8 @@ use sluice_tests::{
     fixtures::{add, del, merge_keys, EXT_IF, EXT_IP, UPLINK},
     host, kernel, look,
     masq::{
-        in_netns, masq_external_host, nat_list, tcp_connect, tcp_echo_on, udp_echo_on, udp_socket,
-        EchoServer,
+        in_netns, masq_external_host, nat_list, sockaddr_in, tcp_connect, tcp_echo_on, udp_echo_on,
+        udp_socket, EchoServer,
     },
     stream::Stream,
     Counters, Host, Node, Pod,
@@ -201,14 +201,7 @@ fn syn_flood(p: &P, to: SocketAddr, count: u32) -> thread::JoinHandle<()> {
             let SocketAddr::V4(v4) = to else {
                 unreachable!("IPv4 only");
             };
-            let addr = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
+            let addr = sockaddr_in(v4);
             for i in 0..count {
                 // SAFETY: plain system calls on a descriptor owned here.
                 unsafe {

@@ -212,7 +212,8 @@ fn last_os_error(what: &str) -> crate::Error {
     err!("{what}: {}", std::io::Error::last_os_error())
 }
 
-fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+/// `a` as the kernel takes an IPv4 socket address.
+pub fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     // SAFETY: all-zero is a valid sockaddr_in.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     sa.sin_family = libc::AF_INET as libc::sa_family_t;

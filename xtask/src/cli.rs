@@ -257,6 +257,10 @@ pub(crate) enum ConnLoopMode {
     /// Round trips of `--size`-byte messages on one connection (ping-pong),
     /// for `--secs`: their median and p99 in microseconds.
     Ping,
+    /// `--max` UDP datagrams spread evenly over `--secs`, each to the next of
+    /// 50,000 ports from `--addr`'s: a new flow each, never answered (a port
+    /// scan, or a pod resolving names through an outside resolver).
+    Flood,
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! loop: connect, one byte each way, the server closes first (its side keeps
 //! `TIME_WAIT`, so the client's ports free up at once), repeat. `ping` is
 //! sockperf's ping-pong: one connection, one message at a time, each round trip
-//! timed from the send to the whole echo read. Bounded in time and count; run by
+//! timed from the send to the whole echo read. `flood` sends datagrams to
+//! thousands of ports, a new flow each (what another pod does to the
+//! masquerade table in the flood figure). Bounded in time and count; run by
 //! `bench` inside the namespaces, pinned like the other figures. IPv4 or IPv6.
 use std::{
     io::{Read, Write},
@@ -28,6 +30,11 @@ pub(super) fn run(a: &ConnLoopArgs) -> Result<()> {
             println!(r#"{{"connections":{done},"failed":{failed},"seconds":{secs}}}"#);
             Ok(())
         }
+        ConnLoopMode::Flood => {
+            let sent = flood(a.addr, a.secs, a.max)?;
+            println!(r#"{{"sent":{sent}}}"#);
+            Ok(())
+        }
         ConnLoopMode::Ping => {
             let rtts = ping(a.addr, a.secs, usize::try_from(a.size)?)?;
             let n = rtts.len();
@@ -36,6 +43,39 @@ pub(super) fn run(a: &ConnLoopArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `max` datagrams to `addr`'s address, ports from `addr`'s up (50,000 of
+/// them, then again), in batches of 100 spread evenly over `secs`.
+fn flood(addr: SocketAddr, secs: u32, max: u64) -> Result<u64> {
+    const BATCH: u64 = 100;
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let s = std::net::UdpSocket::bind(bind).context("binding the flood's socket")?;
+    let start = Instant::now();
+    let batches = max.div_ceil(BATCH).max(1);
+    let step = Duration::from_secs(u64::from(secs)) / u32::try_from(batches)?;
+    let mut sent = 0u64;
+    for b in 0..batches {
+        for i in 0..BATCH.min(max - b * BATCH) {
+            let n = b * BATCH + i;
+            let port = u16::try_from(u64::from(addr.port()) + n % 50_000).unwrap_or(u16::MAX);
+            // A full socket buffer only loses a datagram.
+            if s.send_to(b"flood", SocketAddr::new(addr.ip(), port))
+                .is_ok()
+            {
+                sent += 1;
+            }
+        }
+        let due = step * u32::try_from(b + 1)?;
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(sent)
 }
 
 /// Accepts, answers one byte, closes (with `echo`: echoes everything until the

@@ -368,6 +368,44 @@ pub(super) fn conns_per_sec(client: &Netns, server: &Netns, addr: &str, secs: u3
     conns_per_sec_via(client, server, (addr, addr), secs)
 }
 
+/// Datagrams another pod sends to the external host during the flood
+/// figure: about 13,000 new flows a second over the default 3 s, more than a
+/// pod's share of a default Sluice table (32,768), so its share is full from
+/// the first round on.
+pub(super) const FLOOD_FLOWS: u64 = 40_000;
+
+/// [`conns_per_sec`] while `flooder` sends [`FLOOD_FLOWS`] datagrams to as
+/// many ports of `addr` (on the other CPU than the figure's; each a new flow
+/// through the same node).
+pub(super) fn conns_per_sec_flooded(
+    client: &Netns,
+    flooder: &Netns,
+    server: &Netns,
+    addr: &str,
+    secs: u32,
+) -> Result<f64> {
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .with_context(|| format!("flood to {addr}: not an IP address"))?;
+    let mut f = flooder.command("taskset");
+    f.args(["-c", FLOOD_CPU])
+        .arg(&exe)
+        .args(["conn-loop", "flood", "--addr"])
+        .arg(std::net::SocketAddr::new(ip, 10_000).to_string())
+        .args([
+            "--secs",
+            &secs.to_string(),
+            "--max",
+            &FLOOD_FLOWS.to_string(),
+        ]);
+    let _flood = Background::spawn(f)?;
+    conns_per_sec(client, server, addr, secs)
+}
+
+/// The CPU the flood runs on: not the measured one.
+const FLOOD_CPU: &str = "0";
+
 /// The same through a translation (a Service's ClusterIP): the client
 /// connects to `to`, the server listens on `listen` (same port).
 pub(super) fn conns_per_sec_via(

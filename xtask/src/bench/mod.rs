@@ -294,6 +294,14 @@ fn masq_round(tb: &Testbed, setups: &[(usize, Setup)], secs: u32, r: &mut Report
             measure::conns_per_sec(ns(s.pod1), ns(s.ext), &s.ext_ip, secs)?,
         );
     }
+    // Issue 49: the same while the setup's other pod floods new flows.
+    for &(i, ref s) in setups {
+        r.add(
+            Figure::MasqConnsPerSecFlood,
+            i,
+            measure::conns_per_sec_flooded(ns(s.pod1), ns(s.pod2), ns(s.ext), &s.ext_ip, secs)?,
+        );
+    }
     Ok(())
 }
 

@@ -35,6 +35,9 @@ pub(super) enum Figure {
     MasqRttP50,
     MasqRttP99,
     MasqConnsPerSec,
+    /// The same while another pod of the node floods new flows
+    /// (`measure::FLOOD_FLOWS` datagrams to as many ports).
+    MasqConnsPerSecFlood,
     /// TCP RTT median (us), pod -> a Service's ClusterIP (kube-proxy's DNAT
     /// to a pod of the same node).
     CiRttP50,
@@ -191,6 +194,7 @@ const MASQ_FIGURES: &[Figure] = &[
     Figure::MasqRttP50,
     Figure::MasqRttP99,
     Figure::MasqConnsPerSec,
+    Figure::MasqConnsPerSecFlood,
 ];
 
 const TABLES: [Table; 7] = [
@@ -305,6 +309,9 @@ impl Figure {
             Self::MasqRttP50 => "masqueraded TCP RTT median (us)",
             Self::MasqRttP99 => "masqueraded TCP RTT p99 (us)",
             Self::MasqConnsPerSec => "masqueraded new TCP connections per second",
+            Self::MasqConnsPerSecFlood => {
+                "masqueraded new TCP connections per second, another pod flooding new flows"
+            }
             Self::CiRttP50 => "pod->ClusterIP TCP RTT median (us)",
             Self::CiRttP99 => "pod->ClusterIP TCP RTT p99 (us)",
             Self::CiConnsPerSec => "pod->ClusterIP new TCP connections per second",
@@ -345,6 +352,7 @@ impl Figure {
                 | Self::ExtPodGbps
                 | Self::MasqGbps
                 | Self::MasqConnsPerSec
+                | Self::MasqConnsPerSecFlood
                 | Self::CiConnsPerSec
                 | Self::HpGbps
                 | Self::BwTcpMbps(_)
@@ -790,6 +798,7 @@ impl Report {
                     if t.which == BenchTable::Masquerade {
                         out.push(self.masq_conns_issue_18(masq_conns, reference));
                     }
+                    out.push(self.masq_flood_target(what, sluice, reference));
                 }
                 // The issue asks for the figures beside the reference's, with
                 // no target ratio.
@@ -821,6 +830,30 @@ impl Report {
             );
         }
         line
+    }
+
+    /// Issue 49: a well-behaved pod's new connections while another pod
+    /// floods new flows, against its rate without the flood (>= 0.9x), with
+    /// the reference's (conntrack) beside it.
+    fn masq_flood_target(&self, what: &str, sluice: usize, reference: usize) -> String {
+        let kept = |i| {
+            Some(
+                self.value(Figure::MasqConnsPerSecFlood, i)?
+                    / self.value(Figure::MasqConnsPerSec, i)?,
+            )
+        };
+        match (kept(sluice), kept(reference)) {
+            (Some(s), Some(r)) => {
+                format!(
+                "{what} new connections/s during a flood >= 0.9x without (issue 49): {s:.3}x, {} \
+                 (the reference keeps {r:.3}x; flooded sluice/reference {:.3}x)",
+                if s >= 0.9 { "met" } else { "NOT met" },
+                self.value(Figure::MasqConnsPerSecFlood, sluice).unwrap_or(0.0)
+                    / self.value(Figure::MasqConnsPerSecFlood, reference).unwrap_or(f64::NAN)
+            )
+            }
+            _ => format!("{what} new connections/s during a flood (issue 49): not measured"),
+        }
     }
 
     /// Issue 5: Sluice's latency and ADD time do not grow with the number of
