@@ -10,7 +10,7 @@
 //! flows make room for the others (`nat_evict_unreplied`). IPv4 and IPv6, at
 //! a small `natMaxFlows` and at the default.
 //!
-//! Without the NAT sweeper (Linux before 5.13) the tables are LRU maps: the
+//! Without the NAT sweeper (Linux before 5.15) the tables are LRU maps: the
 //! kernel makes room itself and the share is not enforced; those kernels
 //! check only that nobody is locked out and nothing established is cut.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
@@ -24,7 +24,8 @@ use std::{
 
 use serde_json::{json, Value};
 use sluice_tests::{
-    fixtures::{add, del, merge_keys, EXT_IF, EXT_IP, UPLINK},
+    ctl::{wait_lease, CtlChild},
+    fixtures::{add, del, merge_keys, EXT_IF, EXT_IP, NODE_IP, UPLINK},
     host, kernel, look,
     masq::{
         in_netns, masq_external_host, nat_list, sockaddr_in, tcp_connect, tcp_echo_on, udp_echo_on,
@@ -335,7 +336,7 @@ fn a_udp_flood_leaves_other_pods_their_new_connections() {
 #[test]
 fn an_ipv6_udp_flood_leaves_other_pods_their_new_connections() {
     if !kernel::has("sweeper") {
-        eprintln!("skipped: IPv6 masquerade needs the NAT sweeper (Linux 5.13)");
+        eprintln!("skipped: IPv6 masquerade needs the NAT sweeper (Linux 5.15)");
         return;
     }
     flood_case(
@@ -397,10 +398,24 @@ fn a_full_table_evicts_unreplied_flows_first() {
     );
     let (a, b, c) = (w.add("a", "np-a"), w.add("b", "np-b"), w.add("c", "np-c"));
     let server = w.server(ext_ip());
+    let monitor = CtlChild::monitor(&w.node, &["--json", "--type", "nat"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
     let d = others_are_unaffected(&w, (&b, &c), &server, || udp_flood(&a, ext_ip(), 3_000));
     let listed = nat_list(&w.node, &[]).unwrap().len();
     assert!(listed <= 1024, "{listed} flows listed");
     if kernel::has("sweeper") {
+        // Each eviction is a monitor event: the flood's own flow, unreplied.
+        let evicted = |evs: &[Value]| evs.iter().find(|e| e["type"] == "nat-evict").cloned();
+        assert!(
+            monitor.wait_for(Duration::from_secs(10), |evs| evicted(evs).is_some()),
+            "no nat-evict event: {}",
+            monitor.stderr()
+        );
+        let ev = evicted(&monitor.json()).unwrap();
+        assert_eq!(ev["reason"], "nat_evict_unreplied", "{ev}");
+        assert_eq!(ev["containerId"], a.cid, "{ev}");
+        assert_eq!(ev["src"], a.v4.to_string(), "{ev}");
+        assert_eq!(ev["natAddress"], NODE_IP, "{ev}");
         assert!(d.get("nat_evict_unreplied") > 0, "{d}");
         assert_eq!(d.get("drop_masq_pod_share"), 0, "{d}");
         // More flows were made than the table holds: room was made.
