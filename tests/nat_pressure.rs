@@ -426,3 +426,60 @@ fn a_full_table_evicts_unreplied_flows_first() {
     }
     assert!(nat_list(&w.node, &[]).unwrap().is_empty());
 }
+
+/// NAT ports are per destination: flows to one server hold at most the
+/// range's ports (here 1,024, `masqueradePorts`). Once they are all taken,
+/// a new flow to that server takes the port of one that is idle (over a
+/// second) and not an established connection, instead of being refused.
+#[test]
+fn a_destination_out_of_nat_ports_gives_idle_ports_to_new_flows() {
+    let w = World::new(
+        "10.97.6.0/24",
+        "fd00:97:6::/64",
+        &json!({"natMaxFlows": 4096, "natPodShare": 100, "masqueradePorts": "20000-21023"}),
+    );
+    let (a, b) = (w.add("a", "np-a"), w.add("b", "np-b"));
+    let server = w.server(ext_ip());
+    // 1,100 flows from as many source ports to the one server: every NAT
+    // port taken, each flow answered.
+    let bind = a.any_port(ext_ip());
+    let to = server.addr;
+    in_netns(&a.pod.path, move || {
+        for i in 0..1_100u32 {
+            let s = std::net::UdpSocket::bind(bind)?;
+            let _ = s.send_to(&i.to_be_bytes(), to);
+            if i % 100 == 99 {
+                thread::sleep(Duration::from_millis(3));
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert!(
+        sluice_tests::masq::wait_for(Duration::from_secs(5), || {
+            nat_list(&w.node, &["--pod", &a.v4.to_string()])
+                .unwrap()
+                .len()
+                >= 1_000
+        }),
+        "the pod's flows did not take the NAT ports"
+    );
+    // Idle over a second: their ports may go to new flows.
+    thread::sleep(Duration::from_millis(1_500));
+    let c0 = w.counters();
+    let s = udp_socket(&b.pod.path, b.any_port(ext_ip())).unwrap();
+    let attempt = udp_echo_on(&s, server.addr, b"a port", 3, Duration::from_secs(2)).unwrap();
+    let d = w.counters().since(&c0);
+    eprintln!("a new flow to a destination out of ports: {d}");
+    if kernel::has("sweeper") {
+        assert_eq!(attempt, 1, "{d}");
+        assert_eq!(d.get("drop_masq_no_port"), 0, "{d}");
+        assert!(
+            d.get("nat_evict_idle") + d.get("nat_evict_unreplied") >= 1,
+            "{d}"
+        );
+    }
+    for p in [&a, &b] {
+        w.del(p);
+    }
+}

@@ -249,5 +249,10 @@ pub fn forget_pods(root: &PinRoot, v4: &[[u8; 4]], v6: &[[u8; 16]]) -> Result<us
     if !v6.is_empty() {
         n += remove_flows_where(root, &V6, |k, _: &Nat6Entry| v6.contains(&k.src_ip.0))?;
     }
+    if n == 0 {
+        // Nothing removed, so nothing recounted: the pod's count (0 once the
+        // sweeper took its last flow) goes all the same.
+        crate::nat_pressure::recount(root)?;
+    }
     Ok(n)
 }

@@ -8,7 +8,7 @@ use aya::{
     maps::{Array, HashMap, MapData},
     Pod,
 };
-use sluice_common::{maps, NatEntryOf, NatKeyOf, NatLimits};
+use sluice_common::{maps, nat_cursor, NatEntryOf, NatKeyOf, NatLimits};
 
 use crate::{batch, Error, PinRoot, Result};
 
@@ -39,7 +39,7 @@ pub fn write_limits(root: &PinRoot, udp_unreplied_secs: u32, pod_share: u32) -> 
         udp_unreplied_secs,
         pod_max_flows: pod_max_flows(table, pod_share),
         ring_slots: ring.min(table),
-        _pad: 0,
+        max_flows: table,
     };
     let mut arr: Array<MapData, NatLimits> = root.typed(&maps::NAT_LIMITS)?;
     if arr.get(&0, 0).ok() == Some(cfg) {
@@ -116,25 +116,43 @@ pub fn recount(root: &PinRoot) -> Result<()> {
         return Ok(());
     }
     let mut counts = BTreeMap::new();
-    count_table::<[u8; 4], u32>(root, &maps::NAT_FWD, &mut counts)?;
-    if root.has(&maps::NAT6_FWD) {
-        count_table::<sluice_common::Addr6, ()>(root, &maps::NAT6_FWD, &mut counts)?;
-    }
-    set_pod_counts(root, &counts)
+    let v4 = count_table::<[u8; 4], u32>(root, &maps::NAT_FWD, &mut counts)?;
+    let v6 = if root.has(&maps::NAT6_FWD) {
+        count_table::<sluice_common::Addr6, ()>(root, &maps::NAT6_FWD, &mut counts)?
+    } else {
+        0
+    };
+    set_pod_counts(root, &counts)?;
+    set_table_counts(root, v4, v6)
 }
 
+/// Makes the datapath's count of each table's flows say `v4` and `v6` (what a
+/// walk found; it decides when a new flow makes room first).
+pub fn set_table_counts(root: &PinRoot, v4: u64, v6: u64) -> Result<()> {
+    if !root.has(&maps::NAT_CURSOR) {
+        return Ok(());
+    }
+    let mut arr: Array<MapData, u64> = root.typed(&maps::NAT_CURSOR)?;
+    for (slot, n) in [(nat_cursor::FLOWS_V4, v4), (nat_cursor::FLOWS_V6, v6)] {
+        arr.set(slot, n, 0)
+            .map_err(|e| Error::map("write", maps::NAT_CURSOR.name, e))?;
+    }
+    Ok(())
+}
+
+/// Adds a table's flows to `counts` by pod; how many it holds.
 fn count_table<A, P>(
     root: &PinRoot,
     spec: &maps::MapSpec,
     counts: &mut BTreeMap<u32, u64>,
-) -> Result<()>
+) -> Result<u64>
 where
     NatKeyOf<A>: Pod,
     NatEntryOf<A, P>: Pod,
 {
     let flows = batch::lookup_all::<NatKeyOf<A>, NatEntryOf<A, P>>(root, spec)?;
     count_by_pod(&flows, counts);
-    Ok(())
+    Ok(flows.len() as u64)
 }
 
 #[cfg(test)]

@@ -63,11 +63,12 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
     let cfg = nat::config(root)?;
     let unreplied = nat_pressure::limits(root)?.udp_unreplied_secs;
     let mut counts = BTreeMap::new();
+    let mut kept = (0, 0);
     let v4 = cfg.flags & masq_flags::ENABLED != 0;
     let v6 = root.has(&maps::MASQ6) && nat::config6(root)?.flags & masq_flags::ENABLED != 0;
     let mut swept = Swept::default();
     if v4 {
-        swept.flows = expire::<[u8; 4], u32>(
+        (swept.flows, kept.0) = expire::<[u8; 4], u32>(
             root,
             (&maps::NAT_FWD, &maps::NAT_REV),
             (&cfg, unreplied),
@@ -76,7 +77,7 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
         )?;
     }
     if v6 {
-        swept.flows6 = expire::<sluice_common::Addr6, ()>(
+        (swept.flows6, kept.1) = expire::<sluice_common::Addr6, ()>(
             root,
             (&maps::NAT6_FWD, &maps::NAT6_REV),
             (&cfg, unreplied),
@@ -84,10 +85,11 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
             &mut counts,
         )?;
     }
-    // The flows each pod holds, as this walk found them (the datapath's
-    // running counts drift with races; see `nat_pressure`).
+    // The flows each pod and each table holds, as this walk found them (the
+    // datapath's running counts drift with races; see `nat_pressure`).
     if v4 || v6 {
         nat_pressure::set_pod_counts(root, &counts)?;
+        nat_pressure::set_table_counts(root, kept.0, kept.1)?;
     }
     if v4 || v6 {
         swept.frags = expire_frags(root, now)?;
@@ -103,14 +105,14 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
 /// Removes the flows of one family idle past their timeout (IPv6 flows use
 /// the IPv4 settings' timeouts, as the datapath does), each with its reverse
 /// entry, as the in-kernel sweeper does; the flows kept are added to
-/// `counts` by pod.
+/// `counts` by pod. (removed, kept).
 fn expire<A, P>(
     root: &PinRoot,
     (fwd_spec, rev_spec): (&MapSpec, &MapSpec),
     (cfg, unreplied): (&MasqConfig, u32),
     now: u64,
     counts: &mut BTreeMap<u32, u64>,
-) -> Result<u64>
+) -> Result<(u64, u64)>
 where
     A: Copy,
     NatKeyOf<A>: Pod,
@@ -124,8 +126,9 @@ where
             .into_iter()
             .partition(|(_, e)| expired(e));
     nat_pressure::count_by_pod(&kept, counts);
+    let mut held = kept.len() as u64;
     if idle.is_empty() {
-        return Ok(0);
+        return Ok((0, held));
     }
     let mut fwd: HashMap<MapData, NatKeyOf<A>, NatEntryOf<A, P>> = root.typed(fwd_spec)?;
     let mut rev: HashMap<MapData, NatKeyOf<A>, NatRevOf<A>> = root.typed(rev_spec)?;
@@ -137,6 +140,7 @@ where
             if e.pod_ifindex != 0 {
                 *counts.entry(e.pod_ifindex).or_default() += 1;
             }
+            held += 1;
             continue;
         }
         // Inbound flows have no reverse entry (and their key could be a
@@ -148,7 +152,7 @@ where
             n += 1;
         }
     }
-    Ok(n)
+    Ok((n, held))
 }
 
 /// Removes fragment entries older than `FRAG_TIMEOUT_NS` (the datapath

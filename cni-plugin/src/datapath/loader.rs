@@ -275,6 +275,7 @@ mod tests {
                 || name == map_names::SCRATCH6
                 || name == map_names::HP_SCRATCH6
                 || name == map_names::KFLOW_KEY
+                || name == map_names::EVICT_NOTE
                 || name.starts_with('.')
                 || name == "AYA_LOGS"
             {

@@ -270,6 +270,8 @@ pub mod map_names {
     pub const HP_SCRATCH6: &str = "sl_hp_scratch6";
     /// Per-CPU scratch: the kernel flow key being looked up (not pinned).
     pub const KFLOW_KEY: &str = "sl_kflow_key";
+    /// Not pinned: an eviction's event on its way to the ring.
+    pub const EVICT_NOTE: &str = "sl_evict_note";
 }
 
 /// Default sizes of the maps (entries).

@@ -9,12 +9,14 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use aya_log_ebpf::debug;
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
-use sluice_common::{event_kind, monitor_slot, reason, DropNote, EpDropKey, Event, NatKey};
+use sluice_common::{
+    event_kind, monitor_slot, reason, DropNote, EpDropKey, Event, NatKey, NatKeyOf,
+};
 
 use crate::{
     counters::count,
     l3::{ETH_P_IP, ETH_P_IPV6},
-    maps::{EP_DROPS, EVENTS, MONITOR, SCRATCH},
+    maps::{EP_DROPS, EVENTS, EVICT_NOTE, MONITOR, SCRATCH},
     packet::{ptr_at, Packet},
 };
 
@@ -105,15 +107,12 @@ pub fn dropped<P: Packet>(p: &P, own_ifindex: u32) {
     }
 }
 
-/// A new, or evicted, masquerade or hostPort flow. `key` is the pod-side
-/// (masquerade) or outside (hostPort) tuple, ports in network byte order.
-/// `kind`: an [`event_kind`] in the low byte, and above it the reason the
-/// event reports (0: the kind's own, see [`kind_reason`]).
+/// A new masquerade or hostPort flow. `key` is the pod-side (masquerade) or
+/// outside (hostPort) tuple, ports in network byte order.
 #[inline(never)]
-pub fn flow(kind: u32, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
-    // (At most five arguments: BPF calls pass no more in registers: hence
-    // the reason packed with the kind.)
-    let (kind, r) = kind_reason(kind);
+pub fn flow(kind: u8, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
+    // (At most five arguments: BPF calls pass no more in registers.)
+    let r = kind_reason(kind);
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     if monitor_on(now) {
@@ -162,17 +161,14 @@ pub fn flow(kind: u32, key: &NatKey, nat_addr: [u8; 4], nat_port: u16, ifindex: 
     }
 }
 
-/// A flow event's kind and reason from `kind` as [`flow`] takes it.
+/// The counter a new flow's event reports.
 #[inline(always)]
-fn kind_reason(kind: u32) -> (u8, u32) {
-    let (k, given) = ((kind & 0xff) as u8, kind >> 8);
-    let r = match k {
-        _ if given != 0 => given,
+fn kind_reason(kind: u8) -> u32 {
+    match kind {
         event_kind::NAT_NEW => reason::MASQ_NEW_FLOW,
         event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
         _ => reason::HOSTPORT_DNAT,
-    };
-    (k, r)
+    }
 }
 
 /// A new IPv6 masquerade flow (`key` the pod-side tuple, `nat_addr` the
@@ -181,7 +177,7 @@ fn kind_reason(kind: u32) -> (u8, u32) {
 /// made from `snat6`, would pass the 512 bytes the chain may use.
 #[inline(never)]
 pub fn flow6(
-    kind: u32,
+    kind: u8,
     key: &sluice_common::Nat6Key,
     nat_addr: Option<&sluice_common::Addr6>,
     nat_port: u16,
@@ -192,7 +188,7 @@ pub fn flow6(
     if !monitor_on(now) {
         return;
     }
-    let (kind, r) = kind_reason(kind);
+    let r = kind_reason(kind);
     let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
         count(reason::EVENTS_LOST);
         return;
@@ -218,6 +214,80 @@ pub fn flow6(
             i += 1;
         }
         flow_ports(e, key.src_port, key.dst_port, nat_port);
+    }
+    slot.submit(0);
+}
+
+/// Keeps the event of an evicted flow (`key` the pod-side tuple, of addresses
+/// `A`: 4 or 16 bytes; `r` the eviction's reason) in a per-CPU note
+/// (`sl_evict_note`) for [`report_eviction`] to send: the eviction runs deep
+/// in the IPv6 masquerade chain, where a call to write the event would pass
+/// the 512 bytes of stack the chain may use. One per packet: a second
+/// eviction of the same packet replaces the first's note (both are counted).
+#[inline(always)]
+pub fn note_eviction<A>(key: &NatKeyOf<A>, nat_addr: &A, nat_port: u16, ifindex: u32, r: u32) {
+    let Some(e) = EVICT_NOTE.get_ptr_mut(0) else {
+        return;
+    };
+    let words = size_of::<A>() / 4;
+    let family = if words == 1 { 4 } else { 6 };
+    let addr = |a: &A, i: usize| {
+        if i < words {
+            // SAFETY: `i` words fit in `A` (4 or 16 bytes), read unaligned.
+            unsafe { core::ptr::from_ref(a).cast::<u32>().add(i).read_unaligned() }
+        } else {
+            0
+        }
+    };
+    // SAFETY: this CPU's note, written field by field.
+    unsafe {
+        flow_head(e, 0, event_kind::NAT_EVICT, family, key.proto, r, ifindex);
+        let (ps, pd, pn) = addr_words(e);
+        let mut i = 0;
+        while i < 4 {
+            ps.add(i).write(addr(&key.src_ip, i));
+            pd.add(i).write(addr(&key.dst_ip, i));
+            pn.add(i).write(addr(nat_addr, i));
+            i += 1;
+        }
+        flow_ports(e, key.src_port, key.dst_port, nat_port);
+    }
+}
+
+/// Sends the event an eviction left in this CPU's note, if any, while a
+/// monitor runs (called where the masquerade path is shallow: `nat::snat`).
+#[inline(never)]
+pub fn report_eviction() {
+    let Some(e) = EVICT_NOTE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's note.
+    if unsafe { (*e).kind } != event_kind::NAT_EVICT {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*e).kind = 0 };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !monitor_on(now) {
+        return;
+    }
+    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
+        count(reason::EVENTS_LOST);
+        return;
+    };
+    let to = slot.as_mut_ptr().cast::<u64>();
+    let from = e.cast::<u64>();
+    // SAFETY: both are one 8-byte aligned `Event` of 10 words; copied word by
+    // word (a whole-struct copy became a memcpy call).
+    unsafe {
+        let mut i = 0;
+        while i < size_of::<Event>() / 8 {
+            to.add(i).write(from.add(i).read());
+            i += 1;
+        }
+        (*slot.as_mut_ptr()).ts_ns = now;
+        (*slot.as_mut_ptr()).kind = event_kind::NAT_EVICT;
     }
     slot.submit(0);
 }

@@ -151,6 +151,10 @@ pub static SCRATCH6: PerCpuArray<crate::nat::Leaving> = PerCpuArray::with_max_en
 pub static HP_SCRATCH6: PerCpuArray<crate::hostport::v6::Scratch> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// Not pinned: an eviction's event, from the eviction to `nat::snat`'s end.
+#[map(name = "sl_evict_note")]
+pub static EVICT_NOTE: PerCpuArray<sluice_common::Event> = PerCpuArray::with_max_entries(1, 0);
+
 /// Not pinned: only lives from a drop site to its program's exit.
 #[map(name = "sl_scratch")]
 pub static SCRATCH: PerCpuArray<DropNote> = PerCpuArray::with_max_entries(1, 0);

@@ -136,7 +136,7 @@ fn remember_reply(t: &PortTarget, proto: u8, src: [u8; 4], dst: [u8; 4], sport: 
         // client -> node:hostPort, translated to pod:containerPort.
         let outside = NatKey::new(src, dst, sport, dport, proto);
         events::flow(
-            event_kind::HOSTPORT_NEW.into(),
+            event_kind::HOSTPORT_NEW,
             &outside,
             t.pod_ip,
             t.pod_port,

@@ -211,7 +211,7 @@ fn remember_reply(p: &mut Scratch) {
         let _ = HP_CT6.insert(&p.rk, &p.back, 0);
         // client -> [node]:hostPort, translated to [pod]:containerPort.
         events::flow6(
-            event_kind::HOSTPORT_NEW.into(),
+            event_kind::HOSTPORT_NEW,
             &p.k,
             Some(&p.t.pod_ip),
             p.t.pod_port,

@@ -30,11 +30,12 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use sluice_common::{
-    event_kind, eviction_rank, nat_flags, reason, NatLimits, NAT_EVICT_WINDOW,
-};
+use sluice_common::{eviction_rank, nat_flags, reason, NatLimits, NAT_EVICT_WINDOW};
 
-use super::family::{Family, FlowKey};
+use super::{
+    family::{Family, FlowKey},
+    flow::{now, New},
+};
 use crate::{
     counters::count,
     maps::{NAT_CURSOR, NAT_LIMITS, NAT_PODS},
@@ -80,9 +81,54 @@ pub(super) fn note_new<F: Family>(k: &FlowKey<F>, pod_ifindex: u32) {
         // SAFETY: a live map value of the key's type.
         unsafe { *s = *k };
     }
+    if let Some(c) = NAT_CURSOR.get_ptr_mut(F::FLOWS) {
+        // SAFETY: a live map value; an atomic add.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(c, 1) };
+    }
     if pod_ifindex != 0 {
         pod_add(pod_ifindex);
     }
+}
+
+/// One flow fewer in the table of `F`, and in the pod's count: a flow was
+/// removed (the sweeper, an eviction).
+#[inline(always)]
+pub(super) fn removed<F: Family>(pod_ifindex: u32) {
+    if crate::kernel::lazy_expiry() {
+        return;
+    }
+    if let Some(c) = NAT_CURSOR.get_ptr_mut(F::FLOWS) {
+        // SAFETY: a live map value; never below zero (see `pod_sub`).
+        unsafe {
+            if *c > 0 {
+                atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(c, u64::MAX);
+            }
+        }
+    }
+    pod_sub(pod_ifindex);
+}
+
+/// Before a new flow of the pod `pod_ifindex` is made: a pod at its share
+/// makes room among its own flows (`Err`: it has none to give up), and a
+/// table that is (nearly) full makes room for it, so the insert does not
+/// fail. Within a window of the full mark, so that CPUs racing for the last
+/// entries do not meet a full table. A call of its own: inline, its calls'
+/// arguments grew the IPv6 flow function's frame past what the 512-byte
+/// stack of the masquerade chain allows.
+#[inline(never)]
+pub(super) fn make_room_for<F: Family>(pod_ifindex: u32) -> Result<(), u32> {
+    let Some(lim) = limits() else {
+        return Ok(());
+    };
+    let max = u64::from(lim.max_flows);
+    if at_share(pod_ifindex) && make_room::<F>(pod_ifindex, 1) == 0 {
+        return Err(reason::DROP_MASQ_POD_SHARE);
+    }
+    let held = NAT_CURSOR.get(F::FLOWS).map_or(0, |n| *n);
+    if max != 0 && held + u64::from(NAT_EVICT_WINDOW) >= max {
+        make_room::<F>(pod_ifindex, 0);
+    }
+    Ok(())
 }
 
 /// One more flow for the pod.
@@ -103,7 +149,7 @@ fn pod_add(ifindex: u32) {
 
 /// One flow fewer for the pod (never below zero).
 #[inline(always)]
-pub(super) fn pod_sub(ifindex: u32) {
+fn pod_sub(ifindex: u32) {
     if ifindex == 0 || crate::kernel::lazy_expiry() {
         return;
     }
@@ -120,7 +166,7 @@ pub(super) fn pod_sub(ifindex: u32) {
 
 /// Whether the pod holds its share of the table or more.
 #[inline(always)]
-pub(super) fn at_share(pod_ifindex: u32) -> bool {
+fn at_share(pod_ifindex: u32) -> bool {
     let Some(lim) = limits() else {
         return false;
     };
@@ -131,6 +177,52 @@ pub(super) fn at_share(pod_ifindex: u32) -> bool {
     unsafe { NAT_PODS.get(&pod_ifindex) }.is_some_and(|n| *n >= u64::from(lim.pod_max_flows))
 }
 
+/// Below this idle time a flow keeps its port even when every port a new flow
+/// tried is taken: a reply may still be on its way.
+const RECLAIM_IDLE_NS: u64 = 1_000_000_000;
+
+/// Every port tried for the new flow `k` was taken: one destination holds
+/// most of the NAT ports (thousands of flows to one resolver, say). The
+/// holder of `nat_port` (the first candidate) gives it up if it may be
+/// evicted ([`eviction_rank`]) and has been idle over a second, as a full
+/// table's victim would. Returns non-zero when the port is free.
+#[inline(never)]
+pub(super) fn reclaim_port<F: Family>(k: &FlowKey<F>, n: &New<F>, nat_port: u16) -> u32 {
+    if limits().is_none() {
+        return 0;
+    }
+    let rk = k.reverse(n.addr, nat_port);
+    let rk = &rk;
+    // SAFETY: map values are only read.
+    let Some(rev) = (unsafe { F::rev().get(rk) }) else {
+        return 1;
+    };
+    let fk = FlowKey::<F>::new(rev.pod_ip, rk.src_ip, rev.pod_port, rk.src_port, rk.proto);
+    let Some(e) = F::fwd().get_ptr(&fk) else {
+        let _ = F::rev().remove(rk);
+        return 1;
+    };
+    // SAFETY: a live map value; fields read one by one.
+    let (state, flags, seen, pod) =
+        unsafe { ((*e).state, (*e).flags, (*e).last_seen_ns, (*e).pod_ifindex) };
+    let rank = eviction_rank(state, flags);
+    if rank == 0 || now().saturating_sub(seen) < RECLAIM_IDLE_NS {
+        return 0;
+    }
+    let _ = F::rev().remove(rk);
+    if F::fwd().remove(&fk).is_ok() {
+        removed::<F>(pod);
+    }
+    let r = if rank == 2 {
+        reason::NAT_EVICT_UNREPLIED
+    } else {
+        reason::NAT_EVICT_IDLE
+    };
+    count(r);
+    crate::events::note_eviction(&fk, &rk.dst_ip, rk.dst_port, pod, r);
+    r
+}
+
 /// Makes room in the table of family `F` by evicting one flow: of any pod
 /// (`own` 0) or of the pod `pod_ifindex` only (`own` 1). Returns the reason
 /// counted for the eviction, 0 when the window had nothing to evict.
@@ -139,7 +231,7 @@ pub(super) fn at_share(pod_ifindex: u32) -> bool {
 /// masquerade path is deep already, and the verifier adds up the frames of
 /// a chain of calls (512 bytes in all).
 #[inline(always)]
-pub(super) fn make_room<F: Family>(pod_ifindex: u32, own: u32) -> u32 {
+fn make_room<F: Family>(pod_ifindex: u32, own: u32) -> u32 {
     match pick::<F>(pod_ifindex, own) {
         0 => 0,
         slot => evict::<F>(slot - 1, own),
@@ -233,7 +325,7 @@ fn evict<F: Family>(slot: u32, own: u32) -> u32 {
         // Removed meanwhile (the sweeper, another eviction): room all the same.
         return reason::NAT_EVICT_IDLE;
     }
-    pod_sub(pod);
+    removed::<F>(pod);
     let r = if own != 0 {
         reason::NAT_EVICT_POD_SHARE
     } else if rank == 2 {
@@ -242,12 +334,6 @@ fn evict<F: Family>(slot: u32, own: u32) -> u32 {
         reason::NAT_EVICT_IDLE
     };
     count(r);
-    F::event(
-        u32::from(event_kind::NAT_EVICT) | (r << 8),
-        k,
-        nat_addr,
-        nat_port,
-        pod,
-    );
+    crate::events::note_eviction(k, &nat_addr, nat_port, pod, r);
     r
 }

@@ -28,10 +28,19 @@ pub(super) trait Family {
     /// The ring's slots in `sl_nat_cursor` ([`nat_cursor`]).
     const WRITTEN: u32;
     const HAND: u32;
+    /// The table's count of flows in `sl_nat_cursor`.
+    const FLOWS: u32;
+    /// Whether the flow function makes room for a new flow, records it and
+    /// reclaims an idle holder's port itself (calls of `evict`). IPv6: its
+    /// flow function is a call with a 328-byte frame at the end of a chain
+    /// that leaves no room for one more call on 6.1 (512 bytes in all), so
+    /// `v6::snat6` makes room before it and records the flow after it, and a
+    /// port is not reclaimed.
+    const ROOM_IN_FLOW: bool;
     /// 32 bits of an address for the port choice's hash.
     fn fold(a: &Self::Addr) -> u32;
-    /// A flow event for `sluicectl monitor` (`kind`: see `events::flow`).
-    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: Self::Addr, nat_port: u16, ifindex: u32);
+    /// A flow event for `sluicectl monitor`.
+    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: Self::Addr, nat_port: u16, ifindex: u32);
     /// The event of a flow that just claimed its port, sent where the port is
     /// claimed (IPv4) or by the caller (IPv6, see `v6::snat6`: one call less
     /// deep, for the stack).
@@ -52,6 +61,8 @@ impl Family for V4 {
     const CLAIM_CALL: bool = false;
     const WRITTEN: u32 = nat_cursor::WRITTEN_V4;
     const HAND: u32 = nat_cursor::HAND_V4;
+    const FLOWS: u32 = nat_cursor::FLOWS_V4;
+    const ROOM_IN_FLOW: bool = true;
 
     #[inline(always)]
     fn fwd() -> &'static HashMap<FlowKey<Self>, Entry<Self>> {
@@ -70,12 +81,12 @@ impl Family for V4 {
         u32::from_ne_bytes(*a)
     }
     #[inline(always)]
-    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
+    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
         events::flow(kind, k, nat_addr, nat_port, ifindex);
     }
     #[inline(always)]
     fn claimed(k: &FlowKey<Self>, nat_addr: [u8; 4], nat_port: u16, ifindex: u32) {
-        events::flow(event_kind::NAT_NEW.into(), k, nat_addr, nat_port, ifindex);
+        events::flow(event_kind::NAT_NEW, k, nat_addr, nat_port, ifindex);
     }
 }
 
@@ -86,6 +97,8 @@ impl Family for V6 {
     const CLAIM_CALL: bool = false;
     const WRITTEN: u32 = nat_cursor::WRITTEN_V6;
     const HAND: u32 = nat_cursor::HAND_V6;
+    const FLOWS: u32 = nat_cursor::FLOWS_V6;
+    const ROOM_IN_FLOW: bool = false;
 
     #[inline(always)]
     fn fwd() -> &'static HashMap<FlowKey<Self>, Entry<Self>> {
@@ -105,7 +118,7 @@ impl Family for V6 {
         w(0) ^ w(4) ^ w(8) ^ w(12)
     }
     #[inline(always)]
-    fn event(kind: u32, k: &FlowKey<Self>, nat_addr: Addr6, nat_port: u16, ifindex: u32) {
+    fn event(kind: u8, k: &FlowKey<Self>, nat_addr: Addr6, nat_port: u16, ifindex: u32) {
         // No translated address (inbound flows): none in the event, and no
         // copy of `::` on the stack for it to point to.
         let nat = (nat_addr != Addr6::default()).then_some(&nat_addr);

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use sluice_common::{nat_flags, nat_port_index, nat_state, reason, MasqConfig, NAT_PORT_TRIES};
 
 use super::{
-    evict::{make_room, udp_unreplied_secs},
+    evict::{reclaim_port, udp_unreplied_secs},
     family::{Entry, Family, FlowKey, Rev},
 };
 use crate::{
@@ -141,46 +141,42 @@ pub(super) fn allocate<F: Family>(
     // The tries written out, not a loop: in a loop the verifier keeps a state
     // per try at each of the body's prune points (the counter is precise, so
     // none prunes another) and compares each new one with all of them; on 5.10
-    // and 6.1 that was half of a datapath load (docs/kernels.md).
-    // A try that finds the table full leaves the block with its port: one
-    // flow is evicted (`evict`) and the port tried again.
-    let full_port = 'tries: {
-        macro_rules! tries {
-            ($($i:literal)*) => {$(
-                let nat_port = candidate_port(cfg, nat_port_index(h, $i, range), n1);
-                match claim_port::<F>(k, nat_port, &flow) {
-                    Some(Err(r)) if r == reason::DROP_MASQ_MAP_FULL => break 'tries nat_port,
-                    Some(r) => return r,
-                    None => {}
-                }
-            )*};
-        }
-        const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
-        tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
-        // Without the sweeper a port may be held by a dead flow until a packet
-        // meets it: the first candidate's holder is checked, once, after the
-        // tries. (Checked in every try, as part of the loop the tries were
-        // then, 5.10's verifier walked every iteration apart and gave up at a
-        // million instructions.)
-        let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
-        if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port)) {
+    // and 6.1 that was half of a datapath load (docs/kernels.md). Each try
+    // returns at once: code reached from every try (a call to make room when
+    // the table is full, tried there first) had 6.1 walk it 32 times, and an
+    // ADD there took over a minute. A full table makes room before the tries
+    // (`evict::make_room_if_full`).
+    macro_rules! tries {
+        ($($i:literal)*) => {$(
+            let nat_port = candidate_port(cfg, nat_port_index(h, $i, range), n1);
             if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
                 return r;
             }
-        }
-        return Err(reason::DROP_MASQ_NO_PORT);
-    };
-    if make_room::<F>(pod_ifindex, 0) != 0 {
-        if let Some(r) = claim_port::<F>(k, full_port, &flow) {
+        )*};
+    }
+    const _: () = assert!(NAT_PORT_TRIES == 32, "one line of tries! per try");
+    tries!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    // Without the sweeper a port may be held by a dead flow until a packet
+    // meets it: the first candidate's holder is checked, once, after the tries.
+    // (Checked in every try, as part of the loop the tries were then, 5.10's
+    // verifier walked every iteration apart and gave up at a million
+    // instructions.) With the sweeper, the holder gives its port up when it
+    // is idle and not an established connection (`evict::reclaim_port`;
+    // IPv4: see `Family::ROOM_IN_FLOW`).
+    let nat_port = candidate_port(cfg, nat_port_index(h, 0, range), n1);
+    if stale_reverse::<F>(cfg, &k.reverse(addr, nat_port))
+        || (F::ROOM_IN_FLOW && reclaim_port::<F>(k, &flow, nat_port) != 0)
+    {
+        if let Some(r) = claim_port::<F>(k, nat_port, &flow) {
             return r;
         }
     }
-    Err(reason::DROP_MASQ_MAP_FULL)
+    Err(reason::DROP_MASQ_NO_PORT)
 }
 
 /// What a new flow gets besides its port.
-struct New<F: Family> {
-    addr: F::Addr,
+pub(super) struct New<F: Family> {
+    pub(super) addr: F::Addr,
     rev: Rev<F>,
     pod_ifindex: u32,
     state: u8,

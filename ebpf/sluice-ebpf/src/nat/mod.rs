@@ -92,14 +92,18 @@ pub fn snat(ctx: &TcContext) -> i32 {
     // the 512 bytes of stack a chain of calls may use. (The settings are read
     // after the family: held across that read, the pointer took a slot of this
     // frame.)
-    if crate::l4::is_ipv6(ctx) {
+    let verdict = if crate::l4::is_ipv6(ctx) {
         match config() {
             Some(cfg) => v6::snat6(ctx, cfg),
             None => TCX_NEXT,
         }
     } else {
         snat4(ctx)
-    }
+    };
+    // An eviction to make room for this packet's flow (the sweeper's kernels
+    // only: without it the kernel's LRU maps make room) is reported here.
+    crate::events::report_eviction();
+    verdict
 }
 
 #[inline(never)]
@@ -229,13 +233,16 @@ fn flow_out<F: Family>(
             if key.proto == PROTO_TCP && !syn {
                 return Err(reason::DROP_MASQ_NO_FLOW);
             }
-            // A pod at its share makes room among its own flows first.
-            if evict::at_share(pod_ifindex) && evict::make_room::<F>(pod_ifindex, 1) == 0 {
-                return Err(reason::DROP_MASQ_POD_SHARE);
+            // A pod at its share, or a full table, makes room first (IPv6:
+            // the caller did, see `Family::ROOM_IN_FLOW`).
+            if F::ROOM_IN_FLOW {
+                evict::make_room_for::<F>(pod_ifindex)?;
             }
             let state = next_state(0, key.proto, flags, false);
             allocate::<F>(key, cfg, addr, pod_ifindex, state)?;
-            evict::note_new::<F>(key, pod_ifindex);
+            if F::ROOM_IN_FLOW {
+                evict::note_new::<F>(key, pod_ifindex);
+            }
             *new = true;
             F::fwd()
                 .get_ptr_mut(key)
@@ -294,6 +301,9 @@ pub fn note_inbound(p: &impl Packet, h: &Headers, pod_ifindex: u32) {
             open_inbound::<V6>(&key, Addr6::default(), pod_ifindex);
         }
     }
+    if !crate::kernel::lazy_expiry() {
+        crate::events::report_eviction();
+    }
 }
 
 /// The ports of a packet that opens an inbound flow: a TCP SYN or a UDP
@@ -337,12 +347,11 @@ fn open_inbound<F: Family>(key: &FlowKey<F>, none: F::Addr, pod_ifindex: u32) {
         nat_addr: none,
         _pad: F::PAD,
     };
-    let mut made = F::fwd().insert(key, &e, u64::from(BPF_NOEXIST));
-    // A full table: one flow makes room (see `evict`), as for a new flow out.
-    if made.is_err() && evict::make_room::<F>(pod_ifindex, 0) != 0 {
-        made = F::fwd().insert(key, &e, u64::from(BPF_NOEXIST));
-    }
-    if made.is_ok() {
+    // A full table makes room (see `evict`), as for a new flow out; the
+    // pod's share does not apply: the connection is not its doing.
+    if evict::make_room_for::<F>(0).is_ok()
+        && F::fwd().insert(key, &e, u64::from(BPF_NOEXIST)).is_ok()
+    {
         evict::note_new::<F>(key, pod_ifindex);
         count(reason::MASQ_INBOUND_FLOW);
         // Described as the outside sees it: client -> pod.
@@ -353,7 +362,7 @@ fn open_inbound<F: Family>(key: &FlowKey<F>, none: F::Addr, pod_ifindex: u32) {
             key.src_port,
             key.proto,
         );
-        F::event(event_kind::NAT_INBOUND.into(), &outside, none, 0, pod_ifindex);
+        F::event(event_kind::NAT_INBOUND, &outside, none, 0, pod_ifindex);
     }
 }
 

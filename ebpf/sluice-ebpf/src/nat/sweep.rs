@@ -139,7 +139,7 @@ extern "C" fn sweep_one<F: Family>(
             let _ = F::rev().remove(&k.reverse(e.nat_addr, e.nat_port));
         }
         if F::fwd().remove(&k).is_ok() {
-            super::evict::pod_sub(e.pod_ifindex);
+            super::evict::removed::<F>(e.pod_ifindex);
         }
         count(reason::NAT_EXPIRED);
     }

@@ -19,7 +19,7 @@ use sluice_common::{
     event_kind, masq_flags, reason, Addr6, IpKey, Masq6Config, MasqConfig, Nat6Key,
 };
 
-use super::{family::V6, flow_back, flow_out, icmp::node_echo_flow};
+use super::{evict, family::V6, flow_back, flow_out, icmp::node_echo_flow};
 use crate::{
     counters::count,
     endpoint::deliver_masq_reply as deliver,
@@ -29,7 +29,7 @@ use crate::{
         l4, rewrite6, Rewrite6, ETH_LEN, ICMP6_DEST_UNREACH, ICMP6_ECHO, ICMP6_ECHO_REPLY,
         ICMP6_PARAM_PROBLEM, L4, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP,
     },
-    maps::{ENDPOINTS, MASQ6, NON_MASQ6, SCRATCH6},
+    maps::{ENDPOINTS, MASQ6, NAT6_FWD, NON_MASQ6, SCRATCH6},
     packet::read,
     TCX_NEXT,
 };
@@ -125,13 +125,24 @@ pub(super) fn snat6(ctx: &TcContext, cfg: &MasqConfig) -> i32 {
     let r = if p.pod_ifindex == 0 {
         node_echo6(cfg, &p.key, &mut p.out)
     } else {
+        // A new flow's room is made here, not in the flow function (see
+        // `Family::ROOM_IN_FLOW`).
+        if NAT6_FWD.get_ptr(&p.key).is_none() {
+            if let Err(r) = evict::make_room_for::<V6>(p.pod_ifindex) {
+                note_drop(r, p.pod_ifindex);
+                return TC_ACT_SHOT;
+            }
+        }
         flow_out6(cfg, &p.key, p.pod_ifindex, p.tcp_flags, &mut p.out)
     };
     match r {
         TRANSLATE => {}
         TRANSLATE_NEW => {
+            if p.pod_ifindex != 0 {
+                evict::note_new::<V6>(&p.key, p.pod_ifindex);
+            }
             events::flow6(
-                event_kind::NAT_NEW.into(),
+                event_kind::NAT_NEW,
                 &p.key,
                 Some(&p.out.0),
                 p.out.1,
