@@ -181,6 +181,14 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
             bandwidth_round(&tb, &bw, &mut report)?;
         }
     }
+    // What the floods did to Sluice's tables (issue 49's figure).
+    for (i, setup) in &masq {
+        if *i == SLUICE_MASQ || *i == SLUICE_MASQ6 {
+            if let Some(e) = masq_pressure(&bins, setup)? {
+                report.masq_pressure.push((*i, e));
+            }
+        }
+    }
     if !routing.is_empty() {
         lifecycle(&tb, &routing, usize::try_from(args.pods)?, &mut report)?;
     }
@@ -466,6 +474,32 @@ fn sluice_egress(tb: &Testbed, bins: &Binaries, s: &BwSetup) -> Result<String> {
         (e, 0) => format!("EDT (sch_fq) for all {e} pods"),
         (e, p) => format!("EDT for {e} pods and the policer for {p} (mixed: see ADD's stderr)"),
     })
+}
+
+/// The evictions and drops of a Sluice masquerade node's tables so far
+/// (`sluicectl status --json`), as the report prints them.
+fn masq_pressure(bins: &Binaries, s: &Setup) -> Result<Option<String>> {
+    let Some(pin_root) = s.cni.as_ref().and_then(|c| c.conf["pinRoot"].as_str()) else {
+        return Ok(None);
+    };
+    let mut c = std::process::Command::new(&bins.sluicectl);
+    c.args(["--pin-root", pin_root, "status", "--json"]);
+    let out = crate::cmd::stdout(&mut c)?;
+    let status: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("sluicectl status: {out}"))?;
+    let p = &status["masquerade"]["pressure"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    Ok(Some(format!(
+        "evictions: {} to the pod's share, {} unreplied, {} idle; drops: {} at the share, {} table full; \
+         top pod held {} flows (share {})",
+        n(&p["evictions"]["podShare"]),
+        n(&p["evictions"]["unreplied"]),
+        n(&p["evictions"]["idle"]),
+        n(&p["drops"]["podShare"]),
+        n(&p["drops"]["mapFull"]),
+        n(&p["topPods"][0]["flows"]),
+        n(&p["podMaxFlows"]),
+    )))
 }
 
 /// Seconds of every bandwidth figure (whatever `--seconds` says: the limits'

@@ -362,6 +362,8 @@ impl Figure {
 }
 
 pub(super) struct Report {
+    /// What the floods did to Sluice's masquerade tables (setup index, text).
+    pub masq_pressure: Vec<(usize, String)>,
     only: Option<BenchTable>,
     values: Vec<(Figure, usize, f64)>,
     /// How Sluice's bandwidth pods sent (EDT or the policer), as `sluicectl
@@ -380,6 +382,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 impl Report {
     pub(super) fn new(only: Option<BenchTable>) -> Self {
         Self {
+            masq_pressure: Vec::new(),
             only,
             values: Vec::new(),
             sluice_egress: None,
@@ -836,13 +839,18 @@ impl Report {
     /// floods new flows, against its rate without the flood (>= 0.9x), with
     /// the reference's (conntrack) beside it.
     fn masq_flood_target(&self, what: &str, sluice: usize, reference: usize) -> String {
+        let pressure = self
+            .masq_pressure
+            .iter()
+            .find(|(i, _)| *i == sluice)
+            .map_or(String::new(), |(_, p)| format!("; Sluice's table: {p}"));
         let kept = |i| {
             Some(
                 self.value(Figure::MasqConnsPerSecFlood, i)?
                     / self.value(Figure::MasqConnsPerSec, i)?,
             )
         };
-        match (kept(sluice), kept(reference)) {
+        let line = match (kept(sluice), kept(reference)) {
             (Some(s), Some(r)) => {
                 format!(
                 "{what} new connections/s during a flood >= 0.9x without (issue 49): {s:.3}x, {} \
@@ -853,7 +861,8 @@ impl Report {
             )
             }
             _ => format!("{what} new connections/s during a flood (issue 49): not measured"),
-        }
+        };
+        line + &pressure
     }
 
     /// Issue 5: Sluice's latency and ADD time do not grow with the number of
