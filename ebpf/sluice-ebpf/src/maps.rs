@@ -6,11 +6,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use sluice_common::{
-    agent_slot, map_sizes, monitor_slot, nat_cursor, reason, Addr6, BwState, DatapathMeta, DropNote, EdtSlot,
-    Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey, HostPortConfig, HpFlow,
-    HpFlow6, IpKey, KernelFlow, KernelFlowKey, Masq6Config, MasqConfig, Nat6Entry, Nat6Key,
-    Nat6Rev, NatEntry, NatKey, NatLimits, NatRev, NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6,
-    SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
+    agent_slot, map_sizes, monitor_slot, nat_cursor, reason, Addr6, BwState, DatapathMeta,
+    DropNote, EdtSlot, Endpoint, EndpointInfo, EndpointStats, EpDropKey, FragEntry, FragKey,
+    HostPortConfig, HpFlow, HpFlow6, IpKey, KernelFlow, KernelFlowKey, Masq6Config, MasqConfig,
+    Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatLimits, NatRev, NodeConfig, PortKey,
+    PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 
 #[map(name = "sl_endpoints")]

@@ -62,7 +62,10 @@ pub(super) fn udp_unreplied_secs() -> u32 {
 pub(super) fn note_new<F: Family>(k: &FlowKey<F>, pod_ifindex: u32) {
     // Read once, before the cursor's write (which may alias it for the
     // compiler, and a divisor read again could be 0: a panic path).
-    let Some(slots) = limits().map(|l| u64::from(l.ring_slots)).filter(|&s| s != 0) else {
+    let Some(slots) = limits()
+        .map(|l| u64::from(l.ring_slots))
+        .filter(|&s| s != 0)
+    else {
         return;
     };
     let Some(written) = NAT_CURSOR.get_ptr_mut(F::WRITTEN) else {

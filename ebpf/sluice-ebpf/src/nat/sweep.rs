@@ -132,7 +132,12 @@ extern "C" fn sweep_one<F: Family>(
     // the same CLOCK_MONOTONIC, ahead of the coarse one by less than a tick.
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    if cfg.is_expired((e.state, e.flags), super::evict::udp_unreplied_secs(), e.last_seen_ns, now) {
+    if cfg.is_expired(
+        (e.state, e.flags),
+        super::evict::udp_unreplied_secs(),
+        e.last_seen_ns,
+        now,
+    ) {
         // Inbound flows have no reverse entry (and their key could be a
         // masqueraded flow's).
         if e.flags & nat_flags::INBOUND == 0 {
