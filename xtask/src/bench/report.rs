@@ -1331,7 +1331,7 @@ mod tests {
 
     /// A report with the masquerade figures of `reference` and `sluice`:
     /// throughput, RTT median and p99, connections/s.
-    fn with_masq(r: &mut Report, (reference, sluice): (usize, usize), v: [[f64; 4]; 2]) {
+    fn with_masq(r: &mut Report, (reference, sluice): (usize, usize), v: [[f64; 5]; 2]) {
         for (setup, values) in [reference, sluice].into_iter().zip(v) {
             for (f, x) in MASQ_FIGURES.iter().zip(values) {
                 r.add(*f, setup, x);
@@ -1423,7 +1423,10 @@ mod tests {
         with_masq(
             &mut r,
             (REFERENCE_MASQ, SLUICE_MASQ),
-            [[10.0, 20.0, 40.0, 10_000.0], [11.0, 15.0, 30.0, 12_500.0]],
+            [
+                [10.0, 20.0, 40.0, 10_000.0, 10_000.0],
+                [11.0, 15.0, 30.0, 12_500.0, 12_500.0],
+            ],
         );
         let line = "masqueraded new connections/s >= 1.5x reference (issue 18): 1.250x, NOT met";
         let out = r.render(&args(Some(BenchTable::Masquerade)));
@@ -1442,11 +1445,14 @@ mod tests {
     fn the_ipv6_masquerade_table_shows_its_own_setups_ratios_and_targets() {
         let mut r = Report::new(Some(BenchTable::Masquerade6));
         // IPv4 figures that must not show in the IPv6 table.
-        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 4], [9.0; 4]]);
+        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 5], [9.0; 5]]);
         with_masq(
             &mut r,
             (REFERENCE_MASQ6, SLUICE_MASQ6),
-            [[10.0, 20.0, 40.0, 1000.0], [11.0, 15.0, 30.0, 1300.0]],
+            [
+                [10.0, 20.0, 40.0, 1000.0, 900.0],
+                [11.0, 15.0, 30.0, 1300.0, 1235.0],
+            ],
         );
         let out = r.render(&args(Some(BenchTable::Masquerade6)));
         assert!(out.contains("IPv6 masquerade (dual-stack pod"), "{out}");
@@ -1479,6 +1485,8 @@ mod tests {
             [
                 "IPv6 masqueraded throughput >= 1.0x reference (bridge ipMasq): 1.100x, met",
                 "IPv6 masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.300x, met",
+                "IPv6 masqueraded new connections/s during a flood >= 0.9x without (issue 49): \
+                 0.950x, met (the reference keeps 0.900x; flooded sluice/reference 1.372x)",
             ]
         );
         // Both masquerade paragraphs, the shared one once.
@@ -1492,7 +1500,7 @@ mod tests {
     fn the_clusterip_table_shows_its_setups_figures_and_ratio() {
         let mut r = Report::new(Some(BenchTable::Clusterip));
         // Figures of other tables that must not show in this one.
-        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 4], [9.0; 4]]);
+        with_masq(&mut r, (REFERENCE_MASQ, SLUICE_MASQ), [[1.0; 5], [9.0; 5]]);
         r.add(Figure::PodPodRttP50, SLUICE, 7.0);
         // Two rounds: RTT median, p99 and connections/s of each setup.
         for (setup, rounds) in [
@@ -1669,13 +1677,21 @@ mod tests {
         with_masq(
             &mut r,
             (REFERENCE_MASQ, SLUICE_MASQ),
-            [[10.0, 20.0, 40.0, 1000.0], [9.0, 15.0, 30.0, 1250.0]],
+            [
+                [10.0, 20.0, 40.0, 1000.0, 950.0],
+                [9.0, 15.0, 30.0, 1250.0, 1200.0],
+            ],
         );
         with_masq(
             &mut r,
             (REFERENCE_MASQ6, SLUICE_MASQ6),
-            [[10.0, 20.0, 40.0, 1000.0], [10.0, 15.0, 30.0, 1100.0]],
+            [
+                [10.0, 20.0, 40.0, 1000.0, 1000.0],
+                [10.0, 15.0, 30.0, 1100.0, 880.0],
+            ],
         );
+        r.masq_pressure
+            .push((SLUICE_MASQ, "evictions: 7 to the pod's share".into()));
         let targets = r.targets();
         let masq: Vec<&String> = targets
             .iter()
@@ -1687,8 +1703,13 @@ mod tests {
                 "masqueraded throughput >= 1.0x reference (bridge ipMasq): 0.900x, NOT met",
                 "masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.250x, met",
                 "masqueraded new connections/s >= 1.5x reference (issue 18): 1.250x, NOT met",
+                "masqueraded new connections/s during a flood >= 0.9x without (issue 49): 0.960x, \
+                 met (the reference keeps 0.950x; flooded sluice/reference 1.263x); \
+                 Sluice's table: evictions: 7 to the pod's share",
                 "IPv6 masqueraded throughput >= 1.0x reference (bridge ipMasq): 1.000x, met",
                 "IPv6 masqueraded new connections/s >= 1.2x reference (bridge ipMasq): 1.100x, NOT met",
+                "IPv6 masqueraded new connections/s during a flood >= 0.9x without (issue 49): \
+                 0.800x, NOT met (the reference keeps 1.000x; flooded sluice/reference 0.880x)",
             ]
         );
         let method = r.method(&args(None));
