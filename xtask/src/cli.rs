@@ -55,6 +55,15 @@ pub(crate) enum Command {
 
 #[derive(Debug, Default, Args)]
 pub(crate) struct SetupArgs {
+    /// Install only the Debian packages one command needs: `demo`, `bench`
+    /// (also `profile`) or `test` (everything, also `vm-test` and `vm-bench`).
+    #[arg(
+        long = "for",
+        value_enum,
+        value_name = "COMMAND",
+        default_value = "test"
+    )]
+    pub purpose: crate::setup::Purpose,
     /// Install bpf-linker under this root (`cargo install --root DIR`, binary in DIR/bin)
     /// instead of $`CARGO_HOME`; the check then looks only there.
     #[arg(long, value_name = "DIR")]

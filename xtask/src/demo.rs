@@ -12,7 +12,6 @@ use sluice_testbed::{exec::Background, netns::wait_listening};
 
 use crate::{
     build::{self, Binaries},
-    cli::SetupArgs,
     cmd, ebpf, setup,
     testbed::Testbed,
     ws::Workspace,
@@ -26,9 +25,12 @@ const NODE_IP6: &str = "fd00:177::1";
 const EXT_IP6: &str = "fd00:177::2";
 
 pub(crate) fn run(ws: &Workspace) -> Result<()> {
-    setup::run(&SetupArgs::default())?;
+    setup::run_for(setup::Purpose::Demo)?;
     let object = ebpf::build(ws)?;
-    let bins = build::build_bins(ws, &object, true)?;
+    // Debug binaries, the ones `cargo xtask test` builds and runs (one build
+    // for both): the traffic goes through the eBPF programs, whatever the
+    // profile of the userspace that attaches them.
+    let bins = build::build_bins(ws, &object, false)?;
     let mut tb = Testbed::new(PREFIX)?;
     let result = demo(&mut tb, &bins);
     drop(tb);

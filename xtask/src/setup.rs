@@ -19,43 +19,118 @@ use crate::{
     host::{self, fmt_duration},
 };
 
-/// What the tests and the demo need from Debian.
-pub(crate) const PACKAGES: [&str; 23] = [
-    "bpftool",
-    "iperf3",
-    "sockperf",
-    "iproute2",
-    "iptables",
-    "containernetworking-plugins",
-    "ethtool",
-    "tcpdump",
+/// What a command sets up for: `cargo xtask setup --for <purpose>`, and what
+/// `demo`, `bench` (and `profile`) and `test` install before they start.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Purpose {
+    /// `cargo xtask demo`: the datapath and iperf3 through it.
+    Demo,
+    /// `cargo xtask bench` and `profile`: the demo's, sockperf, the reference
+    /// plugins, kube-proxy's iptables mode, perf.
+    Bench,
+    /// `cargo xtask test`, and the commands that set up nothing themselves
+    /// (`vm-test`, `vm-bench`, `image`): every package. The default.
+    #[default]
+    Test,
+}
+
+/// One group of Debian packages and the purposes that need it.
+struct Group {
+    packages: &'static [&'static str],
+    purposes: &'static [Purpose],
+}
+
+use Purpose::{Bench, Demo, Test};
+
+/// What the commands need from Debian, installed without the packages these
+/// recommend (`--no-install-recommends`): none of the recommends is used
+/// (qemu-system-x86's GUI, qemu-utils, ovmf and block drivers: qemu runs
+/// `-nographic` with direct kernel boot; runc's criu; buildah's fuse-overlayfs
+/// and runtime: `image` builds with the vfs driver and never runs a container;
+/// protobuf-compiler's libprotobuf-dev: the CRI protos import nothing;
+/// iptables' nftables: the `iptables` commands are iptables-nft, which needs no
+/// `nft`; ipset's iptables is in a group; iproute2's libatm1 and nftables'
+/// netbase come with Debian's base system).
+const GROUPS: &[Group] = &[
+    // The demo's: namespaces, veths and routes (`ip`, `ss`), the attachments
+    // (`bpftool net show`), traffic through the datapath (iperf3).
+    // (`nsenter`, `timeout` and `taskset` are in Debian's essential set.)
+    Group {
+        packages: &["iproute2", "bpftool", "iperf3"],
+        purposes: &[Demo, Bench, Test],
+    },
+    // The benchmarks' and the tests' round trips (sockperf), the reference
+    // plugins (bridge, host-local, portmap, bandwidth) and their iptables rules,
+    // which `iptables-save` reads back.
+    Group {
+        packages: &["sockperf", "containernetworking-plugins", "iptables"],
+        purposes: &[Bench, Test],
+    },
+    // kube-proxy's rules on a node (testbed/src/kube_proxy), iptables mode (the
+    // bench's ClusterIP table and the tests): `sysctl` for its sysctls, `nfacct`
+    // for the counters its INVALID-drop rule counts with.
+    Group {
+        packages: &["procps", "nfacct"],
+        purposes: &[Bench, Test],
+    },
+    // `cargo xtask profile` (its set is the bench's).
+    Group {
+        packages: &["linux-perf"],
+        purposes: &[Bench, Test],
+    },
+    // kube-proxy's other modes in the tests: `nft` for nftables, `ipset` and
+    // `ipvsadm` for IPVS.
+    Group {
+        packages: &["nftables", "ipset", "ipvsadm"],
+        purposes: &[Test],
+    },
+    // Offloads in the tests (`ethtool -k/-K`); tcpdump to look at a test's
+    // traffic by hand.
+    Group {
+        packages: &["ethtool", "tcpdump"],
+        purposes: &[Test],
+    },
     // The crash tests kill the plugin before a chosen system call
     // (`strace --inject=<call>:signal=KILL:when=<n>`).
-    "strace",
-    // The kernel matrix (`cargo xtask vm-test`): qemu, the guest's first
-    // userspace, depmod for the unpacked kernels, their compressed modules.
-    "qemu-system-x86",
-    "busybox-static",
-    "kmod",
-    "xz-utils",
-    "zstd",
+    Group {
+        packages: &["strace"],
+        purposes: &[Test],
+    },
+    // The kernel matrix (the suite's matrix stage, `vm-test`, `vm-bench`):
+    // qemu, the guest's first userspace, depmod for the unpacked kernels, their
+    // compressed modules.
+    Group {
+        packages: &[
+            "qemu-system-x86",
+            "busybox-static",
+            "kmod",
+            "xz-utils",
+            "zstd",
+        ],
+        purposes: &[Test],
+    },
     // The containerd CRI end-to-end test (tests/cri.rs): the runtime, its OCI
     // runtime, and protoc for the CRI client's generated code (crate k8s-cri).
-    "containerd",
-    "runc",
-    "protobuf-compiler",
+    Group {
+        packages: &["containerd", "runc", "protobuf-compiler"],
+        purposes: &[Test],
+    },
     // `cargo xtask image` (and the image the CRI install test runs).
-    "buildah",
-    // `cargo xtask profile`.
-    "linux-perf",
-    // kube-proxy's rules on a test node (testbed/src/kube_proxy): `nft` for
-    // its nftables mode, `ipset` and `ipvsadm` for its IPVS mode, `nfacct`
-    // for the counters its iptables mode's INVALID-drop rule counts with.
-    "nftables",
-    "ipset",
-    "ipvsadm",
-    "nfacct",
+    Group {
+        packages: &["buildah"],
+        purposes: &[Test],
+    },
 ];
+
+/// The Debian packages `purpose` needs, in the order of [`GROUPS`].
+pub(crate) fn packages(purpose: Purpose) -> Vec<&'static str> {
+    GROUPS
+        .iter()
+        .filter(|g| g.purposes.contains(&purpose))
+        .flat_map(|g| g.packages.iter().copied())
+        .collect()
+}
+
 /// The toolchain the eBPF crate is built with (`cargo +nightly`).
 pub(crate) const NIGHTLY: &str = "nightly";
 /// rust-src for `-Z build-std=core`, clippy for `build-ebpf --check`.
@@ -65,9 +140,18 @@ const LINKER: &str = "bpf-linker";
 /// Written next to a bpf-linker this setup built: what it was built against.
 const MARKER_SUFFIX: &str = ".llvm";
 
+/// What `purpose` needs, set up as `cargo xtask setup --for <purpose>` does
+/// (how `demo`, `bench`, `profile` and `test` start).
+pub(crate) fn run_for(purpose: Purpose) -> Result<()> {
+    run(&SetupArgs {
+        purpose,
+        ..SetupArgs::default()
+    })
+}
+
 pub(crate) fn run(args: &SetupArgs) -> Result<()> {
     let started = Instant::now();
-    step("Debian packages", debian_packages)?;
+    step("Debian packages", || debian_packages(args.purpose))?;
     step("nightly toolchain", nightly_toolchain)?;
     step("bpf-linker", || bpf_linker(args))?;
     step("bpffs", bpffs)?;
@@ -93,14 +177,18 @@ fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
 
 // ---- Debian packages -------------------------------------------------------
 
-fn debian_packages() -> Result<String> {
-    let missing = missing_packages()?;
+fn debian_packages(purpose: Purpose) -> Result<String> {
+    let wanted = packages(purpose);
+    let missing = missing_packages(&wanted)?;
     if missing.is_empty() {
-        return Ok(format!("all {} present", PACKAGES.len()));
+        return Ok(format!("all {} present", wanted.len()));
     }
     let list = missing.join(" ");
     if !host::is_root()? {
-        bail!("missing Debian packages: {list}; run `cargo xtask setup` as root to install them");
+        bail!(
+            "missing Debian packages: {list}; run `cargo xtask setup{}` as root to install them",
+            for_flag(purpose)
+        );
     }
     let apt = |args: &[&str]| {
         let mut c = Command::new("apt-get");
@@ -108,8 +196,8 @@ fn debian_packages() -> Result<String> {
         c
     };
     cmd::run(&mut apt(&["update"]))?;
-    cmd::run(apt(&["install", "-y"]).args(&missing))?;
-    let still = missing_packages()?;
+    cmd::run(apt(&["install", "-y", "--no-install-recommends"]).args(&missing))?;
+    let still = missing_packages(&wanted)?;
     ensure!(
         still.is_empty(),
         "still not installed after apt-get install: {}",
@@ -118,9 +206,18 @@ fn debian_packages() -> Result<String> {
     Ok(format!("installed {list}"))
 }
 
-fn missing_packages() -> Result<Vec<&'static str>> {
+/// The `--for` flag that sets up for `purpose` (none for the default, everything).
+const fn for_flag(purpose: Purpose) -> &'static str {
+    match purpose {
+        Purpose::Demo => " --for demo",
+        Purpose::Bench => " --for bench",
+        Purpose::Test => "",
+    }
+}
+
+fn missing_packages(wanted: &[&'static str]) -> Result<Vec<&'static str>> {
     let mut missing = Vec::new();
-    for pkg in PACKAGES {
+    for &pkg in wanted {
         // Exits 1 ("no packages found matching") for packages dpkg never heard of.
         let out = cmd::capture(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
             .context("setup installs Debian packages; is this a Debian machine?")?;
@@ -520,6 +617,116 @@ mod tests {
         assert!(!is_installed("deinstall ok config-files"));
         assert!(!is_installed("unknown ok not-installed"));
         assert!(!is_installed(""));
+    }
+
+    /// The list before purposes (issue 50): the suite still gets all of it.
+    const BEFORE: [&str; 23] = [
+        "bpftool",
+        "iperf3",
+        "sockperf",
+        "iproute2",
+        "iptables",
+        "containernetworking-plugins",
+        "ethtool",
+        "tcpdump",
+        "strace",
+        "qemu-system-x86",
+        "busybox-static",
+        "kmod",
+        "xz-utils",
+        "zstd",
+        "containerd",
+        "runc",
+        "protobuf-compiler",
+        "buildah",
+        "linux-perf",
+        "nftables",
+        "ipset",
+        "ipvsadm",
+        "nfacct",
+    ];
+
+    #[test]
+    fn the_suite_gets_every_package_once() {
+        let all = packages(Purpose::Test);
+        let every: Vec<&str> = GROUPS
+            .iter()
+            .flat_map(|g| g.packages.iter().copied())
+            .collect();
+        assert_eq!(all, every);
+        let mut unique = all.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "a package in two groups: {all:?}");
+        for pkg in BEFORE {
+            assert!(all.contains(&pkg), "{pkg} dropped from the suite's set");
+        }
+    }
+
+    #[test]
+    fn each_purpose_gets_a_part_of_the_suites_set() {
+        let all = packages(Purpose::Test);
+        for p in [Purpose::Demo, Purpose::Bench] {
+            let set = packages(p);
+            assert!(!set.is_empty());
+            for pkg in &set {
+                assert!(all.contains(pkg), "{p:?}: {pkg} is not in the full set");
+            }
+        }
+        for pkg in packages(Purpose::Demo) {
+            assert!(
+                packages(Purpose::Bench).contains(&pkg),
+                "bench lacks the demo's {pkg}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_demo_and_the_bench_get_no_vm_no_containers() {
+        let demo = packages(Purpose::Demo);
+        assert_eq!(demo, ["iproute2", "bpftool", "iperf3"]);
+        let bench = packages(Purpose::Bench);
+        for pkg in [
+            "sockperf",
+            "containernetworking-plugins",
+            "iptables",
+            "nfacct",
+            "linux-perf",
+        ] {
+            assert!(bench.contains(&pkg), "bench lacks {pkg}");
+        }
+        for pkg in [
+            "qemu-system-x86",
+            "containerd",
+            "runc",
+            "buildah",
+            "protobuf-compiler",
+        ] {
+            assert!(!demo.contains(&pkg), "the demo installs {pkg}");
+            assert!(!bench.contains(&pkg), "the bench installs {pkg}");
+        }
+    }
+
+    #[test]
+    fn setup_for_a_command() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let cli = crate::cli::Cli::try_parse_from(args).unwrap();
+            let crate::cli::Command::Setup(a) = cli.command else {
+                panic!("parsed {:?}", cli.command)
+            };
+            a.purpose
+        };
+        assert_eq!(parse(&["xtask", "setup"]), Purpose::Test);
+        assert_eq!(parse(&["xtask", "setup", "--for", "demo"]), Purpose::Demo);
+        assert_eq!(parse(&["xtask", "setup", "--for", "bench"]), Purpose::Bench);
+        assert_eq!(SetupArgs::default().purpose, Purpose::Test);
+        // The hint in the error names the flag that installs the same set.
+        for p in [Purpose::Demo, Purpose::Bench, Purpose::Test] {
+            let mut args = vec!["xtask", "setup"];
+            args.extend(for_flag(p).split_whitespace());
+            assert_eq!(parse(&args), p);
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     build::{self, Binaries},
-    cli::{BenchArgs, BenchTable, SetupArgs},
+    cli::{BenchArgs, BenchTable},
     ebpf, setup,
     testbed::Testbed,
     ws::Workspace,
@@ -60,7 +60,7 @@ fn release_bins(ws: &Workspace, prebuilt: bool) -> Result<Binaries> {
     if prebuilt {
         return self::prebuilt();
     }
-    setup::run(&SetupArgs::default())?;
+    setup::run_for(setup::Purpose::Bench)?;
     let object = ebpf::build(ws)?;
     build::build_bins(ws, &object, true)
 }
