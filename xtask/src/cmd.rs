@@ -66,6 +66,23 @@ pub(crate) fn capture(cmd: &mut Command) -> Result<Output> {
         .with_context(|| format!("could not start `{}`", describe(cmd)))
 }
 
+/// Runs the command with its stderr shown (cargo's progress and rendered
+/// diagnostics) and returns its stdout (cargo's JSON messages); fails unless
+/// it exits 0.
+pub(crate) fn stdout_json(cmd: &mut Command) -> Result<String> {
+    let line = describe(cmd);
+    eprintln!("$ {line}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{line}`"))?;
+    if !out.status.success() {
+        bail!("`{line}` failed ({})", status_text(out.status));
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("`{line}` printed non-UTF-8"))
+}
+
 /// Runs the command quietly and returns its stdout; fails unless it exits 0,
 /// with its stderr in the error.
 pub(crate) fn stdout(cmd: &mut Command) -> Result<String> {

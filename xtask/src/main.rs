@@ -11,10 +11,12 @@ mod host;
 mod image;
 mod kubevalidate;
 mod leaks;
+mod libtest;
 mod prometheus;
 mod setup;
 mod test;
 mod testbed;
+mod timetable;
 mod vm;
 mod ws;
 

@@ -12,12 +12,12 @@ use std::{
 use anyhow::{bail, ensure, Result};
 
 use crate::{
-    build::{self, Binaries},
-    cli::{SetupArgs, TestArgs},
+    build::{self, Binaries, TestExe},
+    cli::TestArgs,
     cmd, ebpf,
     host::{self, fmt_duration},
     leaks::Snapshot,
-    setup, vm,
+    libtest, setup, timetable, vm,
     ws::Workspace,
 };
 
@@ -48,12 +48,13 @@ pub(crate) fn run(ws: &Workspace, args: &TestArgs) -> Result<()> {
     }
     let mut stages = Stages::default();
     let outcome = run_stages(ws, args, ci, &mut stages);
+    println!("{}", stages.table());
     println!("{}", stages.summary(outcome.is_ok()));
     outcome
 }
 
 fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Result<()> {
-    st.run("setup", || setup::run(&SetupArgs::default()))?;
+    st.run("setup", || setup::run_for(setup::Purpose::Test))?;
     let object = st.run("build-ebpf", || ebpf::build(ws))?;
     if args.no_lint {
         st.skip(&LINT_STAGES, "--no-lint");
@@ -68,63 +69,155 @@ fn run_stages(ws: &Workspace, args: &TestArgs, ci: bool, st: &mut Stages) -> Res
                     .arg(&manifest),
             )
         })?;
-        st.run("clippy", || {
+    }
+    if args.unit_only {
+        lints(ws, args, st, &object)?;
+        st.run("unit", || {
             cmd::run(
                 cargo(ws)
-                    .args([
-                        "clippy",
-                        "--workspace",
-                        "--all-targets",
-                        "--",
-                        "-D",
-                        "warnings",
-                    ])
+                    .args(["test", "--workspace", "--exclude", "sluice-tests"])
                     .env("SLUICE_EBPF_OBJECT", &object),
             )
         })?;
-        st.run("ebpf-clippy", || ebpf::clippy(ws))?;
-    }
-    st.run("unit", || {
-        cmd::run(
-            cargo(ws)
-                .args(["test", "--workspace", "--exclude", "sluice-tests"])
-                .env("SLUICE_EBPF_OBJECT", &object),
-        )
-    })?;
-    if args.unit_only {
-        st.skip(&["build", "integration"], "--unit-only");
+        st.skip(&["build", "integration", "kernels"], "--unit-only");
         return Ok(());
     }
-    let bins = st.run("build", || build::build_bins(ws, &object, false))?;
+    let built = st.run("build", || build::build_all(ws, &object))?;
     let next = st.run("build-next", || {
         let variant = ebpf::build_variant(ws, &object)?;
         build::build_next_sluice(ws, &variant, &object)
     })?;
     let prometheus = st.run("prometheus", || crate::prometheus::fetch(ws))?;
     let kube_validate = st.run("kubernetes-validate", || crate::kubevalidate::fetch(ws))?;
-    let (image, image_next) = st.run("image", || images(ws, &bins, &next))?;
+    let (image, image_next) = st.run("image", || images(ws, &built.bins, &next))?;
     let env = TestEnv {
         object,
-        bins,
+        bins: built.bins,
         next_sluice: next,
         prometheus,
         kube_validate,
         image,
         image_next,
+        unit: built.unit,
+        integration: built.integration,
     };
-    st.run("integration", || integration(ws, args, ci, &env))?;
-    if args.kernels.as_deref() == Some(&["none".to_string()]) {
+    let matrix = args.kernels.as_deref() != Some(&["none".to_string()]);
+    if !matrix {
         st.skip(&["kernels"], "--kernels none");
+    }
+    // The kernel matrix runs beside everything after this point: its guests
+    // leave part of the CPU idle (timers, the 9p root), which the lints and
+    // the host's tests use. Guests touch nothing of the host's network, so
+    // the host's leak check stays exact.
+    std::thread::scope(|scope| {
+        let vms = matrix.then(|| {
+            eprintln!("==> kernels (in the background)");
+            scope.spawn(|| {
+                let started = Instant::now();
+                let report = kernels(ws, args, &env);
+                (started.elapsed(), report)
+            })
+        });
+        let host = host_stages(ws, args, ci, st, &env);
+        if host.is_err() && vms.is_some() {
+            eprintln!("a host stage failed; waiting for the kernel matrix to end");
+        }
+        let Some(vms) = vms else {
+            return host;
+        };
+        let (took, report) = vms.join().unwrap_or_else(|_| {
+            (
+                Duration::ZERO,
+                Err(anyhow::anyhow!("the kernel matrix panicked")),
+            )
+        });
+        let checked = report.and_then(|r| {
+            let failures = r.failures();
+            let ok = r.ok();
+            st.vm_report = Some(r);
+            ensure!(ok, "kernel matrix: {}", failures.join("; "));
+            Ok(())
+        });
+        let kernels = st.record("kernels", took, checked);
+        host.and(kernels)
+    })
+}
+
+/// clippy on the workspace and on the eBPF crate.
+fn lints(ws: &Workspace, args: &TestArgs, st: &mut Stages, object: &Path) -> Result<()> {
+    if args.no_lint {
         return Ok(());
     }
-    st.run("kernels", || kernels(ws, args, &env))
+    st.run("clippy", || {
+        cmd::run(
+            cargo(ws)
+                .args([
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+                .env("SLUICE_EBPF_OBJECT", object),
+        )
+    })?;
+    st.run("ebpf-clippy", || ebpf::clippy(ws))
+}
+
+/// What runs on the host once everything is built: lints, unit tests, the
+/// privileged integration tests.
+fn host_stages(
+    ws: &Workspace,
+    args: &TestArgs,
+    ci: bool,
+    st: &mut Stages,
+    env: &TestEnv,
+) -> Result<()> {
+    lints(ws, args, st, &env.object)?;
+    let mut unit_runs = Vec::new();
+    let unit = st.run("unit", || {
+        let runs = libtest::run_all(&env.unit, &[], &[("SLUICE_EBPF_OBJECT", &env.object)])?;
+        // No doctest exists today; this keeps any new one running (same
+        // feature resolution as the build: nothing recompiles).
+        cmd::run(
+            cargo(ws)
+                .args(["test", "--workspace", "--doc"])
+                .env("SLUICE_EBPF_OBJECT", &env.object),
+        )?;
+        keep_runs(runs, &mut unit_runs)
+    });
+    st.unit_runs = unit_runs;
+    unit?;
+    let mut host_runs = Vec::new();
+    let integration = st.run("integration", || integration(args, ci, env, &mut host_runs));
+    st.host_runs = host_runs;
+    integration
+}
+
+/// Fails when a binary failed, after keeping every binary's run.
+fn keep_runs(runs: Vec<libtest::BinaryRun>, keep: &mut Vec<libtest::BinaryRun>) -> Result<()> {
+    let failed: Vec<String> = runs
+        .iter()
+        .filter(|r| !r.ok || !r.failed.is_empty())
+        .map(|r| {
+            if r.failed.is_empty() {
+                format!("{} exited non-zero", r.name)
+            } else {
+                format!("{}: {}", r.name, r.failed.join(", "))
+            }
+        })
+        .collect();
+    keep.extend(runs);
+    ensure!(failed.is_empty(), "failed: {}", failed.join("; "));
+    Ok(())
 }
 
 /// The integration tests on the kernel matrix (`cargo xtask vm-test`), in CI
 /// and whenever asked (`--kernels`). Under KVM every binary runs on every
 /// kernel; emulated (TCG, ~15x slower, the datapath's load alone ~13 s on 5.10)
 /// each kernel runs every feature's main traffic tests (`TCG_MAIN_TESTS`).
-fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
+fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report> {
     let kernels = vm::kernels_or_matrix(args.kernels.as_deref().unwrap_or_default());
     let accel = vm::detect_accel(ws, &kernels[0])?;
     let plan = vm::Plan {
@@ -143,15 +236,11 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<()> {
             vm::Accel::Kvm => 20 * 60,
             vm::Accel::Tcg => 25 * 60,
         }),
+        lanes: vm::default_lanes(),
     };
     let report = vm::matrix(ws, env, &plan)?;
     println!("{report}");
-    ensure!(
-        report.ok(),
-        "kernel matrix: {}",
-        report.failures().join("; ")
-    );
-    Ok(())
+    Ok(report)
 }
 
 /// Under emulation, what each kernel runs: every feature's main traffic
@@ -223,6 +312,10 @@ pub(crate) struct TestEnv {
     /// The same image with `next_sluice` as its plugin (the install test's
     /// upgrade).
     pub image_next: PathBuf,
+    /// The unit test executables (every package but `sluice-tests`).
+    pub unit: Vec<TestExe>,
+    /// The integration test binaries (`tests/*.rs`).
+    pub integration: Vec<TestExe>,
 }
 
 /// The image of `bins`, and the one whose plugin is `next` (what an upgrade
@@ -238,24 +331,26 @@ fn images(ws: &Workspace, bins: &Binaries, next: &Path) -> Result<(PathBuf, Path
 }
 
 impl TestEnv {
-    /// Builds everything the integration tests need (the eBPF object, the two
-    /// binaries, the upgrade variant).
+    /// Builds everything the integration tests need (the eBPF object, the
+    /// binaries and test executables, the upgrade variant).
     pub(crate) fn build(ws: &Workspace) -> Result<Self> {
         let object = ebpf::build(ws)?;
-        let bins = build::build_bins(ws, &object, false)?;
+        let built = build::build_all(ws, &object)?;
         let variant = ebpf::build_variant(ws, &object)?;
         let next_sluice = build::build_next_sluice(ws, &variant, &object)?;
         let prometheus = crate::prometheus::fetch(ws)?;
         let kube_validate = crate::kubevalidate::fetch(ws)?;
-        let (image, image_next) = images(ws, &bins, &next_sluice)?;
+        let (image, image_next) = images(ws, &built.bins, &next_sluice)?;
         Ok(Self {
             object,
-            bins,
+            bins: built.bins,
             next_sluice,
             prometheus,
             kube_validate,
             image,
             image_next,
+            unit: built.unit,
+            integration: built.integration,
         })
     }
 
@@ -274,45 +369,6 @@ impl TestEnv {
             ("SLUICE_IMAGE_NEXT_ARCHIVE", &self.image_next),
         ]
     }
-
-    /// `cargo test -p sluice-tests` with the variables set.
-    fn cargo_test(&self, ws: &Workspace) -> Command {
-        let mut c = cargo(ws);
-        c.args(["test", "-p", "sluice-tests"]);
-        for (key, value) in self.vars() {
-            c.env(key, value);
-        }
-        c
-    }
-
-    /// Builds the integration test binaries; (name, executable) of each.
-    pub(crate) fn test_executables(&self, ws: &Workspace) -> Result<Vec<(String, PathBuf)>> {
-        let out = cmd::stdout(
-            self.cargo_test(ws)
-                .args(["--no-run", "--message-format=json"]),
-        )?;
-        let mut found = Vec::new();
-        for line in out.lines() {
-            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let is_test = msg["target"]["kind"]
-                .as_array()
-                .is_some_and(|k| k.iter().any(|k| k == "test"));
-            if let (true, Some(name), Some(exe)) = (
-                is_test,
-                msg["target"]["name"].as_str(),
-                msg["executable"].as_str(),
-            ) {
-                found.push((name.to_string(), PathBuf::from(exe)));
-            }
-        }
-        ensure!(
-            !found.is_empty(),
-            "cargo test --no-run listed no test binaries"
-        );
-        Ok(found)
-    }
 }
 
 fn cargo(ws: &Workspace) -> Command {
@@ -321,8 +377,14 @@ fn cargo(ws: &Workspace) -> Command {
     c
 }
 
-/// `cargo test -p sluice-tests` between two snapshots of the node.
-fn integration(ws: &Workspace, args: &TestArgs, ci: bool, env: &TestEnv) -> Result<()> {
+/// The integration test binaries, one after the other, between two snapshots
+/// of the node (the leak check).
+fn integration(
+    args: &TestArgs,
+    ci: bool,
+    env: &TestEnv,
+    runs: &mut Vec<libtest::BinaryRun>,
+) -> Result<()> {
     for plugin in ["bridge", "host-local", "portmap", "bandwidth", "loopback"] {
         let path = Path::new(CNI_PATH).join(plugin);
         ensure!(
@@ -331,23 +393,15 @@ fn integration(ws: &Workspace, args: &TestArgs, ci: bool, env: &TestEnv) -> Resu
             path.display()
         );
     }
-    let test = |extra: &[&str]| {
-        let mut c = env.cargo_test(ws);
-        c.args(extra);
-        c
-    };
-    // Compile first, so the snapshots bracket only the tests themselves.
-    cmd::run(&mut test(&["--no-run"]))?;
-
     let before = Snapshot::take(ci)?;
     eprintln!("leak check: before the tests: {}", before.summary());
     if let Some(why) = &before.bpf_links_unchecked {
         eprintln!("leak check: bpf links not checked: {why}");
     }
-    let threads = format!("--test-threads={}", args.test_threads);
-    let mut run = test(&["--", &threads]);
-    run.args(&args.filter);
-    let tests = cmd::run(&mut run);
+    let mut test_args = vec![format!("--test-threads={}", args.test_threads)];
+    test_args.extend(args.filter.iter().cloned());
+    let tests = libtest::run_all(&env.integration, &test_args, &env.vars())
+        .and_then(|r| keep_runs(r, runs));
     let after = Snapshot::take(ci)?;
     let leaked = before.new_in(&after);
 
@@ -372,12 +426,16 @@ fn integration(ws: &Workspace, args: &TestArgs, ci: bool, env: &TestEnv) -> Resu
     }
 }
 
-/// Timing and outcome of each stage, for the summary line.
+/// Timing and outcome of each stage, for the summary line and the time
+/// table.
 #[derive(Default)]
 struct Stages {
     started: Option<Instant>,
     done: Vec<(&'static str, Duration, bool)>,
     skipped: Vec<(&'static str, &'static str)>,
+    unit_runs: Vec<libtest::BinaryRun>,
+    host_runs: Vec<libtest::BinaryRun>,
+    vm_report: Option<vm::Report>,
 }
 
 impl Stages {
@@ -386,7 +444,12 @@ impl Stages {
         eprintln!("==> {name}");
         let started = Instant::now();
         let outcome = f();
-        self.done.push((name, started.elapsed(), outcome.is_ok()));
+        self.record(name, started.elapsed(), outcome)
+    }
+
+    /// A stage that ran elsewhere (the kernel matrix, beside the others).
+    fn record<T>(&mut self, name: &'static str, took: Duration, outcome: Result<T>) -> Result<T> {
+        self.done.push((name, took, outcome.is_ok()));
         outcome.map_err(|e| e.context(format!("stage `{name}`")))
     }
 
@@ -394,9 +457,12 @@ impl Stages {
         self.skipped.extend(names.iter().map(|name| (*name, why)));
     }
 
+    fn total(&self) -> Duration {
+        self.started.map(|s| s.elapsed()).unwrap_or_default()
+    }
+
     /// "xtask test: PASSED in 1m02s | setup 120ms, build-ebpf 1.2s, ... | skipped: ..."
     fn summary(&self, ok: bool) -> String {
-        let total = self.started.map(|s| s.elapsed()).unwrap_or_default();
         let stages: Vec<String> = self
             .done
             .iter()
@@ -408,7 +474,7 @@ impl Stages {
         let mut line = format!(
             "xtask test: {} in {} | {}",
             if ok { "PASSED" } else { "FAILED" },
-            fmt_duration(total),
+            fmt_duration(self.total()),
             stages.join(", ")
         );
         if !self.skipped.is_empty() {
@@ -420,6 +486,18 @@ impl Stages {
             let _ = write!(line, " | skipped: {}", skipped.join(", "));
         }
         line
+    }
+
+    /// Where the time went, stage by stage against its budget, then per test
+    /// binary on the host and on each kernel.
+    fn table(&self) -> String {
+        timetable::render(&timetable::Input {
+            stages: &self.done,
+            total: self.total(),
+            unit: &self.unit_runs,
+            host: &self.host_runs,
+            vms: self.vm_report.as_ref(),
+        })
     }
 }
 

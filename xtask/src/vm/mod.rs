@@ -12,6 +12,7 @@ pub(crate) mod bench;
 mod initramfs;
 mod kernels;
 mod qemu;
+pub(crate) mod times;
 
 use std::{
     fmt::Write as _,
@@ -93,14 +94,22 @@ pub(crate) fn run(ws: &Workspace, args: &VmTestArgs) -> Result<()> {
         threads: args.test_threads,
         accel,
         deadline: Duration::from_secs(u64::from(args.timeout_mins) * 60),
+        lanes: default_lanes(),
     };
     let report = matrix(ws, &env, &plan)?;
+    println!("{}", crate::timetable::render_vms(&report));
     println!("{report}");
     if report.ok() {
         Ok(())
     } else {
         bail!("vm-test: {}", report.failures().join("; "))
     }
+}
+
+/// Guests at once: one per host CPU, at most two (each guest has two vCPUs
+/// and 4 GiB).
+pub(crate) fn default_lanes() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
 }
 
 /// The kernels named on the command line, or the whole [`MATRIX`] when none is.
@@ -145,20 +154,22 @@ pub(crate) struct Plan {
     pub accel: Accel,
     /// Per kernel, boot to power-off.
     pub deadline: Duration,
+    /// Guests booted at once.
+    pub lanes: usize,
 }
 
 /// Runs `plan` with the binaries of `env`.
 pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Report> {
     let dir = ws.target.join("vm");
     let kernels = kernels::fetch(&dir, &plan.kernels)?;
-    let built = env.test_executables(ws)?;
+    let built = &env.integration;
     let tests: Vec<Run> = if plan.binaries.is_empty() {
         built
-            .into_iter()
-            .filter(|(name, _)| !HOST_ONLY.contains(&name.as_str()))
-            .map(|(name, exe)| Run {
-                name,
-                exe,
+            .iter()
+            .filter(|t| !HOST_ONLY.contains(&t.name.as_str()))
+            .map(|t| Run {
+                name: t.name.clone(),
+                exe: t.exe.clone(),
                 filters: plan.filter.clone(),
                 kernels: Vec::new(),
             })
@@ -171,8 +182,8 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
                 filters: own,
                 kernels,
             } = PlanEntry::parse(entry);
-            let Some((_, exe)) = built.iter().find(|(n, _)| n == name) else {
-                let known: Vec<&str> = built.iter().map(|(n, _)| n.as_str()).collect();
+            let Some(t) = built.iter().find(|t| t.name == name) else {
+                let known: Vec<&str> = built.iter().map(|t| t.name.as_str()).collect();
                 bail!(
                     "no integration test binary {name:?}; there are: {}",
                     known.join(", ")
@@ -182,7 +193,7 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
             filters.extend(plan.filter.iter().cloned());
             runs.push(Run {
                 name: name.to_string(),
-                exe: exe.clone(),
+                exe: t.exe.clone(),
                 filters,
                 kernels: kernels.iter().map(|k| (*k).to_string()).collect(),
             });
@@ -195,14 +206,35 @@ pub(crate) fn matrix(ws: &Workspace, env: &TestEnv, plan: &Plan) -> Result<Repor
         tests.len(),
         plan.accel
     );
+    // Guests in parallel lanes, each taking the next kernel of the matrix
+    // (the oldest, slowest, first): under emulation a guest leaves about a
+    // third of its two vCPUs idle (timers, the 9p root), which the other
+    // lane's guest uses.
+    let lanes = plan.lanes.clamp(1, kernels.len().max(1));
+    let next = std::sync::Mutex::new(kernels.iter().enumerate());
+    let results: std::sync::Mutex<Vec<(usize, Result<KernelResult>)>> = std::sync::Mutex::default();
+    std::thread::scope(|scope| {
+        for _ in 0..lanes {
+            scope.spawn(|| {
+                while let Some((i, kernel)) = next.lock().map(|mut n| n.next()).ok().flatten() {
+                    let result = boot_job(&dir, kernel, plan.accel, plan.deadline, |k| {
+                        job_script(ws, env, k, &tests, plan)
+                    })
+                    .map(|(out, console)| KernelResult::read(kernel, &tests, &out, &console));
+                    if let Ok(mut r) = results.lock() {
+                        r.push((i, result));
+                    }
+                }
+            });
+        }
+    });
+    let mut results = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a kernel lane panicked"))?;
+    results.sort_by_key(|(i, _)| *i);
     let mut report = Report::default();
-    for kernel in &kernels {
-        let (out, console) = boot_job(&dir, kernel, plan.accel, plan.deadline, |k| {
-            job_script(ws, env, k, &tests, plan)
-        })?;
-        report
-            .kernels
-            .push(KernelResult::read(kernel, &tests, &out, &console));
+    for (_, result) in results {
+        report.kernels.push(result?);
     }
     Ok(report)
 }
@@ -304,10 +336,16 @@ fn job_script(
     } in tests.iter().filter(|r| r.runs_on(kernel))
     {
         let filter: Vec<String> = filters.iter().map(|f| format!("'{f}'")).collect();
+        // Around each binary: the guest's uptime and CPU counters (`cpu` of
+        // /proc/stat), and every plugin step's duration (`SLUICE_TIMING`, one
+        // file per binary), for the time table (`GuestTimes`).
         let _ = writeln!(
             s,
             "echo 'SLUICE-VM-TEST {name}'\n\
-             ( '{}' --include-ignored --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'",
+             echo \"start $(cut -d' ' -f1 /proc/uptime) $(head -1 /proc/stat)\" > /out/{name}.stat\n\
+             export SLUICE_TIMING=/out/{name}.timing\n\
+             ( '{}' --include-ignored --test-threads={} {} 2>&1; echo $? > /out/{name}.rc ) | tee /out/{name}.log | grep -E '^test .*(FAILED|ok)$|^test result:'\n\
+             echo \"end $(cut -d' ' -f1 /proc/uptime) $(head -1 /proc/stat)\" >> /out/{name}.stat",
             exe.display(),
             plan.threads,
             filter.join(" ")
@@ -355,7 +393,8 @@ fn prelude(ws: &Workspace, kernel: &Kernel, vars: &[(&str, &Path)]) -> String {
         let _ = writeln!(s, "export {key}='{}'", value.display());
     }
     // Step timing asked for on the host (`SLUICE_TIMING`, any value): the
-    // guest's commands write theirs to `target/vm/runs/<release>/out/timing`.
+    // guest's commands write theirs to `target/vm/runs/<release>/out/timing`
+    // (the test jobs: one file per binary, see `job_script`).
     if std::env::var_os("SLUICE_TIMING").is_some() {
         s.push_str("export SLUICE_TIMING=/out/timing\n");
     }
@@ -378,6 +417,8 @@ pub(crate) struct BinaryResult {
     pub status: Option<i32>,
     pub passed: u32,
     pub failed: Vec<String>,
+    /// None when it never ended.
+    pub times: Option<times::GuestTimes>,
 }
 
 /// One kernel's run.
@@ -388,6 +429,8 @@ pub(crate) struct KernelResult {
     pub booted: bool,
     pub timed_out: bool,
     pub took: Duration,
+    /// Power-on to the guest's userspace.
+    pub boot: Option<Duration>,
     pub binaries: Vec<BinaryResult>,
     pub leaks: Vec<String>,
 }
@@ -402,12 +445,13 @@ impl KernelResult {
                 let status = fs::read_to_string(out.join(format!("{name}.rc")))
                     .ok()
                     .and_then(|s| s.trim().parse().ok());
-                let (passed, failed) = parse_libtest(&log);
+                let (passed, failed) = crate::libtest::parse_libtest(&log);
                 BinaryResult {
                     name: name.clone(),
                     status,
                     passed,
                     failed,
+                    times: times::GuestTimes::read(out, name),
                 }
             })
             .collect();
@@ -421,6 +465,7 @@ impl KernelResult {
             booted: console.booted(),
             timed_out: console.timed_out,
             took: console.took,
+            boot: console.booted_in,
             binaries,
             leaks,
         }
@@ -435,22 +480,6 @@ impl KernelResult {
                 .iter()
                 .all(|b| b.status == Some(0) && b.failed.is_empty())
     }
-}
-
-/// Passed count and failed test names from libtest's output.
-fn parse_libtest(log: &str) -> (u32, Vec<String>) {
-    let mut passed = 0;
-    let mut failed = Vec::new();
-    for l in log.lines() {
-        if let Some(rest) = l.strip_prefix("test ") {
-            if rest.ends_with(" ... ok") {
-                passed += 1;
-            } else if let Some(name) = rest.strip_suffix(" ... FAILED") {
-                failed.push(name.to_string());
-            }
-        }
-    }
-    (passed, failed)
 }
 
 /// Every kernel's results.
@@ -513,17 +542,5 @@ impl std::fmt::Display for Report {
             writeln!(f, "  - {line}")?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn libtest_output_counts() {
-        let log = "running 3 tests\ntest a ... ok\ntest b::c ... FAILED\ntest d ... ok\n\
-                   test result: FAILED. 2 passed; 1 failed; 0 ignored\n";
-        assert_eq!(parse_libtest(log), (2, vec!["b::c".to_string()]));
     }
 }

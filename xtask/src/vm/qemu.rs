@@ -86,14 +86,16 @@ pub(super) struct Boot<'a> {
 
 /// What a boot printed, and whether it ended by itself.
 pub(super) struct Console {
-    pub lines: Vec<String>,
     pub timed_out: bool,
     pub took: Duration,
+    /// When the guest's userspace said it started (`SLUICE-VM-BOOTED`):
+    /// the kernel's boot under this accelerator.
+    pub booted_in: Option<Duration>,
 }
 
 impl Console {
     pub(super) fn booted(&self) -> bool {
-        self.lines.iter().any(|l| l.contains("SLUICE-VM-BOOTED"))
+        self.booted_in.is_some()
     }
 }
 
@@ -166,10 +168,14 @@ impl Boot<'_> {
         drop(tx);
         let mut lines = Vec::new();
         let mut timed_out = false;
+        let mut booted_in = None;
         loop {
             let left = self.deadline.saturating_sub(started.elapsed());
             match rx.recv_timeout(left.min(Duration::from_secs(1))) {
                 Ok(l) => {
+                    if booted_in.is_none() && l.contains("SLUICE-VM-BOOTED") {
+                        booted_in = Some(started.elapsed());
+                    }
                     println!("{}{l}", self.prefix);
                     lines.push(l);
                 }
@@ -195,9 +201,9 @@ impl Boot<'_> {
             );
         }
         Ok(Console {
-            lines,
             timed_out,
             took: started.elapsed(),
+            booted_in,
         })
     }
 }
