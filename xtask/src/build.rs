@@ -53,17 +53,33 @@ pub(crate) fn build_next_sluice(
 
 /// `cargo build --bin sluice --bin sluicectl --bin sluice-node` with `SLUICE_EBPF_OBJECT=object`.
 pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result<Binaries> {
+    let [sluice, sluicectl, node] = build_named(ws, object, release, BINS)?;
+    Ok(Binaries {
+        sluice,
+        sluicectl,
+        node,
+    })
+}
+
+/// `cargo build --bin <name>...` with `SLUICE_EBPF_OBJECT=object`: the paths
+/// of `names`, in order.
+pub(crate) fn build_named<const N: usize>(
+    ws: &Workspace,
+    object: &Path,
+    release: bool,
+    names: [&str; N],
+) -> Result<[PathBuf; N]> {
     let mut c = Command::new("cargo");
     c.arg("build");
     if release {
         c.arg("--release");
     }
-    for bin in BINS {
+    for bin in names {
         c.args(["--bin", bin]);
     }
     cmd::run(c.current_dir(&ws.root).env("SLUICE_EBPF_OBJECT", object))?;
-    let [sluice, sluicectl, node] = BINS.map(|name| ws.bin(release, name));
-    for bin in [&sluice, &sluicectl, &node] {
+    let paths = names.map(|name| ws.bin(release, name));
+    for bin in &paths {
         ensure!(
             bin.is_file(),
             "cargo build did not produce {}",
@@ -71,11 +87,7 @@ pub(crate) fn build_bins(ws: &Workspace, object: &Path, release: bool) -> Result
         );
         println!("binary: {}", bin.display());
     }
-    Ok(Binaries {
-        sluice,
-        sluicectl,
-        node,
-    })
+    Ok(paths)
 }
 
 /// Everything the suite runs, from one `cargo build --workspace --all-targets`

@@ -4,18 +4,13 @@
 //! all through the eBPF datapath, the pinned maps shown with `sluicectl`, then
 //! CHECK and DEL. Everything is removed at the
 //! end, also on error.
-use std::{process::Command, time::Duration};
+use std::{path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use sluice_testbed::{exec::Background, netns::wait_listening};
 
-use crate::{
-    build::{self, Binaries},
-    cmd, ebpf, setup,
-    testbed::Testbed,
-    ws::Workspace,
-};
+use crate::{build, cmd, ebpf, setup, testbed::Testbed, ws::Workspace};
 
 const PREFIX: &str = "sldemo";
 const POD_CIDR: &str = "10.88.0.0/24";
@@ -27,10 +22,12 @@ const EXT_IP6: &str = "fd00:177::2";
 pub(crate) fn run(ws: &Workspace) -> Result<()> {
     setup::run_for(setup::Purpose::Demo)?;
     let object = ebpf::build(ws)?;
-    // Debug binaries, the ones `cargo xtask test` builds and runs (one build
-    // for both): the traffic goes through the eBPF programs, whatever the
-    // profile of the userspace that attaches them.
-    let bins = build::build_bins(ws, &object, false)?;
+    // Debug binaries (the quicker build from cold): the traffic goes through
+    // the eBPF programs, whatever the profile of the userspace that attaches
+    // them. Only the plugin and sluicectl: the node agent (kube-rs) is most
+    // of a cold build and the demo runs no cluster.
+    let [sluice, sluicectl] = build::build_named(ws, &object, false, ["sluice", "sluicectl"])?;
+    let bins = Bins { sluice, sluicectl };
     let mut tb = Testbed::new(PREFIX)?;
     let result = demo(&mut tb, &bins);
     drop(tb);
@@ -42,7 +39,13 @@ fn step(s: &str) {
     println!("\n=== {s}");
 }
 
-fn demo(tb: &mut Testbed, bins: &Binaries) -> Result<()> {
+/// What the demo runs.
+struct Bins {
+    sluice: PathBuf,
+    sluicectl: PathBuf,
+}
+
+fn demo(tb: &mut Testbed, bins: &Bins) -> Result<()> {
     step("testbed: node (uplink up0) <-> external host; two pod namespaces");
     let (node, ext, up) = tb.node_with_uplink("demo", 77, Some(POD_CIDR))?;
     // Dual stack: the uplink gets IPv6 too (the external host has no route to

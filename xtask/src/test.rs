@@ -265,8 +265,9 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report>
 /// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
 /// with netkit pods, Sluice's and the reference's, and with masquerade on
 /// sid; the rule writer's IPVS path on 6.12. Under emulation on a 2-vCPU host the
-/// matrix takes about 45 minutes (CI of 36bcb75: 44m49s, 5.10 the longest at
-/// 15m34s: each test's first ADD verifies the datapath, ~7 s there).
+/// matrix takes about 40 minutes (CI of 258e3fd: 40m11s; 5.10 13m19s, 6.1
+/// 8m58s, 6.12 8m25s, sid 7m51s), most of it the verifier: each test's first
+/// ADD loads the datapath, `uplink_out` alone 4.4 s on 5.10 and 9.8 s on 6.1.
 const TCG_MAIN_TESTS: [&str; 26] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
