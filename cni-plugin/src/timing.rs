@@ -5,7 +5,12 @@
 //! <µs>` lines to that file instead (a runtime or the bench keeps no plugin's
 //! stderr; `cargo xtask bench` passes the variable through). Off, a step costs
 //! one branch on a cached flag.
-use std::{io::Write, path::PathBuf, sync::OnceLock, time::Instant};
+use std::{
+    io::Write,
+    path::PathBuf,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
 
 /// Where the lines go.
 enum Sink {
@@ -48,24 +53,35 @@ impl Steps {
         let (Some(last), Some(sink)) = (self.last, sink()) else {
             return;
         };
-        let now = Instant::now();
-        let us = now.duration_since(last).as_micros();
-        match sink {
-            Sink::Stderr => eprintln!("sluice: timing {name} {us}"),
-            Sink::File(path, who) => {
-                // One write per line (O_APPEND): lines of concurrent runs do
-                // not interleave. Best effort: timing never fails a command.
-                let line = format!("{who} {name} {us}\n");
-                if let Ok(mut f) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                {
-                    let _ = f.write_all(line.as_bytes());
-                }
-            }
-        }
+        write(sink, name, last.elapsed());
         // The file write is not part of the next step.
         self.last = Some(Instant::now());
+    }
+}
+
+/// Records `name` as taking `took`, outside a sequence of [`Steps`] (work
+/// done beside the steps, in another thread).
+pub fn record(name: &str, took: Duration) {
+    if let Some(sink) = sink() {
+        write(sink, name, took);
+    }
+}
+
+fn write(sink: &Sink, name: &str, took: Duration) {
+    let us = took.as_micros();
+    match sink {
+        Sink::Stderr => eprintln!("sluice: timing {name} {us}"),
+        Sink::File(path, who) => {
+            // One write per line (O_APPEND): lines of concurrent runs do
+            // not interleave. Best effort: timing never fails a command.
+            let line = format!("{who} {name} {us}\n");
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
     }
 }

@@ -209,7 +209,7 @@ fn kernels(s: &mut String, report: &Report) {
         );
     }
     s.push_str(
-        "  (prepare: every ADD's datapath step; verifier: the per-program load steps within it;\n   \
+        "  (prepare: every ADD's datapath step; verifier: the wall time of its verify step, programs in parallel;\n   \
          under emulation they overlap with the other test thread's work)\n",
     );
 }

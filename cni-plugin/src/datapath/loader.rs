@@ -118,35 +118,35 @@ pub(super) fn load_and_pin(
         .into_iter()
         .collect();
     steps.done("load: bandwidth marks, uplink filters");
-    for spec in wanted() {
+    let specs: Vec<&'static programs::ProgSpec> = wanted().collect();
+    super::verify::verify_all(&mut ebpf, &specs)?;
+    steps.done("load: verify");
+    for spec in specs {
         let name = spec.name;
         let staged = root.progs_dir().join(format!("{name}-new"));
         unpin(&staged)?;
         let prog = ebpf
             .program_mut(name)
             .ok_or_else(|| dp_err("load", format!("program {name} missing from the object")))?;
-        let verified = |e| dp_err(format!("verify and load {name}"), e);
+        let loaded = |e| dp_err(format!("take loaded program {name}"), e);
         let pinned = |e| dp_err(format!("pin {}", staged.display()), e);
         match spec.kind {
             ProgKind::SockAddr(_) => {
-                let prog: &mut CgroupSockAddr = prog.try_into().map_err(verified)?;
-                prog.load().map_err(verified)?;
+                let prog: &mut CgroupSockAddr = prog.try_into().map_err(loaded)?;
                 prog.pin(&staged).map_err(pinned)?;
                 for lp in links::link_pins_of(root, name)? {
                     links::replace_cgroup_link(prog, &lp)?;
                 }
             }
             ProgKind::PerfEvent => {
-                let prog: &mut PerfEvent = prog.try_into().map_err(verified)?;
-                prog.load().map_err(verified)?;
+                let prog: &mut PerfEvent = prog.try_into().map_err(loaded)?;
                 prog.pin(&staged).map_err(pinned)?;
                 // Perf-event links cannot be updated in place: the new one replaces
                 // the old (a second without sweeping at most).
                 links::attach_sweeper(root, prog)?;
             }
             ProgKind::UplinkXdp => {
-                let prog: &mut Xdp = prog.try_into().map_err(verified)?;
-                prog.load().map_err(verified)?;
+                let prog: &mut Xdp = prog.try_into().map_err(loaded)?;
                 prog.pin(&staged).map_err(pinned)?;
                 for lp in links::link_pins_of(root, name)? {
                     links::replace_xdp_link(prog, &lp)?;
@@ -159,8 +159,7 @@ pub(super) fn load_and_pin(
             | ProgKind::PodDevice
             | ProgKind::UplinkIngress
             | ProgKind::UplinkEgress => {
-                let prog: &mut SchedClassifier = prog.try_into().map_err(verified)?;
-                prog.load().map_err(verified)?;
+                let prog: &mut SchedClassifier = prog.try_into().map_err(loaded)?;
                 prog.pin(&staged).map_err(pinned)?;
                 for lp in links::link_pins_of(root, name)? {
                     links::replace_tc_link(prog, &lp)?;
@@ -190,9 +189,8 @@ pub(super) fn load_and_pin(
                 e,
             )
         })?;
-        // (A step per program: which one the verifier spends its time on.)
-        steps.done(&format!("load {name}"));
     }
+    steps.done("load: pin and move links");
     sluice_maps::node::write_meta(
         root,
         DatapathMeta {

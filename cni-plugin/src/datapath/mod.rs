@@ -24,6 +24,7 @@ mod pod_block;
 mod repair;
 pub mod services;
 mod sys;
+mod verify;
 
 use std::{
     net::IpAddr,
