@@ -113,6 +113,28 @@ pub enum Error {
     Several(Vec<Error>),
 }
 
+/// The shared kernel interfaces' errors as the plugin's, each with the CNI
+/// code it always had: a namespace path comes from `CNI_NETNS` (code 4), a
+/// pin root from the config's `pinRoot` (7), a lock held too long asks the
+/// runtime to try again (11).
+impl From<sluice_host::Error> for Error {
+    fn from(e: sluice_host::Error) -> Self {
+        use sluice_host::Error as Host;
+        match e {
+            Host::Netlink { op, source } => Self::Netlink {
+                op,
+                detail: source.to_string(),
+            },
+            Host::Io { context, source } => Self::Io { context, source },
+            Host::Netns { path, reason } => Self::env("CNI_NETNS", path, reason),
+            Host::NotBpffs { path } => Self::config("pinRoot", path, "is not on a bpffs mount"),
+            e @ Host::LockBusy { .. } => Self::TryAgain {
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
 fn list_details(errors: &[Error]) -> String {
     errors
         .iter()
@@ -134,11 +156,11 @@ impl Errors {
     }
 
     /// Keeps the error of `r`, if any.
-    pub fn note<T>(&mut self, r: Result<T>) -> Option<T> {
+    pub fn note<T, E: Into<Error>>(&mut self, r: std::result::Result<T, E>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
             Err(e) => {
-                self.push(e);
+                self.push(e.into());
                 None
             }
         }
@@ -339,12 +361,42 @@ mod tests {
         }
     }
 
+    /// The shared crate's errors keep the codes the plugin always gave them.
+    #[test]
+    fn host_errors_keep_their_cni_codes() {
+        use sluice_host::Error as Host;
+        let nl = Host::Netlink {
+            op: "add link".into(),
+            source: io::Error::from_raw_os_error(libc::EEXIST),
+        };
+        assert_eq!(Error::from(nl).code(), 100);
+        let io = Host::io("reading x", io::Error::other("boom"));
+        assert_eq!(Error::from(io).code(), 5);
+        let ns = Error::from(Host::Netns {
+            path: "/run/netns/gone".into(),
+            reason: "cannot open".into(),
+        });
+        assert_eq!(ns.code(), 4);
+        assert!(ns.to_string().contains("CNI_NETNS"), "{ns}");
+        let pin = Error::from(Host::NotBpffs {
+            path: "/tmp/pins".into(),
+        });
+        assert_eq!(pin.code(), 7);
+        assert!(pin.to_string().contains("pinRoot=/tmp/pins"), "{pin}");
+        let busy = Error::from(Host::LockBusy {
+            path: "/run/x.lock".into(),
+            waited_secs: 30,
+        });
+        assert_eq!(busy.code(), 11);
+        assert!(busy.to_string().contains("/run/x.lock"), "{busy}");
+    }
+
     #[test]
     fn teardown_errors_are_all_kept() {
         let mut errs = Errors::new();
         assert!(errs.note(Ok::<_, Error>(1)).is_some());
-        errs.note::<()>(Err(Error::check("first")));
-        errs.note::<()>(Err(Error::datapath("detach", "second")));
+        errs.note::<(), Error>(Err(Error::check("first")));
+        errs.note::<(), Error>(Err(Error::datapath("detach", "second")));
         let e = errs.finish().unwrap_err();
         assert_eq!(e.code(), 105);
         let d = e.details();

@@ -6,15 +6,15 @@ pub mod error;
 pub mod gateway;
 pub mod interface;
 pub mod ipam;
-pub mod lock;
 pub mod maintenance;
-pub mod netlink;
-pub mod netns;
 pub mod node;
 pub mod overwrite;
 pub mod spare;
 pub mod state;
 pub mod timing;
+
+// The node's kernel interfaces, shared with the agent (crate `sluice-host`).
+pub use sluice_host::{lock, netlink, netns};
 
 use std::io::{IsTerminal, Read};
 

@@ -3,6 +3,8 @@
 //! `sl_nat_rev`; `sl_nat6_fwd`, `sl_nat6_rev`) and fragments (`sl_nat_frag`).
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use ipnetwork::IpNetwork;
+
 use aya::{
     maps::{Array, HashMap, MapData},
     Pod,
@@ -101,6 +103,24 @@ pub mod non_masq_owner {
     pub const CONFIG: u8 = 1;
     /// Another node's pod range, kept by `sluice-node route-sync`.
     pub const NODES: u8 = 2;
+}
+
+/// A key of the IPv4 non-masquerade trie: (prefix length, network).
+pub type Prefix4 = (u32, [u8; 4]);
+/// A key of the IPv6 non-masquerade trie.
+pub type Prefix6 = (u32, [u8; 16]);
+
+/// `nets` as the non-masquerade tries' keys, (prefix length, network) of
+/// each family.
+pub fn trie_prefixes(nets: &[IpNetwork]) -> (Vec<Prefix4>, Vec<Prefix6>) {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for n in nets {
+        match n {
+            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
+            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
+        }
+    }
+    (v4, v6)
 }
 
 /// Makes the non-masquerade trie hold exactly `cidrs` (prefix length, network)

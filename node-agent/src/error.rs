@@ -28,8 +28,9 @@ pub(crate) enum Error {
     #[error("Kubernetes client configuration (KUBECONFIG, or the pod's service account): {0}")]
     KubeConfig(String),
 
+    /// Netlink, a network namespace, a lock or bpffs.
     #[error(transparent)]
-    Plugin(#[from] sluice_cni::error::Error),
+    Host(#[from] sluice_host::Error),
 
     #[error(transparent)]
     Maps(#[from] sluice_maps::Error),

@@ -11,7 +11,7 @@ use std::{
 
 use ipnetwork::IpNetwork;
 use nix::errno::Errno;
-use sluice_cni::datapath::bpffs::{self, is_bpffs};
+use sluice_host::bpffs::{self, is_bpffs};
 
 use crate::{
     atomic::{self, Outcome},

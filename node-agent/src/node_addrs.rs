@@ -20,12 +20,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sluice_cni::netlink::{AddrChange, AddrEvents, Netlink, NodeAddrs};
 use sluice_common::{
     agent_slot::{NODE_ADDRS_LEASE_NS, NODE_ADDRS_UNTIL_NS},
     maps,
     user::monotonic_ns,
 };
+use sluice_host::netlink::{AddrChange, AddrEvents, Netlink, NodeAddrs};
 use sluice_maps::{
     agent,
     hostport::{self, V4, V6},
@@ -154,7 +154,9 @@ impl Keeper {
                 .as_ref()
                 .filter(|_| self.root.has(&maps::NODE_ADDRS6))
             {
-                hostport::set_node_addrs::<V6>(&self.root, v6)?;
+                let v6: Vec<sluice_common::Addr6> =
+                    v6.iter().copied().map(sluice_common::Addr6).collect();
+                hostport::set_node_addrs::<V6>(&self.root, &v6)?;
             }
             if self.current.as_ref() != Some(&addrs) {
                 log(&format!("node addresses for hostPorts: {}", show(&addrs)));
@@ -199,7 +201,7 @@ fn show(a: &NodeAddrs) -> String {
     out.extend(
         a.v6.iter()
             .flatten()
-            .map(|o| std::net::Ipv6Addr::from(o.0).to_string()),
+            .map(|o| std::net::Ipv6Addr::from(*o).to_string()),
     );
     if out.is_empty() {
         "none".into()

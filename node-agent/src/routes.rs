@@ -8,14 +8,13 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use ipnetwork::IpNetwork;
-use sluice_cni::{
-    datapath::masquerade::trie_prefixes,
+use sluice_common::maps;
+use sluice_host::{
     lock::FileLock,
     netlink::{Netlink, RouteSpec},
 };
-use sluice_common::maps;
 use sluice_maps::{
-    nat::{non_masq_owner, set_non_masq, set_non_masq6},
+    nat::{non_masq_owner, set_non_masq, set_non_masq6, trie_prefixes},
     PinRoot,
 };
 

@@ -48,8 +48,8 @@ use kube::{
     },
     Api, Client, ResourceExt,
 };
-use sluice_cni::lock::FileLock;
 use sluice_common::maps;
+use sluice_host::lock::FileLock;
 use sluice_maps::{
     services::{service_owner, set_prefixes},
     PinRoot,

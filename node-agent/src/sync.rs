@@ -14,8 +14,8 @@ use kube::{
     runtime::{watcher, WatchStreamExt},
     Api, Client,
 };
-use sluice_cni::netlink::Netlink;
 use sluice_common::maps;
+use sluice_host::netlink::Netlink;
 use sluice_maps::PinRoot;
 use tokio::signal::unix::{signal, SignalKind};
 

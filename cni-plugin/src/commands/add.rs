@@ -224,7 +224,9 @@ async fn add_steps(
     // EDT egress shaping needs fq on the pod's own interface; a kernel without
     // sch_fq leaves the pod's egress limit to the policer (docs/bandwidth.md).
     let fq = if conf.bandwidth.is_some_and(|b| b.egress_rate.is_some()) {
-        let fq = pod_nl.replace_root_fq(pair.pod.index).await?;
+        let fq = pod_nl
+            .replace_root_fq(pair.pod.index, sluice_common::EDT_FQ_LIMIT)
+            .await?;
         if !fq {
             eprintln!(
                 "sluice: this kernel has no sch_fq; the egress limit of {} is a policer",

@@ -117,7 +117,7 @@ pub(super) fn detach_pinned(path: &Path) -> Result<(), Error> {
             path.display()
         );
     }
-    unpin(path)
+    Ok(unpin(path)?)
 }
 
 // --- pods ---------------------------------------------------------------------
@@ -832,7 +832,7 @@ fn drop_dead_link(link_path: &Path, e: &dyn std::fmt::Display) -> Result<(), Err
         "sluice: dropping pinned link {} that cannot be updated: {e}",
         link_path.display()
     );
-    unpin(link_path)
+    Ok(unpin(link_path)?)
 }
 
 // --- everything ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::IpNetwork;
 use sluice_common::{masq_flags, Addr6, Masq6Config, MasqConfig};
+use sluice_maps::nat::{trie_prefixes, Prefix4, Prefix6};
 
 use super::Uplink;
 use crate::{
@@ -106,24 +107,6 @@ pub async fn spec(
         udp_unreplied_secs: t.udp_unreplied,
         pod_share: conf.masq.pod_share,
     }))
-}
-
-/// A key of the IPv4 non-masquerade trie: (prefix length, network).
-pub type Prefix4 = (u32, [u8; 4]);
-/// A key of the IPv6 non-masquerade trie.
-pub type Prefix6 = (u32, [u8; 16]);
-
-/// `nets` as the non-masquerade tries' keys, (prefix length, network) of
-/// each family.
-pub fn trie_prefixes(nets: &[IpNetwork]) -> (Vec<Prefix4>, Vec<Prefix6>) {
-    let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for n in nets {
-        match n {
-            IpNetwork::V4(n) => v4.push((u32::from(n.prefix()), n.network().octets())),
-            IpNetwork::V6(n) => v6.push((u32::from(n.prefix()), n.network().octets())),
-        }
-    }
-    (v4, v6)
 }
 
 /// The prefixes never masqueraded: the configured ones, and for a family

@@ -14,7 +14,7 @@
 //! The maps are read and written through `sluice_maps`; loading is [`loader`],
 //! every attachment [`links`], the few raw bpf(2) commands [`sys`].
 pub mod bandwidth;
-pub mod bpffs;
+pub use sluice_host::bpffs;
 pub mod features;
 pub mod hostport;
 mod links;
@@ -325,7 +325,9 @@ impl Datapath {
         if let Some(addrs) = &settings.node_addrs {
             sluice_maps::hostport::set_node_addrs::<V4>(&self.root, &addrs.v4)?;
             if let Some(v6) = &addrs.v6 {
-                sluice_maps::hostport::set_node_addrs::<V6>(&self.root, v6)?;
+                let v6: Vec<sluice_common::Addr6> =
+                    v6.iter().copied().map(sluice_common::Addr6).collect();
+                sluice_maps::hostport::set_node_addrs::<V6>(&self.root, &v6)?;
             }
         }
         Ok(prepared)
@@ -470,7 +472,7 @@ impl Datapath {
         if !self.root.path().is_dir() {
             return Ok(None);
         }
-        FileLock::dir_exclusive(self.root.path()).map(Some)
+        Ok(Some(FileLock::dir_exclusive(self.root.path())?))
     }
 
     /// Detaches every program (pods, uplink, socket hooks, sweeper) under the

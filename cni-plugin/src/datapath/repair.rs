@@ -92,7 +92,9 @@ async fn reattach_one(
         let addrs = host_nl.local_addrs(ips.iter().any(IpAddr::is_ipv6)).await?;
         sluice_maps::hostport::set_node_addrs::<V4>(&dp.root, &addrs.v4)?;
         if let Some(v6) = &addrs.v6 {
-            sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, v6)?;
+            let v6: Vec<sluice_common::Addr6> =
+                v6.iter().copied().map(sluice_common::Addr6).collect();
+            sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, &v6)?;
         }
         if let Some(cg) = &conf.host_port_cgroup {
             if !links::hooks_attached(&dp.root) {

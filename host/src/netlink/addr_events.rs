@@ -11,7 +11,7 @@ use rtnetlink::{
     MulticastGroup,
 };
 
-use crate::error::Error;
+use crate::Error;
 
 /// An address added to or removed from one of the namespace's interfaces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

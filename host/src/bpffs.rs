@@ -10,7 +10,7 @@ use nix::{
     sys::statfs::{statfs, BPF_FS_MAGIC},
 };
 
-use crate::error::Error;
+use crate::Error;
 
 /// Where bpffs is conventionally mounted.
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
@@ -54,11 +54,9 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), Error> {
             return Ok(());
         }
     }
-    Err(Error::config(
-        "pinRoot",
-        pin_root.display(),
-        "is not on a bpffs mount",
-    ))
+    Err(Error::NotBpffs {
+        path: pin_root.display().to_string(),
+    })
 }
 
 /// `mkdir -p` with mode 0700 for every directory it creates.

@@ -14,7 +14,7 @@ use rtnetlink::{
 };
 
 use super::{errno, nl_err, Netlink};
-use crate::error::Error;
+use crate::Error;
 
 /// A route to add or look for.
 #[derive(Clone, Debug, PartialEq, Eq)]

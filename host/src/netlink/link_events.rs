@@ -13,7 +13,7 @@ use rtnetlink::{
     MulticastGroup,
 };
 
-use crate::error::Error;
+use crate::Error;
 
 /// A subscription to the namespace's link removals.
 pub struct LinkEvents {

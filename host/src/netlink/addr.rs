@@ -10,7 +10,7 @@ use rtnetlink::packet_route::{
 };
 
 use super::{errno, nl_err, Netlink};
-use crate::error::Error;
+use crate::Error;
 
 impl Netlink {
     /// Adds `addr/prefix` to link `index`; `false` when the link had it already.
@@ -125,7 +125,7 @@ impl Netlink {
         if let Some(list) = out.v6.as_mut() {
             for a in self.local_routes(true).await? {
                 if let IpAddr::V6(a) = a {
-                    let a6 = sluice_common::Addr6(a.octets());
+                    let a6 = a.octets();
                     if NodeAddrs::counts(a.into()) && !list.contains(&a6) {
                         list.push(a6);
                     }
@@ -180,7 +180,7 @@ const RT_TABLE_LOCAL: u8 = 255;
 pub struct NodeAddrs {
     pub v4: Vec<[u8; 4]>,
     /// `None`: not dumped (the pod has no IPv6 mappings); the map is left as it is.
-    pub v6: Option<Vec<sluice_common::Addr6>>,
+    pub v6: Option<Vec<[u8; 16]>>,
 }
 
 impl NodeAddrs {

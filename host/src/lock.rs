@@ -1,5 +1,5 @@
 //! Advisory file locks (`flock`) with a bounded wait. A plugin that cannot get a
-//! lock in time returns "try again later" (code 11) instead of hanging the runtime.
+//! lock in time answers "try again later" (CNI code 11) instead of hanging the runtime.
 use std::{
     fs::{File, OpenOptions},
     os::unix::fs::OpenOptionsExt,
@@ -9,7 +9,7 @@ use std::{
 
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::error::Error;
+use crate::Error;
 
 /// How long an invocation waits for a lock before giving up.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,12 +66,9 @@ impl FileLock {
                 Ok(lock) => return Ok(Self { _lock: lock }),
                 Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
                     if start.elapsed() >= timeout {
-                        return Err(Error::TryAgain {
-                            reason: format!(
-                                "lock {} still held by another invocation after {}s",
-                                path.display(),
-                                timeout.as_secs()
-                            ),
+                        return Err(Error::LockBusy {
+                            path: path.display().to_string(),
+                            waited_secs: timeout.as_secs(),
                         });
                     }
                     file = f;
@@ -117,7 +114,7 @@ mod tests {
         let e = FileLock::exclusive_within(&p, Duration::from_millis(20))
             .err()
             .unwrap();
-        assert_eq!(e.code(), 11);
+        assert!(matches!(e, Error::LockBusy { .. }), "{e:?}");
         assert!(e.to_string().contains("lock"));
         drop(held);
         assert!(FileLock::exclusive(&p).is_ok());
@@ -134,6 +131,6 @@ mod tests {
             FlockArg::LockExclusiveNonblock,
             Duration::from_millis(10),
         );
-        assert!(excl.is_err_and(|e| e.code() == 11));
+        assert!(excl.is_err_and(|e| matches!(e, Error::LockBusy { .. })));
     }
 }

@@ -11,7 +11,7 @@ use rtnetlink::{
 };
 
 use super::{errno, nl_err, Netlink};
-use crate::{error::Error, netns::Netns};
+use crate::{netns::Netns, Error};
 
 /// What the plugin needs to know about a link.
 #[derive(Clone, Debug, PartialEq, Eq)]

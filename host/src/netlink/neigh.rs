@@ -6,7 +6,7 @@ use futures::TryStreamExt;
 use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
 
 use super::{nl_err, Netlink};
-use crate::error::Error;
+use crate::Error;
 
 impl Netlink {
     /// `ip neigh replace <ip> lladdr <mac> dev #index nud permanent`.

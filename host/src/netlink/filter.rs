@@ -3,7 +3,7 @@ use futures::TryStreamExt;
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 
 use super::{errno, nl_err, Netlink};
-use crate::error::Error;
+use crate::Error;
 
 /// A `cls_bpf` filter: its program's name and kernel id.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ pub use link_events::LinkEvents;
 pub use qdisc::FQ;
 pub use route::RouteSpec;
 
-use crate::{error::Error, netns::Netns};
+use crate::{netns::Netns, Error};
 
 /// A netlink route socket in one network namespace.
 pub struct Netlink {
@@ -64,9 +64,13 @@ fn errno(e: &rtnetlink::Error) -> Option<i32> {
     reason = "used as map_err(|e| nl_err(.., e)), which owns the error"
 )]
 fn nl_err(op: impl Into<String>, e: rtnetlink::Error) -> Error {
-    let detail = match &e {
-        rtnetlink::Error::NetlinkError(m) => m.to_io().to_string(),
-        other => other.to_string(),
+    let source = match &e {
+        // The kernel's errno, kept (callers and logs can tell EEXIST from EPERM).
+        rtnetlink::Error::NetlinkError(m) => m.to_io(),
+        other => std::io::Error::other(other.to_string()),
     };
-    Error::netlink(op, detail)
+    Error::Netlink {
+        op: op.into(),
+        source,
+    }
 }

@@ -11,7 +11,7 @@ use std::{
 
 use nix::sched::{setns, CloneFlags};
 
-use crate::error::Error;
+use crate::Error;
 
 /// An open network namespace.
 #[derive(Debug)]
@@ -22,26 +22,17 @@ pub struct Netns {
 
 impl Netns {
     /// Opens the namespace at `path` (e.g. `/run/netns/x` or `/proc/<pid>/ns/net`).
-    /// The error names `CNI_NETNS` since that is where the path comes from.
+    /// (The plugin's error names `CNI_NETNS`, where its paths come from.)
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let file = File::open(path).map_err(|e| {
-            Error::env(
-                "CNI_NETNS",
-                path.display().to_string(),
-                format!("cannot open the network namespace: {e}"),
-            )
-        })?;
+        let file = File::open(path)
+            .map_err(|e| Error::netns(path, format!("cannot open the network namespace: {e}")))?;
         let ns = Self {
             file,
             path: path.to_path_buf(),
         };
         // A regular file would be accepted by open() but fail setns(); say so early.
         if !ns.is_netns() {
-            return Err(Error::env(
-                "CNI_NETNS",
-                path.display().to_string(),
-                "is not a network namespace",
-            ));
+            return Err(Error::netns(path, "is not a network namespace"));
         }
         Ok(ns)
     }

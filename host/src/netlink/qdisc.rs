@@ -12,7 +12,7 @@ use rtnetlink::{
 };
 
 use super::{errno, nl_err, Netlink};
-use crate::error::Error;
+use crate::Error;
 
 /// The kind of the qdisc that releases EDT-stamped packets on time.
 pub const FQ: &str = "fq";
@@ -21,17 +21,17 @@ const TCA_FQ_FLOW_PLIMIT: u16 = 2;
 
 impl Netlink {
     /// Makes `fq` the root qdisc of link `index` (`tc qdisc replace dev X root
-    /// fq limit 10000 flow_limit 10000`). `Ok(false)` when the kernel has no
-    /// `sch_fq` (built without it, module not loadable: "unknown qdisc kind").
-    pub async fn replace_root_fq(&self, index: u32) -> Result<bool, Error> {
+    /// fq limit L flow_limit L`, `L` = `limit` packets). `Ok(false)` when the
+    /// kernel has no `sch_fq` (built without it, module not loadable: "unknown
+    /// qdisc kind").
+    pub async fn replace_root_fq(&self, index: u32, limit: u32) -> Result<bool, Error> {
         let op = || format!("make fq the root qdisc of link #{index}");
         let idx = i32::try_from(index).map_err(|e| Error::netlink(op(), e))?;
         let mut msg = TcMessage::with_index(idx);
         msg.header.parent = TcHandle::ROOT;
         msg.attributes.push(TcAttribute::Kind(FQ.to_string()));
-        // TCA_FQ_PLIMIT and TCA_FQ_FLOW_PLIMIT (linux/pkt_sched.h): see
-        // sluice_common::EDT_FQ_LIMIT.
-        let limit = sluice_common::EDT_FQ_LIMIT.to_ne_bytes().to_vec();
+        // TCA_FQ_PLIMIT and TCA_FQ_FLOW_PLIMIT (linux/pkt_sched.h).
+        let limit = limit.to_ne_bytes().to_vec();
         msg.attributes.push(TcAttribute::Options(vec![
             TcOption::Other(DefaultNla::new(TCA_FQ_PLIMIT, limit.clone())),
             TcOption::Other(DefaultNla::new(TCA_FQ_FLOW_PLIMIT, limit)),
