@@ -1,9 +1,17 @@
-//! Bandwidth on the plugin's side: how CNI's bits become the programs' token
-//! buckets (the defaults and bounds are in `sluice_common::bw_limits`). The map
-//! itself is `sluice_maps::bandwidth`.
+//! The bandwidth feature on the plugin's side: how CNI's bits become the
+//! programs' token buckets (the defaults and bounds are in
+//! `sluice_common::bw_limits`), and a pod's limits attached, detached and
+//! checked: the policer's buckets, and for an egress limit on a kernel with
+//! `sch_fq`, EDT on the pod's own interface (`fq` as its root qdisc, made by
+//! ADD, and `pod_edt` on its egress). The maps are `sluice_maps::bandwidth`.
 use sluice_common::{Bucket, BwState};
+use sluice_maps::PinRoot;
 
-use crate::cni::runtime_config::Bandwidth;
+use super::{features, pod_links, Gone, PodDevice, PodSpec};
+use crate::{
+    cni::{config::PodAttach, runtime_config::Bandwidth},
+    error::{Error, Errors},
+};
 
 /// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes.
 pub fn bucket(rate_bits: Option<u64>, burst_bits: Option<u64>, now_ns: u64) -> Bucket {
@@ -17,6 +25,88 @@ pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
         ingress: bucket(bw.ingress_rate, bw.ingress_burst, now_ns),
     }
 }
+
+/// EDT for this pod: an egress limit and `fq` on its interface.
+fn edt_device<'a>(pod: &'a PodSpec<'_>) -> Option<&'a PodDevice<'a>> {
+    let egress = pod.bandwidth.is_some_and(|b| b.egress_rate.is_some());
+    pod.device.as_ref().filter(|d| egress && d.fq)
+}
+
+/// Writes the pod's buckets (or removes stale ones) and, in EDT mode, attaches
+/// `pod_edt` to its interface. Before the endpoint: the programs look the
+/// buckets up from the first packet its `LIMITED` mark lets through.
+pub(super) fn attach(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+    match pod.bandwidth {
+        Some(b) => sluice_maps::bandwidth::set(
+            root,
+            pod.host_ifindex,
+            state(b, sluice_common::user::monotonic_ns()),
+        )?,
+        None => sluice_maps::bandwidth::remove(root, pod.host_ifindex)?,
+    }
+    match edt_device(pod) {
+        Some(d) => {
+            pod_links::attach_pod_device(
+                root,
+                d.ns,
+                pod.host_ifname,
+                d.ifname,
+                features::pod_attach(pod.attach),
+            )?;
+            sluice_maps::bandwidth::enable_edt(root, pod.host_ifindex, d.ifindex)?;
+        }
+        None => sluice_maps::bandwidth::disable_edt(root, pod.host_ifindex)?,
+    }
+    Ok(())
+}
+
+/// Removes the buckets and the EDT slot of a pod that is going (`pod_edt`
+/// goes with the pod's interface).
+pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
+    for idx in &gone.ifindexes {
+        errors.note(sluice_maps::bandwidth::remove(root, *idx));
+        errors.note(sluice_maps::bandwidth::disable_edt(root, *idx));
+    }
+}
+
+/// CHECK: the buckets as the config asks, and a pod in EDT mode has `fq` as
+/// its interface's root qdisc and `pod_edt` on its egress (one in policer mode
+/// needs nothing there).
+pub(super) async fn check(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+    use sluice_maps::bandwidth::{egress_mode, EgressMode};
+    let want = pod.bandwidth.map(|b| state(b, 0));
+    sluice_maps::bandwidth::check(root, pod.host_ifindex, want.as_ref())?;
+    if egress_mode(root, pod.host_ifindex) == EgressMode::Policer {
+        return Ok(());
+    }
+    let Some(d) = &pod.device else {
+        return Ok(());
+    };
+    let qdisc = d.nl.root_qdisc(d.ifindex).await?;
+    if qdisc.as_deref() != Some(crate::netlink::FQ) {
+        return Err(Error::check(format!(
+            "{} of the pod has root qdisc {} instead of fq (its egress is EDT)",
+            d.ifname,
+            qdisc.as_deref().unwrap_or("none")
+        )));
+    }
+    match features::pod_attach(pod.attach) {
+        PodAttach::Tcx => pod_links::check_pod_device_tcx(root, d.ns, pod.host_ifname, d.ifname),
+        PodAttach::Tc => {
+            let id = sluice_maps::programs::id(root, sluice_common::prog_names::POD_EDT)?;
+            let filters = d.nl.bpf_filters(d.ifindex, false).await?;
+            if filters.iter().any(|f| f.prog_id == id) {
+                Ok(())
+            } else {
+                Err(Error::check(format!(
+                    "pod_edt (program id {id}) is not attached to the egress of the pod's {} (filters: {filters:?})",
+                    d.ifname
+                )))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

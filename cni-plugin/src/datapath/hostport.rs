@@ -1,12 +1,35 @@
 //! hostPort on the plugin's side: a pod's `portMappings` as `sl_ports`
 //! entries, and the cgroup the node-local socket hooks attach to. The map
 //! rules (overlaps, conflicts, what goes with a pod) are in
-//! `sluice_maps::hostport`; the attachment in [`super::links`].
-use std::{fs, net::IpAddr, path::Path};
+//! `sluice_maps::hostport`. The socket hooks (`hp_*`) are attached here.
+use std::{
+    fs,
+    net::IpAddr,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya_obj::programs::CgroupSockAddrAttachType;
+use sluice_common::{
+    prog_names,
+    programs::{self, ProgKind, SockHook},
+};
+use sluice_maps::PinRoot;
+
+use sluice_maps::hostport::{V4, V6};
+
+use super::{
+    links::{dp_err, hook_link_path, pin_link},
+    Gone, NodeSettings, PodSpec, PORT_MAPPINGS,
+};
 
 use sluice_common::{Addr6, PortKey, PortKey6, PortTarget, PortTargetOf};
 
-use crate::{cni::runtime_config::PortMapping, error::Error};
+use crate::{
+    cni::runtime_config::PortMapping,
+    error::{Error, Errors},
+};
 
 /// A pod's `sl_ports` and `sl_ports6` entries.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -99,6 +122,83 @@ pub fn entries(
     Ok(out)
 }
 
+/// A pod's entries, from its spec.
+pub(super) fn pod_ports(pod: &PodSpec<'_>) -> Result<PodPorts, Error> {
+    entries(pod.port_mappings, PORT_MAPPINGS, pod.ips, pod.host_ifindex)
+}
+
+/// The node's addresses (what wildcard mappings match), when this ADD maps
+/// ports: refreshed then.
+pub(super) fn prepare(root: &PinRoot, settings: &NodeSettings) -> Result<(), Error> {
+    if let Some(addrs) = &settings.node_addrs {
+        sluice_maps::hostport::set_node_addrs::<V4>(root, &addrs.v4)?;
+        if let Some(v6) = &addrs.v6 {
+            let v6: Vec<Addr6> = v6.iter().copied().map(Addr6).collect();
+            sluice_maps::hostport::set_node_addrs::<V6>(root, &v6)?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes the pod's mappings, all or none: a conflict names the owner and
+/// fails the ADD, whose rollback removes the rest.
+pub(super) fn attach(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+    let ports = pod_ports(pod)?;
+    if ports.is_empty() {
+        return Ok(());
+    }
+    let cookie = match sluice_maps::hostport::node_netns_cookie(root)? {
+        Some(c) => c,
+        None => learn_netns_cookie(root)?,
+    };
+    sluice_maps::hostport::add_pod(root, &ports.v4, &ports.v6, cookie)?;
+    Ok(())
+}
+
+/// Removes the mappings of a pod that is going (operator ones too) and the
+/// flows through them.
+pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
+    errors.note(remove_mappings(root, gone));
+    let (v4, v6) = gone.by_family();
+    errors.note(sluice_maps::hostport::forget_pods::<V4>(root, &v4));
+    let v6: Vec<Addr6> = v6.into_iter().map(Addr6).collect();
+    errors.note(sluice_maps::hostport::forget_pods::<V6>(root, &v6));
+}
+
+/// The mappings of the pods on `gone.ifindexes`: by key from what the record
+/// says the pod was given, unless operator mappings may exist (they are in no
+/// record); then, without a record, or with one whose mappings no longer make
+/// keys, by a walk of every mapping.
+fn remove_mappings(root: &PinRoot, gone: &Gone<'_>) -> Result<(), Error> {
+    let by_key = gone
+        .known
+        .filter(|_| !sluice_maps::hostport::operator_mappings_marked(root))
+        .and_then(|k| entries(k.port_mappings, PORT_MAPPINGS, k.ips, k.host_ifindex).ok());
+    if let Some(ports) = by_key {
+        sluice_maps::hostport::remove_mappings::<V4>(root, &ports.v4)?;
+        sluice_maps::hostport::remove_mappings::<V6>(root, &ports.v6)?;
+        return Ok(());
+    }
+    sluice_maps::hostport::remove_of_pods::<V4>(root, &gone.ifindexes)?;
+    sluice_maps::hostport::remove_of_pods::<V6>(root, &gone.ifindexes)?;
+    Ok(())
+}
+
+/// CHECK: every mapping of the pod is published, to it.
+pub(super) fn check(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+    let ports = pod_ports(pod)?;
+    sluice_maps::hostport::check::<V4>(root, &ports.v4)?;
+    sluice_maps::hostport::check::<V6>(root, &ports.v6)?;
+    Ok(())
+}
+
+/// GC: mappings whose pod is gone (operator ones too); `live` are the host
+/// devices of the endpoints that stay.
+pub(super) fn collect(root: &PinRoot, live: &[u32], errors: &mut Errors) {
+    errors.note(sluice_maps::hostport::remove_orphans::<V4>(root, live));
+    errors.note(sluice_maps::hostport::remove_orphans::<V6>(root, live));
+}
+
 /// Whether `dir` is on a cgroup2 file system (statfs magic `CGROUP2_SUPER_MAGIC`).
 // `f_type`'s integer type differs between architectures.
 #[allow(clippy::useless_conversion)]
@@ -134,6 +234,105 @@ pub fn open_cgroup(cgroup: &Path) -> Result<fs::File, Error> {
         ));
     }
     Ok(dir)
+}
+
+// --- the socket hooks (the node's own connections to hostPorts) ---------------
+
+fn sock_attach_type(h: SockHook) -> CgroupSockAddrAttachType {
+    match h {
+        SockHook::Connect4 => CgroupSockAddrAttachType::Connect4,
+        SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
+        SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
+        SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
+        SockHook::Connect6 => CgroupSockAddrAttachType::Connect6,
+        SockHook::SendMsg6 => CgroupSockAddrAttachType::UDPSendMsg6,
+        SockHook::RecvMsg6 => CgroupSockAddrAttachType::UDPRecvMsg6,
+        SockHook::GetPeerName6 => CgroupSockAddrAttachType::GetPeerName6,
+    }
+}
+
+/// Whether the socket hooks are attached (their link pins exist).
+pub(super) fn hooks_attached(root: &PinRoot) -> bool {
+    programs::SOCK_HOOKS
+        .iter()
+        .all(|p| hook_link_path(root, p.name).exists())
+}
+
+/// Attaches the socket hooks to the cgroup v2 directory `cgroup` (opened) and
+/// pins their links, so they outlive the plugin. Attached ones stay.
+pub(super) fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(), Error> {
+    for p in programs::SOCK_HOOKS {
+        let ProgKind::SockAddr(hook) = p.kind else {
+            continue;
+        };
+        let lp = hook_link_path(root, p.name);
+        if lp.exists() {
+            continue;
+        }
+        let mut prog =
+            CgroupSockAddr::from_pin(root.progs_dir().join(p.name), sock_attach_type(hook))
+                .map_err(|e| dp_err(format!("open pinned program {}", p.name), e))?;
+        let id = prog
+            .attach(cgroup.as_fd(), CgroupAttachMode::Single)
+            .map_err(|e| {
+                dp_err(
+                    format!("attach {} to cgroup {}", p.name, shown.display()),
+                    e,
+                )
+            })?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| dp_err(format!("take {} link", p.name), e))?;
+        pin_link(link, &lp)?;
+    }
+    Ok(())
+}
+
+/// The node namespace's cookie on a kernel without `SO_NETNS_COOKIE` (before
+/// 5.14): `hp_learn4` is attached for a moment to this process's own cgroup
+/// (v2), a UDP socket connects to `LEARN_ADDR` (no packet is sent), and the
+/// program records the socket's netns cookie under the socket's cookie
+/// (`SO_COOKIE`, 4.12). The program touches no other connect.
+pub(super) fn learn_netns_cookie(root: &PinRoot) -> Result<u64, Error> {
+    let op = "learn the node namespace's cookie (no SO_NETNS_COOKIE before Linux 5.14)";
+    let own = own_cgroup2().ok_or_else(|| dp_err(op, "this process is in no cgroup v2"))?;
+    let dir =
+        fs::File::open(&own).map_err(|e| dp_err(format!("{op}: open {}", own.display()), e))?;
+    let mut prog = CgroupSockAddr::from_pin(
+        root.progs_dir().join(prog_names::HP_LEARN4),
+        CgroupSockAddrAttachType::Connect4,
+    )
+    .map_err(|e| dp_err(op, e))?;
+    let id = prog
+        // A bpf_link: other programs on the cgroup stay (links are multi-attach).
+        .attach(dir.as_fd(), CgroupAttachMode::Single)
+        .map_err(|e| dp_err(format!("{op}: attach to {}", own.display()), e))?;
+    let learned = (|| -> std::io::Result<u64> {
+        let (ip, port) = programs::LEARN_ADDR;
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        s.connect((std::net::Ipv4Addr::from(ip), port))?;
+        socket_cookie(&s)
+    })();
+    // Detached whatever happened (dropping the program would detach it too).
+    let _ = prog.detach(id);
+    let sock = learned.map_err(|e| dp_err(op, e))?;
+    sluice_maps::hostport::take_learned_cookie(root, sock)?
+        .ok_or_else(|| dp_err(op, "hp_learn4 recorded nothing"))
+}
+
+/// `SO_COOKIE` of a socket.
+fn socket_cookie(s: &std::net::UdpSocket) -> std::io::Result<u64> {
+    const SO_COOKIE: libc::c_int = 57;
+    sluice_common::user::sockopt_u64(s, SO_COOKIE)
+}
+
+/// This process's cgroup v2 directory (`0::<path>` of /proc/self/cgroup under
+/// the v2 mount).
+fn own_cgroup2() -> Option<PathBuf> {
+    let mount = sluice_common::user::cgroup2_mount()?;
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use sluice_common::{
 };
 use sluice_maps::PinRoot;
 
-use super::{bpffs::unpin, links};
+use super::{bpffs::unpin, links, sweeper};
 use crate::error::Error;
 
 /// The eBPF object `cargo xtask build` embedded (see build.rs).
@@ -143,7 +143,7 @@ pub(super) fn load_and_pin(
                 prog.pin(&staged).map_err(pinned)?;
                 // Perf-event links cannot be updated in place: the new one replaces
                 // the old (a second without sweeping at most).
-                links::attach_sweeper(root, prog)?;
+                sweeper::attach_sweeper(root, prog)?;
             }
             ProgKind::UplinkXdp => {
                 let prog: &mut Xdp = prog.try_into().map_err(loaded)?;

@@ -7,10 +7,12 @@ use ipnetwork::IpNetwork;
 use sluice_common::{masq_flags, Addr6, Masq6Config, MasqConfig};
 use sluice_maps::nat::{trie_prefixes, Prefix4, Prefix6};
 
-use super::Uplink;
+use sluice_maps::{nat::non_masq_owner, PinRoot};
+
+use super::{Gone, NodeSettings, Uplink};
 use crate::{
     cni::{config::NetConf, result::IpConfig},
-    error::Error,
+    error::{Error, Errors},
     ipam::Ipam,
     netlink::Netlink,
 };
@@ -107,6 +109,28 @@ pub async fn spec(
         udp_unreplied_secs: t.udp_unreplied,
         pod_share: conf.masq.pod_share,
     }))
+}
+
+/// Writes the node's masquerade settings (off: zeroed). The prefixes first:
+/// the cluster range must never be masqueraded.
+pub(super) fn prepare(root: &PinRoot, settings: &NodeSettings) -> Result<(), Error> {
+    if let Some(m) = &settings.masq {
+        sluice_maps::nat::set_non_masq(root, non_masq_owner::CONFIG, &m.non_masq)?;
+        sluice_maps::nat::set_non_masq6(root, non_masq_owner::CONFIG, &m.non_masq6)?;
+        sluice_maps::nat::write_config(root, m.config)?;
+        sluice_maps::nat::write_config6(root, m.config6)?;
+        sluice_maps::nat_pressure::write_limits(root, m.udp_unreplied_secs, m.pod_share)?;
+    } else {
+        sluice_maps::nat::write_config(root, MasqConfig::default())?;
+        sluice_maps::nat::write_config6(root, Masq6Config::default())?;
+    }
+    Ok(())
+}
+
+/// Forgets the masqueraded flows of a pod that is going.
+pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
+    let (v4, v6) = gone.by_family();
+    errors.note(sluice_maps::nat::forget_pods(root, &v4, &v6));
 }
 
 /// The prefixes never masqueraded: the configured ones, and for a family

@@ -11,19 +11,29 @@
 //! - [`Datapath::collect`]: GC of what no valid attachment owns;
 //! - [`Datapath::repair`]: re-attaching recorded pods to a datapath loaded anew.
 //!
-//! The maps are read and written through `sluice_maps`; loading is [`loader`],
-//! every attachment [`links`], the few raw bpf(2) commands [`sys`].
+//! Each per-pod feature is one module with the same verbs (`prepare` for the
+//! node, `attach`, `detach`, `check`), listed once in [`FEATURES`]; the verbs
+//! here are loops over that list. The node-wide verb is in [`prepare`](mod@prepare),
+//! the uplink's part in [`uplink`]. The maps are read and written through
+//! `sluice_maps`; loading is [`loader`] (and [`verify`]), the generic attach and
+//! pin mechanics [`links`], a pod's programs on its devices [`pod_links`], the
+//! few raw bpf(2) commands [`sys`].
 pub mod bandwidth;
 pub use sluice_host::bpffs;
+mod endpoint;
 pub mod features;
 pub mod hostport;
 mod links;
 mod loader;
 pub mod masquerade;
 mod pod_block;
+mod pod_links;
+mod prepare;
 mod repair;
 pub mod services;
+mod sweeper;
 mod sys;
+mod uplink;
 mod verify;
 
 use std::{
@@ -31,21 +41,13 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use sluice_common::{
-    config_flags, endpoint_flags, maps, monitor_slot, pin_dirs, to_cbuf, DatapathMeta, Endpoint,
-    EndpointInfo, Masq6Config, MasqConfig, NodeConfig, CONTAINER_ID_LEN, IFNAME_LEN,
-    LAYOUT_VERSION,
-};
-use sluice_maps::{
-    endpoint::Endpoints,
-    hostport::{V4, V6},
-    nat::non_masq_owner,
-    PinRoot,
-};
+use sluice_common::DatapathMeta;
+use sluice_maps::PinRoot;
 
-pub use links::XdpAttached;
+pub use endpoint::{info_owned_by, owned_by};
 pub use loader::object_hash;
 pub use masquerade::MasqSpec;
+pub use uplink::XdpAttached;
 
 use crate::{
     cni::{
@@ -157,23 +159,6 @@ pub struct PodDevice<'a> {
     pub fq: bool,
 }
 
-impl PodSpec<'_> {
-    /// EDT for this pod: an egress limit and `fq` on its interface.
-    fn edt_device(&self) -> Option<&PodDevice<'_>> {
-        let egress = self.bandwidth.is_some_and(|b| b.egress_rate.is_some());
-        self.device.as_ref().filter(|d| egress && d.fq)
-    }
-
-    fn ports(&self) -> Result<hostport::PodPorts, Error> {
-        hostport::entries(
-            self.port_mappings,
-            PORT_MAPPINGS,
-            self.ips,
-            self.host_ifindex,
-        )
-    }
-}
-
 /// The datapath pinned at one pin root. The pin root directory is also the lock
 /// that serialises loads (exclusive) against attaches (shared).
 pub struct Datapath {
@@ -194,52 +179,6 @@ impl Prepared {
     /// lock, so of two ADDs racing to load, only the one that loads sees it.
     pub fn fresh(&self) -> bool {
         self.fresh
-    }
-}
-
-/// Whether the owner recorded in `sl_ep_info` is `id`. The map keeps the container
-/// id cut at `CONTAINER_ID_LEN` bytes, so `id` is cut the same way first.
-pub fn info_owned_by(info: &EndpointInfo, id: &AttachmentId) -> bool {
-    let cid: [u8; CONTAINER_ID_LEN] = to_cbuf(id.container_id.as_bytes());
-    let ifname: [u8; IFNAME_LEN] = to_cbuf(id.ifname.as_bytes());
-    info.container_id == cid && info.ifname == ifname
-}
-
-/// The same test for an owner read back as an [`AttachmentId`] by
-/// [`Datapath::endpoint_owners`].
-pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
-    let info = EndpointInfo {
-        container_id: to_cbuf(recorded.container_id.as_bytes()),
-        ifname: to_cbuf(recorded.ifname.as_bytes()),
-        ..EndpointInfo::default()
-    };
-    info_owned_by(&info, id)
-}
-
-/// `xdp` made concrete for `uplink`. On a veth, no XDP pays: native turns skbs
-/// into XDP frames, losing the `CHECKSUM_PARTIAL` state a veth peer leaves (the pod
-/// drops the segment as a bad checksum); generic has to linearize (copy) every
-/// GRO'd skb before running, only to pass most of them on (measured:
-/// external->pod TCP at 0.75x of tc alone). The tc program's
-/// `bpf_redirect_peer` does the job.
-/// Before Linux 5.13 native XDP could not deliver into a pod (see
-/// `features::Features::veth_xdp`): tc does it, with no XDP.
-fn resolve_xdp(xdp: XdpMode, uplink: &Uplink) -> XdpMode {
-    match xdp {
-        XdpMode::Auto if uplink.is_veth => XdpMode::Off,
-        XdpMode::Auto | XdpMode::Native if !features::veth_xdp() => XdpMode::Off,
-        XdpMode::Auto => XdpMode::Native,
-        other => other,
-    }
-}
-
-const WANT_MASK: u32 = config_flags::XDP_WANT_NATIVE | config_flags::XDP_WANT_GENERIC;
-
-fn want_flags(xdp: XdpMode) -> u32 {
-    match xdp {
-        XdpMode::Native | XdpMode::Auto => config_flags::XDP_WANT_NATIVE,
-        XdpMode::Generic => config_flags::XDP_WANT_GENERIC,
-        XdpMode::Off => 0,
     }
 }
 
@@ -271,330 +210,25 @@ impl Datapath {
         Ok(sluice_maps::node::meta(&self.root)?)
     }
 
-    // --- the node -------------------------------------------------------------------
-
-    /// Makes the node-wide part as `settings` ask: this binary's programs loaded
-    /// and pinned (the first ADD on a node pays the verifier; later ADDs open the
-    /// pins; pinned programs of another object are replaced on every attached
-    /// interface, keeping map contents), the uplink, sweeper and socket hooks
-    /// attached, and the masquerade, debug and node-address settings written
-    /// (cheap when unchanged: every ADD writes them, so a config change takes
-    /// effect at the next ADD).
-    pub async fn prepare(
-        &self,
-        host_nl: &Netlink,
-        settings: &NodeSettings,
-    ) -> Result<Prepared, Error> {
-        bpffs::ensure_bpffs(self.root.path())?;
-        bpffs::create_dirs(self.root.path())?;
-        let prepared = 'load: {
-            {
-                let shared = FileLock::dir_shared(self.root.path())?;
-                if self.is_current()? && self.node_attached(host_nl, settings).await? {
-                    break 'load Prepared {
-                        _lock: shared,
-                        fresh: false,
-                    };
-                }
-            }
-            let exclusive = FileLock::dir_exclusive(self.root.path())?;
-            let fresh = self.load_locked(host_nl, settings).await?;
-            drop(exclusive);
-            Prepared {
-                _lock: FileLock::dir_shared(self.root.path())?,
-                fresh,
-            }
-        };
-        // Prefixes first: the cluster range must never be masqueraded.
-        if let Some(m) = &settings.masq {
-            sluice_maps::nat::set_non_masq(&self.root, non_masq_owner::CONFIG, &m.non_masq)?;
-            sluice_maps::nat::set_non_masq6(&self.root, non_masq_owner::CONFIG, &m.non_masq6)?;
-            sluice_maps::nat::write_config(&self.root, m.config)?;
-            sluice_maps::nat::write_config6(&self.root, m.config6)?;
-            sluice_maps::nat_pressure::write_limits(&self.root, m.udp_unreplied_secs, m.pod_share)?;
-        } else {
-            sluice_maps::nat::write_config(&self.root, MasqConfig::default())?;
-            sluice_maps::nat::write_config6(&self.root, Masq6Config::default())?;
-        }
-        services::write(&self.root, &settings.services)?;
-        sluice_maps::node::set_monitor_slot(
-            &self.root,
-            monitor_slot::DEBUG,
-            u64::from(settings.debug),
-        )?;
-        if let Some(addrs) = &settings.node_addrs {
-            sluice_maps::hostport::set_node_addrs::<V4>(&self.root, &addrs.v4)?;
-            if let Some(v6) = &addrs.v6 {
-                let v6: Vec<sluice_common::Addr6> =
-                    v6.iter().copied().map(sluice_common::Addr6).collect();
-                sluice_maps::hostport::set_node_addrs::<V6>(&self.root, &v6)?;
-            }
-        }
-        Ok(prepared)
-    }
-
-    fn is_current(&self) -> Result<bool, Error> {
-        Ok(match self.meta()? {
-            Some(m) => {
-                if m.layout_version != LAYOUT_VERSION {
-                    return Err(Error::datapath(
-                        "reuse the pinned datapath",
-                        format!(
-                            "{} holds map layout v{}, this sluice uses v{LAYOUT_VERSION}",
-                            self.root.path().display(),
-                            m.layout_version
-                        ),
-                    ));
-                }
-                m.object_hash == object_hash() && loader::programs_pinned(&self.root)
-            }
-            None => false,
-        })
-    }
-
-    /// The node-wide attachments are in place: the NAT sweeper, the socket hooks
-    /// if asked for, and the uplink's programs as the settings ask.
-    async fn node_attached(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
-        Ok(
-            (links::sweeper_attached(&self.root) || !features::get().sweeper)
-                && (s.host_port_cgroup.is_none() || links::hooks_attached(&self.root))
-                && self.uplink_current(host_nl, s).await?,
-        )
-    }
-
-    /// The uplink's programs are attached as the settings ask: to that interface,
-    /// with that XDP mode (so a changed `xdp` takes effect at the next ADD). Pinned
-    /// tcx links are found by their pins; `cls_bpf` filters (kernels without tcx)
-    /// are looked for on the interface, so filters someone removed are attached
-    /// again.
-    async fn uplink_current(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
-        let Some(u) = &s.uplink else {
-            return Ok(true);
-        };
-        let Ok(c) = sluice_maps::node::config(&self.root) else {
-            return Ok(false);
-        };
-        if c.uplink_ifindex != u.ifindex || c.flags & WANT_MASK != want_flags(resolve_xdp(s.xdp, u))
-        {
-            return Ok(false);
-        }
-        if c.flags & config_flags::UPLINK_TC_FILTERS == 0 {
-            return Ok(links::uplink_attached(&self.root, u.ifindex));
-        }
-        for (name, ingress, id) in links::uplink_program_ids(&self.root)? {
-            let filters = host_nl.bpf_filters(u.ifindex, ingress).await?;
-            if !filters.iter().any(|f| f.prog_id == id) {
-                eprintln!(
-                    "sluice: {name} is not attached to {}; attaching it",
-                    u.ifname
-                );
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    fn create_pin_dirs(&self) -> Result<(), Error> {
-        for d in [pin_dirs::MAPS, pin_dirs::PROGS, pin_dirs::LINKS] {
-            bpffs::create_dirs(&self.root.path().join(d))?;
-        }
-        Ok(())
-    }
-
-    /// Under the exclusive lock: load if needed, attach what is missing.
-    /// Returns whether it loaded where no datapath was pinned.
-    async fn load_locked(&self, host_nl: &Netlink, s: &NodeSettings) -> Result<bool, Error> {
-        let mut fresh = false;
-        // Another invocation may have loaded while this one waited.
-        if !self.is_current()? {
-            fresh = self.meta()?.is_none();
-            self.create_pin_dirs()?;
-            loader::load_and_pin(&self.root, &self.pod_ifnames(), s.nat_flows)?;
-        }
-        if features::get().sweeper && !links::sweeper_attached(&self.root) {
-            links::ensure_sweeper(&self.root)?;
-        }
-        if let Some(cg) = &s.host_port_cgroup {
-            if !links::hooks_attached(&self.root) {
-                links::attach_hooks(&self.root, &hostport::open_cgroup(cg)?, cg)?;
-            }
-        }
-        if let Some(u) = &s.uplink {
-            if !self.uplink_current(host_nl, s).await? {
-                let xdp = resolve_xdp(s.xdp, u);
-                let attached = links::attach_uplink(&self.root, &u.ifname, u.ifindex, xdp)?;
-                eprintln!(
-                    "sluice: uplink {} attached (tc {}, XDP {:?})",
-                    u.ifname,
-                    if attached.filters { "filters" } else { "tcx" },
-                    attached.xdp
-                );
-                let mut flags = want_flags(xdp)
-                    | match attached.xdp {
-                        XdpAttached::Native => config_flags::XDP_NATIVE,
-                        XdpAttached::Generic => config_flags::XDP_GENERIC,
-                        XdpAttached::Off => 0,
-                    };
-                if attached.filters {
-                    flags |= config_flags::UPLINK_TC_FILTERS;
-                }
-                sluice_maps::node::write_config(
-                    &self.root,
-                    NodeConfig {
-                        uplink_ifindex: u.ifindex,
-                        flags,
-                        uplink_mac: u.mac,
-                        pod_mtu: u16::try_from(s.pod_mtu).unwrap_or(u16::MAX),
-                    },
-                )?;
-            }
-        }
-        Ok(fresh)
-    }
-
-    /// Reloads the programs from this binary's object even when the pinned ones
-    /// look current (`sluicectl datapath reload`), moving every link to them.
-    pub fn reload(&self) -> Result<(), Error> {
-        bpffs::ensure_bpffs(self.root.path())?;
-        bpffs::create_dirs(self.root.path())?;
-        let _exclusive = FileLock::dir_exclusive(self.root.path())?;
-        self.create_pin_dirs()?;
-        loader::load_and_pin(
-            &self.root,
-            &self.pod_ifnames(),
-            crate::cni::config::NAT_MAX_FLOWS_DEFAULT,
-        )
-    }
-
-    /// The exclusive lock an ADD's shared one waits for; `None` when nothing
-    /// was ever pinned here (no ADD has got that far, so none holds a lock).
-    pub fn lock_exclusive(&self) -> Result<Option<FileLock>, Error> {
-        if !self.root.path().is_dir() {
-            return Ok(None);
-        }
-        Ok(Some(FileLock::dir_exclusive(self.root.path())?))
-    }
-
-    /// Detaches every program (pods, uplink, socket hooks, sweeper) under the
-    /// exclusive lock; traffic falls back to the kernel's routes (the pods'
-    /// routes and neighbours do not depend on the programs). The next ADD attaches
-    /// the uplink again. Returns what was detached.
-    pub fn detach_all(&self) -> Result<Vec<String>, Error> {
-        let _exclusive = FileLock::dir_exclusive(self.root.path())?;
-        links::detach_all(&self.root, &self.pod_ifnames())
-    }
-
-    /// The per-reason counters summed over CPUs (index = `sluice_common::reason`).
-    pub fn counters(&self) -> Result<Vec<u64>, Error> {
-        Ok(sluice_maps::counters::read(&self.root)?)
-    }
-
     // --- one pod --------------------------------------------------------------------
 
-    /// Attaches one pod: its counters and owner first (so the programs count
-    /// from the first packet), the programs on its host veth, its addresses,
-    /// its bandwidth limits, and last its hostPort mappings (all or none; a
-    /// conflict names the owner and fails the ADD, whose rollback removes the
-    /// rest with [`Self::detach`]).
+    /// Attaches one pod, feature by feature in [`FEATURES`] order, all of it
+    /// or an error (an ADD's rollback then removes the rest with
+    /// [`Self::detach`]). The hostPort entries are checked before anything is
+    /// written: a bad mapping fails the ADD with nothing to undo.
     pub fn attach(&self, _prepared: &Prepared, pod: &PodSpec<'_>) -> Result<(), Error> {
-        let mut steps = crate::timing::Steps::start();
-        let ports = pod.ports()?;
-        let mut eps = Endpoints::open(&self.root)?;
-        let info = EndpointInfo {
-            container_id: to_cbuf(pod.id.container_id.as_bytes()),
-            ifname: to_cbuf(pod.id.ifname.as_bytes()),
-            host_ifname: to_cbuf(pod.host_ifname.as_bytes()),
-            netns_ino: pod.netns_ino,
-            created_unix: now_unix(),
-        };
-        eps.insert_interface(pod.host_ifindex, &info)?;
-        let slot = {
-            // One claim at a time (ADDs hold the pin root shared): the maps
-            // directory is the lock.
-            let _claim = FileLock::dir_exclusive(&self.root.maps_dir())?;
-            eps.claim_slot(pod.host_ifindex)?
-        };
-        steps.done("attach: counters and owner");
-        if pod.netkit {
-            links::attach_pod_netkit(&self.root, pod.host_ifname, pod.host_ifindex)?;
-        } else {
-            links::attach_pod(
-                &self.root,
-                pod.host_ifname,
-                pod.host_ifindex,
-                features::pod_attach(pod.attach),
-            )?;
-        }
-        steps.done("attach: programs");
-        // The limits before the endpoints that tell the programs to look
-        // them up (endpoint_flags::LIMITED): limited from the first packet.
-        match pod.bandwidth {
-            Some(b) => sluice_maps::bandwidth::set(
-                &self.root,
-                pod.host_ifindex,
-                bandwidth::state(b, sluice_common::user::monotonic_ns()),
-            )?,
-            None => sluice_maps::bandwidth::remove(&self.root, pod.host_ifindex)?,
-        }
-        for ip in pod.ips {
-            let mut flags = if ip.is_ipv6() {
-                endpoint_flags::IPV6
-            } else {
-                0
-            };
-            if pod.xdp_ready {
-                flags |= endpoint_flags::XDP_READY;
-            }
-            if pod.bandwidth.is_some() {
-                flags |= endpoint_flags::LIMITED;
-            }
-            if let Some(slot) = slot {
-                flags = endpoint_flags::with_slot(flags, slot);
-            }
-            eps.insert(
-                *ip,
-                Endpoint {
-                    ifindex: pod.host_ifindex,
-                    flags,
-                    pod_mac: pod.pod_mac,
-                    host_mac: pod.host_mac,
-                },
-            )?;
-        }
-        steps.done("attach: limits and endpoints");
-        match pod.edt_device() {
-            Some(d) => {
-                links::attach_pod_device(
-                    &self.root,
-                    d.ns,
-                    pod.host_ifname,
-                    d.ifname,
-                    features::pod_attach(pod.attach),
-                )?;
-                sluice_maps::bandwidth::enable_edt(&self.root, pod.host_ifindex, d.ifindex)?;
-            }
-            None => sluice_maps::bandwidth::disable_edt(&self.root, pod.host_ifindex)?,
-        }
-        if !ports.is_empty() {
-            let cookie = match sluice_maps::hostport::node_netns_cookie(&self.root)? {
-                Some(c) => c,
-                None => links::learn_netns_cookie(&self.root)?,
-            };
-            sluice_maps::hostport::add_pod(&self.root, &ports.v4, &ports.v6, cookie)?;
+        hostport::pod_ports(pod)?;
+        for f in FEATURES {
+            f.attach(&self.root, pod)?;
         }
         Ok(())
     }
 
-    /// Removes everything of one pod: its programs, addresses, counters, owner,
-    /// masqueraded flows, hostPort mappings (operator ones too) and flows, and
-    /// bandwidth limits. With `known` (what the pod's complete record says it
-    /// was given: its host veth's index, addresses and mappings), its entries
-    /// are removed by key, so a DEL costs the same on a node with 20 pods or
-    /// 1,000. Without (a crash before the record had the index, GC of an
-    /// endpoint without a record), the interface is known by `host_ifindex` or
-    /// only by the owner entry, and the endpoint and mapping tables are walked.
-    /// Best effort: goes on past errors and returns them all. Nothing pinned:
-    /// nothing to remove.
+    /// Removes everything of one pod: its programs first, then each feature's
+    /// part in reverse [`FEATURES`] order, its owner and counters last (see
+    /// [`endpoint::gone`] for how the pod is found with or without its record,
+    /// `known`). Best effort: goes on past errors and returns them all.
+    /// Nothing pinned: nothing to remove.
     pub fn detach(
         &self,
         host_ifname: &str,
@@ -603,168 +237,22 @@ impl Datapath {
         known: Option<&Known<'_>>,
     ) -> Result<(), Error> {
         let mut errors = Errors::new();
-        errors.note(links::detach_pod(&self.root, host_ifname));
-        if !self.holds_endpoints()? {
+        errors.note(pod_links::detach_pod(&self.root, host_ifname));
+        if !endpoint::held(&self.root)? {
             return errors.finish();
         }
-        let mut eps = Endpoints::open(&self.root)?;
-        let (ifindexes, ips): (Vec<u32>, Vec<IpAddr>) = if let Some(k) = known {
-            // The record's addresses that still go to its interface.
-            (
-                vec![k.host_ifindex],
-                k.ips
-                    .iter()
-                    .copied()
-                    .filter(|ip| eps.get(*ip).is_some_and(|e| e.ifindex == k.host_ifindex))
-                    .collect(),
-            )
-        } else {
-            let mut ifindexes: Vec<u32> = host_ifindex.into_iter().collect();
-            for (idx, info) in eps.interfaces() {
-                if info_owned_by(&info, id) && !ifindexes.contains(&idx) {
-                    ifindexes.push(idx);
-                }
-            }
-            let ips = eps
-                .list()
-                .into_iter()
-                .filter(|(_, ep)| ifindexes.contains(&ep.ifindex))
-                .map(|(ip, _)| ip)
-                .collect();
-            (ifindexes, ips)
-        };
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for ip in ips {
-            match ip {
-                IpAddr::V4(a) => v4.push(a.octets()),
-                IpAddr::V6(a) => v6.push(a.octets()),
-            }
-            errors.note(eps.remove(ip).map_err(Error::from));
+        let gone = endpoint::gone(&self.root, host_ifindex, id, known)?;
+        for f in FEATURES.iter().rev() {
+            f.detach(&self.root, &gone, &mut errors);
         }
-        errors.note(sluice_maps::nat::forget_pods(&self.root, &v4, &v6).map_err(Error::from));
-        errors.note(self.remove_mappings(&ifindexes, known));
-        errors.note(sluice_maps::hostport::forget_pods::<V4>(&self.root, &v4).map_err(Error::from));
-        let v6: Vec<sluice_common::Addr6> = v6.iter().map(|a| sluice_common::Addr6(*a)).collect();
-        errors.note(sluice_maps::hostport::forget_pods::<V6>(&self.root, &v6).map_err(Error::from));
-        for idx in ifindexes {
-            errors.note(sluice_maps::bandwidth::remove(&self.root, idx).map_err(Error::from));
-            errors.note(sluice_maps::bandwidth::disable_edt(&self.root, idx).map_err(Error::from));
-            for e in eps.remove_interface(idx) {
-                errors.push(e.into());
-            }
-        }
+        endpoint::forget(&self.root, &gone, &mut errors);
         errors.finish()
     }
 
-    /// The hostPort mappings of the pods on `ifindexes`: by key from what
-    /// `known` says the pod was given, unless operator mappings may exist
-    /// (they are in no record); then, without `known`, or with a record whose
-    /// mappings no longer make keys, by a walk of every mapping.
-    fn remove_mappings(&self, ifindexes: &[u32], known: Option<&Known<'_>>) -> Result<(), Error> {
-        let by_key = known
-            .filter(|_| !sluice_maps::hostport::operator_mappings_marked(&self.root))
-            .and_then(|k| {
-                hostport::entries(k.port_mappings, PORT_MAPPINGS, k.ips, k.host_ifindex).ok()
-            });
-        if let Some(ports) = by_key {
-            sluice_maps::hostport::remove_mappings::<V4>(&self.root, &ports.v4)?;
-            sluice_maps::hostport::remove_mappings::<V6>(&self.root, &ports.v6)?;
-            return Ok(());
-        }
-        sluice_maps::hostport::remove_of_pods::<V4>(&self.root, ifindexes)?;
-        sluice_maps::hostport::remove_of_pods::<V6>(&self.root, ifindexes)?;
-        Ok(())
-    }
-
-    /// CHECK of one pod: its programs on its host veth (`cls_bpf` filters of the
-    /// pinned programs, or tcx links), its counters and addresses, hostPort
-    /// mappings and bandwidth limits.
+    /// CHECK of one pod: each feature's part, in [`FEATURES`] order.
     pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
-        match features::pod_attach(pod.attach) {
-            _ if pod.netkit => links::check_pod_netkit(&self.root, pod.host_ifname)?,
-            PodAttach::Tc => self.check_filters(host_nl, pod).await?,
-            PodAttach::Tcx => links::check_pod_tcx(&self.root, pod.host_ifname)?,
-        }
-        let eps = Endpoints::open(&self.root)?;
-        if !eps.has_counters(pod.host_ifindex) {
-            return Err(Error::check(format!(
-                "no counters for {} (ifindex {})",
-                pod.host_ifname, pod.host_ifindex
-            )));
-        }
-        for ip in pod.ips {
-            match eps.get(*ip) {
-                Some(e) if e.ifindex == pod.host_ifindex && e.pod_mac == pod.pod_mac => {}
-                Some(e) => {
-                    return Err(Error::check(format!(
-                        "endpoint {ip} points at ifindex {} instead of {} ({})",
-                        e.ifindex, pod.host_ifindex, pod.host_ifname
-                    )))
-                }
-                None => {
-                    return Err(Error::check(format!(
-                        "endpoint {ip} missing from {}",
-                        maps::ENDPOINTS.name
-                    )))
-                }
-            }
-        }
-        let ports = pod.ports()?;
-        sluice_maps::hostport::check::<V4>(&self.root, &ports.v4)?;
-        sluice_maps::hostport::check::<V6>(&self.root, &ports.v6)?;
-        let want = pod.bandwidth.map(|b| bandwidth::state(b, 0));
-        sluice_maps::bandwidth::check(&self.root, pod.host_ifindex, want.as_ref())?;
-        self.check_edt(pod).await
-    }
-
-    /// A pod in EDT mode has `fq` as its interface's root qdisc and `pod_edt`
-    /// on its egress; one in policer mode needs nothing there.
-    async fn check_edt(&self, pod: &PodSpec<'_>) -> Result<(), Error> {
-        use sluice_maps::bandwidth::{egress_mode, EgressMode};
-        if egress_mode(&self.root, pod.host_ifindex) == EgressMode::Policer {
-            return Ok(());
-        }
-        let Some(d) = &pod.device else {
-            return Ok(());
-        };
-        let root = d.nl.root_qdisc(d.ifindex).await?;
-        if root.as_deref() != Some(crate::netlink::FQ) {
-            return Err(Error::check(format!(
-                "{} of the pod has root qdisc {} instead of fq (its egress is EDT)",
-                d.ifname,
-                root.as_deref().unwrap_or("none")
-            )));
-        }
-        match features::pod_attach(pod.attach) {
-            PodAttach::Tcx => {
-                links::check_pod_device_tcx(&self.root, d.ns, pod.host_ifname, d.ifname)
-            }
-            PodAttach::Tc => {
-                let id = sluice_maps::programs::id(&self.root, sluice_common::prog_names::POD_EDT)?;
-                let filters = d.nl.bpf_filters(d.ifindex, false).await?;
-                if filters.iter().any(|f| f.prog_id == id) {
-                    Ok(())
-                } else {
-                    Err(Error::check(format!(
-                        "pod_edt (program id {id}) is not attached to the egress of the pod's {} (filters: {filters:?})",
-                        d.ifname
-                    )))
-                }
-            }
-        }
-    }
-
-    /// The pinned pod programs are the `cls_bpf` filters of the host veth's hooks.
-    async fn check_filters(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
-        for (name, ingress, id) in links::pod_program_ids(&self.root)? {
-            let filters = host_nl.bpf_filters(pod.host_ifindex, ingress).await?;
-            if !filters.iter().any(|f| f.prog_id == id) {
-                return Err(Error::check(format!(
-                    "{name} (program id {id}) is not attached to {} of {} (filters: {filters:?})",
-                    if ingress { "ingress" } else { "egress" },
-                    pod.host_ifname,
-                )));
-            }
+        for f in CHECK_ORDER {
+            f.check(&self.root, host_nl, pod).await?;
         }
         Ok(())
     }
@@ -777,88 +265,125 @@ impl Datapath {
     pub fn collect(&self, valid: &[AttachmentId]) -> Result<Vec<String>, Error> {
         let mut errors = Errors::new();
         let mut orphans = Vec::new();
-        let owners = self.endpoint_owners()?;
-        for (ifindex, id, host_ifname) in &owners {
+        for (ifindex, id, host_ifname) in &endpoint::owners(&self.root)? {
             if !valid.iter().any(|v| owned_by(id, v)) {
                 errors.note(self.detach(host_ifname, Some(*ifindex), id, None));
                 orphans.push(host_ifname.clone());
             }
         }
-        let live: Vec<u32> = self.endpoint_owners()?.iter().map(|(i, _, _)| *i).collect();
-        if self.holds_endpoints()? {
-            errors.note(
-                sluice_maps::hostport::remove_orphans::<V4>(&self.root, &live).map_err(Error::from),
-            );
-            errors.note(
-                sluice_maps::hostport::remove_orphans::<V6>(&self.root, &live).map_err(Error::from),
-            );
+        if endpoint::held(&self.root)? {
+            let live: Vec<u32> = endpoint::owners(&self.root)?
+                .iter()
+                .map(|(i, _, _)| *i)
+                .collect();
+            hostport::collect(&self.root, &live, &mut errors);
         }
         errors.finish().map(|()| orphans)
     }
 
-    /// Host veths of every endpoint (an upgrade replaces their filters).
-    fn pod_ifnames(&self) -> Vec<String> {
-        self.endpoint_owners()
-            .map(|o| o.into_iter().map(|(_, _, ifname)| ifname).collect())
-            .unwrap_or_default()
-    }
-
-    /// Whether the pinned maps can hold pods of ours: a load of this layout
-    /// finished there. Not when nothing is pinned, when a first ADD was killed
-    /// while it pinned the maps one by one (no pod was published yet), or when
-    /// another layout's datapath is pinned (never ours to read or change).
-    fn holds_endpoints(&self) -> Result<bool, Error> {
-        Ok(self
-            .meta()?
-            .is_some_and(|m| m.layout_version == LAYOUT_VERSION)
-            && self.root.has(&maps::ENDPOINTS))
-    }
-
     /// Owners of the endpoint entries: (host ifindex, attachment, host ifname).
     pub fn endpoint_owners(&self) -> Result<Vec<(u32, AttachmentId, String)>, Error> {
-        if !self.holds_endpoints()? {
-            return Ok(Vec::new());
+        endpoint::owners(&self.root)
+    }
+}
+
+/// What of a pod is going (see [`endpoint::gone`]): its host devices and the
+/// addresses that still point at them, and its record when it has one.
+pub(super) struct Gone<'a> {
+    pub ifindexes: Vec<u32>,
+    pub ips: Vec<IpAddr>,
+    pub known: Option<&'a Known<'a>>,
+}
+
+impl Gone<'_> {
+    /// The addresses per family, as the maps key them.
+    fn by_family(&self) -> (Vec<[u8; 4]>, Vec<[u8; 16]>) {
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for ip in &self.ips {
+            match ip {
+                IpAddr::V4(a) => v4.push(a.octets()),
+                IpAddr::V6(a) => v6.push(a.octets()),
+            }
         }
-        let eps = Endpoints::open(&self.root)?;
-        let text = sluice_maps::endpoint::text;
-        Ok(eps
-            .interfaces()
-            .into_iter()
-            .map(|(idx, info)| {
-                (
-                    idx,
-                    AttachmentId {
-                        container_id: text(&info.container_id),
-                        ifname: text(&info.ifname),
-                    },
-                    text(&info.host_ifname),
-                )
-            })
-            .collect())
+        (v4, v6)
+    }
+}
+
+/// The per-pod features, each one module with the same verbs. Adding one is a
+/// module plus a variant here and a line in each verb's `match`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Feature {
+    Bandwidth,
+    Endpoint,
+    HostPort,
+    Masquerade,
+    Services,
+}
+
+/// The order ADD attaches in (DEL detaches in reverse): the limits before the
+/// endpoint whose `LIMITED` mark makes the programs look them up, the
+/// hostPorts once the pod they lead to is reachable.
+const FEATURES: [Feature; 5] = [
+    Feature::Bandwidth,
+    Feature::Endpoint,
+    Feature::HostPort,
+    Feature::Masquerade,
+    Feature::Services,
+];
+
+/// CHECK's order: the programs and addresses first, as they always were.
+const CHECK_ORDER: [Feature; 5] = [
+    Feature::Endpoint,
+    Feature::HostPort,
+    Feature::Bandwidth,
+    Feature::Masquerade,
+    Feature::Services,
+];
+
+impl Feature {
+    /// The node-wide settings of the feature (every ADD writes them).
+    fn prepare(self, root: &PinRoot, settings: &NodeSettings) -> Result<(), Error> {
+        match self {
+            Self::Bandwidth | Self::Endpoint => Ok(()),
+            Self::HostPort => hostport::prepare(root, settings),
+            Self::Masquerade => masquerade::prepare(root, settings),
+            Self::Services => services::prepare(root, settings),
+        }
+    }
+
+    fn attach(self, root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+        match self {
+            Self::Bandwidth => bandwidth::attach(root, pod),
+            Self::Endpoint => endpoint::attach(root, pod),
+            Self::HostPort => hostport::attach(root, pod),
+            // Node-wide only: nothing per pod.
+            Self::Masquerade | Self::Services => Ok(()),
+        }
+    }
+
+    fn detach(self, root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
+        match self {
+            Self::Bandwidth => bandwidth::detach(root, gone, errors),
+            Self::Endpoint => endpoint::detach(root, gone, errors),
+            Self::HostPort => hostport::detach(root, gone, errors),
+            Self::Masquerade => masquerade::detach(root, gone, errors),
+            Self::Services => {}
+        }
+    }
+
+    async fn check(
+        self,
+        root: &PinRoot,
+        host_nl: &Netlink,
+        pod: &PodSpec<'_>,
+    ) -> Result<(), Error> {
+        match self {
+            Self::Bandwidth => bandwidth::check(root, pod).await,
+            Self::Endpoint => endpoint::check(root, host_nl, pod).await,
+            Self::HostPort => hostport::check(root, pod),
+            Self::Masquerade | Self::Services => Ok(()),
+        }
     }
 }
 
 pub use repair::repair;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn id(c: &str, i: &str) -> AttachmentId {
-        AttachmentId {
-            container_id: c.into(),
-            ifname: i.into(),
-        }
-    }
-
-    #[test]
-    fn owners_compare_with_the_cut_container_id() {
-        let long = "a".repeat(99);
-        let full = id(&long, "eth0");
-        let recorded = id(&long[..CONTAINER_ID_LEN], "eth0");
-        assert!(owned_by(&recorded, &full));
-        assert!(!owned_by(&recorded, &id(&long, "eth1")));
-        assert!(!owned_by(&id("abc", "eth0"), &id("abcd", "eth0")));
-        assert!(owned_by(&id("abc", "eth0"), &id("abc", "eth0")));
-    }
-}

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use sluice_maps::hostport::{V4, V6};
 
-use super::{hostport, links, Datapath, PodSpec, Prepared};
+use super::{hostport, Datapath, PodSpec, Prepared};
 use crate::{
     cni::{config::NetConf, AttachmentId},
     error::Error,
@@ -97,8 +97,8 @@ async fn reattach_one(
             sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, &v6)?;
         }
         if let Some(cg) = &conf.host_port_cgroup {
-            if !links::hooks_attached(&dp.root) {
-                links::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;
+            if !hostport::hooks_attached(&dp.root) {
+                hostport::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;
             }
         }
     }

@@ -46,6 +46,11 @@ fn overlap(a: &IpNetwork, b: &IpNetwork) -> bool {
     a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
 }
 
+/// The node's part: the config's Service ranges.
+pub(super) fn prepare(root: &PinRoot, settings: &super::NodeSettings) -> Result<(), Error> {
+    write(root, &settings.services)
+}
+
 /// Writes the config's Service ranges (`nets`, from [`spec`]) unless they are
 /// what the datapath holds: their fingerprint is kept beside them, so an ADD
 /// reads one map value instead of walking tries the node agent may have
