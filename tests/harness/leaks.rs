@@ -9,22 +9,31 @@ use serde_json::Value;
 
 use crate::{err, exec, look, Node, Result};
 
-/// The maps holding per-pod entries: endpoints (by address), the per-interface
-/// owner, counters and drops, hostPort mappings and their connection tracking,
-/// bandwidth limits, and masqueraded flows both ways. With no pod attached and
-/// every pod's flows gone (DEL flushes them), all are empty.
-pub const POD_MAPS: [&str; 9] = [
+/// The maps holding per-pod entries, both families: endpoints (by address),
+/// the per-interface owner, counters and drops, hostPort mappings and their
+/// connection tracking (IPv4 and IPv6), bandwidth buckets and EDT slots,
+/// masqueraded flows both ways (IPv4 and IPv6) and the per-pod flow counts.
+/// With no pod attached and every pod's flows gone (DEL flushes them), all
+/// are empty. Not here: the arrays (every slot always exists), the node's
+/// settings, and the LRU tables keyed by socket or by kernel flow
+/// (`sl_hp_sock*`, `sl_kflows`), which age out rather than go with a pod.
+pub const POD_MAPS: [&str; 15] = [
     "sl_endpoints",
     "sl_ep_info",
     "sl_ep_stats",
     "sl_ep_drops",
     "sl_ports",
+    "sl_ports6",
     "sl_hp_ct",
+    "sl_hp_ct6",
     "sl_bw",
+    "sl_edt",
     "sl_nat_fwd",
     "sl_nat_rev",
+    "sl_nat6_fwd",
+    "sl_nat6_rev",
+    "sl_nat_pods",
 ];
-
 /// Files of the IPAM directory of a network that are not reservations and
 /// stay when no pod is left: the lock and the last reserved address per range
 /// set (host-local's layout).
@@ -61,13 +70,22 @@ pub fn map_entries(node: &Node, name: &str) -> Result<Vec<Value>> {
         .ok_or_else(|| err!("bpftool map dump {p} printed no JSON array: {out}"))
 }
 
-/// Entries of every map of [`POD_MAPS`] that is pinned (a datapath whose load
-/// was interrupted may have pinned only some).
+/// Entries of every map of [`POD_MAPS`] that is pinned. A load pins every
+/// map before its first program, so where `from_pod` is pinned all of them
+/// must be (a misspelt or renamed map fails here instead of going unchecked);
+/// a load cut short before may have pinned only some.
 pub fn pod_map_counts(node: &Node) -> Result<BTreeMap<&'static str, usize>> {
+    let maps = node.pin_root().join("maps");
+    let loaded = node.pin_root().join("progs").join("from_pod").exists();
     let mut m = BTreeMap::new();
     for name in POD_MAPS {
-        if node.pin_root().join("maps").join(name).exists() {
+        if maps.join(name).exists() {
             m.insert(name, map_entries(node, name)?.len());
+        } else if loaded {
+            return Err(err!(
+                "per-pod map {name} is not pinned under {}",
+                maps.display()
+            ));
         }
     }
     Ok(m)
