@@ -12,6 +12,8 @@ mod image;
 mod kubevalidate;
 mod leaks;
 mod libtest;
+#[cfg(test)]
+mod modgraph;
 mod prometheus;
 mod setup;
 mod test;

@@ -28,7 +28,9 @@ use core::ptr::copy_nonoverlapping;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_ktime_get_ns,
+    macros::map,
     maps::lpm_trie::Key,
+    maps::PerCpuArray,
     programs::{TcContext, XdpContext},
 };
 use sluice_common::{
@@ -39,9 +41,13 @@ use crate::{
     counters::count,
     l3::{Headers, L3},
     l4::{ETH_LEN, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
-    maps::{ENDPOINTS, KFLOWS, KFLOW_FRAG, KFLOW_SCRATCH, SVC, SVC6},
+    maps::{ENDPOINTS, KFLOWS, KFLOW_FRAG, SVC, SVC6},
     packet::{ptr_at, pull, read},
 };
+
+/// Not pinned: the flow key `kernel_nat` looks up, off the stack.
+#[map(name = "sl_kflow_key")]
+pub(crate) static KFLOW_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Whether the packet's destination is in the Service ranges.
 #[inline(always)]

@@ -137,20 +137,6 @@ pub static KFLOWS: LruHashMap<KernelFlowKey, KernelFlow> = LruHashMap::pinned(ma
 #[map(name = "sl_kflow_frag")]
 pub static KFLOW_FRAG: LruHashMap<FragKey, u64> = LruHashMap::pinned(map_sizes::KFLOW_FRAG, 0);
 
-/// Not pinned: the flow key `kernel_nat` looks up, off the stack.
-#[map(name = "sl_kflow_key")]
-pub static KFLOW_SCRATCH: PerCpuArray<crate::kernel_nat::Scratch> =
-    PerCpuArray::with_max_entries(1, 0);
-
-/// Not pinned: a leaving IPv6 packet between the steps of its masquerade.
-#[map(name = "sl_scratch6")]
-pub static SCRATCH6: PerCpuArray<crate::nat::Leaving> = PerCpuArray::with_max_entries(1, 0);
-
-/// Not pinned: an IPv6 packet between the steps of its hostPort translation.
-#[map(name = "sl_hp_scratch6")]
-pub static HP_SCRATCH6: PerCpuArray<crate::hostport::v6::Scratch> =
-    PerCpuArray::with_max_entries(1, 0);
-
 /// Not pinned: an eviction's event, from the eviction to `nat::snat`'s end.
 #[map(name = "sl_evict_note")]
 pub static EVICT_NOTE: PerCpuArray<sluice_common::Event> = PerCpuArray::with_max_entries(1, 0);

@@ -13,6 +13,8 @@
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    macros::map,
+    maps::PerCpuArray,
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use sluice_common::{
@@ -27,9 +29,13 @@ use crate::{
     events::{self, note_drop},
     l3::same6,
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
-    maps::{HP_CT6, HP_SCRATCH6, HP_SOCK6, NODE_ADDRS6, PORTS6},
+    maps::{HP_CT6, HP_SOCK6, NODE_ADDRS6, PORTS6},
     packet::ptr_at,
 };
+
+/// Not pinned: an IPv6 packet between the steps of its hostPort translation.
+#[map(name = "sl_hp_scratch6")]
+pub(crate) static HP_SCRATCH6: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 const AF_INET6: u32 = 10;
 const SRC_OFF: usize = ETH_LEN + 8;

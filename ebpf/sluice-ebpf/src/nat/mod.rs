@@ -46,7 +46,6 @@ use sluice_common::{
 };
 
 pub use sweep::sweep;
-pub use v6::Leaving;
 pub use xdp::dnat_xdp;
 
 use self::{

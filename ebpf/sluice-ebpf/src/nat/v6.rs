@@ -14,7 +14,12 @@
 //!   address. ICMPv6 errors arriving about masqueraded flows are translated
 //!   back (`icmp6`). The node's own echo requests from the masquerade address
 //!   are flows too, as in IPv4 (`icmp::node_echo_flow`).
-use aya_ebpf::{bindings::TC_ACT_SHOT, maps::lpm_trie::Key, programs::TcContext};
+use aya_ebpf::{
+    bindings::TC_ACT_SHOT,
+    macros::map,
+    maps::{lpm_trie::Key, PerCpuArray},
+    programs::TcContext,
+};
 use sluice_common::{
     event_kind, masq_flags, reason, Addr6, IpKey, Masq6Config, MasqConfig, Nat6Key,
 };
@@ -29,10 +34,14 @@ use crate::{
         l4, rewrite6, Rewrite6, ETH_LEN, ICMP6_DEST_UNREACH, ICMP6_ECHO, ICMP6_ECHO_REPLY,
         ICMP6_PARAM_PROBLEM, L4, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP,
     },
-    maps::{ENDPOINTS, MASQ6, NAT6_FWD, NON_MASQ6, SCRATCH6},
+    maps::{ENDPOINTS, MASQ6, NAT6_FWD, NON_MASQ6},
     packet::read,
     TCX_NEXT,
 };
+
+/// Not pinned: a leaving IPv6 packet between the steps of its masquerade.
+#[map(name = "sl_scratch6")]
+pub(crate) static SCRATCH6: PerCpuArray<Leaving> = PerCpuArray::with_max_entries(1, 0);
 
 /// Extension headers walked before the L4 header.
 const EXT_MAX: usize = 4;
