@@ -1056,6 +1056,8 @@ impl Report {
         );
         md.push_str(&self.markdown_results("##"));
         md.push_str(&self.markdown_method(args, "##"));
+        md.push('\n');
+        md.push_str(HISTORY);
         md
     }
 
@@ -1139,6 +1141,9 @@ fn with_direction(f: Figure) -> String {
 /// The method text: `[name]` sections (`all`, then one per table) of one
 /// paragraph each, with `{placeholders}` for the run's parameters.
 const METHOD: &str = include_str!("method.md");
+/// What earlier measurements found (the end of docs/benchmarks.md, kept
+/// across runs).
+const HISTORY: &str = include_str!("history.md");
 
 /// The paragraph of section `name` of [`METHOD`].
 fn method_section(name: &str) -> Option<&'static str> {
