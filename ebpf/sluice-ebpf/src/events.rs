@@ -18,10 +18,8 @@ use crate::{
     l3::{ETH_P_IP, ETH_P_IPV6},
     maps::{EP_DROPS, EVENTS, EVICT_NOTE, MONITOR, SCRATCH},
     packet::{ptr_at, Packet},
+    proto::{PROTO_TCP, PROTO_UDP},
 };
-
-const PROTO_TCP: u8 = 6;
-const PROTO_UDP: u8 = 17;
 
 /// Counts a drop and leaves its reason and pod (0: the program's own
 /// interface, when that is a pod's) for [`dropped`] at the program's exit.

@@ -12,10 +12,7 @@ use crate::{
     packet::{ptr_at, Packet},
 };
 
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_IPV6: u16 = 0x86DD;
-pub const AF_INET: u8 = 2;
-pub const AF_INET6: u8 = 10;
+pub(crate) use crate::proto::{AF_INET, AF_INET6, ETH_P_IP, ETH_P_IPV6};
 
 /// Whether two IPv6 addresses are equal, compared as four words (a derived
 /// `==` on 16 bytes became an i128 comparison that crashed the BPF backend).

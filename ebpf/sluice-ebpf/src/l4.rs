@@ -13,31 +13,14 @@ use sluice_common::{reason, Addr6};
 
 use crate::packet::read;
 
-pub(crate) const ETH_LEN: usize = 14;
-const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
-const ETH_P_IPV6_BE: u16 = 0x86DDu16.to_be();
-/// IPv4 header checksum offset.
-pub(crate) const IP_CSUM: usize = ETH_LEN + 10;
-pub(crate) const PROTO_ICMP: u8 = 1;
-pub(crate) const PROTO_TCP: u8 = 6;
-pub(crate) const PROTO_UDP: u8 = 17;
-/// SCTP: its CRC32c covers the ports but no pseudo header (RFC 4960 6.8), so
-/// addresses change without a checksum update; ports must not change.
-pub(crate) const PROTO_SCTP: u8 = 132;
-pub(crate) const PROTO_ICMPV6: u8 = 58;
-/// ICMPv6 (RFC 4443): errors are types below 128.
-pub(crate) const ICMP6_DEST_UNREACH: u8 = 1;
-pub(crate) const ICMP6_PARAM_PROBLEM: u8 = 4;
-pub(crate) const ICMP6_ECHO: u8 = 128;
-pub(crate) const ICMP6_ECHO_REPLY: u8 = 129;
-pub(crate) const ICMP_ECHO_REPLY: u8 = 0;
-pub(crate) const ICMP_DEST_UNREACH: u8 = 3;
-pub(crate) const ICMP_ECHO: u8 = 8;
-pub(crate) const ICMP_TIME_EXCEEDED: u8 = 11;
-pub(crate) const TCP_FIN: u8 = 0x01;
-pub(crate) const TCP_SYN: u8 = 0x02;
-pub(crate) const TCP_RST: u8 = 0x04;
-pub(crate) const TCP_ACK: u8 = 0x10;
+// The protocol constants live in `proto`; re-exported for the modules that
+// reach them through `l4`.
+pub(crate) use crate::proto::{
+    ETH_LEN, ICMP6_DEST_UNREACH, ICMP6_ECHO, ICMP6_ECHO_REPLY, ICMP6_PARAM_PROBLEM,
+    ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_TIME_EXCEEDED, IP_CSUM, PROTO_ICMP,
+    PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN,
+};
+use crate::proto::{ETH_P_IPV6_BE, ETH_P_IP_BE};
 
 /// Where the ports and the L4 checksum of a packet are.
 #[derive(Clone, Copy, Default)]

@@ -38,6 +38,7 @@ mod maps;
 mod mem;
 mod nat;
 mod packet;
+mod proto;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
@@ -59,7 +60,7 @@ use crate::{
 pub const TCX_NEXT: i32 = -1;
 
 /// Ethernet + the largest fixed IP header the programs read.
-const HEADERS_LEN: usize = 14 + 40;
+use proto::HEADERS_LEN;
 
 /// `skb->pkt_type` of a frame addressed to this host.
 const PACKET_HOST: u32 = 0;
@@ -446,55 +447,55 @@ pub fn nat_sweep(_ctx: PerfEventContext) -> u32 {
 /// The node's own sockets to a hostPort (see `hostport`). Always allow (1).
 #[cgroup_sock_addr(connect4)]
 pub fn hp_connect4(ctx: SockAddrContext) -> i32 {
-    hostport::sock_connect(&ctx);
+    hostport::sock::connect4(&ctx);
     1
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn hp_sendmsg4(ctx: SockAddrContext) -> i32 {
-    hostport::sock_connect(&ctx);
+    hostport::sock::connect4(&ctx);
     1
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn hp_recvmsg4(ctx: SockAddrContext) -> i32 {
-    hostport::sock_restore(&ctx);
+    hostport::sock::restore4(&ctx);
     1
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn hp_getpeername4(ctx: SockAddrContext) -> i32 {
-    hostport::sock_restore(&ctx);
+    hostport::sock::restore4(&ctx);
     1
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn hp_connect6(ctx: SockAddrContext) -> i32 {
-    hostport::v6::sock_connect(&ctx);
+    hostport::sock::connect6(&ctx);
     1
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn hp_sendmsg6(ctx: SockAddrContext) -> i32 {
-    hostport::v6::sock_connect(&ctx);
+    hostport::sock::connect6(&ctx);
     1
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn hp_recvmsg6(ctx: SockAddrContext) -> i32 {
-    hostport::v6::sock_restore(&ctx);
+    hostport::sock::restore6(&ctx);
     1
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn hp_getpeername6(ctx: SockAddrContext) -> i32 {
-    hostport::v6::sock_restore(&ctx);
+    hostport::sock::restore6(&ctx);
     1
 }
 
 #[cgroup_sock_addr(connect4)]
 pub fn hp_learn4(ctx: SockAddrContext) -> i32 {
-    hostport::sock_learn(&ctx);
+    hostport::sock::learn4(&ctx);
     1
 }
 

@@ -12,14 +12,11 @@
 )]
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::map,
     maps::PerCpuArray,
-    programs::{SockAddrContext, TcContext, XdpContext},
+    programs::{TcContext, XdpContext},
 };
-use sluice_common::{
-    event_kind, reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6, SockKey6, SockOrig6,
-};
+use sluice_common::{event_kind, reason, Addr6, HpFlow6, IpKey, Nat6Key, PortKey6, PortTarget6};
 
 use super::{config, hairpin, Translated};
 use crate::{
@@ -29,20 +26,17 @@ use crate::{
     events::{self, note_drop},
     l3::same6,
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
-    maps::{HP_CT6, HP_SOCK6, NODE_ADDRS6, PORTS6},
+    maps::{HP_CT6, NODE_ADDRS6, PORTS6},
     packet::ptr_at,
+    proto::{IP6_DST_OFF as DST_OFF, IP6_L4_OFF as L4_OFF, IP6_SRC_OFF as SRC_OFF},
 };
 
 /// Not pinned: an IPv6 packet between the steps of its hostPort translation.
 #[map(name = "sl_hp_scratch6")]
 pub(crate) static HP_SCRATCH6: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-const AF_INET6: u32 = 10;
-const SRC_OFF: usize = ETH_LEN + 8;
-const DST_OFF: usize = ETH_LEN + 24;
-const L4_OFF: usize = ETH_LEN + 40;
 /// `::1`.
-const LOOPBACK: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+pub(super) const LOOPBACK: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
 
 /// What the tc entry points return for a packet that is not theirs.
 pub const NOT_OURS: i32 = i32::MIN;
@@ -52,7 +46,7 @@ pub const NOT_OURS: i32 = i32::MIN;
 /// The key is the caller's: on the stack of a socket hook, in the scratch
 /// entry on tc's path (see [`lookup_into`]).
 #[inline(always)]
-fn lookup(k: &mut PortKey6) -> Option<&'static PortTarget6> {
+pub(super) fn lookup(k: &mut PortKey6) -> Option<&'static PortTarget6> {
     // SAFETY: map values are only read.
     if let Some(t) = unsafe { PORTS6.get(&*k) } {
         return Some(t);
@@ -354,134 +348,5 @@ pub fn translated(v: i32) -> Translated {
         NOT_OURS => Translated::No,
         TRANSLATED => Translated::Yes,
         v => Translated::Drop(v),
-    }
-}
-
-// --- The node's own IPv6 sockets ---------------------------------------------------
-
-/// The destination of an IPv6 socket's connect/sendmsg (`user_ip6`, network
-/// byte order words).
-#[inline(always)]
-fn user_ip6(ctx: &SockAddrContext) -> Addr6 {
-    // SAFETY: the kernel passes a valid bpf_sock_addr; `user_ip6` is read as
-    // the four 4-byte words the verifier allows.
-    let w = unsafe { (*ctx.sock_addr).user_ip6 };
-    let mut a = [0u8; 16];
-    let mut i = 0;
-    while i < 4 {
-        let b = w[i].to_ne_bytes();
-        a[i * 4] = b[0];
-        a[i * 4 + 1] = b[1];
-        a[i * 4 + 2] = b[2];
-        a[i * 4 + 3] = b[3];
-        i += 1;
-    }
-    Addr6(a)
-}
-
-/// Writes `a` as the socket's destination (`user_ip6`, word by word).
-#[inline(always)]
-fn set_user_ip6(ctx: &SockAddrContext, a: &Addr6) {
-    let mut i = 0;
-    while i < 4 {
-        let w = u32::from_ne_bytes([a.0[i * 4], a.0[i * 4 + 1], a.0[i * 4 + 2], a.0[i * 4 + 3]]);
-        // SAFETY: a writable field of the connect6/sendmsg6/recvmsg6/
-        // getpeername6 hooks, written as 4-byte words.
-        unsafe { (*ctx.sock_addr).user_ip6[i] = w };
-        i += 1;
-    }
-}
-
-/// The mapping an IPv6 node socket is connecting or sending to: `[::1]` or a
-/// node address (or a mapping's own `hostIP`).
-#[inline(always)]
-fn sock_target(ctx: &SockAddrContext) -> Option<(PortTarget6, Addr6, u16)> {
-    let cfg = config()?;
-    // SAFETY: plain helper call on this program's context.
-    if unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) } != cfg.netns_cookie {
-        return None;
-    }
-    // SAFETY: the kernel passes a valid bpf_sock_addr.
-    let (family, proto, port) = unsafe {
-        let sa = &*ctx.sock_addr;
-        (sa.family, sa.protocol, sa.user_port)
-    };
-    if family != AF_INET6 || (proto != u32::from(PROTO_TCP) && proto != u32::from(PROTO_UDP)) {
-        return None;
-    }
-    let dst = user_ip6(ctx);
-    // `user_port` holds the port in network byte order in its first two bytes.
-    let port = port as u16;
-    // `[::1]` matches the wildcard mappings only (it is in no node address
-    // list, so the fallback finds nothing more).
-    let mut k = PortKey6 {
-        host_ip: if same6(&dst, &LOOPBACK) {
-            Addr6::default()
-        } else {
-            dst
-        },
-        host_port: port,
-        proto: proto as u8,
-        _pad: 0,
-    };
-    let t = *lookup(&mut k)?;
-    Some((t, dst, port))
-}
-
-/// cgroup connect6 / sendmsg6: a node socket to an IPv6 hostPort goes to the pod.
-#[inline(always)]
-pub fn sock_connect(ctx: &SockAddrContext) {
-    let Some((t, dst, port)) = sock_target(ctx) else {
-        return;
-    };
-    set_user_ip6(ctx, &t.pod_ip);
-    // SAFETY: a writable field of these hooks; plain helper call.
-    let cookie = unsafe {
-        (*ctx.sock_addr).user_port = u32::from(t.pod_port);
-        bpf_get_socket_cookie(ctx.sock_addr.cast())
-    };
-    let k = SockKey6 {
-        cookie,
-        pod_ip: t.pod_ip,
-        pod_port: t.pod_port,
-        _pad: 0,
-        _pad2: 0,
-    };
-    let o = SockOrig6 {
-        ip: dst,
-        port,
-        _pad: 0,
-    };
-    let _ = HP_SOCK6.insert(&k, &o, 0);
-    count(reason::HOSTPORT_SOCK);
-}
-
-/// cgroup recvmsg6 / getpeername6: the peer shows as what the socket asked for.
-#[inline(always)]
-pub fn sock_restore(ctx: &SockAddrContext) {
-    // SAFETY: the kernel passes a valid bpf_sock_addr; plain helper call.
-    let (family, port, cookie) = unsafe {
-        let sa = &*ctx.sock_addr;
-        (
-            sa.family,
-            sa.user_port,
-            bpf_get_socket_cookie(ctx.sock_addr.cast()),
-        )
-    };
-    if family != AF_INET6 {
-        return;
-    }
-    let k = SockKey6 {
-        cookie,
-        pod_ip: user_ip6(ctx),
-        pod_port: port as u16,
-        _pad: 0,
-        _pad2: 0,
-    };
-    // SAFETY: map values are only read.
-    if let Some(o) = unsafe { HP_SOCK6.get(&k) }.copied() {
-        set_user_ip6(ctx, &o.ip);
-        // SAFETY: a writable field of these hooks.
-        unsafe { (*ctx.sock_addr).user_port = u32::from(o.port) };
     }
 }

@@ -9,7 +9,8 @@ use aya_ebpf::{
 };
 use sluice_common::{reason, Addr6, IpKey, Nat6Key};
 
-use super::v6::{addrs, upper_layer, DST_OFF};
+use super::v6::{addrs, upper_layer};
+use crate::proto::IP6_DST_OFF as DST_OFF;
 use crate::{
     counters::count,
     endpoint::deliver_masq_reply as deliver,
@@ -22,10 +23,7 @@ use crate::{
 /// four bytes: the MTU in Packet Too Big, the pointer in Parameter Problem).
 const QUOTE: usize = 8;
 /// Offsets in the quoted IPv6 header.
-const NEXT_HDR: usize = 6;
-const SRC: usize = 8;
-const DST: usize = 24;
-const IPV6_LEN: usize = 40;
+use crate::proto::{IP6_DST as DST, IP6_NEXT_HDR as NEXT_HDR, IP6_SRC as SRC, IPV6_LEN};
 
 /// An ICMPv6 error sent to the masquerade address (`v6::dnat6` checked it) about
 /// a packet that left with it: the outer

@@ -45,14 +45,10 @@ pub(crate) static SCRATCH6: PerCpuArray<Leaving> = PerCpuArray::with_max_entries
 
 /// Extension headers walked before the L4 header.
 const EXT_MAX: usize = 4;
-/// Offsets of the source and destination addresses in the frame.
-const SRC_OFF: usize = ETH_LEN + 8;
-pub(super) const DST_OFF: usize = ETH_LEN + 24;
-/// Next-header values of the extension headers walked (RFC 8200 4.1).
-const NH_HOP_BY_HOP: u8 = 0;
-const NH_ROUTING: u8 = 43;
-const NH_FRAGMENT: u8 = 44;
-const NH_DEST_OPTS: u8 = 60;
+use crate::proto::{
+    IP6_DST_OFF as DST_OFF, IP6_SRC_OFF as SRC_OFF, NH_DEST_OPTS, NH_FRAGMENT, NH_HOP_BY_HOP,
+    NH_ROUTING,
+};
 
 /// The IPv6 masquerade settings when IPv6 masquerade is on, copied: filtering
 /// the map value's pointer on its flags let LLVM mask the pointer instead of
