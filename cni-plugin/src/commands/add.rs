@@ -15,7 +15,7 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{self, masquerade, Datapath, NodeSettings, PodDevice, PodSpec},
+    datapath::{self, masquerade, Attachment, Datapath, NodeSettings, PodDevice},
     error::Error,
     gateway, interface,
     ipam::Ipam,
@@ -250,7 +250,7 @@ async fn add_steps(
     // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
     dp.attach(
         &prepared,
-        &PodSpec {
+        &Attachment {
             id,
             host_ifname,
             host_ifindex: pair.host.index,
@@ -276,7 +276,7 @@ async fn add_steps(
     // Loaded where nothing was pinned (a new node, or a datapath lost with its
     // pins): the pods attached before are re-attached.
     if prepared.fresh() {
-        let n = datapath::repair(&dp, &prepared, conf, store, host_nl, id).await?;
+        let n = crate::repair::repair(&dp, &prepared, conf, store, host_nl, id).await?;
         if n > 0 {
             eprintln!("sluice: re-attached {n} pods to the new datapath");
         }

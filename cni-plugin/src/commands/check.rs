@@ -11,7 +11,7 @@ use crate::{
         result::Interface,
         runtime_config::Mac,
     },
-    datapath::{Datapath, PodDevice, PodSpec},
+    datapath::{Attachment, Datapath, PodDevice},
     error::Error,
     ipam::Ipam,
     netlink::{LinkInfo, Netlink},
@@ -109,11 +109,11 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         )));
     }
 
-    let ips: Vec<IpAddr> = record.ips.iter().map(ipnetwork::IpNetwork::ip).collect();
+    let ips = record.addrs();
     Datapath::new(&conf.pin_root)
         .check(
             &host_nl,
-            &PodSpec {
+            &Attachment {
                 id,
                 host_ifname: &host_ifname,
                 host_ifindex: host_link.index,

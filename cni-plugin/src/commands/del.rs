@@ -3,7 +3,7 @@
 //! releases the address reservation.
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
-    datapath::{Datapath, Known},
+    datapath::Datapath,
     error::{Error, Errors},
     ipam::Ipam,
     netlink::{Blocking, LinkEvents, Netlink},
@@ -106,16 +106,8 @@ async fn teardown_node(
     // the counters entry was made) the index of the veth being deleted. A
     // record with the index is complete: its addresses and mappings are what
     // the datapath holds for the pod.
-    let ips: Vec<IpAddr> = record
-        .map(|r| r.ips.iter().map(IpNetwork::ip).collect())
-        .unwrap_or_default();
-    let known = record.and_then(|r| {
-        Some(Known {
-            host_ifindex: r.host_ifindex?,
-            ips: &ips,
-            port_mappings: &r.port_mappings,
-        })
-    });
+    let ips = record.map(AttachmentRecord::addrs).unwrap_or_default();
+    let known = record.and_then(|r| r.known(&ips));
     errors.note(
         Datapath::new(&conf.pin_root).detach(
             &host_ifname,

@@ -7,7 +7,7 @@
 use sluice_common::{Bucket, BwState};
 use sluice_maps::PinRoot;
 
-use super::{features, pod_links, Gone, PodDevice, PodSpec};
+use super::{features, pod_links, Attachment, Gone, PodDevice};
 use crate::{
     cni::{config::PodAttach, runtime_config::Bandwidth},
     error::{Error, Errors},
@@ -27,7 +27,7 @@ pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
 }
 
 /// EDT for this pod: an egress limit and `fq` on its interface.
-fn edt_device<'a>(pod: &'a PodSpec<'_>) -> Option<&'a PodDevice<'a>> {
+fn edt_device<'a>(pod: &'a Attachment<'_>) -> Option<&'a PodDevice<'a>> {
     let egress = pod.bandwidth.is_some_and(|b| b.egress_rate.is_some());
     pod.device.as_ref().filter(|d| egress && d.fq)
 }
@@ -35,7 +35,7 @@ fn edt_device<'a>(pod: &'a PodSpec<'_>) -> Option<&'a PodDevice<'a>> {
 /// Writes the pod's buckets (or removes stale ones) and, in EDT mode, attaches
 /// `pod_edt` to its interface. Before the endpoint: the programs look the
 /// buckets up from the first packet its `LIMITED` mark lets through.
-pub(super) fn attach(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     match pod.bandwidth {
         Some(b) => sluice_maps::bandwidth::set(
             root,
@@ -72,7 +72,7 @@ pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
 /// CHECK: the buckets as the config asks, and a pod in EDT mode has `fq` as
 /// its interface's root qdisc and `pod_edt` on its egress (one in policer mode
 /// needs nothing there).
-pub(super) async fn check(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+pub(super) async fn check(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     use sluice_maps::bandwidth::{egress_mode, EgressMode};
     let want = pod.bandwidth.map(|b| state(b, 0));
     sluice_maps::bandwidth::check(root, pod.host_ifindex, want.as_ref())?;

@@ -9,7 +9,7 @@ use sluice_common::{
 };
 use sluice_maps::{endpoint::Endpoints, PinRoot};
 
-use super::{features, now_unix, pod_links, Gone, PodSpec};
+use super::{features, now_unix, pod_links, Attachment, Gone};
 use crate::{
     cni::{config::PodAttach, AttachmentId},
     error::{Error, Errors},
@@ -40,7 +40,7 @@ pub fn owned_by(recorded: &AttachmentId, id: &AttachmentId) -> bool {
 /// from the first packet), the programs on its host device, then its
 /// addresses (the limits of [`super::bandwidth`] are written before, so the
 /// `LIMITED` mark never points at no bucket).
-pub(super) fn attach(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     let mut steps = crate::timing::Steps::start();
     let mut eps = Endpoints::open(root)?;
     let info = EndpointInfo {
@@ -130,7 +130,7 @@ pub(super) fn forget(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
 pub(super) async fn check(
     root: &PinRoot,
     host_nl: &Netlink,
-    pod: &PodSpec<'_>,
+    pod: &Attachment<'_>,
 ) -> Result<(), Error> {
     match features::pod_attach(pod.attach) {
         _ if pod.netkit => pod_links::check_pod_netkit(root, pod.host_ifname)?,
@@ -165,7 +165,11 @@ pub(super) async fn check(
 }
 
 /// The pinned pod programs are the `cls_bpf` filters of the host veth's hooks.
-async fn check_filters(root: &PinRoot, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
+async fn check_filters(
+    root: &PinRoot,
+    host_nl: &Netlink,
+    pod: &Attachment<'_>,
+) -> Result<(), Error> {
     for (name, ingress, id) in pod_links::pod_program_ids(root)? {
         let filters = host_nl.bpf_filters(pod.host_ifindex, ingress).await?;
         if !filters.iter().any(|f| f.prog_id == id) {

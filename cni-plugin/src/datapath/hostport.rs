@@ -21,7 +21,7 @@ use sluice_maps::hostport::{V4, V6};
 
 use super::{
     links::{dp_err, hook_link_path, pin_link},
-    Gone, NodeSettings, PodSpec, PORT_MAPPINGS,
+    Attachment, Gone, NodeSettings, PORT_MAPPINGS,
 };
 
 use sluice_common::{Addr6, PortKey, PortKey6, PortTarget, PortTargetOf};
@@ -29,6 +29,7 @@ use sluice_common::{Addr6, PortKey, PortKey6, PortTarget, PortTargetOf};
 use crate::{
     cni::runtime_config::PortMapping,
     error::{Error, Errors},
+    netlink::NodeAddrs,
 };
 
 /// A pod's `sl_ports` and `sl_ports6` entries.
@@ -123,26 +124,32 @@ pub fn entries(
 }
 
 /// A pod's entries, from its spec.
-pub(super) fn pod_ports(pod: &PodSpec<'_>) -> Result<PodPorts, Error> {
+pub(super) fn pod_ports(pod: &Attachment<'_>) -> Result<PodPorts, Error> {
     entries(pod.port_mappings, PORT_MAPPINGS, pod.ips, pod.host_ifindex)
 }
 
 /// The node's addresses (what wildcard mappings match), when this ADD maps
 /// ports: refreshed then.
 pub(super) fn prepare(root: &PinRoot, settings: &NodeSettings) -> Result<(), Error> {
-    if let Some(addrs) = &settings.node_addrs {
-        sluice_maps::hostport::set_node_addrs::<V4>(root, &addrs.v4)?;
-        if let Some(v6) = &addrs.v6 {
-            let v6: Vec<Addr6> = v6.iter().copied().map(Addr6).collect();
-            sluice_maps::hostport::set_node_addrs::<V6>(root, &v6)?;
-        }
+    match &settings.node_addrs {
+        Some(addrs) => prepare_addrs(root, addrs),
+        None => Ok(()),
+    }
+}
+
+/// The node's addresses, what wildcard mappings match.
+pub(super) fn prepare_addrs(root: &PinRoot, addrs: &NodeAddrs) -> Result<(), Error> {
+    sluice_maps::hostport::set_node_addrs::<V4>(root, &addrs.v4)?;
+    if let Some(v6) = &addrs.v6 {
+        let v6: Vec<Addr6> = v6.iter().copied().map(Addr6).collect();
+        sluice_maps::hostport::set_node_addrs::<V6>(root, &v6)?;
     }
     Ok(())
 }
 
 /// Publishes the pod's mappings, all or none: a conflict names the owner and
 /// fails the ADD, whose rollback removes the rest.
-pub(super) fn attach(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     let ports = pod_ports(pod)?;
     if ports.is_empty() {
         return Ok(());
@@ -185,7 +192,7 @@ fn remove_mappings(root: &PinRoot, gone: &Gone<'_>) -> Result<(), Error> {
 }
 
 /// CHECK: every mapping of the pod is published, to it.
-pub(super) fn check(root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+pub(super) fn check(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     let ports = pod_ports(pod)?;
     sluice_maps::hostport::check::<V4>(root, &ports.v4)?;
     sluice_maps::hostport::check::<V6>(root, &ports.v6)?;

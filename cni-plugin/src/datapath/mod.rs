@@ -4,7 +4,7 @@
 //!   (once per node, or when this binary carries another object: an upgrade),
 //!   attach the uplink, the NAT sweeper and the hostPort socket hooks, write the
 //!   masquerade, Service range, debug and node-address settings;
-//! - [`Datapath::attach`]: one pod (its [`PodSpec`]: endpoint, hostPorts,
+//! - [`Datapath::attach`]: one pod (its [`Attachment`]: endpoint, hostPorts,
 //!   bandwidth), all of it or an error;
 //! - [`Datapath::detach`]: everything of one pod, best effort;
 //! - [`Datapath::check`]: CHECK of one pod;
@@ -18,6 +18,7 @@
 //! `sluice_maps`; loading is [`loader`] (and [`verify`]), the generic attach and
 //! pin mechanics [`links`], a pod's programs on its devices [`pod_links`], the
 //! few raw bpf(2) commands [`sys`].
+mod attachment;
 pub mod bandwidth;
 pub use sluice_host::bpffs;
 mod endpoint;
@@ -29,7 +30,6 @@ pub mod masquerade;
 mod pod_block;
 mod pod_links;
 mod prepare;
-mod repair;
 pub mod services;
 mod sweeper;
 mod sys;
@@ -44,30 +44,18 @@ use std::{
 use sluice_common::DatapathMeta;
 use sluice_maps::PinRoot;
 
+pub use attachment::{Attachment, HostLink, Known, PodDevice};
 pub use endpoint::{info_owned_by, owned_by};
 pub use loader::object_hash;
 pub use masquerade::MasqSpec;
 pub use uplink::XdpAttached;
 
 use crate::{
-    cni::{
-        config::{PodAttach, XdpMode},
-        runtime_config::{Bandwidth, PortMapping},
-        AttachmentId,
-    },
+    cni::{config::XdpMode, AttachmentId},
     error::{Error, Errors},
     lock::FileLock,
     netlink::Netlink,
-    netns::Netns,
 };
-
-/// What a pod's complete record says it was given, for [`Datapath::detach`]
-/// to remove by key.
-pub struct Known<'a> {
-    pub host_ifindex: u32,
-    pub ips: &'a [IpAddr],
-    pub port_mappings: &'a [PortMapping],
-}
 
 /// Where the runtime passes port mappings (CNI conventions): names the list in
 /// errors.
@@ -124,41 +112,6 @@ pub struct NodeSettings {
     pub debug: bool,
 }
 
-/// One pod as the datapath sees it.
-pub struct PodSpec<'a> {
-    pub id: &'a AttachmentId,
-    pub host_ifname: &'a str,
-    pub host_ifindex: u32,
-    pub host_mac: [u8; 6],
-    pub pod_mac: [u8; 6],
-    pub ips: &'a [IpAddr],
-    /// Inode of the pod's network namespace (0 unknown).
-    pub netns_ino: u64,
-    /// The pod end takes XDP frames (see `endpoint_flags::XDP_READY`).
-    pub xdp_ready: bool,
-    pub attach: PodAttach,
-    /// The pair is netkit (its programs attach to netkit's hooks; `attach`
-    /// is for a veth's).
-    pub netkit: bool,
-    pub port_mappings: &'a [PortMapping],
-    pub bandwidth: Option<&'a Bandwidth>,
-    /// The pod's own interface, where EDT shapes an egress limit; `None`: the
-    /// policer only (e.g. a repair, which does not enter pods).
-    pub device: Option<PodDevice<'a>>,
-}
-
-/// A pod's own interface (its `eth0`), inside its namespace.
-pub struct PodDevice<'a> {
-    pub ns: &'a Netns,
-    /// A netlink socket in the pod's namespace.
-    pub nl: &'a Netlink,
-    pub ifname: &'a str,
-    pub ifindex: u32,
-    /// `fq` is its root qdisc (ADD made it so; false where the kernel has no
-    /// `sch_fq`).
-    pub fq: bool,
-}
-
 /// The datapath pinned at one pin root. The pin root directory is also the lock
 /// that serialises loads (exclusive) against attaches (shared).
 pub struct Datapath {
@@ -210,13 +163,29 @@ impl Datapath {
         Ok(sluice_maps::node::meta(&self.root)?)
     }
 
+    /// The node's part of hostPorts outside an ADD's `prepare` (a repair):
+    /// the node's addresses, and the socket hooks when `cgroup` asks for them.
+    pub fn prepare_host_ports(
+        &self,
+        addrs: &crate::netlink::NodeAddrs,
+        cgroup: Option<&Path>,
+    ) -> Result<(), Error> {
+        hostport::prepare_addrs(&self.root, addrs)?;
+        if let Some(cg) = cgroup {
+            if !hostport::hooks_attached(&self.root) {
+                hostport::attach_hooks(&self.root, &hostport::open_cgroup(cg)?, cg)?;
+            }
+        }
+        Ok(())
+    }
+
     // --- one pod --------------------------------------------------------------------
 
     /// Attaches one pod, feature by feature in [`FEATURES`] order, all of it
     /// or an error (an ADD's rollback then removes the rest with
     /// [`Self::detach`]). The hostPort entries are checked before anything is
     /// written: a bad mapping fails the ADD with nothing to undo.
-    pub fn attach(&self, _prepared: &Prepared, pod: &PodSpec<'_>) -> Result<(), Error> {
+    pub fn attach(&self, _prepared: &Prepared, pod: &Attachment<'_>) -> Result<(), Error> {
         hostport::pod_ports(pod)?;
         for f in FEATURES {
             f.attach(&self.root, pod)?;
@@ -250,7 +219,7 @@ impl Datapath {
     }
 
     /// CHECK of one pod: each feature's part, in [`FEATURES`] order.
-    pub async fn check(&self, host_nl: &Netlink, pod: &PodSpec<'_>) -> Result<(), Error> {
+    pub async fn check(&self, host_nl: &Netlink, pod: &Attachment<'_>) -> Result<(), Error> {
         for f in CHECK_ORDER {
             f.check(&self.root, host_nl, pod).await?;
         }
@@ -351,7 +320,7 @@ impl Feature {
         }
     }
 
-    fn attach(self, root: &PinRoot, pod: &PodSpec<'_>) -> Result<(), Error> {
+    fn attach(self, root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
         match self {
             Self::Bandwidth => bandwidth::attach(root, pod),
             Self::Endpoint => endpoint::attach(root, pod),
@@ -375,7 +344,7 @@ impl Feature {
         self,
         root: &PinRoot,
         host_nl: &Netlink,
-        pod: &PodSpec<'_>,
+        pod: &Attachment<'_>,
     ) -> Result<(), Error> {
         match self {
             Self::Bandwidth => bandwidth::check(root, pod).await,
@@ -385,5 +354,3 @@ impl Feature {
         }
     }
 }
-
-pub use repair::repair;

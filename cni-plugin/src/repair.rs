@@ -8,11 +8,9 @@
 //! hostPort mappings; bandwidth limits).
 use std::net::IpAddr;
 
-use sluice_maps::hostport::{V4, V6};
-
-use super::{hostport, Datapath, PodSpec, Prepared};
 use crate::{
     cni::{config::NetConf, AttachmentId},
+    datapath::{Attachment, Datapath, HostLink, Prepared},
     error::Error,
     interface,
     netlink::Netlink,
@@ -65,7 +63,7 @@ async fn reattach_one(
         // Same name, another interface: not the pod's veth.
         return Ok(false);
     }
-    let ips: Vec<IpAddr> = rec.ips.iter().map(ipnetwork::IpNetwork::ip).collect();
+    let ips = rec.addrs();
     // The pod's MAC: the permanent neighbour ADD made for its address.
     let neighbours = host_nl.permanent_neighbours(link.index).await?;
     let pod_mac = ips
@@ -90,37 +88,27 @@ async fn reattach_one(
             .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
     if !rec.port_mappings.is_empty() {
         let addrs = host_nl.local_addrs(ips.iter().any(IpAddr::is_ipv6)).await?;
-        sluice_maps::hostport::set_node_addrs::<V4>(&dp.root, &addrs.v4)?;
-        if let Some(v6) = &addrs.v6 {
-            let v6: Vec<sluice_common::Addr6> =
-                v6.iter().copied().map(sluice_common::Addr6).collect();
-            sluice_maps::hostport::set_node_addrs::<V6>(&dp.root, &v6)?;
-        }
-        if let Some(cg) = &conf.host_port_cgroup {
-            if !hostport::hooks_attached(&dp.root) {
-                hostport::attach_hooks(&dp.root, &hostport::open_cgroup(cg)?, cg)?;
-            }
-        }
+        dp.prepare_host_ports(&addrs, conf.host_port_cgroup.as_deref())?;
     }
     let id = rec.id();
     dp.attach(
         prepared,
-        &PodSpec {
-            id: &id,
-            host_ifname: &rec.host_ifname,
-            host_ifindex: link.index,
-            host_mac: link.mac.unwrap_or_default(),
+        &Attachment::from_record(
+            &id,
+            &rec.host_ifname,
+            &HostLink {
+                ifindex: link.index,
+                mac: link.mac.unwrap_or_default(),
+                netkit,
+            },
             pod_mac,
-            ips: &ips,
-            netns_ino: pod_ns.as_ref().map_or(0, Netns::inode),
+            &ips,
+            &rec.port_mappings,
+            rec.bandwidth.as_ref(),
+            pod_ns.as_ref().map_or(0, Netns::inode),
             xdp_ready,
-            attach: conf.pod_attach,
-            netkit,
-            port_mappings: &rec.port_mappings,
-            bandwidth: rec.bandwidth.as_ref(),
-            // A repaired pod's egress limit is the policer (its fq qdisc stays).
-            device: None,
-        },
+            conf.pod_attach,
+        ),
     )?;
     Ok(true)
 }
