@@ -26,6 +26,7 @@ mod install;
 mod node_addrs;
 mod routes;
 mod services;
+mod shutdown;
 mod sweep;
 mod sync;
 
@@ -279,12 +280,13 @@ async fn run(cli: Cli) -> Result<()> {
                 nat_sweep: !a.no_nat_sweep,
                 node_addrs: !a.no_node_addrs,
             };
-            let routes = sync::run(client.clone(), &sync_opts);
+            let shutdown = shutdown::on_signals()?;
+            let routes = sync::run(client.clone(), &sync_opts, shutdown.clone());
             let services = async {
                 if no_services {
                     return Ok(());
                 }
-                services::run(client, &services_opts)
+                services::run(client, &services_opts, shutdown)
                     .await
                     .inspect_err(|e| {
                         log(&format!(
@@ -312,11 +314,12 @@ async fn run(cli: Cli) -> Result<()> {
                     pin_root: a.datapath.pin_root(),
                     resync: Duration::from_secs(a.resync_secs),
                 },
+                shutdown::on_signals()?,
             )
             .await
         }
-        Cmd::Sweep(d) => sweep::run(d.pin_root()).await,
-        Cmd::NodeAddrs(d) => node_addrs::run(d.pin_root()).await,
+        Cmd::Sweep(d) => sweep::run(d.pin_root(), shutdown::on_signals()?).await,
+        Cmd::NodeAddrs(d) => node_addrs::run(d.pin_root(), shutdown::on_signals()?).await,
     }
 }
 

@@ -31,11 +31,11 @@ use sluice_maps::{
     hostport::{self, V4, V6},
     PinRoot,
 };
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     error::{Error, Result},
     log,
+    shutdown::Shutdown,
 };
 
 /// How often the lease is renewed: well within `NODE_ADDRS_LEASE_NS`.
@@ -192,6 +192,14 @@ impl Keeper {
     }
 }
 
+/// ADDs read the node's addresses themselves again once the keeper is gone:
+/// at shutdown, on an error's early return, on a panic.
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// `192.0.2.1, 2001:db8::1` (or `none`).
 fn show(a: &NodeAddrs) -> String {
     let mut out: Vec<String> =
@@ -210,22 +218,18 @@ fn show(a: &NodeAddrs) -> String {
     }
 }
 
-/// `sluice-node node-addrs`: keeps them until SIGTERM or SIGINT, then the
-/// lease goes back.
-pub(crate) async fn run(pin_root: PathBuf) -> Result<()> {
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("SIGTERM handler", e))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("SIGINT handler", e))?;
+/// `sluice-node node-addrs`: keeps them until `shutdown`; the lease goes
+/// back when the keeper is dropped.
+pub(crate) async fn run(pin_root: PathBuf, mut shutdown: Shutdown) -> Result<()> {
     let mut tick = tokio::time::interval(RENEW);
     let mut keeper = Keeper::new(&pin_root)?;
     loop {
         let change = tokio::select! {
             _ = tick.tick() => None,
             c = keeper.change() => Some(c),
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            () = &mut shutdown => break,
         };
         keeper.pass(change).await;
     }
-    keeper.release();
     Ok(())
 }

@@ -54,11 +54,11 @@ use sluice_maps::{
     services::{service_owner, set_prefixes},
     PinRoot,
 };
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     error::{Error, Result},
     log,
+    shutdown::Shutdown,
 };
 
 /// How often the datapath's pins are looked at (as route-sync does): a
@@ -472,7 +472,7 @@ fn drain<S: Stream + Unpin>(
     Ok(())
 }
 
-pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
+pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) -> Result<()> {
     let (services, svc_writer): (Store<Service>, _) = reflector::store();
     let svc_stream = reflector::reflector(
         svc_writer,
@@ -496,8 +496,6 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
     });
     futures::pin_mut!(svc_stream, cidr_stream);
     let root = PinRoot::new(&opts.pin_root);
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("SIGTERM handler", e))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("SIGINT handler", e))?;
     let mut resync = tokio::time::interval(opts.resync);
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut w = Watches {
@@ -520,8 +518,7 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
             ev = cidr_stream.next() => w.cidr(ev)?,
             _ = resync.tick() => full = true,
             _ = pins.tick() => {}
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            () = &mut shutdown => return Ok(()),
         }
         drain(&mut svc_stream, |ev| w.service(ev))?;
         drain(&mut cidr_stream, |ev| w.cidr(ev))?;

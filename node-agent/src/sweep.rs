@@ -15,12 +15,8 @@ use sluice_maps::{
     sweep::{self, Swept},
     PinRoot,
 };
-use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{
-    error::{Error, Result},
-    log,
-};
+use crate::{error::Result, log, shutdown::Shutdown};
 
 /// How often a pass runs: as often as the in-kernel sweeper, well within the
 /// lease.
@@ -118,6 +114,14 @@ impl Sweeper {
     }
 }
 
+/// The lease goes back with its holder: at shutdown, on an error's early
+/// return, on a panic.
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl Report {
     fn add(&mut self, s: Swept, took: Duration) {
         self.started.get_or_insert_with(Instant::now);
@@ -152,19 +156,16 @@ impl Report {
     }
 }
 
-/// `sluice-node sweep`: passes until SIGTERM or SIGINT, then the lease goes back.
-pub(crate) async fn run(pin_root: PathBuf) -> Result<()> {
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("SIGTERM handler", e))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("SIGINT handler", e))?;
+/// `sluice-node sweep`: passes until `shutdown`; the lease goes back when the
+/// sweeper is dropped.
+pub(crate) async fn run(pin_root: PathBuf, mut shutdown: Shutdown) -> Result<()> {
     let mut tick = tokio::time::interval(INTERVAL);
     let mut sweeper = Sweeper::new(&pin_root);
     loop {
         tokio::select! {
             _ = tick.tick() => sweeper.pass(),
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            () = &mut shutdown => break,
         }
     }
-    sweeper.release();
     Ok(())
 }

@@ -11,19 +11,22 @@ use futures::StreamExt;
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    runtime::{watcher, WatchStreamExt},
-    Api, Client,
+    runtime::{
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Api, Client, ResourceExt,
 };
 use sluice_common::maps;
 use sluice_host::netlink::Netlink;
 use sluice_maps::PinRoot;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cluster::{node_info, NodeInfo},
     error::{Error, Result},
     log, node_addrs,
     routes::{self, Route},
+    shutdown::Shutdown,
 };
 
 /// How often the datapath's pins are looked at: a datapath loaded (or
@@ -42,67 +45,75 @@ pub(crate) struct Options {
     pub(crate) node_addrs: bool,
 }
 
-/// The Nodes as the watch has delivered them.
+/// The Nodes as the agent uses them, read from the watch's reflector store
+/// after each event (the store follows relists, `410 Gone` and bookmarks as
+/// kube-rs does).
 #[derive(Default)]
 struct Nodes {
     known: BTreeMap<String, NodeInfo>,
-    /// Filled during a (re)list; replaces `known` when it is complete.
-    listing: BTreeMap<String, NodeInfo>,
     /// A complete list has arrived at least once (before that, an empty set
     /// would delete every route).
     ready: bool,
+    /// The Nodes ignored for a bad field, and why, as last logged.
+    ignored: BTreeMap<String, String>,
 }
 
 impl Nodes {
-    /// Takes one watch event; `true` when the set changed.
-    fn take(&mut self, ev: watcher::Event<Node>) -> bool {
-        match ev {
-            watcher::Event::Init => {
-                self.listing.clear();
-                false
-            }
-            watcher::Event::InitApply(n) => {
-                if let Some(i) = parse(&n) {
-                    self.listing.insert(i.name.clone(), i);
+    /// Reads `store` again after the watch event `ev`; `true` when the set
+    /// the routes are made from changed.
+    fn take(&mut self, ev: &watcher::Event<Node>, store: &Store<Node>) -> bool {
+        if matches!(ev, watcher::Event::InitDone) {
+            self.ready = true;
+        }
+        if !self.ready {
+            return false;
+        }
+        let mut known = BTreeMap::new();
+        let mut ignored = BTreeMap::new();
+        for n in store.state() {
+            match node_info(&n) {
+                Ok(i) => {
+                    known.insert(i.name.clone(), i);
                 }
-                false
+                Err(e) => {
+                    ignored.insert(n.metadata.name.clone().unwrap_or_default(), e.to_string());
+                }
             }
-            watcher::Event::InitDone => {
-                self.known = std::mem::take(&mut self.listing);
-                self.ready = true;
-                true
-            }
-            watcher::Event::Apply(n) => match parse(&n) {
-                Some(i) => self.known.insert(i.name.clone(), i.clone()).as_ref() != Some(&i),
-                None => false,
-            },
-            watcher::Event::Delete(n) => n
-                .metadata
-                .name
-                .as_ref()
-                .is_some_and(|name| self.known.remove(name).is_some()),
         }
+        // Each bad Node is said once, not at every event.
+        for (name, why) in &ignored {
+            if self.ignored.get(name) != Some(why) {
+                log(&format!("ignoring a Node: {why}"));
+            }
+        }
+        self.ignored = ignored;
+        let changed = known != self.known || matches!(ev, watcher::Event::InitDone);
+        self.known = known;
+        changed
     }
 }
 
-fn parse(n: &Node) -> Option<NodeInfo> {
-    match node_info(n) {
-        Ok(i) => Some(i),
-        Err(e) => {
-            log(&format!("ignoring a Node: {e}"));
-            None
-        }
+/// Drops what the agent never reads from a Node (the store holds every Node
+/// of the cluster): managed fields, annotations, the images list.
+fn slim(n: &mut Node) {
+    n.managed_fields_mut().clear();
+    n.annotations_mut().clear();
+    if let Some(s) = n.status.as_mut() {
+        s.images = None;
     }
 }
 
-pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
+pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) -> Result<()> {
     let api: Api<Node> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let (store, writer): (Store<Node>, _) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(slim),
+    )
+    .default_backoff();
     futures::pin_mut!(stream);
     let nl = Netlink::open()?;
     let root = PinRoot::new(&opts.pin_root);
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("SIGTERM handler", e))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("SIGINT handler", e))?;
     let mut resync = tokio::time::interval(opts.resync);
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut nodes = Nodes::default();
@@ -135,7 +146,7 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
         let mut addrs_pass = None;
         tokio::select! {
             ev = stream.next() => match ev {
-                Some(Ok(ev)) => full = nodes.take(ev),
+                Some(Ok(ev)) => full = nodes.take(&ev, &store),
                 // The watcher retries with backoff; say why it had to.
                 Some(Err(e)) => log(&format!("watching Nodes: {e}")),
                 None => break Err(Error::invalid("Node watch", "", "ended")),
@@ -150,8 +161,7 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
             }
             _ = addrs_tick.tick(), if addrs.is_some() => addrs_pass = Some(None),
             c = node_addrs::next_change(addrs.as_mut()), if addrs.is_some() => addrs_pass = Some(Some(c)),
-            _ = term.recv() => break Ok(()),
-            _ = int.recv() => break Ok(()),
+            () = &mut shutdown => break Ok(()),
         }
         if let (Some(change), Some(k)) = (addrs_pass, addrs.as_mut()) {
             k.pass(change).await;
@@ -171,14 +181,12 @@ pub(crate) async fn run(client: Client, opts: &Options) -> Result<()> {
             log(&format!("datapath: {e}"));
         }
     };
-    // The in-kernel sweeper takes the tables back now, not when the lease ends.
-    if let Some(s) = sweeper.as_mut() {
-        s.release();
-    }
-    // ADDs read the node's addresses again from now on.
-    if let Some(k) = addrs.as_mut() {
-        k.release();
-    }
+    // The in-kernel sweeper takes the tables back now, not when the lease
+    // ends, and ADDs read the node's addresses again: the sweeper and the
+    // keeper give their leases back as they are dropped here (and on any
+    // early return above).
+    drop(sweeper);
+    drop(addrs);
     end
 }
 
@@ -252,25 +260,67 @@ mod tests {
         .unwrap()
     }
 
+    /// The store as the reflector keeps it, and what the agent reads of it.
+    struct Fixture {
+        store: Store<Node>,
+        writer: reflector::store::Writer<Node>,
+        nodes: Nodes,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let (store, writer) = reflector::store();
+            Self {
+                store,
+                writer,
+                nodes: Nodes::default(),
+            }
+        }
+
+        #[expect(
+            clippy::needless_pass_by_value,
+            reason = "the tests write each event in place"
+        )]
+        fn take(&mut self, ev: watcher::Event<Node>) -> bool {
+            self.writer.apply_watcher_event(&ev);
+            self.nodes.take(&ev, &self.store)
+        }
+    }
+
     #[test]
     fn nothing_counts_until_a_full_list_arrived() {
-        let mut n = Nodes::default();
-        assert!(!n.take(watcher::Event::Init));
-        assert!(!n.take(watcher::Event::InitApply(node("a", "10.1.0.0/24"))));
-        assert!(!n.ready && n.known.is_empty());
-        assert!(n.take(watcher::Event::InitDone));
-        assert!(n.ready && n.known.contains_key("a"));
+        let mut f = Fixture::new();
+        assert!(!f.take(watcher::Event::Init));
+        assert!(!f.take(watcher::Event::InitApply(node("a", "10.1.0.0/24"))));
+        assert!(!f.nodes.ready && f.nodes.known.is_empty());
+        assert!(f.take(watcher::Event::InitDone));
+        assert!(f.nodes.ready && f.nodes.known.contains_key("a"));
         // The same object again is no change; a new range is.
-        assert!(!n.take(watcher::Event::Apply(node("a", "10.1.0.0/24"))));
-        assert!(n.take(watcher::Event::Apply(node("a", "10.2.0.0/24"))));
-        assert!(n.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
-        assert!(!n.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
+        assert!(!f.take(watcher::Event::Apply(node("a", "10.1.0.0/24"))));
+        assert!(f.take(watcher::Event::Apply(node("a", "10.2.0.0/24"))));
+        assert!(f.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
+        assert!(!f.take(watcher::Event::Delete(node("a", "10.2.0.0/24"))));
         // A relist replaces the set only when complete: a node gone meanwhile goes.
-        n.take(watcher::Event::Apply(node("b", "10.3.0.0/24")));
-        n.take(watcher::Event::Init);
-        n.take(watcher::Event::InitApply(node("c", "10.4.0.0/24")));
-        assert!(n.known.contains_key("b"));
-        n.take(watcher::Event::InitDone);
-        assert_eq!(n.known.keys().collect::<Vec<_>>(), ["c"]);
+        f.take(watcher::Event::Apply(node("b", "10.3.0.0/24")));
+        f.take(watcher::Event::Init);
+        f.take(watcher::Event::InitApply(node("c", "10.4.0.0/24")));
+        assert!(f.nodes.known.contains_key("b"));
+        f.take(watcher::Event::InitDone);
+        assert_eq!(f.nodes.known.keys().collect::<Vec<_>>(), ["c"]);
+    }
+
+    #[test]
+    fn a_bad_node_is_left_out_and_the_rest_count() {
+        let mut f = Fixture::new();
+        f.take(watcher::Event::Init);
+        f.take(watcher::Event::InitApply(node("a", "10.1.0.0/24")));
+        f.take(watcher::Event::InitApply(node("bad", "not-a-cidr")));
+        assert!(f.take(watcher::Event::InitDone));
+        assert_eq!(f.nodes.known.keys().collect::<Vec<_>>(), ["a"]);
+        assert!(
+            f.nodes.ignored["bad"].contains("not-a-cidr"),
+            "{:?}",
+            f.nodes.ignored
+        );
     }
 }
