@@ -265,9 +265,10 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report>
 /// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
 /// with netkit pods, Sluice's and the reference's, and with masquerade on
 /// sid; the rule writer's IPVS path on 6.12. Under emulation on a 2-vCPU host the
-/// matrix takes about 40 minutes (CI of 258e3fd: 40m11s; 5.10 13m19s, 6.1
-/// 8m58s, 6.12 8m25s, sid 7m51s), most of it the verifier: each test's first
-/// ADD loads the datapath, `uplink_out` alone 4.4 s on 5.10 and 9.8 s on 6.1.
+/// matrix takes about 28 minutes (CI of a32f79a: 28m35s; 5.10 10m31s, 6.1
+/// 5m49s, 6.12 5m13s, sid 5m10s), about half of it the verifier: each test's
+/// first ADD loads the datapath, its programs verified in parallel (see
+/// `datapath/verify.rs`), `uplink_out` the longest.
 const TCG_MAIN_TESTS: [&str; 26] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
