@@ -221,22 +221,13 @@ async fn add_steps(
             }
         };
 
-    // EDT egress shaping needs fq on the pod's own interface; a kernel without
-    // sch_fq leaves the pod's egress limit to the policer (docs/bandwidth.md).
-    let fq = if conf.bandwidth.is_some_and(|b| b.egress_rate.is_some()) {
-        let fq = pod_nl
-            .replace_root_fq(pair.pod.index, sluice_common::EDT_FQ_LIMIT)
-            .await?;
-        if !fq {
-            eprintln!(
-                "sluice: this kernel has no sch_fq; the egress limit of {} is a policer",
-                id.container_id
-            );
-        }
-        fq
-    } else {
-        false
-    };
+    let fq = datapath::bandwidth::prepare_device(
+        pod_nl,
+        pair.pod.index,
+        conf.bandwidth.as_ref(),
+        &id.container_id,
+    )
+    .await?;
     steps.done("forwarding, GRO, fq");
     let host_mac = pair.host.mac.unwrap_or_default();
     let pod_mac = pair.pod.mac.unwrap_or_default();

@@ -11,6 +11,7 @@ use super::{features, pod_links, Attachment, Gone, PodDevice};
 use crate::{
     cni::{config::PodAttach, runtime_config::Bandwidth},
     error::{Error, Errors},
+    netlink::Netlink,
 };
 
 /// The bucket for `rate` bits/s and `burst` bits (CNI conventions), in bytes.
@@ -24,6 +25,29 @@ pub fn state(bw: &Bandwidth, now_ns: u64) -> BwState {
         egress: bucket(bw.egress_rate, bw.egress_burst, now_ns),
         ingress: bucket(bw.ingress_rate, bw.ingress_burst, now_ns),
     }
+}
+
+/// Makes `fq` the root qdisc of the pod's own interface (`ifindex`, seen
+/// through `pod_nl`) when the pod has an egress limit: EDT shapes on it, and
+/// ADD does this before the datapath attaches `pod_edt`. `true` when `fq` is
+/// there; a kernel without `sch_fq` leaves the egress limit to the policer
+/// (docs/bandwidth.md), said once for pod `who`.
+pub async fn prepare_device(
+    pod_nl: &Netlink,
+    ifindex: u32,
+    bandwidth: Option<&Bandwidth>,
+    who: &str,
+) -> Result<bool, Error> {
+    if bandwidth.is_none_or(|b| b.egress_rate.is_none()) {
+        return Ok(false);
+    }
+    let fq = pod_nl
+        .replace_root_fq(ifindex, sluice_common::EDT_FQ_LIMIT)
+        .await?;
+    if !fq {
+        eprintln!("sluice: this kernel has no sch_fq; the egress limit of {who} is a policer");
+    }
+    Ok(fq)
 }
 
 /// EDT for this pod: an egress limit and `fq` on its interface.
