@@ -9,7 +9,7 @@ pub mod ipam;
 pub mod maintenance;
 pub mod node;
 pub mod overwrite;
-pub mod repair;
+pub mod pod;
 pub mod spare;
 pub mod state;
 pub mod timing;

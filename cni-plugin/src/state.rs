@@ -104,17 +104,6 @@ impl AttachmentRecord {
     pub fn addrs(&self) -> Vec<IpAddr> {
         self.ips.iter().map(IpNetwork::ip).collect()
     }
-
-    /// What the datapath holds for this pod, for a DEL to remove by key
-    /// (`ips` from [`Self::addrs`]); `None` while the record has no host
-    /// index (an ADD killed before it had one: the datapath is walked).
-    pub fn known<'a>(&'a self, ips: &'a [IpAddr]) -> Option<crate::datapath::Known<'a>> {
-        Some(crate::datapath::Known {
-            host_ifindex: self.host_ifindex?,
-            ips,
-            port_mappings: &self.port_mappings,
-        })
-    }
 }
 
 /// The records of one network.

@@ -1,28 +1,24 @@
-//! ADD: reserve addresses, create and configure the veth pair, attach the
-//! datapath, record what was made, print the result. Any failure after the
-//! preconditions undoes everything this ADD made (and, per spec section 4, runs
-//! DEL on a delegated IPAM plugin).
+//! ADD, the CNI glue: the environment and the spec's preconditions, IPAM (a
+//! delegated plugin's DEL after its failed ADD, spec section 4), then
+//! [`pod::setup`] for everything the pod gets, and the result (merged into a
+//! prevResult, spec section 5). Any failure after the preconditions undoes
+//! everything this ADD made ([`pod::teardown`]).
 
 use serde_json::Value;
-use sluice_maps::{hostport::node_addrs_kept_by_agent, PinRoot};
 
-use super::del::teardown;
 use crate::{
     cni::{
         config::NetConf,
         env::Env,
         result::{CniResult, Interface, IpConfig},
         runtime_config::Mac,
-        AttachmentId,
     },
-    datapath::{self, masquerade, Attachment, Datapath, NodeSettings, PodDevice},
     error::Error,
-    gateway, interface,
     ipam::Ipam,
     netlink::Netlink,
     netns::Netns,
-    node,
-    state::{host_veth_name, AttachmentRecord, PodRef, StateStore},
+    pod::{self, Made, Setup},
+    state::{host_veth_name, PodRef, StateStore},
     timing::Steps,
 };
 
@@ -81,7 +77,7 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     };
 
     let pod = PodRef::from_args(&env.args);
-    let ctx = AddCtx {
+    let setup = Setup {
         conf,
         id,
         ipam: &ipam,
@@ -91,12 +87,13 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
         host_nl: &host_nl,
         pod_nl: &pod_nl,
         pod: pod.as_ref(),
+        pod_mac,
     };
     steps.done("ipam");
-    match add_steps(&ctx, ipam_result, pod_mac, &mut steps).await {
-        Ok(r) => Ok(r),
+    match pod::setup(&setup, &ipam_result, &mut steps).await {
+        Ok(made) => Ok(result(conf, &setup, ipam_result, &made)),
         Err(e) => {
-            if let Err(undo) = teardown(conf, id, &ipam, &store, &host_nl).await {
+            if let Err(undo) = pod::teardown(conf, id, &ipam, &store, &host_nl).await {
                 eprintln!(
                     "sluice: rollback after failed ADD of {}/{} was incomplete: {undo}",
                     id.container_id, id.ifname
@@ -121,175 +118,22 @@ fn pod_mac(conf: &NetConf, env: &Env) -> Result<Option<Mac>, Error> {
     }
 }
 
-/// Everything an ADD works with once its preconditions hold.
-struct AddCtx<'a> {
-    conf: &'a NetConf,
-    id: &'a AttachmentId,
-    ipam: &'a Ipam,
-    store: &'a StateStore,
-    host_ifname: &'a str,
-    pod_ns: &'a Netns,
-    host_nl: &'a Netlink,
-    pod_nl: &'a Netlink,
-    pod: Option<&'a PodRef>,
-}
-
-/// Everything after IPAM; any error here is undone by a full teardown.
-async fn add_steps(
-    ctx: &AddCtx<'_>,
-    ipam_result: CniResult,
-    pod_mac: Option<Mac>,
-    steps: &mut Steps,
-) -> Result<Value, Error> {
-    let AddCtx {
-        conf,
-        id,
-        ipam,
-        store,
-        host_ifname,
-        pod_ns,
-        host_nl,
-        pod_nl,
-        pod,
-    } = *ctx;
-    if ipam_result.ips.is_empty() {
-        return Err(Error::Delegate {
-            plugin: ipam.name().to_string(),
-            code: 999,
-            msg: "IPAM returned no addresses".into(),
-            details: String::new(),
-        });
-    }
-    let gws = interface::gateways(&ipam_result.ips);
-    // Recorded before anything else exists, so a crash from here on leaves a
-    // record that DEL and GC can follow.
-    let mut record = AttachmentRecord {
-        container_id: id.container_id.clone(),
-        ifname: id.ifname.clone(),
-        netns: Some(pod_ns.path().display().to_string()),
-        host_ifname: host_ifname.to_string(),
-        host_ifindex: None,
-        ips: ipam_result.ips.iter().map(|i| i.address).collect(),
-        gateways: gws.clone(),
-        ipam: ipam.name().to_string(),
-        port_mappings: conf.runtime.port_mappings.clone(),
-        bandwidth: conf.bandwidth,
-        created_unix: datapath::now_unix(),
-        complete: false,
-        pod: pod.cloned(),
-    };
-    store.save(&record)?;
-    steps.done("record");
-
-    let uplink = node::uplink(host_nl, conf.uplink.as_deref()).await?;
-    let mtu = match conf.mtu {
-        Some(m) => m,
-        None => node::uplink_mtu(host_nl, uplink.as_ref()).await?,
-    };
-    steps.done("uplink");
-    let pair = interface::create(
-        host_nl,
-        pod_nl,
-        pod_ns,
-        host_ifname,
-        &id.ifname,
-        mtu,
-        pod_mac.map(|m| m.0),
-        conf.pod_device,
-    )
-    .await?;
-    steps.done("veth");
-    // Saved with the final record; a DEL after a crash before that finds the
-    // veth by its derived name, and its map entries by the veth's index.
-    record.host_ifindex = Some(pair.host.index);
-
-    interface::configure_pod(pod_nl, &pair, &ipam_result.ips, &ipam_result.routes, &gws).await?;
-    steps.done("pod addressing");
-    interface::configure_host(host_nl, &pair, &ipam_result.ips, &gws).await?;
-    steps.done("host addressing");
-    node::enable_forwarding(&ipam_result.ips)?;
-    node::ensure_remote_routes(host_nl, &conf.nodes).await?;
-    // Without GRO the pod end would drop XDP-redirected frames; the uplink's XDP
-    // program then leaves this pod's traffic to tc. A netkit device takes no
-    // XDP frames at all (no `ndo_xdp_xmit`).
-    let xdp_ready = !pair.netkit
-        && match interface::enable_gro(pod_ns, &id.ifname) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("sluice: {e}; XDP will not deliver to this pod");
-                false
-            }
-        };
-
-    let fq = datapath::bandwidth::prepare_device(
-        pod_nl,
-        pair.pod.index,
-        conf.bandwidth.as_ref(),
-        &id.container_id,
-    )
-    .await?;
-    steps.done("forwarding, GRO, fq");
-    let host_mac = pair.host.mac.unwrap_or_default();
-    let pod_mac = pair.pod.mac.unwrap_or_default();
-    let ips: Vec<_> = ipam_result.ips.iter().map(|i| i.address.ip()).collect();
-    let dp = Datapath::new(&conf.pin_root);
-    let settings = node_settings(conf, host_nl, uplink, mtu, ipam, &ipam_result.ips).await?;
-    steps.done("node settings");
-    let prepared = dp.prepare(host_nl, &settings).await?;
-    gateway::readd(host_nl, &gws).await?;
-    steps.done("datapath prepare");
-    // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
-    dp.attach(
-        &prepared,
-        &Attachment {
-            id,
-            host_ifname,
-            host_ifindex: pair.host.index,
-            host_mac,
-            pod_mac,
-            ips: &ips,
-            netns_ino: pod_ns.inode(),
-            xdp_ready,
-            attach: conf.pod_attach,
-            netkit: pair.netkit,
-            port_mappings: &conf.runtime.port_mappings,
-            bandwidth: conf.bandwidth.as_ref(),
-            device: Some(PodDevice {
-                ns: pod_ns,
-                nl: pod_nl,
-                ifname: &id.ifname,
-                ifindex: pair.pod.index,
-                fq,
-            }),
-        },
-    )?;
-    steps.done("datapath attach");
-    // Loaded where nothing was pinned (a new node, or a datapath lost with its
-    // pins): the pods attached before are re-attached.
-    if prepared.fresh() {
-        let n = crate::repair::repair(&dp, &prepared, conf, store, host_nl, id).await?;
-        if n > 0 {
-            eprintln!("sluice: re-attached {n} pods to the new datapath");
-        }
-    }
-
-    record.complete = true;
-    store.rewrite(&record)?;
-    steps.done("record complete");
-
+/// The ADD's result: both ends of the pair and the IPAM addresses on the
+/// pod's (spec section 5: with a prevResult, it with ours merged in).
+fn result(conf: &NetConf, s: &Setup<'_>, ipam_result: CniResult, made: &Made) -> Value {
     let ours = CniResult {
         interfaces: vec![
             Interface {
-                name: host_ifname.to_string(),
-                mac: Some(fmt_mac(host_mac)),
-                mtu: Some(mtu),
+                name: s.host_ifname.to_string(),
+                mac: Some(fmt_mac(made.host_mac)),
+                mtu: Some(made.mtu),
                 ..Default::default()
             },
             Interface {
-                name: id.ifname.clone(),
-                mac: Some(fmt_mac(pod_mac)),
-                mtu: Some(mtu),
-                sandbox: Some(pod_ns.path().display().to_string()),
+                name: s.id.ifname.clone(),
+                mac: Some(fmt_mac(made.pod_mac)),
+                mtu: Some(made.mtu),
+                sandbox: Some(s.pod_ns.path().display().to_string()),
                 ..Default::default()
             },
         ],
@@ -301,7 +145,7 @@ async fn add_steps(
                 ..i.clone()
             })
             .collect(),
-        routes: ipam_result.routes.clone(),
+        routes: ipam_result.routes,
         // runtimeConfig.dns, then config dns, then what IPAM found (bridge plugin order).
         dns: conf
             .runtime
@@ -319,50 +163,7 @@ async fn add_steps(
         }
         None => ours,
     };
-    Ok(result.to_json(conf.cni_version))
-}
-
-/// What the node-wide part of the datapath is to be for this ADD.
-async fn node_settings(
-    conf: &NetConf,
-    host_nl: &Netlink,
-    uplink: Option<datapath::Uplink>,
-    mtu: u32,
-    ipam: &Ipam,
-    ips: &[IpConfig],
-) -> Result<NodeSettings, Error> {
-    let maps_ports = !conf.runtime.port_mappings.is_empty();
-    Ok(NodeSettings {
-        masq: masquerade::spec(conf, host_nl, uplink.as_ref(), ipam, ips).await?,
-        services: datapath::services::spec(conf, ipam, ips)?,
-        uplink,
-        xdp: conf.xdp,
-        pod_mtu: mtu,
-        nat_flows: conf.masq.max_flows,
-        host_port_cgroup: if maps_ports {
-            Some(conf.host_port_cgroup.clone().ok_or_else(|| {
-                Error::config(
-                    "hostPortCgroup",
-                    "null",
-                    "no cgroup v2 hierarchy is mounted on this node; mount one or name a cgroup v2 directory",
-                )
-            })?)
-        } else {
-            None
-        },
-        node_addrs: if maps_ports && !node_addrs_kept_by_agent(&PinRoot::new(&conf.pin_root)) {
-            // Read here only without the node agent, which follows the
-            // kernel's address events: the read walks the `local` table, which
-            // the kernel shares with `main` (one route per pod) until a policy
-            // rule splits them, so it grew with the pods (28 -> 165 µs, 20 ->
-            // 1,000 pods). IPv6 addresses only for a pod with an IPv6 side.
-            let v6 = ips.iter().any(|c| c.address.is_ipv6());
-            Some(host_nl.local_addrs(v6).await?)
-        } else {
-            None
-        },
-        debug: conf.debug,
-    })
+    result.to_json(conf.cni_version)
 }
 
 pub fn fmt_mac(m: [u8; 6]) -> String {

@@ -1,7 +1,8 @@
-//! CHECK (spec 0.4.0+): the attachment is as ADD left it. Interfaces, addresses
-//! and routes come from prevResult (spec: "must consult prevResult"); the veth
-//! peer, the datapath attachment and map entries, the record and the address
-//! reservation are checked against what Sluice keeps.
+//! CHECK (spec 0.4.0+), the CNI glue: the attachment is as ADD left it.
+//! Interfaces, addresses and routes come from prevResult (spec: "must consult
+//! prevResult"); the veth peer, the datapath attachment and map entries and
+//! the record are checked against what Sluice keeps ([`pod::check`]), the
+//! address reservation against IPAM.
 use std::net::IpAddr;
 
 use crate::{
@@ -11,12 +12,12 @@ use crate::{
         result::Interface,
         runtime_config::Mac,
     },
-    datapath::{Attachment, Datapath, PodDevice},
     error::Error,
     ipam::Ipam,
     netlink::{LinkInfo, Netlink},
     netns::Netns,
-    state::{host_veth_name, StateStore},
+    pod,
+    state::host_veth_name,
 };
 
 pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
@@ -84,16 +85,8 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
         }
     }
 
-    let store = StateStore::new(&conf.state_dir);
-    let record = store
-        .load(id)?
-        .filter(|r| r.complete)
-        .ok_or_else(|| Error::check(format!("no record of {}/{}", id.container_id, id.ifname)))?;
+    let host_link = pod::check(conf, id, &host_nl, &pod_ns, &pod_nl, &pod_link).await?;
     let host_ifname = host_veth_name(&conf.name, id);
-    let host_link = host_nl
-        .link_by_name(&host_ifname)
-        .await?
-        .ok_or_else(|| Error::check(format!("host veth {host_ifname} is missing")))?;
     if let Some(host_if) = prev.interfaces.iter().find(|i| i.name == host_ifname) {
         // Both ends of one pair: the kind the pod's end has.
         check_link(
@@ -102,40 +95,6 @@ pub(super) async fn check(env: &Env, conf: &NetConf) -> Result<(), Error> {
             &[pod_link.kind.as_deref().unwrap_or("none")],
         )?;
     }
-    if host_link.peer_index != Some(pod_link.index) {
-        return Err(Error::check(format!(
-            "{host_ifname} is not the peer of {} in the pod",
-            id.ifname
-        )));
-    }
-
-    let ips = record.addrs();
-    Datapath::new(&conf.pin_root)
-        .check(
-            &host_nl,
-            &Attachment {
-                id,
-                host_ifname: &host_ifname,
-                host_ifindex: host_link.index,
-                host_mac: host_link.mac.unwrap_or_default(),
-                pod_mac: pod_link.mac.unwrap_or_default(),
-                ips: &ips,
-                netns_ino: pod_ns.inode(),
-                xdp_ready: false,
-                attach: conf.pod_attach,
-                netkit: host_link.is_netkit(),
-                port_mappings: &conf.runtime.port_mappings,
-                bandwidth: conf.bandwidth.as_ref(),
-                device: Some(PodDevice {
-                    ns: &pod_ns,
-                    nl: &pod_nl,
-                    ifname: &id.ifname,
-                    ifindex: pod_link.index,
-                    fq: false,
-                }),
-            },
-        )
-        .await?;
 
     let expected: Vec<IpAddr> = expected_ips.iter().map(|i| i.address.ip()).collect();
     Ipam::new(conf, &env.path)?.check(conf, id, &expected)

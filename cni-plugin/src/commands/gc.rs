@@ -5,7 +5,6 @@
 //! shared resources stay while anyone may use them).
 use std::collections::HashSet;
 
-use super::del::{teardown, VethRemoval};
 use crate::{
     cni::{config::NetConf, env::Env, AttachmentId},
     datapath::Datapath,
@@ -13,6 +12,7 @@ use crate::{
     gateway,
     ipam::Ipam,
     netlink::Netlink,
+    pod::{teardown, VethRemoval},
     state::StateStore,
 };
 

@@ -60,7 +60,7 @@ fn edt_device<'a>(pod: &'a Attachment<'_>) -> Option<&'a PodDevice<'a>> {
 /// `pod_edt` to its interface. Before the endpoint: the programs look the
 /// buckets up from the first packet its `LIMITED` mark lets through.
 pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
-    match pod.bandwidth {
+    match &pod.bandwidth {
         Some(b) => sluice_maps::bandwidth::set(
             root,
             pod.host_ifindex,
@@ -73,8 +73,8 @@ pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> 
             pod_links::attach_pod_device(
                 root,
                 d.ns,
-                pod.host_ifname,
-                d.ifname,
+                &pod.host_ifname,
+                &d.ifname,
                 features::pod_attach(pod.attach),
             )?;
             sluice_maps::bandwidth::enable_edt(root, pod.host_ifindex, d.ifindex)?;
@@ -98,7 +98,7 @@ pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
 /// needs nothing there).
 pub(super) async fn check(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> {
     use sluice_maps::bandwidth::{egress_mode, EgressMode};
-    let want = pod.bandwidth.map(|b| state(b, 0));
+    let want = pod.bandwidth.as_ref().map(|b| state(b, 0));
     sluice_maps::bandwidth::check(root, pod.host_ifindex, want.as_ref())?;
     if egress_mode(root, pod.host_ifindex) == EgressMode::Policer {
         return Ok(());
@@ -115,7 +115,7 @@ pub(super) async fn check(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Er
         )));
     }
     match features::pod_attach(pod.attach) {
-        PodAttach::Tcx => pod_links::check_pod_device_tcx(root, d.ns, pod.host_ifname, d.ifname),
+        PodAttach::Tcx => pod_links::check_pod_device_tcx(root, d.ns, &pod.host_ifname, &d.ifname),
         PodAttach::Tc => {
             let id = sluice_maps::programs::id(root, sluice_common::prog_names::POD_EDT)?;
             let filters = d.nl.bpf_filters(d.ifindex, false).await?;

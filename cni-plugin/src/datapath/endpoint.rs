@@ -59,17 +59,17 @@ pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> 
     };
     steps.done("attach: counters and owner");
     if pod.netkit {
-        pod_links::attach_pod_netkit(root, pod.host_ifname, pod.host_ifindex)?;
+        pod_links::attach_pod_netkit(root, &pod.host_ifname, pod.host_ifindex)?;
     } else {
         pod_links::attach_pod(
             root,
-            pod.host_ifname,
+            &pod.host_ifname,
             pod.host_ifindex,
             features::pod_attach(pod.attach),
         )?;
     }
     steps.done("attach: programs");
-    for ip in pod.ips {
+    for ip in &pod.ips {
         let mut flags = if ip.is_ipv6() {
             endpoint_flags::IPV6
         } else {
@@ -133,18 +133,18 @@ pub(super) async fn check(
     pod: &Attachment<'_>,
 ) -> Result<(), Error> {
     match features::pod_attach(pod.attach) {
-        _ if pod.netkit => pod_links::check_pod_netkit(root, pod.host_ifname)?,
+        _ if pod.netkit => pod_links::check_pod_netkit(root, &pod.host_ifname)?,
         PodAttach::Tc => check_filters(root, host_nl, pod).await?,
-        PodAttach::Tcx => pod_links::check_pod_tcx(root, pod.host_ifname)?,
+        PodAttach::Tcx => pod_links::check_pod_tcx(root, &pod.host_ifname)?,
     }
     let eps = Endpoints::open(root)?;
     if !eps.has_counters(pod.host_ifindex) {
         return Err(Error::check(format!(
             "no counters for {} (ifindex {})",
-            pod.host_ifname, pod.host_ifindex
+            &pod.host_ifname, pod.host_ifindex
         )));
     }
-    for ip in pod.ips {
+    for ip in &pod.ips {
         match eps.get(*ip) {
             Some(e) if e.ifindex == pod.host_ifindex && e.pod_mac == pod.pod_mac => {}
             Some(e) => {
@@ -176,7 +176,7 @@ async fn check_filters(
             return Err(Error::check(format!(
                 "{name} (program id {id}) is not attached to {} of {} (filters: {filters:?})",
                 if ingress { "ingress" } else { "egress" },
-                pod.host_ifname,
+                &pod.host_ifname,
             )));
         }
     }
@@ -217,26 +217,26 @@ pub(super) fn owners(root: &PinRoot) -> Result<Vec<(u32, AttachmentId, String)>,
         .collect())
 }
 
-/// What of a pod is going: with `known` (its complete record: its host veth's
-/// index, addresses and mappings), by key, so a DEL costs the same on a node
-/// with 20 pods or 1,000; without (a crash before the record had the index,
-/// GC of an endpoint without a record), the interface is known by
+/// What of a pod is going: with `pod` (from its complete record: its host
+/// veth's index, addresses and mappings), by key, so a DEL costs the same on a
+/// node with 20 pods or 1,000; without (a crash before the record had the
+/// index, GC of an endpoint without a record), the interface is known by
 /// `host_ifindex` or only by the owner entry, and the endpoints are walked.
 pub(super) fn gone<'a>(
     root: &PinRoot,
     host_ifindex: Option<u32>,
     id: &AttachmentId,
-    known: Option<&'a super::Known<'a>>,
+    pod: Option<&'a Attachment<'a>>,
 ) -> Result<Gone<'a>, Error> {
     let eps = Endpoints::open(root)?;
-    let (ifindexes, ips): (Vec<u32>, Vec<IpAddr>) = if let Some(k) = known {
+    let (ifindexes, ips): (Vec<u32>, Vec<IpAddr>) = if let Some(p) = pod {
         // The record's addresses that still go to its interface.
         (
-            vec![k.host_ifindex],
-            k.ips
+            vec![p.host_ifindex],
+            p.ips
                 .iter()
                 .copied()
-                .filter(|ip| eps.get(*ip).is_some_and(|e| e.ifindex == k.host_ifindex))
+                .filter(|ip| eps.get(*ip).is_some_and(|e| e.ifindex == p.host_ifindex))
                 .collect(),
         )
     } else {
@@ -254,10 +254,19 @@ pub(super) fn gone<'a>(
             .collect();
         (ifindexes, ips)
     };
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for ip in &ips {
+        match ip {
+            IpAddr::V4(a) => v4.push(a.octets()),
+            IpAddr::V6(a) => v6.push(a.octets()),
+        }
+    }
     Ok(Gone {
         ifindexes,
         ips,
-        known,
+        v4,
+        v6,
+        pod,
     })
 }
 

@@ -125,7 +125,12 @@ pub fn entries(
 
 /// A pod's entries, from its spec.
 pub(super) fn pod_ports(pod: &Attachment<'_>) -> Result<PodPorts, Error> {
-    entries(pod.port_mappings, PORT_MAPPINGS, pod.ips, pod.host_ifindex)
+    entries(
+        &pod.port_mappings,
+        PORT_MAPPINGS,
+        &pod.ips,
+        pod.host_ifindex,
+    )
 }
 
 /// The node's addresses (what wildcard mappings match), when this ADD maps
@@ -166,9 +171,8 @@ pub(super) fn attach(root: &PinRoot, pod: &Attachment<'_>) -> Result<(), Error> 
 /// flows through them.
 pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
     errors.note(remove_mappings(root, gone));
-    let (v4, v6) = gone.by_family();
-    errors.note(sluice_maps::hostport::forget_pods::<V4>(root, &v4));
-    let v6: Vec<Addr6> = v6.into_iter().map(Addr6).collect();
+    errors.note(sluice_maps::hostport::forget_pods::<V4>(root, &gone.v4));
+    let v6: Vec<Addr6> = gone.v6.iter().copied().map(Addr6).collect();
     errors.note(sluice_maps::hostport::forget_pods::<V6>(root, &v6));
 }
 
@@ -178,9 +182,9 @@ pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
 /// keys, by a walk of every mapping.
 fn remove_mappings(root: &PinRoot, gone: &Gone<'_>) -> Result<(), Error> {
     let by_key = gone
-        .known
+        .pod
         .filter(|_| !sluice_maps::hostport::operator_mappings_marked(root))
-        .and_then(|k| entries(k.port_mappings, PORT_MAPPINGS, k.ips, k.host_ifindex).ok());
+        .and_then(|p| entries(&p.port_mappings, PORT_MAPPINGS, &p.ips, p.host_ifindex).ok());
     if let Some(ports) = by_key {
         sluice_maps::hostport::remove_mappings::<V4>(root, &ports.v4)?;
         sluice_maps::hostport::remove_mappings::<V6>(root, &ports.v6)?;

@@ -135,9 +135,8 @@ pub(super) fn prepare(root: &PinRoot, settings: &NodeSettings) -> Result<(), Err
 /// the other had just removed, an entry no later DEL takes away (the churn
 /// test's leak check caught it).
 pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
-    let (v4, v6) = gone.by_family();
     let _recount = errors.note(FileLock::dir_exclusive(&root.maps_dir()));
-    errors.note(sluice_maps::nat::forget_pods(root, &v4, &v6));
+    errors.note(sluice_maps::nat::forget_pods(root, &gone.v4, &gone.v6));
 }
 
 /// The prefixes never masqueraded: the configured ones, and for a family

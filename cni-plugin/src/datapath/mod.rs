@@ -9,7 +9,6 @@
 //! - [`Datapath::detach`]: everything of one pod, best effort;
 //! - [`Datapath::check`]: CHECK of one pod;
 //! - [`Datapath::collect`]: GC of what no valid attachment owns;
-//! - [`Datapath::repair`]: re-attaching recorded pods to a datapath loaded anew.
 //!
 //! Each per-pod feature is one module with the same verbs (`prepare` for the
 //! node, `attach`, `detach`, `check`), listed once in [`FEATURES`]; the verbs
@@ -44,7 +43,7 @@ use std::{
 use sluice_common::DatapathMeta;
 use sluice_maps::PinRoot;
 
-pub use attachment::{Attachment, HostLink, Known, PodDevice};
+pub use attachment::{Attachment, PodDevice};
 pub use endpoint::{info_owned_by, owned_by};
 pub use loader::object_hash;
 pub use masquerade::MasqSpec;
@@ -128,7 +127,7 @@ pub struct Prepared {
 impl Prepared {
     /// Whether this invocation loaded the datapath where nothing was pinned: a
     /// new node, or one whose pins were lost (reboot, deleted by hand), whose
-    /// pods ADD then re-attaches ([`Datapath::repair`]). Decided under the load
+    /// pods ADD then re-attaches (`crate::pod::repair`). Decided under the load
     /// lock, so of two ADDs racing to load, only the one that loads sees it.
     pub fn fresh(&self) -> bool {
         self.fresh
@@ -196,21 +195,21 @@ impl Datapath {
     /// Removes everything of one pod: its programs first, then each feature's
     /// part in reverse [`FEATURES`] order, its owner and counters last (see
     /// [`endpoint::gone`] for how the pod is found with or without its record,
-    /// `known`). Best effort: goes on past errors and returns them all.
-    /// Nothing pinned: nothing to remove.
+    /// `pod`, what its complete record says it was given). Best effort: goes
+    /// on past errors and returns them all. Nothing pinned: nothing to remove.
     pub fn detach(
         &self,
         host_ifname: &str,
         host_ifindex: Option<u32>,
         id: &AttachmentId,
-        known: Option<&Known<'_>>,
+        pod: Option<&Attachment<'_>>,
     ) -> Result<(), Error> {
         let mut errors = Errors::new();
         errors.note(pod_links::detach_pod(&self.root, host_ifname));
         if !endpoint::held(&self.root)? {
             return errors.finish();
         }
-        let gone = endpoint::gone(&self.root, host_ifindex, id, known)?;
+        let gone = endpoint::gone(&self.root, host_ifindex, id, pod)?;
         for f in FEATURES.iter().rev() {
             f.detach(&self.root, &gone, &mut errors);
         }
@@ -257,25 +256,14 @@ impl Datapath {
 }
 
 /// What of a pod is going (see [`endpoint::gone`]): its host devices and the
-/// addresses that still point at them, and its record when it has one.
+/// addresses that still point at them (also per family, as the maps key
+/// them), and what its record says it was given when it has one.
 pub(super) struct Gone<'a> {
     pub ifindexes: Vec<u32>,
     pub ips: Vec<IpAddr>,
-    pub known: Option<&'a Known<'a>>,
-}
-
-impl Gone<'_> {
-    /// The addresses per family, as the maps key them.
-    fn by_family(&self) -> (Vec<[u8; 4]>, Vec<[u8; 16]>) {
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for ip in &self.ips {
-            match ip {
-                IpAddr::V4(a) => v4.push(a.octets()),
-                IpAddr::V6(a) => v6.push(a.octets()),
-            }
-        }
-        (v4, v6)
-    }
+    pub v4: Vec<[u8; 4]>,
+    pub v6: Vec<[u8; 16]>,
+    pub pod: Option<&'a Attachment<'a>>,
 }
 
 /// The per-pod features, each one module with the same verbs. Adding one is a

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use crate::{
     cni::{config::NetConf, AttachmentId},
-    datapath::{Attachment, Datapath, HostLink, Prepared},
+    datapath::{Attachment, Datapath, Prepared},
     error::Error,
     interface,
     netlink::Netlink,
@@ -63,16 +63,22 @@ async fn reattach_one(
         // Same name, another interface: not the pod's veth.
         return Ok(false);
     }
-    let ips = rec.addrs();
+    let Some(mut pod) = Attachment::recorded(rec, conf.pod_attach) else {
+        return Ok(false);
+    };
     // The pod's MAC: the permanent neighbour ADD made for its address.
     let neighbours = host_nl.permanent_neighbours(link.index).await?;
-    let pod_mac = ips
+    pod.pod_mac = pod
+        .ips
         .iter()
         .find_map(|ip| neighbours.iter().find(|(a, _)| a == ip).map(|(_, m)| *m))
         .ok_or_else(|| {
             Error::datapath(
                 "re-attach",
-                format!("no neighbour entry for {:?} on {}", ips, rec.host_ifname),
+                format!(
+                    "no neighbour entry for {:?} on {}",
+                    pod.ips, rec.host_ifname
+                ),
             )
         })?;
     let pod_ns = rec
@@ -80,35 +86,24 @@ async fn reattach_one(
         .as_deref()
         .map(|p| Netns::open(p.as_ref()))
         .transpose()?;
-    let netkit = link.is_netkit();
+    // The host end as the kernel shows it now; no pod interface: a repair
+    // does not enter pods, so an egress limit is the policer's (the pod's
+    // `fq` stays).
+    pod.host_ifindex = link.index;
+    pod.host_mac = link.mac.unwrap_or_default();
+    pod.netkit = link.is_netkit();
+    pod.netns_ino = pod_ns.as_ref().map_or(0, Netns::inode);
     // XDP cannot redirect into a netkit device (no `ndo_xdp_xmit`).
-    let xdp_ready = !netkit
+    pod.xdp_ready = !pod.netkit
         && pod_ns
             .as_ref()
             .is_some_and(|ns| interface::enable_gro(ns, &rec.ifname).is_ok());
     if !rec.port_mappings.is_empty() {
-        let addrs = host_nl.local_addrs(ips.iter().any(IpAddr::is_ipv6)).await?;
+        let addrs = host_nl
+            .local_addrs(pod.ips.iter().any(IpAddr::is_ipv6))
+            .await?;
         dp.prepare_host_ports(&addrs, conf.host_port_cgroup.as_deref())?;
     }
-    let id = rec.id();
-    dp.attach(
-        prepared,
-        &Attachment::from_record(
-            &id,
-            &rec.host_ifname,
-            &HostLink {
-                ifindex: link.index,
-                mac: link.mac.unwrap_or_default(),
-                netkit,
-            },
-            pod_mac,
-            &ips,
-            &rec.port_mappings,
-            rec.bandwidth.as_ref(),
-            pod_ns.as_ref().map_or(0, Netns::inode),
-            xdp_ready,
-            conf.pod_attach,
-        ),
-    )?;
+    dp.attach(prepared, &pod)?;
     Ok(true)
 }

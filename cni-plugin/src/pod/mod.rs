@@ -1,0 +1,48 @@
+//! One pod's attachment through its life, below the CNI glue of `commands/`:
+//!
+//! - [`setup`]: what an ADD makes once its preconditions hold and IPAM gave
+//!   addresses: the record, the pair, addressing, node settings, the datapath;
+//! - [`teardown`]: what a DEL (and a failed ADD's rollback, and GC) removes;
+//! - [`check`]: CHECK of what Sluice keeps (the pair, the record, the datapath);
+//! - [`repair`]: the recorded pods re-attached to a datapath loaded anew.
+//!
+//! Each builds the one [`Attachment`] the datapath's verbs take, from what it
+//! has: the pair it made ([`setup`]), what it finds of the pair
+//! ([`check`]), a record and the kernel's view of its veth ([`repair`]), a
+//! record alone ([`Attachment::recorded`], a DEL).
+pub mod check;
+pub mod repair;
+pub mod setup;
+pub mod teardown;
+
+use crate::{cni::config::PodAttach, datapath::Attachment, state::AttachmentRecord};
+
+pub use check::check;
+pub use repair::repair;
+pub use setup::{setup, Made, Setup};
+pub use teardown::{teardown, VethRemoval};
+
+impl Attachment<'_> {
+    /// A pod as its complete record has it: index of its host end, addresses,
+    /// mappings, limits. What only the kernel knows (MACs, the namespace, the
+    /// device kind) is unset; [`repair`] fills it in, a DEL has no use for it.
+    /// `None` for a record without the host index (an ADD that died before
+    /// its veth existed): the datapath then walks its maps.
+    pub fn recorded(rec: &AttachmentRecord, attach: PodAttach) -> Option<Self> {
+        Some(Self {
+            id: rec.id(),
+            host_ifname: rec.host_ifname.clone(),
+            host_ifindex: rec.host_ifindex?,
+            host_mac: [0; 6],
+            pod_mac: [0; 6],
+            ips: rec.addrs(),
+            netns_ino: 0,
+            xdp_ready: false,
+            attach,
+            netkit: false,
+            port_mappings: rec.port_mappings.clone(),
+            bandwidth: rec.bandwidth,
+            device: None,
+        })
+    }
+}
