@@ -17,6 +17,7 @@ pub mod endpoint;
 mod error;
 pub mod events;
 pub mod hostport;
+mod lock;
 pub mod nat;
 pub mod nat_pressure;
 pub mod node;
@@ -27,6 +28,7 @@ pub mod sweep;
 mod trie;
 
 pub use error::Error;
+pub use lock::MapsLock;
 pub use pinned::PinRoot;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

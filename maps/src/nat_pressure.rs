@@ -110,11 +110,13 @@ pub fn set_pod_counts(root: &PinRoot, counts: &BTreeMap<u32, u64>) -> Result<()>
     Ok(())
 }
 
-/// Recounts every pod's flows from both tables.
+/// Recounts every pod's flows from both tables, the walk and the write under
+/// the maps directory's lock (see [`crate::MapsLock`]).
 pub fn recount(root: &PinRoot) -> Result<()> {
     if !root.has(&maps::NAT_PODS) {
         return Ok(());
     }
+    let _walk_to_write = root.lock_maps()?;
     let mut counts = BTreeMap::new();
     let v4 = count_table::<[u8; 4], u32>(root, &maps::NAT_FWD, &mut counts)?;
     let v6 = if root.has(&maps::NAT6_FWD) {

@@ -67,6 +67,9 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
     let v4 = cfg.flags & masq_flags::ENABLED != 0;
     let v6 = root.has(&maps::MASQ6) && nat::config6(root)?.flags & masq_flags::ENABLED != 0;
     let mut swept = Swept::default();
+    // The walks and the counts written from them under one lock, as a DEL's
+    // recount (see `crate::MapsLock`).
+    let walk_to_write = (v4 || v6).then(|| root.lock_maps()).transpose()?;
     if v4 {
         (swept.flows, kept.0) = expire::<[u8; 4], u32>(
             root,
@@ -91,6 +94,7 @@ pub fn sweep(root: &PinRoot, now: u64) -> Result<Swept> {
         nat_pressure::set_pod_counts(root, &counts)?;
         nat_pressure::set_table_counts(root, kept.0, kept.1)?;
     }
+    drop(walk_to_write);
     if v4 || v6 {
         swept.frags = expire_frags(root, now)?;
     }

@@ -59,38 +59,65 @@ struct Nodes {
 }
 
 impl Nodes {
-    /// Reads `store` again after the watch event `ev`; `true` when the set
-    /// the routes are made from changed.
+    /// Follows the watch event `ev` (`store` as the reflector left it after
+    /// it); `true` when the set the routes are made from changed. One Node's
+    /// change reads that Node; a complete list (the first, and each relist
+    /// after `410 Gone`) reads the store again.
     fn take(&mut self, ev: &watcher::Event<Node>, store: &Store<Node>) -> bool {
-        if matches!(ev, watcher::Event::InitDone) {
-            self.ready = true;
-        }
-        if !self.ready {
-            return false;
-        }
-        let mut known = BTreeMap::new();
-        let mut ignored = BTreeMap::new();
-        for n in store.state() {
-            match node_info(&n) {
-                Ok(i) => {
-                    known.insert(i.name.clone(), i);
+        match ev {
+            watcher::Event::InitDone => {
+                self.ready = true;
+                self.known.clear();
+                let said = std::mem::take(&mut self.ignored);
+                for n in store.state() {
+                    let name = name_of(&n);
+                    self.read(&n, said.get(&name));
                 }
-                Err(e) => {
-                    ignored.insert(n.metadata.name.clone().unwrap_or_default(), e.to_string());
-                }
+                // Always a change: the first list, or a relist that may have
+                // missed deletions.
+                true
+            }
+            // A relist in progress: the store swaps its contents at InitDone.
+            watcher::Event::Init | watcher::Event::InitApply(_) => false,
+            _ if !self.ready => false,
+            watcher::Event::Apply(n) => {
+                let name = name_of(n);
+                let before = self.known.get(&name).cloned();
+                let said = self.ignored.get(&name).cloned();
+                self.read(n, said.as_ref());
+                self.known.get(&name) != before.as_ref()
+            }
+            watcher::Event::Delete(n) => {
+                let name = name_of(n);
+                self.ignored.remove(&name);
+                self.known.remove(&name).is_some()
             }
         }
-        // Each bad Node is said once, not at every event.
-        for (name, why) in &ignored {
-            if self.ignored.get(name) != Some(why) {
-                log(&format!("ignoring a Node: {why}"));
-            }
-        }
-        self.ignored = ignored;
-        let changed = known != self.known || matches!(ev, watcher::Event::InitDone);
-        self.known = known;
-        changed
     }
+
+    /// Reads one Node into `known` (or `ignored`, for a bad field: said once,
+    /// not at every event; `said` is what was said of it before).
+    fn read(&mut self, n: &Node, said: Option<&String>) {
+        let name = name_of(n);
+        match node_info(n) {
+            Ok(i) => {
+                self.ignored.remove(&name);
+                self.known.insert(name, i);
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if said != Some(&why) {
+                    log(&format!("ignoring a Node: {why}"));
+                }
+                self.known.remove(&name);
+                self.ignored.insert(name, why);
+            }
+        }
+    }
+}
+
+fn name_of(n: &Node) -> String {
+    n.metadata.name.clone().unwrap_or_default()
 }
 
 /// Drops what the agent never reads from a Node (the store holds every Node
@@ -322,5 +349,22 @@ mod tests {
             "{:?}",
             f.nodes.ignored
         );
+    }
+
+    #[test]
+    fn one_node_changing_is_read_alone_and_a_bad_one_leaves_the_set() {
+        let mut f = Fixture::new();
+        f.take(watcher::Event::Init);
+        f.take(watcher::Event::InitApply(node("a", "10.1.0.0/24")));
+        f.take(watcher::Event::InitApply(node("b", "10.2.0.0/24")));
+        assert!(f.take(watcher::Event::InitDone));
+        // "a" turns bad: it leaves the set; "b" stays as it was.
+        assert!(f.take(watcher::Event::Apply(node("a", "not-a-cidr"))));
+        assert_eq!(f.nodes.known.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(f.nodes.ignored.contains_key("a"));
+        // Still bad: no change. Fixed: back in the set, no longer ignored.
+        assert!(!f.take(watcher::Event::Apply(node("a", "not-a-cidr"))));
+        assert!(f.take(watcher::Event::Apply(node("a", "10.1.0.0/24"))));
+        assert!(f.nodes.known.contains_key("a") && f.nodes.ignored.is_empty());
     }
 }

@@ -14,7 +14,6 @@ use crate::{
     cni::{config::NetConf, result::IpConfig},
     error::{Error, Errors},
     ipam::Ipam,
-    lock::FileLock,
     netlink::Netlink,
 };
 
@@ -129,13 +128,9 @@ pub(super) fn prepare(root: &PinRoot, settings: &NodeSettings) -> Result<(), Err
 }
 
 /// Forgets the masqueraded flows of a pod that is going, and with them its
-/// flow count. Under the maps directory's lock (the one ADD claims counter
-/// slots under): the removal recounts every pod's flows (`sl_nat_pods`), and
-/// two DELs' walks and writes interleaved would put back the count of a pod
-/// the other had just removed, an entry no later DEL takes away (the churn
-/// test's leak check caught it).
+/// flow count (the recount takes the maps directory's lock itself:
+/// `sluice_maps::MapsLock`).
 pub(super) fn detach(root: &PinRoot, gone: &Gone<'_>, errors: &mut Errors) {
-    let _recount = errors.note(FileLock::dir_exclusive(&root.maps_dir()));
     errors.note(sluice_maps::nat::forget_pods(root, &gone.v4, &gone.v6));
 }
 

@@ -13,10 +13,7 @@ use std::{
     time::Instant,
 };
 
-use aya::{
-    programs::{CgroupSockAddr, PerfEvent, Program, SchedClassifier, Xdp},
-    Ebpf,
-};
+use aya::{programs::Program, Ebpf};
 use sluice_common::programs::{ProgKind, ProgSpec};
 
 use crate::error::Error;
@@ -76,33 +73,21 @@ pub(super) fn verify_all(ebpf: &mut Ebpf, specs: &[&'static ProgSpec]) -> Result
     })
 }
 
-/// Loads one program: the kernel verifies it (and JITs it).
+/// Loads one program: the kernel verifies it (and JITs it). Whatever its
+/// kind, as the object's section made it (the pin loop in `loader.rs` checks
+/// each against its `ProgSpec` kind).
 fn load(spec: &ProgSpec, prog: &mut Program) -> Result<(), Error> {
     let name = spec.name;
     let verified = |e| Error::datapath(format!("verify and load {name}"), e);
-    match spec.kind {
-        ProgKind::SockAddr(_) => {
-            let prog: &mut CgroupSockAddr = prog.try_into().map_err(verified)?;
-            prog.load().map_err(verified)
-        }
-        ProgKind::PerfEvent => {
-            let prog: &mut PerfEvent = prog.try_into().map_err(verified)?;
-            prog.load().map_err(verified)
-        }
-        ProgKind::UplinkXdp => {
-            let prog: &mut Xdp = prog.try_into().map_err(verified)?;
-            prog.load().map_err(verified)
-        }
-        ProgKind::PodIngress
-        | ProgKind::PodEgress
-        | ProgKind::PodNetkit
-        | ProgKind::PodNetkitPrimary
-        | ProgKind::PodDevice
-        | ProgKind::UplinkIngress
-        | ProgKind::UplinkEgress => {
-            let prog: &mut SchedClassifier = prog.try_into().map_err(verified)?;
-            prog.load().map_err(verified)
-        }
+    match prog {
+        Program::CgroupSockAddr(p) => p.load().map_err(verified),
+        Program::PerfEvent(p) => p.load().map_err(verified),
+        Program::Xdp(p) => p.load().map_err(verified),
+        Program::SchedClassifier(p) => p.load().map_err(verified),
+        other => Err(Error::datapath(
+            format!("verify and load {name}"),
+            format!("a {:?} program, not one Sluice loads", other.prog_type()),
+        )),
     }
 }
 
