@@ -39,6 +39,7 @@ mod mem;
 mod nat;
 mod packet;
 mod proto;
+mod sock_addr;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
@@ -50,7 +51,7 @@ use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
 use crate::{
     counters::count,
     events::note_drop,
-    l3::Headers,
+    l3::{Headers, L3},
     maps::ENDPOINTS,
     packet::{ptr_at, pull},
 };
@@ -74,15 +75,19 @@ fn skb_field_ifindex(ctx: &TcContext) -> u32 {
 #[inline(always)]
 fn parse_tc(ctx: &TcContext) -> Result<Headers, i32> {
     pull(ctx, HEADERS_LEN);
-    l3::parse(ctx).map_err(|v| {
-        if v.drop {
-            note_drop(v.reason, 0);
-            TC_ACT_SHOT
-        } else {
-            count(v.reason);
-            TCX_NEXT
-        }
-    })
+    l3::parse(ctx).map_err(parse_verdict)
+}
+
+/// The tc verdict for a frame `l3::parse` refused, counted.
+#[inline(always)]
+fn parse_verdict(v: l3::Verdict) -> i32 {
+    if v.drop {
+        note_drop(v.reason, 0);
+        TC_ACT_SHOT
+    } else {
+        count(v.reason);
+        TCX_NEXT
+    }
 }
 
 /// What `from_pod` learns of a frame's source address.
@@ -90,9 +95,8 @@ enum Source {
     /// An address of the pod behind the ingress device: its endpoint's flags.
     Own(u32),
     /// Not checked: IPv6 link-local and unspecified sources (router and
-    /// neighbour solicitations, DAD and MLD use them), frames that are not IP,
-    /// and frames too short to hold a source (the parser drops those as
-    /// malformed).
+    /// neighbour solicitations, DAD and MLD use them), and frames the parser
+    /// refuses (not IP: passed; malformed: dropped, after the counting).
     Unchecked,
     /// Someone else's address, or no pod's.
     Spoofed,
@@ -104,15 +108,13 @@ enum Source {
 /// Checks that the packet's source is an address of the pod behind `ifindex`
 /// (the anti-spoofing check Cilium calls source IP verification).
 #[inline(always)]
-fn source(ctx: &TcContext, ifindex: u32) -> Source {
-    let Some(key) = frame_addr(ctx, true) else {
-        return Source::Unchecked;
-    };
+fn source(ctx: &TcContext, h: &Headers, ifindex: u32) -> Source {
+    let key = h.src_key();
     // (An IPv4 key is v4-mapped: never link-local nor all zeros.)
     let a = &key.addr;
     let unspecified = *a == [0; 16];
     if (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || unspecified {
-        if node_ignores(ctx, unspecified) {
+        if node_ignores(ctx, h, unspecified) {
             return Source::LinkMulticast;
         }
         return Source::Unchecked;
@@ -134,29 +136,25 @@ fn source(ctx: &TcContext, ifindex: u32) -> Source {
 /// pass (`next header` ICMPv6, type 135 or 136, RFC 4861 4.3-4.4); so does
 /// what the linear data does not hold.
 #[inline(always)]
-fn node_ignores(ctx: &TcContext, unspecified_source: bool) -> bool {
+fn node_ignores(ctx: &TcContext, h: &Headers, unspecified_source: bool) -> bool {
     const ICMPV6: u8 = 58;
     const NEIGHBOUR_SOLICITATION: u8 = 135;
     const NEIGHBOUR_ADVERTISEMENT: u8 = 136;
-    // IPv6 header: next header at 6, destination at 24; ICMPv6 type after it.
-    let Some(dst) = ptr_at::<[u8; 2]>(ctx, 14 + 24) else {
+    let L3::V6(ip) = h.l3 else {
         return false;
     };
-    // SAFETY: bounds checked by ptr_at.
-    let dst = unsafe { *dst };
-    if dst[0] != 0xff || !matches!(dst[1] & 0x0f, 1 | 2) {
+    // SAFETY: bounds checked by `l3::parse`.
+    let (dst0, dst1, next) = unsafe { ((*ip).dst_addr[0], (*ip).dst_addr[1], (*ip).next_hdr) };
+    if dst0 != 0xff || !matches!(dst1 & 0x0f, 1 | 2) {
         return false;
     }
     if unspecified_source {
         return true;
     }
-    let Some(next) = ptr_at::<u8>(ctx, 14 + 6) else {
-        return false;
-    };
-    // SAFETY: bounds checked by ptr_at.
-    if unsafe { *next } != ICMPV6 {
+    if next != ICMPV6 {
         return true;
     }
+    // The ICMPv6 type, right after the fixed header.
     let Some(kind) = ptr_at::<u8>(ctx, 14 + 40) else {
         return false;
     };
@@ -167,24 +165,20 @@ fn node_ignores(ctx: &TcContext, unspecified_source: bool) -> bool {
     )
 }
 
-/// The frame's source (`src`) or destination address as an endpoint key, read
-/// straight from its IPv4 or IPv6 header; `None` for other frames and for
-/// frames too short to hold it.
+/// The frame's destination address as an endpoint key, read straight from its
+/// IPv4 or IPv6 header; `None` for other frames and for frames too short to
+/// hold it.
 #[inline(always)]
-fn frame_addr(ctx: &TcContext, src: bool) -> Option<IpKey> {
+fn frame_dst(ctx: &TcContext) -> Option<IpKey> {
     pull(ctx, HEADERS_LEN);
     let eth = ptr_at::<[u8; 14]>(ctx, 0)?;
     // SAFETY: bounds checked by ptr_at.
     let et = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
     match et {
         // SAFETY: bounds checked by ptr_at.
-        l3::ETH_P_IP => Some(IpKey::v4(unsafe {
-            *ptr_at::<[u8; 4]>(ctx, 14 + if src { 12 } else { 16 })?
-        })),
+        l3::ETH_P_IP => Some(IpKey::v4(unsafe { *ptr_at::<[u8; 4]>(ctx, 14 + 16)? })),
         // SAFETY: as above.
-        l3::ETH_P_IPV6 => Some(IpKey::v6(unsafe {
-            *ptr_at::<[u8; 16]>(ctx, 14 + if src { 8 } else { 24 })?
-        })),
+        l3::ETH_P_IPV6 => Some(IpKey::v6(unsafe { *ptr_at::<[u8; 16]>(ctx, 14 + 24)? })),
         _ => None,
     }
 }
@@ -219,9 +213,18 @@ pub fn from_netkit_pod(ctx: TcContext) -> i32 {
 /// `netkit`: the program runs on a netkit peer hook, not at tc ingress.
 #[inline(always)]
 fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
+    // Parsed once: the source check, hostPort and routing read these headers.
+    // A frame the parser refuses is counted and limited like any other first;
+    // its verdict comes after that.
+    pull(ctx, HEADERS_LEN);
+    let parsed = l3::parse(ctx);
+    let src = match &parsed {
+        Ok(h) => source(ctx, h, ifindex),
+        Err(_) => Source::Unchecked,
+    };
     // Before any translation or limit: a forged source never gets further.
     // (endpoint flags for the counter, limited, spoofed)
-    let (flags, limited, spoofed) = match source(ctx, ifindex) {
+    let (flags, limited, spoofed) = match src {
         Source::Own(flags) => (flags, flags & endpoint_flags::LIMITED != 0, false),
         // No endpoint to tell: the bucket lookup decides.
         Source::Unchecked => (0, true, false),
@@ -242,15 +245,28 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     if limited && !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), false) {
         return TC_ACT_SHOT;
     }
+    let h = match parsed {
+        Ok(h) => h,
+        Err(v) => return parse_verdict(v),
+    };
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
-    let translated = match hostport::from_pod(ctx) {
-        hostport::Translated::No => false,
-        hostport::Translated::Yes => true,
+    // (parse again, translated)
+    let (reparse, translated) = match hostport::from_pod(ctx, &h) {
+        hostport::Translated::No => (false, false),
+        // For the verifier's sake (see there).
+        hostport::Translated::NoAfterCall => (true, false),
+        // The rewrite's helpers (bpf_skb_store_bytes, bpf_l4_csum_replace)
+        // invalidate the packet pointers.
+        hostport::Translated::Yes => (true, true),
         hostport::Translated::Drop(verdict) => return verdict,
     };
-    let h = match parse_tc(ctx) {
-        Ok(h) => h,
-        Err(verdict) => return verdict,
+    let h = if reparse {
+        match parse_tc(ctx) {
+            Ok(h) => h,
+            Err(verdict) => return verdict,
+        }
+    } else {
+        h
     };
     if h.v4_options_or_fragment() {
         count(reason::IPV4_OPTIONS_OR_FRAGMENT);
@@ -345,7 +361,7 @@ pub fn to_netkit_pod(ctx: TcContext) -> i32 {
 /// addressed to.
 #[inline(always)]
 fn destination(ctx: &TcContext) -> Option<(u32, u32)> {
-    let key = frame_addr(ctx, false)?;
+    let key = frame_dst(ctx)?;
     // SAFETY: the map value is only read.
     unsafe { ENDPOINTS.get(key) }.map(|ep| (ep.ifindex, ep.flags))
 }

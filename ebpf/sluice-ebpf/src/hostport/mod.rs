@@ -41,6 +41,12 @@ pub(super) fn config() -> Option<&'static HostPortConfig> {
 pub enum Translated {
     /// Nothing: not a hostPort flow.
     No,
+    /// Nothing, as the IPv6 call ([`v6::from_pod`]) found. The caller's packet
+    /// pointers are still valid, but parse again: held across the call, they
+    /// came back with another range from each path its bounds checks took,
+    /// and the verifier walked what follows once per range (`from_pod`: 38,000
+    /// instructions verified instead of 28,000 on 6.18).
+    NoAfterCall,
     /// Rewritten: parse again and route by the new destination.
     Yes,
     /// Dropped (the verdict).

@@ -14,7 +14,7 @@ use crate::{
     csum,
     endpoint::deliver_translated,
     events::{self, note_drop},
-    l3::Headers,
+    l3::{Headers, L3},
     l4::{
         self, ipv4, is_fragment, rewrite, Rewrite, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
     },
@@ -47,23 +47,33 @@ pub(super) fn lookup(dst: [u8; 4], port: u16, proto: u8) -> Option<PortTarget> {
 #[inline(always)]
 fn parse(ctx: &TcContext) -> Option<(Ipv4Hdr, L4)> {
     let ip = ipv4(ctx)?;
-    if !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || is_fragment(&ip) {
-        return None;
-    }
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
-    let l4 = l4::l4(ctx, ip.proto, l4_off, 0).ok()?;
+    let l4 = translatable(ctx, ip.proto, l4_off, is_fragment(&ip))?;
     Some((ip, l4))
 }
 
-/// Rewrites the packet to `f` (source and destination, address and port, each
-/// only where it changes).
+/// The L4 header of a translatable packet (TCP/UDP/SCTP, not a fragment).
 #[inline(always)]
-fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
+fn translatable(ctx: &TcContext, proto: u8, l4_off: usize, fragment: bool) -> Option<L4> {
+    if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || fragment {
+        return None;
+    }
+    l4::l4(ctx, proto, l4_off, 0).ok()
+}
+
+/// Rewrites the packet, whose addresses are `src` and `dst`, to `f` (source
+/// and destination, address and port, each only where it changes). The
+/// addresses are copies: the first rewrite invalidates packet pointers.
+#[inline(always)]
+fn apply(ctx: &TcContext, (src, dst): ([u8; 4], [u8; 4]), l4: &L4, f: &HpFlow) -> Result<(), ()> {
     let dport_off = l4.dport_off.ok_or(())?;
-    if ip.src_addr != f.src_ip || l4.sport != f.src_port {
+    // Decided before the first rewrite: compared after it, the destination
+    // was kept as four bytes across its helper calls, four stack slots.
+    let new_dst = dst != f.dst_ip || l4.dport != f.dst_port;
+    if src != f.src_ip || l4.sport != f.src_port {
         let r = Rewrite {
             addr_off: ETH_LEN + 12,
-            old_addr: ip.src_addr,
+            old_addr: src,
             new_addr: f.src_ip,
             port_off: l4.sport_off,
             old_port: l4.sport,
@@ -71,10 +81,10 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
         };
         rewrite(ctx, l4, &r)?;
     }
-    if ip.dst_addr != f.dst_ip || l4.dport != f.dst_port {
+    if new_dst {
         let r = Rewrite {
             addr_off: ETH_LEN + 16,
-            old_addr: ip.dst_addr,
+            old_addr: dst,
             new_addr: f.dst_ip,
             port_off: dport_off,
             old_port: l4.dport,
@@ -83,6 +93,17 @@ fn apply(ctx: &TcContext, ip: &Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
         rewrite(ctx, l4, &r)?;
     }
     Ok(())
+}
+
+/// [`apply`] to a packet whose header `l3::parse` checked, at `ip`. The
+/// addresses are read from it here, right before the first rewrite
+/// invalidates the pointer: copies kept across the map lookups took stack
+/// slots.
+#[inline(always)]
+fn apply_parsed(ctx: &TcContext, ip: *mut Ipv4Hdr, l4: &L4, f: &HpFlow) -> Result<(), ()> {
+    // SAFETY: bounds checked by `l3::parse`; nothing has changed the packet since.
+    let addrs = unsafe { ((*ip).src_addr, (*ip).dst_addr) };
+    apply(ctx, addrs, l4, f)
 }
 
 /// Records how the pod's answers to the client `src`:`sport` are translated
@@ -131,7 +152,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         dst_port: t.pod_port,
         _pad: 0,
     };
-    if apply(ctx, &ip, &l4, &f).is_err() {
+    if apply(ctx, (ip.src_addr, ip.dst_addr), &l4, &f).is_err() {
         note_drop(reason::DROP_MALFORMED, 0);
         return Some(TC_ACT_SHOT);
     }
@@ -181,29 +202,38 @@ pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<IpKey> {
     Some(IpKey::v4(t.pod_ip))
 }
 
-/// Host veth ingress: replies of translated flows, and hairpin.
+/// Host veth ingress: replies of translated flows, and hairpin. `h`: the
+/// packet's headers, parsed by the caller.
 #[inline(always)]
-pub fn from_pod(ctx: &TcContext) -> Translated {
+pub fn from_pod(ctx: &TcContext, h: &Headers) -> Translated {
     if config().is_none() {
         return Translated::No;
     }
-    if l4::is_ipv6(ctx) {
+    // (The IPv6 path parses into its per-CPU scratch itself: a call of its own
+    // for the stack, and no packet pointers passed into it.)
+    let L3::V4(ip) = h.l3 else {
         return v6::translated(v6::from_pod(ctx));
-    }
-    let Some((ip, l4)) = parse(ctx) else {
+    };
+    // SAFETY: bounds checked by `l3::parse`.
+    let (proto, l4_off, fragment) = unsafe {
+        let l4_off = ETH_LEN + usize::from((*ip).vihl & 0x0f) * 4;
+        ((*ip).proto, l4_off, is_fragment(&*ip))
+    };
+    let Some(l4) = translatable(ctx, proto, l4_off, fragment) else {
         return Translated::No;
     };
-    let key = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
+    // SAFETY: as above (reading the L4 header changed no packet data).
+    let key = unsafe { NatKey::new((*ip).src_addr, (*ip).dst_addr, l4.sport, l4.dport, proto) };
     // SAFETY: map values are only read.
     if let Some(f) = unsafe { HP_CT.get(key) }.copied() {
-        if apply(ctx, &ip, &l4, &f).is_err() {
+        if apply_parsed(ctx, ip, &l4, &f).is_err() {
             note_drop(reason::DROP_MALFORMED, 0);
             return Translated::Drop(TC_ACT_SHOT);
         }
         count(reason::HOSTPORT_REPLY);
         return Translated::Yes;
     }
-    let Some(t) = lookup(ip.dst_addr, l4.dport, ip.proto) else {
+    let Some(t) = lookup(key.dst_ip, l4.dport, proto) else {
         return Translated::No;
     };
     let (mut rk, mut back, mut f) = Default::default();
@@ -211,7 +241,7 @@ pub fn from_pod(ctx: &TcContext) -> Translated {
         note_drop(reason::DROP_HOSTPORT_NO_PORT, 0);
         return Translated::Drop(TC_ACT_SHOT);
     }
-    if apply(ctx, &ip, &l4, &f).is_err() {
+    if apply_parsed(ctx, ip, &l4, &f).is_err() {
         note_drop(reason::DROP_MALFORMED, 0);
         return Translated::Drop(TC_ACT_SHOT);
     }

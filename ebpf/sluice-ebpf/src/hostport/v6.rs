@@ -345,7 +345,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
 #[inline(always)]
 pub fn translated(v: i32) -> Translated {
     match v {
-        NOT_OURS => Translated::No,
+        NOT_OURS => Translated::NoAfterCall,
         TRANSLATED => Translated::Yes,
         v => Translated::Drop(v),
     }
