@@ -23,9 +23,9 @@
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{collections::BTreeMap, fs, net::IpAddr, path::Path, thread, time::Duration};
 
-use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::{json, Value};
 use sluice_tests::{
+    agent::{log_of, start as agent, stop},
     apiserver::{ApiServer, Resource},
     exec,
     fixtures::add,
@@ -126,46 +126,6 @@ fn node_with_datapath() -> Node {
     node
 }
 
-/// Starts `sluice-node <args>` in `node`, reaching the API at
-/// `127.0.0.1:<port>`; its log goes to `<node dir>/<log>`.
-fn agent(node: &Node, port: u16, args: &[&str], log: &str) -> exec::Running {
-    let kubeconfig = node.dir().join(format!("kubeconfig-{port}"));
-    let cfg = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": format!("http://127.0.0.1:{port}")}}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    });
-    fs::write(&kubeconfig, cfg.to_string()).unwrap();
-    let bin = sluice_tests::sluice_node_bin()
-        .unwrap()
-        .display()
-        .to_string();
-    let pin_root = node.pin_root().display().to_string();
-    let mut all = vec!["-c", "exec \"$0\" \"$@\" 2>>\"$AGENT_LOG\"", &bin];
-    all.extend(args);
-    all.extend(["--pin-root", &pin_root, "--resync-secs", "2"]);
-    exec::spawn(
-        Some(&node.netns_path()),
-        Path::new("/bin/sh"),
-        &all,
-        &[
-            ("KUBECONFIG".to_string(), kubeconfig.display().to_string()),
-            (
-                "AGENT_LOG".to_string(),
-                node.dir().join(log).display().to_string(),
-            ),
-        ],
-        b"",
-    )
-    .unwrap()
-}
-
-fn log_of(node: &Node, log: &str) -> String {
-    fs::read_to_string(node.dir().join(log)).unwrap_or_default()
-}
-
 /// Waits for the tries to be `expected`; on failure shows them and the log.
 #[track_caller]
 fn follow(what: &str, node: &Node, log: &str, expected: &BTreeMap<String, u8>) {
@@ -179,15 +139,6 @@ fn follow(what: &str, node: &Node, log: &str, expected: &BTreeMap<String, u8>) {
             log_of(node, log)
         );
     }
-}
-
-/// SIGTERM: a clean exit.
-#[track_caller]
-fn stop(agent: exec::Running, node: &Node, log: &str) {
-    let pid = Pid::from_raw(i32::try_from(agent.pid().unwrap()).unwrap());
-    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
-    let out = agent.wait(Duration::from_secs(10)).unwrap();
-    assert!(out.success(), "{out}\n{}", log_of(node, log));
 }
 
 /// How many times the Services were listed (not watched).
@@ -273,7 +224,8 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
         api.port(),
         &["route-sync", "--node-name", "node-a"],
         log,
-    );
+    )
+    .unwrap();
     let base = [
         RANGE4,
         RANGE6,
@@ -425,7 +377,7 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
     assert!(text.contains("ServiceCIDR API found"), "{text}");
 
     // SIGTERM: a clean exit, the entries stay.
-    stop(a, &node, log);
+    stop(a, &node, log).unwrap();
     assert_eq!(svc(&node), want(&after_410b));
 
     // Meanwhile the cluster changes.
@@ -446,7 +398,8 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
         unreachable,
         &["route-sync", "--node-name", "node-a"],
         "blind.log",
-    );
+    )
+    .unwrap();
     thread::sleep(Duration::from_secs(3));
     assert_eq!(
         svc(&node),
@@ -454,7 +407,7 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
         "{}",
         log_of(&node, "blind.log")
     );
-    stop(blind, &node, "blind.log");
+    stop(blind, &node, "blind.log").unwrap();
 
     // Restarted: the stale entry goes, the new one comes, the config's stays.
     let b = agent(
@@ -462,7 +415,8 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
         api.port(),
         &["route-sync", "--node-name", "node-a"],
         log,
-    );
+    )
+    .unwrap();
     follow(
         "a restart's reconciliation",
         &node,
@@ -475,7 +429,7 @@ fn route_sync_keeps_the_service_addresses_kube_proxy_translates() {
             "203.0.113.30/32",
         ]),
     );
-    stop(b, &node, log);
+    stop(b, &node, log).unwrap();
 }
 
 #[test]
@@ -495,7 +449,7 @@ fn without_the_servicecidr_api_each_cluster_ip_goes_in() {
     api.set_service("default", "one", &plain("10.96.5.6", &[]), &json!({}));
     // Started before any pod: the agent waits for the datapath.
     let log = "services.log";
-    let a = agent(&node, api.port(), &["services"], log);
+    let a = agent(&node, api.port(), &["services"], log).unwrap();
     assert!(
         wait_for(FOLLOW, || log_of(&node, log)
             .contains("no ServiceCIDR API (404")),
@@ -532,7 +486,7 @@ fn without_the_servicecidr_api_each_cluster_ip_goes_in() {
         log,
         &want(&[RANGE4, RANGE6, "2001:db8::5/128"]),
     );
-    stop(a, &node, log);
+    stop(a, &node, log).unwrap();
     assert_eq!(svc(&node), want(&[RANGE4, RANGE6, "2001:db8::5/128"]));
 }
 

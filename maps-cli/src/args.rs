@@ -375,6 +375,9 @@ pub(crate) enum ServicesCommand {
     /// endpoint) or routed out of the uplink from one. Every packet of them
     /// takes the stack's path, so conntrack undoes the translation on replies.
     Flows(ServicesFlowsArgs),
+    /// The Services Sluice translates itself (`sluice-node proxy`): each
+    /// Service port's frontends, backends and translations at the socket.
+    Lb(JsonArgs),
 }
 
 #[derive(Args)]

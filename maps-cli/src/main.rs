@@ -8,6 +8,7 @@ mod caps;
 mod counters;
 mod datapath;
 mod endpoints;
+mod lb;
 mod metrics;
 mod monitor;
 mod nat;

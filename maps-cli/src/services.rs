@@ -28,6 +28,7 @@ pub(crate) fn execute(t: &Target, c: &ServicesCommand) -> Result<()> {
     match c {
         ServicesCommand::List(a) => list(&dp, a),
         ServicesCommand::Flows(a) => flows(&dp, a),
+        ServicesCommand::Lb(a) => crate::lb::list(&dp, a),
     }
 }
 

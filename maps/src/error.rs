@@ -58,6 +58,10 @@ pub enum Error {
         owner: String,
     },
 
+    /// A map has no room for another entry.
+    #[error("the map {map} is full ({max} entries): the entry was not written; raise the limit or remove entries")]
+    Full { map: &'static str, max: u32 },
+
     /// CHECK: the maps do not hold what the attachment should have.
     #[error("{0}")]
     Check(String),

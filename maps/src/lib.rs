@@ -17,6 +17,7 @@ pub mod endpoint;
 mod error;
 pub mod events;
 pub mod hostport;
+pub mod lb;
 mod lock;
 pub mod nat;
 pub mod nat_pressure;

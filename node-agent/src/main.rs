@@ -17,6 +17,8 @@
 //! - `services`: the Service addresses alone (ServiceCIDRs, ClusterIPs,
 //!   externalIPs, load balancer IPs), whose traffic from pods the datapath
 //!   hands to kube-proxy;
+//! - `proxy`: Sluice translates the Services itself (ClusterIPs, external
+//!   and load balancer IPs at the socket), instead of kube-proxy;
 //! - `uninstall`.
 mod atomic;
 mod cluster;
@@ -24,6 +26,7 @@ mod conflist;
 mod error;
 mod install;
 mod node_addrs;
+mod proxy;
 mod routes;
 mod services;
 mod shutdown;
@@ -73,6 +76,10 @@ enum Cmd {
     /// balancer IPs) in the datapath's Service ranges, so that pods' traffic
     /// to them goes to the node's stack.
     Services(ServicesArgs),
+    /// Translate the cluster's Services in the datapath instead of
+    /// kube-proxy: keep the Service maps in step with Services and
+    /// EndpointSlices and attach the Service socket hooks to a cgroup.
+    Proxy(ProxyArgs),
 }
 
 /// A comma-separated list of CIDRs (`10.96.0.0/12,fd00:10:96::/112`); an
@@ -210,6 +217,26 @@ struct ServicesArgs {
     resync_secs: u64,
 }
 
+#[derive(clap::Args)]
+struct ProxyArgs {
+    #[command(flatten)]
+    datapath: Datapath,
+    /// This node's name (`internalTrafficPolicy: Local` keeps its endpoints).
+    #[arg(long, env = "NODE_NAME", required_unless_present = "stop")]
+    node_name: Option<String>,
+    /// The cgroup v2 directory whose processes' sockets the Service hooks
+    /// translate (default: the root of the cgroup v2 hierarchy: every pod
+    /// and the node's own processes).
+    #[arg(long, env = "SLUICE_SERVICE_CGROUP")]
+    cgroup: Option<PathBuf>,
+    /// Compare everything again this often (seconds) even without a change.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    resync_secs: u64,
+    /// Remove the Service socket hooks and exit (back to kube-proxy).
+    #[arg(long)]
+    stop: bool,
+}
+
 /// One line on stderr (the container's log).
 pub(crate) fn log(msg: &str) {
     eprintln!("sluice-node: {msg}");
@@ -312,6 +339,34 @@ async fn run(cli: Cli) -> Result<()> {
                 client,
                 &services::Options {
                     pin_root: a.datapath.pin_root(),
+                    resync: Duration::from_secs(a.resync_secs),
+                },
+                shutdown::on_signals()?,
+            )
+            .await
+        }
+        Cmd::Proxy(a) => {
+            let pin_root = a.datapath.pin_root();
+            if a.stop {
+                return proxy::stop(&pin_root);
+            }
+            let cgroup = match a.cgroup {
+                Some(c) => c,
+                None => sluice_common::user::cgroup2_mount().ok_or_else(|| {
+                    Error::invalid(
+                        "--cgroup",
+                        "",
+                        "no cgroup v2 hierarchy is mounted on this node; name a cgroup v2 directory",
+                    )
+                })?,
+            };
+            let client = cluster::client().await?;
+            proxy::run(
+                client,
+                &proxy::Options {
+                    pin_root,
+                    node_name: a.node_name.unwrap_or_default(),
+                    cgroup,
                     resync: Duration::from_secs(a.resync_secs),
                 },
                 shutdown::on_signals()?,

@@ -117,7 +117,7 @@ fn network(n: IpNetwork) -> IpNetwork {
 
 /// An address as kube-proxy reads it (Go's `ParseIPSloppy`): IPv4 octets with
 /// leading zeros are decimal, an IPv4-mapped IPv6 address is IPv4.
-fn parse_ip(s: &str) -> Option<IpAddr> {
+pub(crate) fn parse_ip(s: &str) -> Option<IpAddr> {
     let ip = if let Ok(ip) = s.parse::<IpAddr>() {
         ip
     } else {
@@ -203,7 +203,7 @@ fn cluster_ips(svc: &Service, name: &str, notes: &mut Vec<String>) -> Option<Vec
 }
 
 /// The addresses `svc` adds: (ClusterIPs, externalIPs, load balancer IPs).
-fn addresses(
+pub(crate) fn addresses(
     svc: &Service,
     notes: &mut Vec<String>,
 ) -> Option<(Vec<IpAddr>, Vec<IpAddr>, Vec<IpAddr>)> {
@@ -375,7 +375,7 @@ fn api_code(e: &watcher::Error) -> Option<u16> {
 
 /// Drops what the agent never reads from a watched object (memory: the
 /// stores hold every Service of the cluster).
-fn slim<K: ResourceExt>(o: &mut K) {
+pub(crate) fn slim<K: ResourceExt>(o: &mut K) {
     o.managed_fields_mut().clear();
     o.annotations_mut().clear();
 }
@@ -391,7 +391,7 @@ struct Watches {
     dirty: bool,
 }
 
-type Ev<K> = Option<std::result::Result<watcher::Event<K>, watcher::Error>>;
+pub(crate) type Ev<K> = Option<std::result::Result<watcher::Event<K>, watcher::Error>>;
 
 impl Watches {
     fn ready(&self) -> bool {
@@ -453,7 +453,7 @@ impl Watches {
 }
 
 /// Takes the events `stream` has ready now (at most [`COALESCE`]).
-fn drain<S: Stream + Unpin>(
+pub(crate) fn drain<S: Stream + Unpin>(
     stream: &mut S,
     mut take: impl FnMut(Option<S::Item>) -> Result<()>,
 ) -> Result<()> {

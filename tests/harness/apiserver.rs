@@ -4,11 +4,14 @@
 //! server (Debian has kubectl and etcd, not kube-apiserver; nothing on PyPI,
 //! npm or crates.io ships it), so the tests talk to this. It speaks the part
 //! of the API that kube-rs uses (its `Api` calls, its `watcher`'s
-//! list-then-watch, its reconnects and relists), over HTTP/1.1, for three
-//! resources: Nodes (v1, cluster-scoped), Services (v1, namespaced) and
-//! ServiceCIDRs (networking.k8s.io/v1, cluster-scoped). Per resource (`R`
-//! being `/api/v1/nodes`, `/api/v1/services`,
-//! `/api/v1/namespaces/<ns>/services`, `/apis/networking.k8s.io/v1/servicecidrs`):
+//! list-then-watch, its reconnects and relists), over HTTP/1.1, for four
+//! resources: Nodes (v1, cluster-scoped), Services (v1, namespaced),
+//! ServiceCIDRs (networking.k8s.io/v1, cluster-scoped) and EndpointSlices
+//! (discovery.k8s.io/v1, namespaced). Per resource (`R` being
+//! `/api/v1/nodes`, `/api/v1/services`, `/api/v1/namespaces/<ns>/services`,
+//! `/apis/networking.k8s.io/v1/servicecidrs`,
+//! `/apis/discovery.k8s.io/v1/endpointslices`,
+//! `/apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices`):
 //! - `GET R/<name>`: the object, or a 404 `Status`;
 //! - `GET R`: a `<Kind>List` with the current `resourceVersion`; with
 //!   `limit`, pages with a `continue` token over a snapshot taken at the first
@@ -29,8 +32,9 @@
 //! Resource versions are one counter for every resource, as etcd's revision
 //! is: a watch of Services falls behind while Nodes change, and only
 //! bookmarks move it on. Discovery is served as kube-rs's `Discovery` reads it
-//! (`/api`, `/api/v1`, `/apis`, `/apis/networking.k8s.io`,
-//! `/apis/networking.k8s.io/v1`). [`ApiServer::set_service_cidr_api`]`(false)`
+//! (`/api`, `/api/v1`, `/apis`, `/apis/<group>` and `/apis/<group>/v1` for
+//! `networking.k8s.io` and `discovery.k8s.io`, each group version listing
+//! only the resources served here). [`ApiServer::set_service_cidr_api`]`(false)`
 //! makes the cluster one from before Kubernetes 1.33: discovery leaves
 //! ServiceCIDRs out, their paths answer `404 NotFound`, and open watches of
 //! them end.
@@ -52,7 +56,10 @@
 //! no `resourceVersionMatch` (a list is always the latest state), no
 //! aggregated discovery (`apidiscovery.k8s.io/v2`), no protobuf, no HTTP/2,
 //! one connection per request (`Connection: close`); no admission, defaulting
-//! or validation (objects are served as the test wrote them); and none of the
+//! or validation (objects are served as the test wrote them: no
+//! EndpointSlice controller either, a test puts the slices of its Services
+//! itself, and nothing ties them to the Services or Pods); only the `v1` of
+//! each group (no `discovery.k8s.io/v1beta1`); and none of the
 //! real server's behaviour under load (priority and fairness, `429`, watch
 //! cache sizes).
 use std::{
@@ -86,6 +93,11 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(1);
 /// How often an open watch looks at its stop conditions without a change.
 const WATCH_TICK: Duration = Duration::from_millis(100);
 
+/// The API groups served besides the core one (`v1` of each).
+const NETWORKING: &str = "networking.k8s.io";
+const DISCOVERY: &str = "discovery.k8s.io";
+const GROUPS: [&str; 2] = [NETWORKING, DISCOVERY];
+
 /// A resource the stand-in serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Resource {
@@ -95,16 +107,24 @@ pub enum Resource {
     Services,
     /// `servicecidrs` (networking.k8s.io/v1, cluster-scoped).
     ServiceCidrs,
+    /// `endpointslices` (discovery.k8s.io/v1, namespaced).
+    EndpointSlices,
 }
 
 impl Resource {
-    const ALL: [Self; 3] = [Self::Nodes, Self::Services, Self::ServiceCidrs];
+    const ALL: [Self; 4] = [
+        Self::Nodes,
+        Self::Services,
+        Self::ServiceCidrs,
+        Self::EndpointSlices,
+    ];
 
     fn kind(self) -> &'static str {
         match self {
             Self::Nodes => "Node",
             Self::Services => "Service",
             Self::ServiceCidrs => "ServiceCIDR",
+            Self::EndpointSlices => "EndpointSlice",
         }
     }
 
@@ -113,6 +133,7 @@ impl Resource {
             Self::Nodes => "node",
             Self::Services => "service",
             Self::ServiceCidrs => "servicecidr",
+            Self::EndpointSlices => "endpointslice",
         }
     }
 
@@ -121,6 +142,16 @@ impl Resource {
             Self::Nodes => "nodes",
             Self::Services => "services",
             Self::ServiceCidrs => "servicecidrs",
+            Self::EndpointSlices => "endpointslices",
+        }
+    }
+
+    /// The API group ("" for the core group).
+    fn group(self) -> &'static str {
+        match self {
+            Self::Nodes | Self::Services => "",
+            Self::ServiceCidrs => NETWORKING,
+            Self::EndpointSlices => DISCOVERY,
         }
     }
 
@@ -128,11 +159,20 @@ impl Resource {
         match self {
             Self::Nodes | Self::Services => "v1",
             Self::ServiceCidrs => "networking.k8s.io/v1",
+            Self::EndpointSlices => "discovery.k8s.io/v1",
         }
     }
 
     fn namespaced(self) -> bool {
-        self == Self::Services
+        matches!(self, Self::Services | Self::EndpointSlices)
+    }
+
+    /// What a `Status` calls it: `services`, `servicecidrs.networking.k8s.io`.
+    fn qualified(self) -> String {
+        match self.group() {
+            "" => self.plural().to_string(),
+            g => format!("{}.{g}", self.plural()),
+        }
     }
 
     /// The API resource entry discovery lists for it.
@@ -254,6 +294,16 @@ impl ApiServer {
     ) -> Result<Self> {
         let bind = bind.to_string();
         let listener = in_netns(netns, move || Ok(TcpListener::bind(bind.as_str())?))?;
+        Self::serving(listener, tls, ca)
+    }
+
+    /// Serves on `listener`, bound wherever the caller chose (the unit tests:
+    /// 127.0.0.1 of the namespace they run in, no privilege needed).
+    fn serving(
+        listener: TcpListener,
+        tls: Option<Arc<ServerConfig>>,
+        ca: Option<PathBuf>,
+    ) -> Result<Self> {
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let shared = Arc::new(Shared::default());
@@ -298,9 +348,10 @@ impl ApiServer {
         self.shared.changed.notify_all();
     }
 
-    /// Creates or replaces `obj` (its `metadata.name`, and for a Service its
-    /// `metadata.namespace`, default `default`) as a `res`; `apiVersion`,
-    /// `kind`, `uid` and `resourceVersion` are set here.
+    /// Creates or replaces `obj` (its `metadata.name`, and for a namespaced
+    /// resource, Service or EndpointSlice, its `metadata.namespace`, default
+    /// `default`) as a `res`; `apiVersion`, `kind`, `uid` and
+    /// `resourceVersion` are set here.
     pub fn put(&self, res: Resource, mut obj: Value) {
         let name = obj["metadata"]["name"]
             .as_str()
@@ -415,6 +466,42 @@ impl ApiServer {
     /// Deletes ServiceCIDR `name` (nothing if there is none).
     pub fn delete_service_cidr(&self, name: &str) {
         self.delete(Resource::ServiceCidrs, "", name);
+    }
+
+    /// Creates or replaces EndpointSlice `ns/name` of Service `service` (its
+    /// `kubernetes.io/service-name` label, and the `managed-by` label of the
+    /// EndpointSlice controller) with this `addressType` (`IPv4`, `IPv6`,
+    /// `FQDN`), `endpoints` and `ports` (JSON arrays as in the API).
+    pub fn set_endpoint_slice(
+        &self,
+        ns: &str,
+        name: &str,
+        service: &str,
+        address_type: &str,
+        endpoints: &Value,
+        ports: &Value,
+    ) {
+        self.put(
+            Resource::EndpointSlices,
+            json!({
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "labels": {
+                        "kubernetes.io/service-name": service,
+                        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                    },
+                },
+                "addressType": address_type,
+                "endpoints": endpoints,
+                "ports": ports,
+            }),
+        );
+    }
+
+    /// Deletes EndpointSlice `ns/name` (nothing if there is none).
+    pub fn delete_endpoint_slice(&self, ns: &str, name: &str) {
+        self.delete(Resource::EndpointSlices, ns, name);
     }
 
     /// Serves the ServiceCIDR API (the default), or not: a cluster from
@@ -636,10 +723,11 @@ enum Target {
     Object(Resource, String, String),
 }
 
-fn api_group() -> Value {
-    let v1 = json!({"groupVersion": "networking.k8s.io/v1", "version": "v1"});
+/// The `APIGroup` entry of `group` (its one version, `v1`), as `/apis` lists it.
+fn api_group(group: &str) -> Value {
+    let v1 = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
     json!({
-        "name": "networking.k8s.io",
+        "name": group,
         "versions": [v1.clone()],
         "preferredVersion": v1,
     })
@@ -647,46 +735,53 @@ fn api_group() -> Value {
 
 fn target(path: &str, inner: &Inner) -> Option<Target> {
     let cidr_api = inner.service_cidr_api;
-    let discovery = match path {
-        "/api" => Some(json!({
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let discovery = match segs.as_slice() {
+        ["api"] => Some(json!({
             "kind": "APIVersions",
             "versions": ["v1"],
             "serverAddressByClientCIDRs": [],
         })),
-        "/api/v1" => Some(json!({
+        ["api", "v1"] => Some(json!({
             "kind": "APIResourceList",
             "apiVersion": "v1",
             "groupVersion": "v1",
             "resources": [Resource::Nodes.discovery(), Resource::Services.discovery()],
         })),
-        "/apis" => Some(json!({
+        ["apis"] => Some(json!({
             "kind": "APIGroupList",
             "apiVersion": "v1",
-            "groups": [api_group()],
+            "groups": GROUPS.map(api_group),
         })),
-        "/apis/networking.k8s.io" => {
-            let mut g = api_group();
+        ["apis", group] if GROUPS.contains(group) => {
+            let mut g = api_group(group);
             g["kind"] = json!("APIGroup");
             g["apiVersion"] = json!("v1");
             Some(g)
         }
-        // Before 1.33 the group version is there with other resources
+        // Before 1.33 networking.k8s.io/v1 is there with other resources
         // (NetworkPolicies, Ingresses: not served here), without ServiceCIDRs.
-        "/apis/networking.k8s.io/v1" => Some(json!({
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": "networking.k8s.io/v1",
-            "resources": if cidr_api { vec![Resource::ServiceCidrs.discovery()] } else { Vec::new() },
-        })),
+        ["apis", group, "v1"] if GROUPS.contains(group) => {
+            let resources: Vec<Value> = Resource::ALL
+                .iter()
+                .filter(|r| r.group() == *group && (cidr_api || **r != Resource::ServiceCidrs))
+                .map(|r| r.discovery())
+                .collect();
+            Some(json!({
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": format!("{group}/v1"),
+                "resources": resources,
+            }))
+        }
         _ => None,
     };
     if let Some(d) = discovery {
         return Some(Target::Discovery(d));
     }
-    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (core, rest) = match segs.as_slice() {
-        ["api", "v1", rest @ ..] => (true, rest),
-        ["apis", "networking.k8s.io", "v1", rest @ ..] => (false, rest),
+    let (group, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, "v1", rest @ ..] => (*group, rest),
         _ => return None,
     };
     let (ns, rest) = match rest {
@@ -695,7 +790,7 @@ fn target(path: &str, inner: &Inner) -> Option<Target> {
     };
     let res = *Resource::ALL
         .iter()
-        .find(|r| Some(&r.plural()) == rest.first() && (r.api_version() == "v1") == core)?;
+        .find(|r| Some(&r.plural()) == rest.first() && r.group() == group)?;
     if (ns.is_some() && !res.namespaced()) || (res == Resource::ServiceCidrs && !cidr_api) {
         return None;
     }
@@ -763,7 +858,7 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
                     &status(
                         404,
                         "NotFound",
-                        &format!("{} \"{name}\" not found", res.plural()),
+                        &format!("{} \"{name}\" not found", res.qualified()),
                     ),
                 ),
             }
@@ -993,4 +1088,274 @@ fn watch(
             .0;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The stand-in over plain HTTP on 127.0.0.1 (no namespace, no privilege):
+    //! what it serves for EndpointSlices.
+    use super::*;
+
+    /// A stand-in on 127.0.0.1 of the namespace the test runs in.
+    fn local() -> ApiServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        ApiServer::serving(listener, None, None).unwrap()
+    }
+
+    /// `GET path`: the status code and the body (whole: the stand-in closes
+    /// the connection after each answer, a watch after its `timeoutSeconds`).
+    fn get(api: &ApiServer, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", api.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (code, body.to_string())
+    }
+
+    fn get_json(api: &ApiServer, path: &str) -> Value {
+        let (code, body) = get(api, path);
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The events of a watch body (one JSON object a line).
+    fn events(body: &str) -> Vec<Value> {
+        body.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn slice(api: &ApiServer, ns: &str, name: &str, ip: &str) {
+        api.set_endpoint_slice(
+            ns,
+            name,
+            "web",
+            "IPv4",
+            &json!([{"addresses": [ip], "conditions": {"ready": true}}]),
+            &json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+        );
+    }
+
+    fn names(items: &Value) -> Vec<String> {
+        items
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let m = &o["metadata"];
+                format!(
+                    "{}/{}",
+                    m["namespace"].as_str().unwrap(),
+                    m["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn apiserver_discovery_lists_endpoint_slices() {
+        let api = local();
+        let groups = get_json(&api, "/apis");
+        let discovery = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "discovery.k8s.io")
+            .unwrap();
+        assert_eq!(
+            discovery["preferredVersion"]["groupVersion"],
+            "discovery.k8s.io/v1"
+        );
+        let group = get_json(&api, "/apis/discovery.k8s.io");
+        assert_eq!(group["kind"], "APIGroup");
+        assert_eq!(group["versions"][0]["version"], "v1");
+        let list = get_json(&api, "/apis/discovery.k8s.io/v1");
+        assert_eq!(list["kind"], "APIResourceList");
+        assert_eq!(list["groupVersion"], "discovery.k8s.io/v1");
+        assert_eq!(
+            list["resources"],
+            json!([{
+                "name": "endpointslices",
+                "singularName": "endpointslice",
+                "namespaced": true,
+                "kind": "EndpointSlice",
+                "verbs": ["get", "list", "watch"],
+            }])
+        );
+        // networking.k8s.io/v1 still lists ServiceCIDRs alone, and not when
+        // the API is off; discovery.k8s.io does not depend on it.
+        let net = get_json(&api, "/apis/networking.k8s.io/v1");
+        assert_eq!(net["resources"][0]["name"], "servicecidrs");
+        assert_eq!(net["resources"].as_array().unwrap().len(), 1);
+        api.set_service_cidr_api(false);
+        let net = get_json(&api, "/apis/networking.k8s.io/v1");
+        assert_eq!(net["resources"], json!([]));
+        assert_eq!(
+            get_json(&api, "/apis/discovery.k8s.io/v1")["resources"][0]["name"],
+            "endpointslices"
+        );
+        assert_eq!(get(&api, "/apis/discovery.k8s.io/v1beta1").0, 404);
+        assert_eq!(get(&api, "/apis/apps").0, 404);
+    }
+
+    #[test]
+    fn apiserver_lists_and_gets_endpoint_slices() {
+        let api = local();
+        slice(&api, "a", "web-1", "10.0.0.1");
+        slice(&api, "b", "web-2", "10.0.0.2");
+        api.set_service("a", "web", &json!({}), &json!({}));
+
+        let all = get_json(&api, "/apis/discovery.k8s.io/v1/endpointslices");
+        assert_eq!(all["kind"], "EndpointSliceList");
+        assert_eq!(all["apiVersion"], "discovery.k8s.io/v1");
+        assert_eq!(all["metadata"]["resourceVersion"], "3");
+        assert_eq!(names(&all["items"]), ["a/web-1", "b/web-2"]);
+        let one = &all["items"][0];
+        assert_eq!(one["kind"], "EndpointSlice");
+        assert_eq!(one["apiVersion"], "discovery.k8s.io/v1");
+        assert_eq!(one["addressType"], "IPv4");
+        assert_eq!(
+            one["metadata"]["labels"]["kubernetes.io/service-name"],
+            "web"
+        );
+        assert_eq!(one["endpoints"][0]["addresses"][0], "10.0.0.1");
+
+        let b = get_json(
+            &api,
+            "/apis/discovery.k8s.io/v1/namespaces/b/endpointslices",
+        );
+        assert_eq!(names(&b["items"]), ["b/web-2"]);
+        let got = get_json(
+            &api,
+            "/apis/discovery.k8s.io/v1/namespaces/a/endpointslices/web-1",
+        );
+        assert_eq!(got["metadata"]["resourceVersion"], "1");
+
+        let (code, body) = get(
+            &api,
+            "/apis/discovery.k8s.io/v1/namespaces/b/endpointslices/web-1",
+        );
+        assert_eq!(code, 404);
+        assert!(
+            body.contains(r#"endpointslices.discovery.k8s.io \"web-1\" not found"#),
+            "{body}"
+        );
+        // Namespaced: no object path without a namespace; not in another group.
+        assert_eq!(
+            get(&api, "/apis/discovery.k8s.io/v1/endpointslices/web-1").0,
+            404
+        );
+        assert_eq!(
+            get(&api, "/apis/networking.k8s.io/v1/endpointslices").0,
+            404
+        );
+        assert_eq!(get(&api, "/api/v1/endpointslices").0, 404);
+
+        api.delete_endpoint_slice("a", "web-1");
+        let all = get_json(&api, "/apis/discovery.k8s.io/v1/endpointslices");
+        assert_eq!(names(&all["items"]), ["b/web-2"]);
+        assert_eq!(all["metadata"]["resourceVersion"], "4");
+    }
+
+    #[test]
+    fn apiserver_watches_endpoint_slices() {
+        let api = Arc::new(local());
+        slice(&api, "a", "web-1", "10.0.0.1");
+        api.set_bookmark_interval(Duration::from_millis(200));
+        // A watch from rv 1, open for a second, while a slice is added in
+        // another namespace, a Node changes, a slice of "a" is deleted.
+        let w = {
+            let api = Arc::clone(&api);
+            thread::spawn(move || {
+                get(
+                    &api,
+                    "/apis/discovery.k8s.io/v1/endpointslices?watch=true&resourceVersion=1\
+                     &allowWatchBookmarks=true&timeoutSeconds=1",
+                )
+            })
+        };
+        let ns_a = {
+            let api = Arc::clone(&api);
+            thread::spawn(move || {
+                get(
+                    &api,
+                    "/apis/discovery.k8s.io/v1/namespaces/a/endpointslices?watch=true\
+                     &timeoutSeconds=1",
+                )
+            })
+        };
+        // Both watches have asked (and had time to start) before the changes.
+        let asked = Instant::now();
+        while api.requests().len() < 2 {
+            assert!(
+                asked.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                api.requests()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        thread::sleep(Duration::from_millis(200));
+        slice(&api, "b", "web-2", "10.0.0.2");
+        api.set_node("n1", &[], &[]);
+        api.delete_endpoint_slice("a", "web-1");
+        let (code, body) = w.join().unwrap();
+        assert_eq!(code, 200);
+        let ev = events(&body);
+        let changes: Vec<String> = ev
+            .iter()
+            .filter(|e| e["type"] != "BOOKMARK")
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["type"].as_str().unwrap(),
+                    e["object"]["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(changes, ["ADDED web-2", "DELETED web-1"], "{body}");
+        let bookmark = ev.iter().find(|e| e["type"] == "BOOKMARK").unwrap();
+        assert_eq!(bookmark["object"]["kind"], "EndpointSlice");
+        assert_eq!(bookmark["object"]["apiVersion"], "discovery.k8s.io/v1");
+        // The watch of namespace "a" without a resource version: the
+        // synthetic ADDED of web-1, then its deletion; nothing of "b".
+        let (code, body) = ns_a.join().unwrap();
+        assert_eq!(code, 200);
+        let ev: Vec<(String, String)> = events(&body)
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap().to_string(),
+                    e["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ev,
+            [
+                ("ADDED".into(), "web-1".into()),
+                ("DELETED".into(), "web-1".into())
+            ],
+            "{body}"
+        );
+
+        // After the history is forgotten, a watch from an old version is
+        // told 410 inside a 200, as kube-apiserver does.
+        api.expire();
+        let (code, body) = get(
+            &api,
+            "/apis/discovery.k8s.io/v1/endpointslices?watch=true&resourceVersion=2&timeoutSeconds=1",
+        );
+        assert_eq!(code, 200);
+        let ev = events(&body);
+        assert_eq!(ev.len(), 1, "{body}");
+        assert_eq!(ev[0]["type"], "ERROR");
+        assert_eq!(ev[0]["object"]["code"], 410);
+        assert_eq!(api.expired_watches(), 1);
+    }
 }

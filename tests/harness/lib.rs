@@ -20,6 +20,7 @@
 // values that fit the fields they go into.
 #![expect(clippy::cast_possible_truncation, reason = "test packets: values fit")]
 
+pub mod agent;
 pub mod apiserver;
 pub mod attached;
 pub mod bandwidth;

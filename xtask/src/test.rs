@@ -264,12 +264,13 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report>
 /// on 5.10 (the oldest kernel's helpers and `cls_bpf`), its IPVS mode (which
 /// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
 /// with netkit pods, Sluice's and the reference's, and with masquerade on
-/// sid; the rule writer's IPVS path on 6.12. Under emulation on a 2-vCPU host the
+/// sid; the rule writer's IPVS path on 6.12. Sluice's own Services
+/// (`services_proxy`: the socket hooks) on 5.10, the oldest kernel. Under emulation on a 2-vCPU host the
 /// matrix takes about 28 minutes (CI of a32f79a: 28m35s; 5.10 10m31s, 6.1
 /// 5m49s, 6.12 5m13s, sid 5m10s), about half of it the verifier: each test's
 /// first ADD loads the datapath, its programs verified in parallel (see
 /// `datapath/verify.rs`), `uplink_out` the longest.
-const TCG_MAIN_TESTS: [&str; 26] = [
+const TCG_MAIN_TESTS: [&str; 27] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods|the_first_datagrams@5.10",
@@ -296,6 +297,7 @@ const TCG_MAIN_TESTS: [&str; 26] = [
     "kube_proxy:ipvs_mode_every_service_path_works|the_reference_chain_passes_the_same_cases_ipvs@6.12",
     "kube_proxy:ipvs_mode_with_masquerade@sid",
     "kube_proxy_rules@6.12",
+    "services_proxy@5.10",
 ];
 
 /// What the integration tests are given: the eBPF object and the binaries

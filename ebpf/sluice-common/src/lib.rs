@@ -17,6 +17,7 @@ pub mod endpoint;
 pub mod events;
 pub mod hostport;
 pub mod kernel_nat;
+pub mod lb;
 pub mod maps;
 pub mod nat;
 pub mod node;
@@ -32,6 +33,7 @@ pub use endpoint::*;
 pub use events::*;
 pub use hostport::*;
 pub use kernel_nat::*;
+pub use lb::*;
 pub use maps::{map_names, map_sizes};
 pub use nat::*;
 pub use node::*;
@@ -95,6 +97,12 @@ mod pod {
     unsafe impl aya::Pod for super::DropNote {}
     unsafe impl aya::Pod for super::KernelFlowKey {}
     unsafe impl aya::Pod for super::KernelFlow {}
+    unsafe impl aya::Pod for super::SvcKey {}
+    unsafe impl aya::Pod for super::SvcValue {}
+    unsafe impl aya::Pod for super::BackendKey {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::LbSockKey {}
+    unsafe impl aya::Pod for super::LbSockOrig {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -189,7 +197,7 @@ mod tests {
         assert_eq!(size_of::<NodeConfig>(), 16);
         assert_eq!(
             u32::try_from(reason::COUNT),
-            Ok(reason::DROP_MASQ_POD_SHARE + 1)
+            Ok(reason::DROP_LB_NO_ENDPOINT + 1)
         );
         assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
         // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.
@@ -226,6 +234,12 @@ mod tests {
         assert_eq!(size_of::<Masq6Config>(), 36);
         assert_eq!(size_of::<KernelFlowKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<KernelFlow>(), 8 + 4 + 1 + 1 + 2);
+        assert_eq!(size_of::<SvcKey>(), 16 + 2 + 1 + 1);
+        assert_eq!(size_of::<SvcValue>(), 16);
+        assert_eq!(size_of::<BackendKey>(), 8);
+        assert_eq!(size_of::<Backend>(), 16 + 2 + 2);
+        assert_eq!(size_of::<LbSockKey>(), 8 + 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<LbSockOrig>(), 16 + 2 + 2);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::{
     NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
     SockOrig6,
 };
+use crate::{Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +155,18 @@ pub const KFLOWS: MapSpec = spec::<KernelFlowKey, KernelFlow>("sl_kflows", MapKi
 /// datagrams of kernel flows whose later fragments follow the first to the
 /// stack.
 pub const KFLOW_FRAG: MapSpec = spec::<FragKey, u64>("sl_kflow_frag", MapKind::LruHash);
+/// [`SvcKey`] -> [`SvcValue`]: the frontends of the Services Sluice
+/// translates (the agent's Service mode; see `lb`).
+pub const LB_SVC: MapSpec = spec::<SvcKey, SvcValue>("sl_lb_svc", MapKind::Hash);
+/// [`BackendKey`] -> [`Backend`]: each Service port's backends by slot.
+pub const LB_BACKENDS: MapSpec = spec::<BackendKey, Backend>("sl_lb_be", MapKind::Hash);
+/// (LRU) [`LbSockKey`] -> [`LbSockOrig`]: sockets the hooks pointed at a
+/// backend, and the Service address they asked for.
+pub const LB_SOCK: MapSpec = spec::<LbSockKey, LbSockOrig>("sl_lb_sock", MapKind::LruHash);
+/// Service port id -> translations at the socket (connections, and datagrams
+/// of unconnected UDP), added to atomically: once per connection, not per
+/// packet, and an array per CPU would be 512 KiB per CPU.
+pub const LB_STATS: MapSpec = spec::<u32, u64>("sl_lb_stats", MapKind::Array);
 /// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
 /// timeout.
 pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
@@ -170,7 +183,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 42] = [
+pub const ALL: [MapSpec; 46] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -213,6 +226,10 @@ pub const ALL: [MapSpec; 42] = [
     NAT6_RING,
     NAT_CURSOR,
     NAT_PODS,
+    LB_SVC,
+    LB_BACKENDS,
+    LB_SOCK,
+    LB_STATS,
 ];
 
 /// The map names, for code that wants a name only.
@@ -259,6 +276,10 @@ pub mod map_names {
     pub const NAT6_RING: &str = super::NAT6_RING.name;
     pub const NAT_CURSOR: &str = super::NAT_CURSOR.name;
     pub const NAT_PODS: &str = super::NAT_PODS.name;
+    pub const LB_SVC: &str = super::LB_SVC.name;
+    pub const LB_BACKENDS: &str = super::LB_BACKENDS.name;
+    pub const LB_SOCK: &str = super::LB_SOCK.name;
+    pub const LB_STATS: &str = super::LB_STATS.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -313,6 +334,15 @@ pub mod map_sizes {
     pub const KFLOW_FRAG: u32 = 1_024;
     /// Pods with a flow count (`sl_nat_pods`).
     pub const NAT_PODS: u32 = 8_192;
+    /// Service frontends (address, port, protocol): 10,000 Services with
+    /// two ports in two families, and room.
+    pub const LB_SVC: u32 = 65_536;
+    /// Backend slots: 100,000 endpoints with two ports, and room.
+    pub const LB_BACKENDS: u32 = 262_144;
+    /// Sockets pointed at a backend, whose peer shows as the Service (LRU).
+    pub const LB_SOCK: u32 = 65_536;
+    /// Service port ids (`SvcValue::id` is below it).
+    pub const LB_STATS: u32 = 65_536;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

@@ -28,7 +28,7 @@ pub enum ProgKind {
     SockAddr(SockHook),
 }
 
-/// The cgroup `sock_addr` attach points of the hostPort socket hooks.
+/// The cgroup `sock_addr` attach points of the socket hooks (hostPort, Services).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SockHook {
     Connect4,
@@ -91,6 +91,20 @@ pub mod prog_names {
     /// kernels without `SO_NETNS_COOKIE`: records the netns cookie of a socket
     /// connecting to [`super::LEARN_ADDR`].
     pub const HP_LEARN4: &str = "hp_learn4";
+    /// cgroup/connect4: a socket connecting to a Service (the agent's Service
+    /// mode) goes to one of its backends.
+    pub const LB_CONNECT4: &str = "lb_connect4";
+    /// cgroup/sendmsg4: the same for each datagram of unconnected UDP.
+    pub const LB_SENDMSG4: &str = "lb_sendmsg4";
+    /// cgroup/recvmsg4: a backend's answer appears to come from the Service.
+    pub const LB_RECVMSG4: &str = "lb_recvmsg4";
+    /// cgroup/getpeername4: the peer is the Service the socket connected to.
+    pub const LB_GETPEERNAME4: &str = "lb_getpeername4";
+    /// The same four for IPv6 sockets.
+    pub const LB_CONNECT6: &str = "lb_connect6";
+    pub const LB_SENDMSG6: &str = "lb_sendmsg6";
+    pub const LB_RECVMSG6: &str = "lb_recvmsg6";
+    pub const LB_GETPEERNAME6: &str = "lb_getpeername6";
 }
 
 /// Where `hp_learn4` looks: a UDP connect here (no packet is sent) records the
@@ -159,8 +173,44 @@ pub const SOCK_HOOKS: [ProgSpec; 8] = [
     ),
 ];
 
+/// The Service socket hooks (the agent attaches them in its Service mode).
+pub const LB_HOOKS: [ProgSpec; 8] = [
+    prog(
+        prog_names::LB_CONNECT4,
+        ProgKind::SockAddr(SockHook::Connect4),
+    ),
+    prog(
+        prog_names::LB_SENDMSG4,
+        ProgKind::SockAddr(SockHook::SendMsg4),
+    ),
+    prog(
+        prog_names::LB_RECVMSG4,
+        ProgKind::SockAddr(SockHook::RecvMsg4),
+    ),
+    prog(
+        prog_names::LB_GETPEERNAME4,
+        ProgKind::SockAddr(SockHook::GetPeerName4),
+    ),
+    prog(
+        prog_names::LB_CONNECT6,
+        ProgKind::SockAddr(SockHook::Connect6),
+    ),
+    prog(
+        prog_names::LB_SENDMSG6,
+        ProgKind::SockAddr(SockHook::SendMsg6),
+    ),
+    prog(
+        prog_names::LB_RECVMSG6,
+        ProgKind::SockAddr(SockHook::RecvMsg6),
+    ),
+    prog(
+        prog_names::LB_GETPEERNAME6,
+        ProgKind::SockAddr(SockHook::GetPeerName6),
+    ),
+];
+
 /// Every program of the object, in load order.
-pub const ALL: [ProgSpec; 18] = [
+pub const ALL: [ProgSpec; 26] = [
     POD[0],
     POD[1],
     POD_NETKIT[0],
@@ -182,4 +232,12 @@ pub const ALL: [ProgSpec; 18] = [
         prog_names::HP_LEARN4,
         ProgKind::SockAddr(SockHook::Connect4),
     ),
+    LB_HOOKS[0],
+    LB_HOOKS[1],
+    LB_HOOKS[2],
+    LB_HOOKS[3],
+    LB_HOOKS[4],
+    LB_HOOKS[5],
+    LB_HOOKS[6],
+    LB_HOOKS[7],
 ];

@@ -182,6 +182,13 @@ reasons! {
     /// give up (all established, or none among the oldest): its new flow is
     /// dropped; other pods are unaffected.
     drop DROP_MASQ_POD_SHARE = 50 "drop_masq_pod_share";
+    /// Services: a socket's connect (or datagram) to a Service was pointed
+    /// at one of its backends (`lb_*` socket hooks).
+    count LB_SOCK = 51 "lb_sock";
+    /// Services: a connect (or datagram) to a Service with no endpoint was
+    /// refused at the socket (the caller sees `EPERM`; kube-proxy's rules
+    /// answer with an ICMP port unreachable).
+    drop DROP_LB_NO_ENDPOINT = 52 "drop_lb_no_endpoint";
 }
 
 /// Slots in the array (room to append).

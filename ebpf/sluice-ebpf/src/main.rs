@@ -34,6 +34,7 @@ mod kernel;
 mod kernel_nat;
 mod l3;
 mod l4;
+mod lb;
 mod maps;
 mod mem;
 mod nat;

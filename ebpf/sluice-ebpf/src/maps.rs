@@ -12,6 +12,7 @@ use sluice_common::{
     Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatLimits, NatRev, NodeConfig, PortKey,
     PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
+use sluice_common::{Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
 
 #[map(name = "sl_endpoints")]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint> = HashMap::pinned(map_sizes::ENDPOINTS, 0);
@@ -163,3 +164,21 @@ pub static NAT_CURSOR: Array<u64> = Array::pinned(nat_cursor::MAX, 0);
 /// Flows per pod; inserted on a pod's first flow, hence no preallocation.
 #[map(name = "sl_nat_pods")]
 pub static NAT_PODS: HashMap<u32, u64> = HashMap::pinned(map_sizes::NAT_PODS, BPF_F_NO_PREALLOC);
+
+// --- Services translated at the socket (`lb`) ----------------------------------
+// Written by the agent only; not preallocated: a node that leaves Services to
+// kube-proxy spends no memory on them.
+
+#[map(name = "sl_lb_svc")]
+pub static LB_SVC: HashMap<SvcKey, SvcValue> =
+    HashMap::pinned(map_sizes::LB_SVC, BPF_F_NO_PREALLOC);
+
+#[map(name = "sl_lb_be")]
+pub static LB_BACKENDS: HashMap<BackendKey, Backend> =
+    HashMap::pinned(map_sizes::LB_BACKENDS, BPF_F_NO_PREALLOC);
+
+#[map(name = "sl_lb_sock")]
+pub static LB_SOCK: LruHashMap<LbSockKey, LbSockOrig> = LruHashMap::pinned(map_sizes::LB_SOCK, 0);
+
+#[map(name = "sl_lb_stats")]
+pub static LB_STATS: Array<u64> = Array::pinned(map_sizes::LB_STATS, 0);

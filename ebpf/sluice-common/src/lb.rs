@@ -1,0 +1,105 @@
+//! Kubernetes Services translated by Sluice itself (the agent's Service
+//! mode, instead of kube-proxy): the frontends (`sl_lb_svc`: a Service
+//! address, port and protocol), their backends (`sl_lb_be`: slot `0..count`
+//! of a Service's id), and the sockets the hooks pointed at a backend
+//! (`sl_lb_sock`: `recvmsg`/`getpeername` show the Service address again).
+//!
+//! Both families share the maps: addresses are [`IpKey`]s (IPv4 as
+//! IPv4-mapped IPv6); ports are in network byte order.
+//!
+//! The agent writes a Service's backends before the frontend that names
+//! their count, and lowers the count before it removes a slot, so a hook
+//! never picks a slot that is not there (Cilium orders its writes the same).
+use crate::IpKey;
+
+/// A Service frontend: a ClusterIP (or external, load balancer) address, a
+/// port and a protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SvcKey {
+    pub addr: IpKey,
+    /// Network byte order.
+    pub port: u16,
+    /// `IPPROTO_TCP`, `IPPROTO_UDP` (SCTP is left to the stack).
+    pub proto: u8,
+    /// Zero.
+    pub _pad: u8,
+}
+
+impl SvcKey {
+    #[inline(always)]
+    pub const fn new(addr: IpKey, port: u16, proto: u8) -> Self {
+        Self {
+            addr,
+            port,
+            proto,
+            _pad: 0,
+        }
+    }
+}
+
+/// What a frontend leads to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SvcValue {
+    /// The Service port's id: the first half of its backends' keys, and its
+    /// counters' index.
+    pub id: u32,
+    /// Backends in slots `0..count`; 0: the Service has no endpoint, and a
+    /// connection to it is refused.
+    pub count: u32,
+    /// [`svc_flags`].
+    pub flags: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// Bits of [`SvcValue::flags`].
+pub mod svc_flags {
+    /// The backends in the slots are terminating ones (no ready endpoint is
+    /// left; kube-proxy then uses the serving terminating endpoints).
+    pub const TERMINATING: u32 = 1;
+}
+
+/// A backend slot of a Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct BackendKey {
+    pub id: u32,
+    pub slot: u32,
+}
+
+/// One endpoint of a Service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Backend {
+    pub addr: IpKey,
+    /// Network byte order.
+    pub port: u16,
+    /// Zero.
+    pub _pad: u16,
+}
+
+/// A socket a hook pointed at a backend: its cookie and the backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbSockKey {
+    pub cookie: u64,
+    pub addr: IpKey,
+    /// Network byte order.
+    pub port: u16,
+    /// Zero (two fields: no implicit padding).
+    pub _pad: u16,
+    pub _pad2: u32,
+}
+
+/// The Service address and port the socket asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbSockOrig {
+    pub addr: IpKey,
+    /// Network byte order.
+    pub port: u16,
+    /// Zero.
+    pub _pad: u16,
+}

@@ -1,0 +1,209 @@
+//! The Service socket hooks (cgroup `sock_addr`, both families): `connect`
+//! and `sendmsg` to a Service go to a backend ([`super::pick`]),
+//! `recvmsg` and `getpeername` show the Service the socket asked for. A
+//! hook's return value is the kernel's verdict: 1 lets the call go on, 0
+//! fails it with `EPERM` (a Service without endpoints).
+use aya_ebpf::{
+    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
+};
+use sluice_common::{Addr6, IpKey, LbSockKey, LbSockOrig, SvcKey};
+
+use super::{pick, Pick};
+use crate::{
+    maps::LB_SOCK,
+    proto::{AF_INET, AF_INET6, PROTO_TCP, PROTO_UDP},
+    sock_addr::{set_user_ip6, user_ip6},
+};
+
+/// Let the call go on.
+const ALLOW: i32 = 1;
+/// Fail it (`EPERM`).
+const REFUSE: i32 = 0;
+
+/// The socket's family, protocol (TCP or UDP) and destination port (network
+/// byte order, the first two bytes of `user_port`), if `family` is its.
+#[inline(always)]
+fn socket(ctx: &SockAddrContext, family: u8) -> Option<(u8, u16)> {
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (f, proto, port) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.family, sa.protocol, sa.user_port)
+    };
+    if f != u32::from(family) || (proto != u32::from(PROTO_TCP) && proto != u32::from(PROTO_UDP)) {
+        return None;
+    }
+    Some((proto as u8, port as u16))
+}
+
+/// Remembers that the socket now points at `backend`:`port` instead of the
+/// Service `orig`.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference: a 32-byte key on a 512-byte stack"
+)]
+#[inline(always)]
+fn remember(ctx: &SockAddrContext, backend: IpKey, port: u16, orig: &SvcKey) {
+    // SAFETY: plain helper call on this program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    let k = LbSockKey {
+        cookie,
+        addr: backend,
+        port,
+        _pad: 0,
+        _pad2: 0,
+    };
+    let o = LbSockOrig {
+        addr: orig.addr,
+        port: orig.port,
+        _pad: 0,
+    };
+    let _ = LB_SOCK.insert(&k, &o, 0);
+}
+
+/// The Service the socket asked for, if it was pointed at `addr`:`port`.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference: a 32-byte key on a 512-byte stack"
+)]
+#[inline(always)]
+fn asked_for(ctx: &SockAddrContext, addr: IpKey, port: u16) -> Option<LbSockOrig> {
+    // SAFETY: plain helper call on this program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    let k = LbSockKey {
+        cookie,
+        addr,
+        port,
+        _pad: 0,
+        _pad2: 0,
+    };
+    // SAFETY: map values are only read.
+    unsafe { LB_SOCK.get(&k) }.copied()
+}
+
+// --- IPv4 -----------------------------------------------------------------------
+
+#[inline(always)]
+fn to_backend4(ctx: &SockAddrContext) -> i32 {
+    let Some((proto, port)) = socket(ctx, AF_INET) else {
+        return ALLOW;
+    };
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let dst = unsafe { (*ctx.sock_addr).user_ip4 }.to_ne_bytes();
+    let key = SvcKey::new(IpKey::v4(dst), port, proto);
+    let b = match pick(&key) {
+        Pick::NotService => return ALLOW,
+        Pick::NoEndpoint => return REFUSE,
+        Pick::Backend(b) => b,
+    };
+    // The agent gives an IPv4 frontend IPv4 backends only.
+    let Some(ip) = b.addr.as_v4() else {
+        return REFUSE;
+    };
+    // SAFETY: writable fields of the connect4/sendmsg4 hooks.
+    unsafe {
+        (*ctx.sock_addr).user_ip4 = u32::from_ne_bytes(ip);
+        (*ctx.sock_addr).user_port = u32::from(b.port);
+    }
+    remember(ctx, b.addr, b.port, &key);
+    ALLOW
+}
+
+#[inline(always)]
+fn to_service4(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (family, ip, port) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.family, sa.user_ip4, sa.user_port)
+    };
+    if family != u32::from(AF_INET) {
+        return ALLOW;
+    }
+    if let Some(o) = asked_for(ctx, IpKey::v4(ip.to_ne_bytes()), port as u16) {
+        if let Some(vip) = o.addr.as_v4() {
+            // SAFETY: writable fields of the recvmsg4/getpeername4 hooks.
+            unsafe {
+                (*ctx.sock_addr).user_ip4 = u32::from_ne_bytes(vip);
+                (*ctx.sock_addr).user_port = u32::from(o.port);
+            }
+        }
+    }
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
+    to_backend4(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    to_backend4(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
+    to_service4(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn lb_getpeername4(ctx: SockAddrContext) -> i32 {
+    to_service4(&ctx)
+}
+
+// --- IPv6 -----------------------------------------------------------------------
+
+#[inline(always)]
+fn to_backend6(ctx: &SockAddrContext) -> i32 {
+    let Some((proto, port)) = socket(ctx, AF_INET6) else {
+        return ALLOW;
+    };
+    let key = SvcKey::new(IpKey::v6(user_ip6(ctx).0), port, proto);
+    let b = match pick(&key) {
+        Pick::NotService => return ALLOW,
+        Pick::NoEndpoint => return REFUSE,
+        Pick::Backend(b) => b,
+    };
+    set_user_ip6(ctx, &Addr6(b.addr.addr));
+    // SAFETY: a writable field of the connect6/sendmsg6 hooks.
+    unsafe { (*ctx.sock_addr).user_port = u32::from(b.port) };
+    remember(ctx, b.addr, b.port, &key);
+    ALLOW
+}
+
+#[inline(always)]
+fn to_service6(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: the kernel passes a valid bpf_sock_addr.
+    let (family, port) = unsafe {
+        let sa = &*ctx.sock_addr;
+        (sa.family, sa.user_port)
+    };
+    if family != u32::from(AF_INET6) {
+        return ALLOW;
+    }
+    if let Some(o) = asked_for(ctx, IpKey::v6(user_ip6(ctx).0), port as u16) {
+        set_user_ip6(ctx, &Addr6(o.addr.addr));
+        // SAFETY: a writable field of the recvmsg6/getpeername6 hooks.
+        unsafe { (*ctx.sock_addr).user_port = u32::from(o.port) };
+    }
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
+    to_backend6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    to_backend6(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn lb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    to_service6(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn lb_getpeername6(ctx: SockAddrContext) -> i32 {
+    to_service6(&ctx)
+}

@@ -1,0 +1,137 @@
+//! `sluicectl services lb`: the Services Sluice translates itself
+//! (`sluice-node proxy`): each Service port's frontends, its backends in slot
+//! order, whether they are terminating ones (no endpoint was ready), and its
+//! translations at the socket so far; and whether the socket hooks are
+//! attached.
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use sluice_common::{svc_flags, SvcValue};
+use sluice_maps::lb::{addr_port, hooks_attached, LbMaps};
+
+use crate::{args::JsonArgs, table, target::Datapath};
+
+/// One Service port.
+struct Row {
+    id: u32,
+    /// `addr:port/proto`.
+    frontends: Vec<String>,
+    backends: Vec<SocketAddr>,
+    terminating: bool,
+    translations: u64,
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        n => n.to_string(),
+    }
+}
+
+fn rows(maps: &LbMaps) -> Vec<Row> {
+    let mut by_id: BTreeMap<u32, (SvcValue, Vec<String>)> = BTreeMap::new();
+    for (k, v) in maps.frontends() {
+        let (ip, port) = addr_port(&k.addr, k.port);
+        let e = by_id.entry(v.id).or_insert((v, Vec::new()));
+        e.1.push(format!(
+            "{}/{}",
+            SocketAddr::new(ip, port),
+            proto_name(k.proto)
+        ));
+    }
+    by_id
+        .into_iter()
+        .map(|(id, (v, mut frontends))| {
+            frontends.sort();
+            Row {
+                id,
+                frontends,
+                backends: maps
+                    .backends(id, v.count)
+                    .iter()
+                    .map(|b| {
+                        let (ip, port) = addr_port(&b.addr, b.port);
+                        SocketAddr::new(ip, port)
+                    })
+                    .collect(),
+                terminating: v.flags & svc_flags::TERMINATING != 0,
+                translations: maps.translations(id),
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
+    let maps = LbMaps::open(&dp.root)?;
+    let rows = maps.as_ref().map(rows).unwrap_or_default();
+    let hooks = hooks_attached(&dp.root);
+    if a.json {
+        let ports: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "id": r.id,
+                    "frontends": r.frontends,
+                    "backends": r.backends.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "backendsTerminating": r.terminating,
+                    "translations": r.translations,
+                })
+            })
+            .collect();
+        let out = json!({
+            "supported": maps.is_some(),
+            "hooksAttached": hooks,
+            "servicePorts": ports,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    if maps.is_none() {
+        println!("Services are not translated by Sluice: the datapath was loaded by a Sluice without Service maps");
+        return Ok(());
+    }
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut backends = if r.backends.is_empty() {
+                "none (refused)".to_string()
+            } else {
+                r.backends
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            if r.terminating {
+                backends.push_str(" (terminating)");
+            }
+            vec![
+                r.id.to_string(),
+                r.frontends.join(","),
+                backends,
+                r.translations.to_string(),
+            ]
+        })
+        .collect();
+    if !table_rows.is_empty() {
+        print!(
+            "{}",
+            table::render(
+                &["ID", "FRONTENDS", "BACKENDS", "TRANSLATIONS"],
+                &table_rows
+            )
+        );
+    }
+    println!(
+        "{} Service ports translated by Sluice; socket hooks {}",
+        rows.len(),
+        if hooks {
+            "attached (sluice-node proxy)"
+        } else {
+            "not attached: Services are left to kube-proxy"
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! The Services Sluice translates itself (the agent's Service mode): each
+//! Service port has an id; its frontends (`sl_lb_svc`: address, port,
+//! protocol) name the id and how many backends it has, its backends sit in
+//! slots `0..count` of `sl_lb_be`. See `sluice_common::lb`.
+//!
+//! Writes are ordered so the socket hooks never see a count whose slots are
+//! not all there: a Service port's backends are written before its
+//! frontends (with the new count), and slots past a smaller new count go
+//! only after the frontends say it.
+use std::net::IpAddr;
+
+use aya::maps::{Array, HashMap, MapData, MapError};
+use sluice_common::{map_sizes, maps, Backend, BackendKey, IpKey, SvcKey, SvcValue};
+
+use crate::{
+    endpoint::{ip_key, key_ip},
+    error::is_not_found,
+    Error, PinRoot, Result,
+};
+
+/// A frontend's key: `addr`:`port` (host byte order) over `proto`.
+pub fn frontend(addr: IpAddr, port: u16, proto: u8) -> SvcKey {
+    SvcKey::new(ip_key(addr), port.to_be(), proto)
+}
+
+/// A backend: `addr`:`port` (host byte order).
+pub fn backend(addr: IpAddr, port: u16) -> Backend {
+    Backend {
+        addr: ip_key(addr),
+        port: port.to_be(),
+        _pad: 0,
+    }
+}
+
+/// The address and port (host byte order) of a frontend key or a backend.
+pub fn addr_port(addr: &IpKey, port_be: u16) -> (IpAddr, u16) {
+    (key_ip(addr), u16::from_be(port_be))
+}
+
+/// The Service maps of a pin root, opened.
+pub struct LbMaps {
+    svc: HashMap<MapData, SvcKey, SvcValue>,
+    backends: HashMap<MapData, BackendKey, Backend>,
+    stats: Array<MapData, u64>,
+}
+
+/// Whether a write failed because the map is full (a hash map answers
+/// `E2BIG`; one without preallocation may answer `ENOMEM`).
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s)
+        if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOMEM)))
+}
+
+fn write_error(map: &'static str, max: u32, e: MapError) -> Error {
+    if is_full(&e) {
+        Error::Full { map, max }
+    } else {
+        Error::map("write", map, e)
+    }
+}
+
+impl LbMaps {
+    /// `None` when the datapath predates the Service maps (an older sluice
+    /// loaded it).
+    pub fn open(root: &PinRoot) -> Result<Option<Self>> {
+        if !root.has(&maps::LB_SVC) {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            svc: root.typed(&maps::LB_SVC)?,
+            backends: root.typed(&maps::LB_BACKENDS)?,
+            stats: root.typed(&maps::LB_STATS)?,
+        }))
+    }
+
+    /// Every frontend and what it leads to.
+    pub fn frontends(&self) -> Vec<(SvcKey, SvcValue)> {
+        self.svc
+            .iter()
+            .filter_map(std::result::Result::ok)
+            .collect()
+    }
+
+    /// The backends of Service port `id` in slots `0..count` (a slot that
+    /// is missing is left out).
+    pub fn backends(&self, id: u32, count: u32) -> Vec<Backend> {
+        (0..count)
+            .filter_map(|slot| self.backends.get(&BackendKey { id, slot }, 0).ok())
+            .collect()
+    }
+
+    /// Translations of Service port `id` at the socket so far.
+    pub fn translations(&self, id: u32) -> u64 {
+        self.stats.get(&id, 0).unwrap_or(0)
+    }
+
+    /// Makes Service port `id` lead from `frontends` to `backends` (in that
+    /// slot order), `old_count` being the slots it had. See the module's
+    /// note on the order.
+    pub fn write(
+        &mut self,
+        id: u32,
+        frontends: &[SvcKey],
+        backends: &[Backend],
+        flags: u32,
+        old_count: u32,
+    ) -> Result<()> {
+        if id >= map_sizes::LB_STATS {
+            return Err(Error::Full {
+                map: maps::LB_STATS.name,
+                max: map_sizes::LB_STATS,
+            });
+        }
+        let count = u32::try_from(backends.len()).unwrap_or(u32::MAX);
+        for (slot, b) in (0..count).zip(backends) {
+            self.backends
+                .insert(BackendKey { id, slot }, b, 0)
+                .map_err(|e| write_error(maps::LB_BACKENDS.name, map_sizes::LB_BACKENDS, e))?;
+        }
+        let v = SvcValue {
+            id,
+            count,
+            flags,
+            _pad: 0,
+        };
+        for k in frontends {
+            self.svc
+                .insert(k, v, 0)
+                .map_err(|e| write_error(maps::LB_SVC.name, map_sizes::LB_SVC, e))?;
+        }
+        self.remove_slots(id, count, old_count)
+    }
+
+    /// Removes frontends `keys` (a Service port gone, or an address it no
+    /// longer has).
+    pub fn remove_frontends(&mut self, keys: &[SvcKey]) -> Result<()> {
+        for k in keys {
+            match self.svc.remove(k) {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(Error::map("remove", maps::LB_SVC.name, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the slots `from..to` of Service port `id` (after its
+    /// frontends no longer count them), and zeroes its counter when all go.
+    pub fn remove_slots(&mut self, id: u32, from: u32, to: u32) -> Result<()> {
+        for slot in from..to {
+            match self.backends.remove(&BackendKey { id, slot }) {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(Error::map("remove", maps::LB_BACKENDS.name, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts Service port `id`'s counter again (an id given to another
+    /// Service port).
+    pub fn reset_translations(&mut self, id: u32) -> Result<()> {
+        if id < map_sizes::LB_STATS {
+            self.stats
+                .set(id, 0, 0)
+                .map_err(|e| Error::map("write", maps::LB_STATS.name, e))?;
+        }
+        Ok(())
+    }
+}
+
+// --- the socket hooks ------------------------------------------------------------
+
+/// Where the link of Service hook `prog` is pinned (the plugin's upgrade
+/// replaces the program of every `links/cgroup-<program>` in place).
+fn hook_link(root: &PinRoot, prog: &str) -> std::path::PathBuf {
+    root.links_dir().join(format!("cgroup-{prog}"))
+}
+
+/// Whether every Service socket hook is attached (its link is pinned).
+pub fn hooks_attached(root: &PinRoot) -> bool {
+    sluice_common::programs::LB_HOOKS
+        .iter()
+        .all(|p| hook_link(root, p.name).exists())
+}
+
+/// Attaches the pinned Service socket hooks to the cgroup v2 directory
+/// `cgroup` (every socket of its processes, in any network namespace) and
+/// pins their links, so they outlive the agent. Attached ones stay.
+pub fn attach_hooks(root: &PinRoot, cgroup: &std::path::Path) -> Result<()> {
+    use std::os::fd::AsFd;
+
+    use aya::programs::{
+        links::{FdLink, PinnedLink},
+        CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType,
+    };
+    use sluice_common::programs::{ProgKind, SockHook, LB_HOOKS};
+
+    let dir = std::fs::File::open(cgroup)
+        .map_err(|e| Error::io(format!("open cgroup {}", cgroup.display()), e))?;
+    for p in LB_HOOKS {
+        let ProgKind::SockAddr(hook) = p.kind else {
+            continue;
+        };
+        let lp = hook_link(root, p.name);
+        if lp.exists() {
+            continue;
+        }
+        let kind = match hook {
+            SockHook::Connect4 => CgroupSockAddrAttachType::Connect4,
+            SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
+            SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
+            SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
+            SockHook::Connect6 => CgroupSockAddrAttachType::Connect6,
+            SockHook::SendMsg6 => CgroupSockAddrAttachType::UDPSendMsg6,
+            SockHook::RecvMsg6 => CgroupSockAddrAttachType::UDPRecvMsg6,
+            SockHook::GetPeerName6 => CgroupSockAddrAttachType::GetPeerName6,
+        };
+        let path = root.progs_dir().join(p.name);
+        let prog_err = |op: String| {
+            move |source| Error::Program {
+                op: op.clone(),
+                source,
+            }
+        };
+        let mut prog = CgroupSockAddr::from_pin(&path, kind)
+            .map_err(prog_err(format!("open pinned program {}", path.display())))?;
+        let id = prog
+            .attach(dir.as_fd(), CgroupAttachMode::Single)
+            .map_err(prog_err(format!(
+                "attach {} to {}",
+                p.name,
+                cgroup.display()
+            )))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(prog_err(format!("take the link of {}", p.name)))?
+            .try_into()
+            .map_err(|e: aya::programs::links::LinkError| Error::Io {
+                op: format!("the link of {} as a bpf_link", p.name),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        let _: PinnedLink = link.pin(&lp).map_err(|e| Error::Io {
+            op: format!("pin {}", lp.display()),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    }
+    Ok(())
+}
+
+/// Unpins the Service socket hooks' links (back to kube-proxy): the kernel
+/// detaches each once its last reference goes.
+pub fn detach_hooks(root: &PinRoot) -> Result<()> {
+    for p in sluice_common::programs::LB_HOOKS {
+        let lp = hook_link(root, p.name);
+        match std::fs::remove_file(&lp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("unpin {}", lp.display()), e)),
+        }
+    }
+    Ok(())
+}

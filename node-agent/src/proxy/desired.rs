@@ -1,0 +1,355 @@
+//! What the Service maps should hold, from the cluster's Services and
+//! EndpointSlices, as kube-proxy reads them (`pkg/proxy`'s
+//! `ServiceChangeTracker` and `EndpointsChangeTracker`):
+//!
+//! - the Services kube-proxy proxies ([`crate::services::addresses`]: not
+//!   headless, not `ExternalName`, not another proxy's); each port of each
+//!   is one Service port here, with its ClusterIPs, externalIPs and load
+//!   balancer IPs (VIP mode) as frontends, each with the backends of its
+//!   family;
+//! - its endpoints: those of its EndpointSlices (label
+//!   `kubernetes.io/service-name`, same namespace) whose port has the
+//!   Service port's name and protocol; the ready ones, or where none is
+//!   ready the serving terminating ones (kube-proxy's fallback), or none:
+//!   the Service then refuses connections;
+//! - `internalTrafficPolicy: Local`: only the endpoints on this node.
+//!
+//! Not here yet: NodePorts, `externalTrafficPolicy`, `sessionAffinity`.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::ResourceExt;
+use sluice_common::{svc_flags, Backend, SvcKey};
+use sluice_maps::lb::{backend, frontend};
+
+use crate::services::{addresses, parse_ip};
+
+/// The label that ties an EndpointSlice to its Service.
+pub(crate) const SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// One Service port as the maps should hold it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Port {
+    /// Sorted.
+    pub(crate) frontends: Vec<SvcKey>,
+    /// Sorted by address and port (slot order).
+    pub(crate) backends: Vec<Backend>,
+    /// `sluice_common::svc_flags`.
+    pub(crate) flags: u32,
+}
+
+/// Service ports by name (`namespace/name:port/PROTO`).
+pub(crate) type Ports = BTreeMap<String, Port>;
+
+fn proto_number(p: Option<&str>) -> Option<u8> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Some(6),
+        "UDP" => Some(17),
+        // Left to the stack (the hooks translate TCP and UDP only).
+        _ => None,
+    }
+}
+
+/// An endpoint of a slice: address, port, and whether it is ready or else
+/// serving while terminating.
+struct Ep {
+    addr: IpAddr,
+    port: u16,
+    ready: bool,
+    serving_terminating: bool,
+    local: bool,
+}
+
+/// The endpoints of `slices` for the Service port named `port_name` over
+/// `proto` (host byte order ports).
+fn endpoints(slices: &[&EndpointSlice], port_name: &str, proto: &str, node: &str) -> Vec<Ep> {
+    let mut out = Vec::new();
+    for s in slices {
+        let Some(port) = s.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == port_name
+                && p.protocol.as_deref().unwrap_or("TCP") == proto
+        }) else {
+            continue;
+        };
+        let Some(num) = port
+            .port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        for e in s.endpoints.iter().flatten() {
+            let c = e.conditions.as_ref();
+            // Absent conditions mean ready and serving (the API's defaults).
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let local = e.node_name.as_deref() == Some(node);
+            // kube-proxy uses the first address of an endpoint.
+            let Some(addr) = e.addresses.first().and_then(|a| parse_ip(a)) else {
+                continue;
+            };
+            out.push(Ep {
+                addr,
+                port: num,
+                ready: ready && !terminating,
+                serving_terminating: serving && terminating,
+                local,
+            });
+        }
+    }
+    out
+}
+
+/// The Service ports the maps should hold, for node `node`.
+pub(crate) fn desired<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &str,
+) -> (Ports, Vec<String>) {
+    let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+    for s in slices {
+        if let Some(name) = s.labels().get(SERVICE_NAME) {
+            by_service
+                .entry((s.namespace().unwrap_or_default(), name.clone()))
+                .or_default()
+                .push(s);
+        }
+    }
+    let mut notes = Vec::new();
+    let mut ports = Ports::new();
+    for svc in services {
+        let Some((cluster, external, lb)) = addresses(svc, &mut notes) else {
+            continue;
+        };
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let spec = svc.spec.as_ref();
+        let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let slices = by_service
+            .get(&(ns.clone(), name.clone()))
+            .map_or(&[][..], Vec::as_slice);
+        for sp in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten() {
+            let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
+            let Some(proto) = proto_number(Some(proto_name)) else {
+                continue;
+            };
+            let Ok(svc_port) = u16::try_from(sp.port) else {
+                notes.push(format!(
+                    "services: Service {ns}/{name} port {}: out of range; left out",
+                    sp.port
+                ));
+                continue;
+            };
+            let port_name = sp.name.as_deref().unwrap_or("");
+            let eps = endpoints(slices, port_name, proto_name, node);
+            let mut picked: Vec<&Ep> = eps.iter().filter(|e| e.ready).collect();
+            let mut flags = 0;
+            if picked.is_empty() {
+                picked = eps.iter().filter(|e| e.serving_terminating).collect();
+                if !picked.is_empty() {
+                    flags |= svc_flags::TERMINATING;
+                }
+            }
+            if local_only {
+                picked.retain(|e| e.local);
+            }
+            let mut seen = BTreeSet::new();
+            picked.retain(|e| seen.insert((e.addr, e.port)));
+            picked.sort_by_key(|e| (e.addr, e.port));
+            for family_v6 in [false, true] {
+                let fronts: BTreeSet<(IpAddr, u16)> = cluster
+                    .iter()
+                    .chain(&external)
+                    .chain(&lb)
+                    .filter(|ip| ip.is_ipv6() == family_v6)
+                    .map(|ip| (*ip, svc_port))
+                    .collect();
+                if fronts.is_empty() {
+                    continue;
+                }
+                let mut frontends: Vec<SvcKey> = fronts
+                    .iter()
+                    .map(|(ip, p)| frontend(*ip, *p, proto))
+                    .collect();
+                frontends.sort_by_key(|k| (k.addr.addr, k.port, k.proto));
+                let backends = picked
+                    .iter()
+                    .filter(|e| e.addr.is_ipv6() == family_v6)
+                    .map(|e| backend(e.addr, e.port))
+                    .collect();
+                let family = if family_v6 { "6" } else { "4" };
+                ports.insert(
+                    format!("{ns}/{name}:{svc_port}/{proto_name}/v{family}"),
+                    Port {
+                        frontends,
+                        backends,
+                        flags,
+                    },
+                );
+            }
+        }
+    }
+    (ports, notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sluice_maps::lb::addr_port;
+
+    use super::*;
+
+    fn svc(v: serde_json::Value) -> Service {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn slice(v: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn web(extra: &serde_json::Value) -> Service {
+        let mut v = json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+                               {"name": "dns", "port": 53, "protocol": "UDP"}]}
+        });
+        if let (Some(spec), Some(more)) = (v["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(more.clone());
+        }
+        svc(v)
+    }
+
+    fn ep(
+        addr: &str,
+        node: &str,
+        ready: bool,
+        serving: bool,
+        terminating: bool,
+    ) -> serde_json::Value {
+        json!({"addresses": [addr], "nodeName": node,
+               "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
+    }
+
+    fn web_slice(family: &str, eps: &[serde_json::Value]) -> EndpointSlice {
+        slice(json!({
+            "metadata": {"name": format!("web-{family}"), "namespace": "shop",
+                         "labels": {SERVICE_NAME: "web"}},
+            "addressType": family,
+            "endpoints": eps,
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
+                      {"name": "dns", "port": 5353, "protocol": "UDP"}]
+        }))
+    }
+
+    fn backends(p: &Port) -> Vec<String> {
+        p.backends
+            .iter()
+            .map(|b| {
+                let (a, port) = addr_port(&b.addr, b.port);
+                std::net::SocketAddr::new(a, port).to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_port_and_family_leads_to_the_ready_endpoints_of_its_family() {
+        let s = [web(&json!({}))];
+        let e = [
+            web_slice(
+                "IPv4",
+                &[
+                    ep("10.1.0.5", "n1", true, true, false),
+                    ep("10.1.0.4", "n2", true, true, false),
+                    ep("10.1.0.6", "n1", false, false, false),
+                ],
+            ),
+            web_slice("IPv6", &[ep("fd00:1::5", "n1", true, true, false)]),
+        ];
+        let (ports, notes) = desired(&s, &e, "n1");
+        assert!(notes.is_empty(), "{notes:?}");
+        let http4 = &ports["shop/web:80/TCP/v4"];
+        assert_eq!(backends(http4), ["10.1.0.4:8080", "10.1.0.5:8080"]);
+        assert_eq!(http4.frontends.len(), 1);
+        let (a, p) = addr_port(&http4.frontends[0].addr, http4.frontends[0].port);
+        assert_eq!(
+            (a.to_string(), p, http4.frontends[0].proto),
+            ("10.96.0.10".into(), 80, 6)
+        );
+        assert_eq!(
+            backends(&ports["shop/web:53/UDP/v4"]),
+            ["10.1.0.4:5353", "10.1.0.5:5353"]
+        );
+        assert_eq!(backends(&ports["shop/web:80/TCP/v6"]), ["[fd00:1::5]:8080"]);
+        assert_eq!(ports.len(), 4);
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let s = [web(&json!({}))];
+        let e = [web_slice(
+            "IPv4",
+            &[
+                ep("10.1.0.5", "n1", false, true, true),
+                ep("10.1.0.7", "n1", false, false, true),
+            ],
+        )];
+        let (ports, _) = desired(&s, &e, "n1");
+        let p = &ports["shop/web:80/TCP/v4"];
+        assert_eq!(backends(p), ["10.1.0.5:8080"]);
+        assert_eq!(p.flags, svc_flags::TERMINATING);
+        let e = [web_slice(
+            "IPv4",
+            &[
+                ep("10.1.0.5", "n1", false, true, true),
+                ep("10.1.0.8", "n1", true, true, false),
+            ],
+        )];
+        let (ports, _) = desired(&s, &e, "n1");
+        assert_eq!(backends(&ports["shop/web:80/TCP/v4"]), ["10.1.0.8:8080"]);
+    }
+
+    #[test]
+    fn no_endpoint_is_a_frontend_with_no_backend_and_local_policy_keeps_this_nodes() {
+        let (ports, _) = desired(&[web(&json!({}))], &[], "n1");
+        assert!(ports["shop/web:80/TCP/v4"].backends.is_empty());
+        let s = [web(&json!({"internalTrafficPolicy": "Local"}))];
+        let e = [web_slice(
+            "IPv4",
+            &[
+                ep("10.1.0.5", "n1", true, true, false),
+                ep("10.2.0.5", "n2", true, true, false),
+            ],
+        )];
+        let (ports, _) = desired(&s, &e, "n1");
+        assert_eq!(backends(&ports["shop/web:80/TCP/v4"]), ["10.1.0.5:8080"]);
+    }
+
+    #[test]
+    fn headless_external_name_and_sctp_are_left_to_others() {
+        let headless = web(&json!({"clusterIP": "None", "clusterIPs": ["None"]}));
+        let ext = svc(json!({"metadata": {"name": "x", "namespace": "a"},
+                             "spec": {"type": "ExternalName", "externalName": "example.com"}}));
+        let sctp = svc(json!({"metadata": {"name": "s", "namespace": "a"},
+                              "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 9, "protocol": "SCTP"}]}}));
+        let (ports, _) = desired(&[headless, ext, sctp], &[], "n1");
+        assert!(ports.is_empty(), "{ports:?}");
+    }
+
+    #[test]
+    fn external_and_load_balancer_ips_are_frontends_too() {
+        let mut s = web(&json!({"externalIPs": ["192.0.2.7"]}));
+        s.status = serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}, {"ip": "198.51.100.10", "ipMode": "Proxy"}]}})).unwrap();
+        let (ports, _) = desired(&[s], &[], "n1");
+        let mut fronts: Vec<String> = ports["shop/web:80/TCP/v4"]
+            .frontends
+            .iter()
+            .map(|k| addr_port(&k.addr, k.port).0.to_string())
+            .collect();
+        fronts.sort();
+        assert_eq!(fronts, ["10.96.0.10", "192.0.2.7", "198.51.100.9"]);
+    }
+}

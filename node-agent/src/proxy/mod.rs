@@ -1,0 +1,247 @@
+//! `sluice-node proxy`: Sluice translates the cluster's Services itself,
+//! instead of kube-proxy. The agent watches Services and EndpointSlices
+//! (kube-rs reflector stores: relists, `410 Gone` and bookmarks as kube-rs
+//! handles them), computes each Service port's frontends and backends
+//! ([`desired`]), keeps the datapath's Service maps in step ([`apply`]) and
+//! attaches the Service socket hooks to a cgroup (every socket of its
+//! processes, pods' too, in any network namespace): a connect to a Service
+//! goes to a backend before any packet exists.
+//!
+//! Nothing is written before both watches have listed everything once (a
+//! restart does not disturb the maps until it knows the whole cluster); the
+//! maps and hooks stay when the agent stops (connections keep working, the
+//! next agent takes over). `--stop` removes the hooks: back to kube-proxy.
+mod apply;
+mod desired;
+
+use std::{os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    runtime::{
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Api, Client,
+};
+use sluice_common::maps;
+use sluice_maps::{lb, PinRoot};
+
+use crate::{
+    error::{Error, Result},
+    log,
+    services::{drain, slim, Ev},
+    shutdown::Shutdown,
+};
+
+/// How often the datapath's pins are looked at: a datapath loaded after the
+/// agent started gets the Services this soon.
+const PIN_POLL: Duration = Duration::from_secs(2);
+
+pub(crate) struct Options {
+    pub(crate) pin_root: PathBuf,
+    /// This node's name (`internalTrafficPolicy: Local`).
+    pub(crate) node_name: String,
+    /// The cgroup v2 directory the socket hooks attach to.
+    pub(crate) cgroup: PathBuf,
+    /// Everything is compared again this often even without a change.
+    pub(crate) resync: Duration,
+}
+
+/// The two watches' progress.
+#[derive(Default)]
+struct Watches {
+    services: bool,
+    slices: bool,
+    dirty: bool,
+}
+
+impl Watches {
+    fn take<K>(ready: &mut bool, dirty: &mut bool, what: &str, ev: Ev<K>) -> Result<()> {
+        match ev {
+            Some(Ok(watcher::Event::InitDone)) => {
+                *ready = true;
+                *dirty = true;
+            }
+            Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => *dirty = true,
+            // The store swaps in a relist at its end (InitDone).
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+            // The watcher retries with backoff (a 410 Gone with a relist).
+            Some(Err(e)) => log(&format!("proxy: watching {what}: {e}")),
+            None => return Err(Error::invalid(format!("{what} watch"), "", "ended")),
+        }
+        Ok(())
+    }
+
+    fn service(&mut self, ev: Ev<Service>) -> Result<()> {
+        Self::take(&mut self.services, &mut self.dirty, "Services", ev)
+    }
+
+    fn slice(&mut self, ev: Ev<EndpointSlice>) -> Result<()> {
+        Self::take(&mut self.slices, &mut self.dirty, "EndpointSlices", ev)
+    }
+}
+
+pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) -> Result<()> {
+    let (services, svc_writer): (Store<Service>, _) = reflector::store();
+    let svc_stream = reflector::reflector(
+        svc_writer,
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(slim),
+    )
+    .default_backoff();
+    let (slices, slice_writer): (Store<EndpointSlice>, _) = reflector::store();
+    let slice_stream = reflector::reflector(
+        slice_writer,
+        watcher(
+            Api::<EndpointSlice>::all(client),
+            watcher::Config::default(),
+        )
+        .modify(slim),
+    )
+    .default_backoff();
+    futures::pin_mut!(svc_stream, slice_stream);
+    let root = PinRoot::new(&opts.pin_root);
+    let mut resync = tokio::time::interval(opts.resync);
+    let mut pins = tokio::time::interval(PIN_POLL);
+    let mut w = Watches::default();
+    let mut state = State::default();
+    log(&format!(
+        "proxy: watching Services and EndpointSlices; datapath {}, socket hooks on cgroup {}",
+        opts.pin_root.display(),
+        opts.cgroup.display()
+    ));
+    loop {
+        tokio::select! {
+            ev = svc_stream.next() => w.service(ev)?,
+            ev = slice_stream.next() => w.slice(ev)?,
+            _ = resync.tick() => w.dirty = true,
+            _ = pins.tick() => {}
+            () = &mut shutdown => return Ok(()),
+        }
+        drain(&mut svc_stream, |ev| w.service(ev))?;
+        drain(&mut slice_stream, |ev| w.slice(ev))?;
+        if !(w.services && w.slices) {
+            continue;
+        }
+        let new_maps = state.follow(&root);
+        if !(w.dirty || new_maps) {
+            continue;
+        }
+        let (s, e) = (services.state(), slices.state());
+        let (want, notes) = desired::desired(
+            s.iter().map(|o| &**o),
+            e.iter().map(|o| &**o),
+            &opts.node_name,
+        );
+        state.notes(&notes);
+        if state.apply(&root, &want, opts) {
+            w.dirty = false;
+        }
+    }
+}
+
+/// What the agent did last, to log changes only.
+#[derive(Default)]
+struct State {
+    applied: apply::Applied,
+    /// Inode of `sl_lb_svc`'s pin when last written.
+    maps_ino: Option<u64>,
+    notes: std::collections::BTreeSet<String>,
+    said: Option<String>,
+}
+
+impl State {
+    fn say(&mut self, msg: String) {
+        if self.said.as_ref() != Some(&msg) {
+            log(&msg);
+            self.said = Some(msg);
+        }
+    }
+
+    fn notes(&mut self, notes: &[String]) {
+        let now: std::collections::BTreeSet<String> = notes.iter().cloned().collect();
+        for n in now.difference(&self.notes) {
+            log(n);
+        }
+        self.notes = now;
+    }
+
+    /// Whether the Service maps are new ones (first load, or a datapath
+    /// loaded again): then everything is written again.
+    fn follow(&mut self, root: &PinRoot) -> bool {
+        let ino = std::fs::metadata(root.map_path(&maps::LB_SVC))
+            .ok()
+            .map(|m| m.ino());
+        if ino != self.maps_ino {
+            self.applied.reset();
+            self.maps_ino = ino;
+            return ino.is_some();
+        }
+        false
+    }
+
+    /// Writes `want` and attaches the hooks; `false` when the datapath is
+    /// not there yet (tried again at the next poll).
+    fn apply(&mut self, root: &PinRoot, want: &desired::Ports, opts: &Options) -> bool {
+        let maps = match lb::LbMaps::open(root) {
+            Ok(Some(m)) => Some(m),
+            Ok(None) => None,
+            Err(e) => {
+                self.say(format!("proxy: opening the Service maps: {e}"));
+                return false;
+            }
+        };
+        let Some(mut maps) = maps else {
+            self.say(format!(
+                "proxy: no datapath with Service maps at {} yet (no pod attached, or an older sluice loaded it); waiting",
+                root.path().display()
+            ));
+            return false;
+        };
+        let pass = match self.applied.sync(&mut maps, want) {
+            Ok(p) => p,
+            Err(e) => {
+                self.say(format!("proxy: writing the Service maps: {e}"));
+                return false;
+            }
+        };
+        for (name, why) in &pass.failed {
+            log(&format!("proxy: Service port {name} NOT written: {why}"));
+        }
+        if pass.written + pass.removed > 0 {
+            log(&format!(
+                "proxy: {} Service ports written, {} removed; {} in the maps",
+                pass.written,
+                pass.removed,
+                self.applied.len()
+            ));
+        }
+        if !lb::hooks_attached(root) {
+            match lb::attach_hooks(root, &opts.cgroup) {
+                Ok(()) => log(&format!(
+                    "proxy: Service socket hooks attached to {}",
+                    opts.cgroup.display()
+                )),
+                Err(e) => {
+                    self.say(format!("proxy: attaching the Service socket hooks: {e}"));
+                    return false;
+                }
+            }
+        }
+        self.said = None;
+        pass.failed.is_empty()
+    }
+}
+
+/// `proxy --stop`: the socket hooks go (Services are kube-proxy's again);
+/// the maps stay until the datapath goes.
+pub(crate) fn stop(pin_root: &std::path::Path) -> Result<()> {
+    lb::detach_hooks(&PinRoot::new(pin_root))?;
+    log("proxy: Service socket hooks removed; Services are left to kube-proxy");
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! `sluice-node proxy`: Sluice translates Services itself, at the socket.
+//! A node with a client pod and two backend pods (echo servers), the stand-in
+//! API server (`harness/apiserver.rs`) serving a Service and its
+//! EndpointSlices to the real kube-rs client, the agent with its socket
+//! hooks on a cgroup of the test's own (the clients join it; a process
+//! outside it is never translated).
+//!
+//! Checked with real traffic: a pod's TCP connect and UDP datagrams to the
+//! ClusterIP reach a backend directly (the backend sees the pod's own
+//! address: plain pod-to-pod packets), `getpeername` and `recvmsg` show the
+//! ClusterIP; connections spread over both backends; an endpoint removed
+//! gets no new connection; a Service without endpoints refuses at once;
+//! terminating endpoints serve only when none is ready; a Service deleted
+//! leaves its address untranslated; the maps are as the agent says; the
+//! hooks go with `proxy --stop`.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    agent::{log_of, start as agent, stop},
+    apiserver::ApiServer,
+    fixtures::add,
+    hostport::{client_in, Cgroup, ClientReport},
+    leaks::map_entries,
+    masq::{wait_for, EchoServer},
+    Node, Pod,
+};
+
+const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
+const CIDR: &str = "10.95.0.0/24";
+const CLUSTER_IP: &str = "10.96.7.10";
+/// The Service's ports, and the backends' (one echo server, TCP and UDP).
+const HTTP: u16 = 80;
+const DNS: u16 = 53;
+const TARGET: u16 = 8080;
+/// Longest the agent gets to follow a change.
+const FOLLOW: Duration = Duration::from_secs(20);
+const LOG: &str = "proxy.log";
+
+struct World {
+    node: Node,
+    client: Pod,
+    backends: Vec<(IpAddr, EchoServer)>,
+    cgroup: Cgroup,
+    api: ApiServer,
+}
+
+impl World {
+    fn new() -> Self {
+        let node = Node::new().unwrap();
+        let conf = node.conf("1.0.0", CIDR);
+        let client = node.pod("c").unwrap();
+        add(&node, &conf, "lb-client", &client);
+        let mut backends = Vec::new();
+        for i in 0..2 {
+            let pod = node.pod(&format!("b{i}")).unwrap();
+            let added = add(&node, &conf, &format!("lb-backend-{i}"), &pod);
+            let ip = added.ips[0].0;
+            let server = EchoServer::start(&pod.path, SocketAddr::new(ip, TARGET)).unwrap();
+            backends.push((ip, server));
+        }
+        let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
+        api.set_bookmark_interval(Duration::from_millis(300));
+        api.set_service(
+            "shop",
+            "web",
+            &json!({"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                    "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET},
+                              {"name": "dns", "port": DNS, "protocol": "UDP", "targetPort": TARGET}]}),
+            &json!({}),
+        );
+        Self {
+            node,
+            client,
+            backends,
+            cgroup: Cgroup::new().unwrap(),
+            api,
+        }
+    }
+
+    fn ip(&self, i: usize) -> IpAddr {
+        self.backends[i].0
+    }
+
+    /// The Service's endpoints: `(backend index, ready, serving, terminating)`.
+    fn endpoints(&self, eps: &[(usize, bool, bool, bool)]) {
+        let list: Vec<Value> = eps
+            .iter()
+            .map(|(i, ready, serving, terminating)| {
+                json!({"addresses": [self.ip(*i).to_string()], "nodeName": "node-a",
+                       "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
+            })
+            .collect();
+        self.api.set_endpoint_slice(
+            "shop",
+            "web-1",
+            "web",
+            "IPv4",
+            &json!(list),
+            &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
+                     {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
+        );
+    }
+
+    /// One client run in the client pod, in the test's cgroup or not.
+    fn run(&self, in_cgroup: bool, args: &[&str]) -> ClientReport {
+        let cg = in_cgroup.then_some(&self.cgroup);
+        client_in(Path::new(CLIENT), &self.client.path, cg, args).unwrap()
+    }
+
+    fn tcp(&self) -> ClientReport {
+        self.run(true, &["tcp", &format!("{CLUSTER_IP}:{HTTP}"), "2000"])
+    }
+
+    /// The backends each of `n` new connections reached (by the servers'
+    /// own count of accepted connections).
+    fn spread(&self, n: usize) -> Vec<usize> {
+        let before: Vec<usize> = self
+            .backends
+            .iter()
+            .map(|(_, s)| s.peers().tcp.len())
+            .collect();
+        for _ in 0..n {
+            let r = self.tcp();
+            assert!(r.ok, "a connection to the ClusterIP failed: {}", r.output);
+        }
+        self.backends
+            .iter()
+            .zip(before)
+            .map(|((_, s), b)| s.peers().tcp.len() - b)
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        log_of(&self.node, LOG)
+    }
+}
+
+/// The frontends in `sl_lb_svc` (bpftool's view): how many.
+fn frontends(node: &Node) -> usize {
+    map_entries(node, "sl_lb_svc").unwrap().len()
+}
+
+#[test]
+fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
+    // Before the agent: no translation, nothing reaches a backend.
+    let before = w.tcp();
+    assert!(
+        !before.ok,
+        "translated without the agent: {}",
+        before.output
+    );
+    let a = agent(
+        &w.node,
+        w.api.port(),
+        &[
+            "proxy",
+            "--node-name",
+            "node-a",
+            "--cgroup",
+            &w.cgroup.display(),
+        ],
+        LOG,
+    )
+    .unwrap();
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.tcp();
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "the ClusterIP never answered: {:?}\nagent log:\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    // TCP: the pod's own address reaches the backend (no NAT in the path),
+    // and the socket's peer is the ClusterIP.
+    let r = w.tcp();
+    assert!(r.ok, "{}", r.output);
+    let vip: SocketAddr = format!("{CLUSTER_IP}:{HTTP}").parse().unwrap();
+    assert_eq!(r.peer, Some(vip), "getpeername: {}", r.output);
+    let client_ip = r.local.unwrap().ip();
+    let seen: BTreeSet<IpAddr> = w
+        .backends
+        .iter()
+        .flat_map(|(_, s)| s.peers().tcp)
+        .map(|p| p.ip())
+        .collect();
+    assert_eq!(seen, BTreeSet::from([client_ip]), "backends saw {seen:?}");
+    // Both backends take new connections.
+    let spread = w.spread(24);
+    assert!(
+        spread.iter().all(|n| *n > 0),
+        "24 connections went {spread:?}"
+    );
+    // UDP (DNS's way): each datagram to the ClusterIP reaches a backend, the
+    // answer shows as the ClusterIP's.
+    let u = w.run(true, &["udp", &format!("{CLUSTER_IP}:{DNS}"), "3", "500"]);
+    assert!(u.ok, "{}", u.output);
+    let dns: SocketAddr = format!("{CLUSTER_IP}:{DNS}").parse().unwrap();
+    assert_eq!(u.from, Some(dns), "recvmsg: {}", u.output);
+    // A process outside the hooks' cgroup is not translated.
+    let outside = w.run(false, &["tcp", &format!("{CLUSTER_IP}:{HTTP}"), "100"]);
+    assert!(
+        !outside.ok,
+        "translated outside the cgroup: {}",
+        outside.output
+    );
+    assert_eq!(frontends(&w.node), 2, "{}", w.log());
+    // sluicectl shows each Service port: frontends, backends, translations.
+    let lb = w
+        .node
+        .sluicectl_json(&["services", "lb", "--json"])
+        .unwrap();
+    assert_eq!(lb["hooksAttached"], json!(true), "{lb}");
+    let ports = lb["servicePorts"].as_array().unwrap();
+    assert_eq!(ports.len(), 2, "{lb}");
+    let http = ports
+        .iter()
+        .find(|p| p["frontends"] == json!([format!("{CLUSTER_IP}:{HTTP}/tcp")]))
+        .unwrap_or_else(|| panic!("no TCP Service port: {lb}"));
+    let mut want: Vec<String> = (0..2).map(|i| format!("{}:{TARGET}", w.ip(i))).collect();
+    want.sort();
+    let mut have: Vec<String> = http["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_str().unwrap().to_string())
+        .collect();
+    have.sort();
+    assert_eq!(have, want, "{lb}");
+    assert!(http["translations"].as_u64().unwrap() >= 26, "{lb}");
+
+    // An endpoint removed takes no new connection.
+    w.endpoints(&[(1, true, true, false)]);
+    assert!(
+        wait_for(FOLLOW, || w.spread(6) == [0, 6]),
+        "connections still reach the removed endpoint\nagent log:\n{}",
+        w.log()
+    );
+    // Not ready but serving while terminating: used only when no endpoint is
+    // ready (kube-proxy's fallback).
+    w.endpoints(&[(0, false, true, true), (1, true, true, false)]);
+    assert!(wait_for(FOLLOW, || w.spread(4) == [0, 4]), "{}", w.log());
+    w.endpoints(&[(0, false, true, true)]);
+    assert!(wait_for(FOLLOW, || w.spread(4) == [4, 0]), "{}", w.log());
+    // No endpoint: refused at once (EPERM from the hook), no timeout.
+    w.endpoints(&[]);
+    let mut refused = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.tcp();
+            let done = r.errno == Some(libc::EPERM);
+            refused = Some(r);
+            done
+        }),
+        "a Service without endpoints was not refused: {:?}\n{}",
+        refused.map(|r| r.output),
+        w.log()
+    );
+    // The Service gone: its frontends go, its address is not translated.
+    w.endpoints(&[(0, true, true, false)]);
+    w.api
+        .delete(sluice_tests::apiserver::Resource::Services, "shop", "web");
+    assert!(
+        wait_for(FOLLOW, || frontends(&w.node) == 0),
+        "frontends left: {}\n{}",
+        frontends(&w.node),
+        w.log()
+    );
+    let gone = w.tcp();
+    assert!(
+        !gone.ok && gone.errno != Some(libc::EPERM),
+        "{}",
+        gone.output
+    );
+    stop(a, &w.node, LOG).unwrap();
+    // The hooks stay when the agent stops (connections keep working)...
+    let links = w.node.pin_root().join("links");
+    assert!(links.join("cgroup-lb_connect4").exists());
+    // ...and go with `proxy --stop`: Services are kube-proxy's again.
+    let out = sluice_tests::exec::run(
+        Some(&w.node.netns_path()),
+        &sluice_tests::sluice_node_bin().unwrap(),
+        &[
+            "proxy",
+            "--stop",
+            "--pin-root",
+            &w.node.pin_root().display().to_string(),
+        ],
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
+    assert!(!links.join("cgroup-lb_connect4").exists());
+}
