@@ -34,7 +34,9 @@ use sluice_tests::{
 
 const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
 const CIDR: &str = "10.95.0.0/24";
+const CIDR6: &str = "fd00:95::/64";
 const CLUSTER_IP: &str = "10.96.7.10";
+const CLUSTER_IP6: &str = "fd00:96::7:10";
 /// The Service's ports, and the backends' (one echo server, TCP and UDP).
 const HTTP: u16 = 80;
 const DNS: u16 = 53;
@@ -47,6 +49,8 @@ struct World {
     node: Node,
     client: Pod,
     backends: Vec<(IpAddr, EchoServer)>,
+    /// The same pods' IPv6 addresses and servers.
+    backends6: Vec<(IpAddr, EchoServer)>,
     cgroup: Cgroup,
     api: ApiServer,
 }
@@ -54,16 +58,23 @@ struct World {
 impl World {
     fn new() -> Self {
         let node = Node::new().unwrap();
-        let conf = node.conf("1.0.0", CIDR);
+        let mut conf = node.conf("1.0.0", CIDR);
+        conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
+        conf["ipam"].as_object_mut().unwrap().remove("subnet");
         let client = node.pod("c").unwrap();
         add(&node, &conf, "lb-client", &client);
-        let mut backends = Vec::new();
+        let (mut backends, mut backends6) = (Vec::new(), Vec::new());
         for i in 0..2 {
             let pod = node.pod(&format!("b{i}")).unwrap();
             let added = add(&node, &conf, &format!("lb-backend-{i}"), &pod);
-            let ip = added.ips[0].0;
-            let server = EchoServer::start(&pod.path, SocketAddr::new(ip, TARGET)).unwrap();
-            backends.push((ip, server));
+            for (ip, _) in &added.ips {
+                let server = EchoServer::start(&pod.path, SocketAddr::new(*ip, TARGET)).unwrap();
+                if ip.is_ipv6() {
+                    backends6.push((*ip, server));
+                } else {
+                    backends.push((*ip, server));
+                }
+            }
         }
         let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
         api.set_bookmark_interval(Duration::from_millis(300));
@@ -79,6 +90,7 @@ impl World {
             node,
             client,
             backends,
+            backends6,
             cgroup: Cgroup::new().unwrap(),
             api,
         }
@@ -102,6 +114,23 @@ impl World {
             "web-1",
             "web",
             "IPv4",
+            &json!(list),
+            &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
+                     {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
+        );
+    }
+
+    /// The Service's IPv6 endpoints, all ready: `backends6[i]` for each `i`.
+    fn endpoints6(&self, eps: &[usize]) {
+        let list: Vec<Value> = eps
+            .iter()
+            .map(|i| json!({"addresses": [self.backends6[*i].0.to_string()], "nodeName": "node-a"}))
+            .collect();
+        self.api.set_endpoint_slice(
+            "shop",
+            "web-6",
+            "web",
+            "IPv6",
             &json!(list),
             &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
                      {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
@@ -239,7 +268,26 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
         .collect();
     have.sort();
     assert_eq!(have, want, "{lb}");
-    assert!(http["translations"].as_u64().unwrap() >= 26, "{lb}");
+    let translations = http["translations"].as_u64().unwrap();
+    assert!(translations >= 26, "{lb}");
+    // The same as metrics, per Service port.
+    let m = w.node.sluicectl(&["metrics"]).unwrap();
+    assert!(m.success(), "{m}");
+    let series = format!(
+        "sluice_service_translations_total{{frontend=\"{CLUSTER_IP}:{HTTP}/tcp\"}} {translations}"
+    );
+    assert!(
+        m.stdout.contains(&series),
+        "no {series:?} in:\n{}",
+        m.stdout
+    );
+    assert!(
+        m.stdout.contains(&format!(
+            "sluice_service_backends{{frontend=\"{CLUSTER_IP}:{HTTP}/tcp\"}} 2"
+        )),
+        "{}",
+        m.stdout
+    );
 
     // An endpoint removed takes no new connection.
     w.endpoints(&[(1, true, true, false)]);
@@ -304,4 +352,146 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     .unwrap();
     assert!(out.success(), "{out}");
     assert!(!links.join("cgroup-lb_connect4").exists());
+}
+
+#[test]
+fn client_ip_affinity_keeps_a_pod_on_one_endpoint() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
+    w.api.set_service(
+        "shop",
+        "web",
+        &json!({"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                "sessionAffinity": "ClientIP",
+                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET}]}),
+        &json!({}),
+    );
+    let a = agent(
+        &w.node,
+        w.api.port(),
+        &[
+            "proxy",
+            "--node-name",
+            "node-a",
+            "--cgroup",
+            &w.cgroup.display(),
+        ],
+        LOG,
+    )
+    .unwrap();
+    assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    // Every new connection of the pod goes where its first went.
+    let spread = w.spread(16);
+    assert!(
+        spread.contains(&0) && spread.contains(&16),
+        "16 connections with ClientIP affinity went {spread:?}"
+    );
+    let lb = w
+        .node
+        .sluicectl_json(&["services", "lb", "--json"])
+        .unwrap();
+    assert_eq!(lb["servicePorts"][0]["affinitySeconds"], json!(600), "{lb}");
+    // Its endpoint gone: the pod moves to the other one, and stays there.
+    let kept = usize::from(spread[0] == 0);
+    let other = 1 - kept;
+    let mut eps = [(0, true, true, false); 1];
+    eps[0].0 = other;
+    w.endpoints(&eps);
+    let mut want = [0, 0];
+    want[other] = 6;
+    assert!(wait_for(FOLLOW, || w.spread(6) == want), "{}", w.log());
+    stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn route_sync_runs_the_proxy_in_its_mode_and_removes_the_hooks_without_it() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false)]);
+    w.api.set_node("node-a", &[CIDR], &["192.168.70.1"]);
+    let cg = w.cgroup.display();
+    let a = agent(
+        &w.node,
+        w.api.port(),
+        &[
+            "route-sync",
+            "--node-name",
+            "node-a",
+            "--service-proxy",
+            "--service-cgroup",
+            &cg,
+        ],
+        LOG,
+    )
+    .unwrap();
+    assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    stop(a, &w.node, LOG).unwrap();
+    let hook = w.node.pin_root().join("links/cgroup-lb_connect4");
+    assert!(hook.exists(), "the hooks went with the agent");
+    // The DaemonSet restarted without the mode: back to kube-proxy.
+    let b = agent(
+        &w.node,
+        w.api.port(),
+        &["route-sync", "--node-name", "node-a"],
+        LOG,
+    )
+    .unwrap();
+    assert!(wait_for(FOLLOW, || !hook.exists()), "{}", w.log());
+    let r = w.tcp();
+    assert!(!r.ok, "still translated without the mode: {}", r.output);
+    stop(b, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
+    let w = World::new();
+    w.api.set_service(
+        "shop",
+        "web",
+        &json!({"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP, CLUSTER_IP6],
+                "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+                "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET},
+                          {"name": "dns", "port": DNS, "protocol": "UDP", "targetPort": TARGET}]}),
+        &json!({}),
+    );
+    w.endpoints(&[(0, true, true, false)]);
+    w.endpoints6(&[1]);
+    let a = agent(
+        &w.node,
+        w.api.port(),
+        &[
+            "proxy",
+            "--node-name",
+            "node-a",
+            "--cgroup",
+            &w.cgroup.display(),
+        ],
+        LOG,
+    )
+    .unwrap();
+    let vip6 = SocketAddr::new(CLUSTER_IP6.parse().unwrap(), HTTP);
+    let tcp6 = || w.run(true, &["tcp", &vip6.to_string(), "2000"]);
+    assert!(wait_for(FOLLOW, || tcp6().ok), "{}", w.log());
+    let r = tcp6();
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(vip6), "getpeername: {}", r.output);
+    // The IPv6 endpoint took it, from the pod's own IPv6 address.
+    let client6 = r.local.unwrap().ip();
+    assert!(client6.is_ipv6());
+    assert!(w.backends6[1]
+        .1
+        .peers()
+        .tcp
+        .iter()
+        .any(|p| p.ip() == client6));
+    assert!(w.backends6[0].1.peers().tcp.is_empty());
+    // UDP over IPv6: the answer shows as the Service's.
+    let dns6 = SocketAddr::new(CLUSTER_IP6.parse().unwrap(), DNS);
+    let u = w.run(true, &["udp", &dns6.to_string(), "3", "500"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(dns6), "recvmsg: {}", u.output);
+    // The IPv4 ClusterIP of the same Service goes to the IPv4 endpoint.
+    assert_eq!(w.spread(3), [3, 0]);
+    assert_eq!(frontends(&w.node), 4, "{}", w.log());
+    stop(a, &w.node, LOG).unwrap();
 }

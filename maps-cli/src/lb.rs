@@ -13,13 +13,15 @@ use sluice_maps::lb::{addr_port, hooks_attached, LbMaps};
 use crate::{args::JsonArgs, table, target::Datapath};
 
 /// One Service port.
-struct Row {
-    id: u32,
-    /// `addr:port/proto`.
-    frontends: Vec<String>,
-    backends: Vec<SocketAddr>,
-    terminating: bool,
-    translations: u64,
+pub(crate) struct Row {
+    pub(crate) id: u32,
+    /// `addr:port/proto`, sorted.
+    pub(crate) frontends: Vec<String>,
+    pub(crate) backends: Vec<SocketAddr>,
+    pub(crate) terminating: bool,
+    /// `sessionAffinity: ClientIP`'s timeout (seconds); 0: none.
+    pub(crate) affinity_secs: u32,
+    pub(crate) translations: u64,
 }
 
 fn proto_name(p: u8) -> String {
@@ -30,7 +32,7 @@ fn proto_name(p: u8) -> String {
     }
 }
 
-fn rows(maps: &LbMaps) -> Vec<Row> {
+pub(crate) fn rows(maps: &LbMaps) -> Vec<Row> {
     let mut by_id: BTreeMap<u32, (SvcValue, Vec<String>)> = BTreeMap::new();
     for (k, v) in maps.frontends() {
         let (ip, port) = addr_port(&k.addr, k.port);
@@ -57,6 +59,7 @@ fn rows(maps: &LbMaps) -> Vec<Row> {
                     })
                     .collect(),
                 terminating: v.flags & svc_flags::TERMINATING != 0,
+                affinity_secs: v.affinity_secs,
                 translations: maps.translations(id),
             }
         })
@@ -76,6 +79,7 @@ pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
                     "frontends": r.frontends,
                     "backends": r.backends.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "backendsTerminating": r.terminating,
+                    "affinitySeconds": r.affinity_secs,
                     "translations": r.translations,
                 })
             })
@@ -106,6 +110,9 @@ pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
             };
             if r.terminating {
                 backends.push_str(" (terminating)");
+            }
+            if r.affinity_secs > 0 {
+                backends.push_str(&format!(" (client affinity {} s)", r.affinity_secs));
             }
             vec![
                 r.id.to_string(),

@@ -410,6 +410,7 @@ fn render(scrape: &Scrape) -> Result<String> {
     }
     nat_pressure_families(&mut x, dp, &reading, scrape.max_endpoints)?;
     service_families(&mut x, dp, &mut pressure)?;
+    lb_families(&mut x, dp)?;
     x.family(
         "sluice_bpf_map_pressure",
         "gauge",
@@ -550,6 +551,49 @@ fn service_families(
         maps::KFLOWS.name,
         s.flows as f64 / f64::from(s.capacity.max(1)),
     ));
+    Ok(())
+}
+
+/// The Services Sluice translates itself (`sluice-node proxy`), per Service
+/// port (labelled by its first frontend): its backends and its
+/// translations at the socket. None without the Service maps.
+fn lb_families(x: &mut Exposition, dp: &Datapath) -> Result<()> {
+    let Some(maps) = sluice_maps::lb::LbMaps::open(&dp.root)? else {
+        return Ok(());
+    };
+    let rows = crate::lb::rows(&maps);
+    x.family(
+        "sluice_service_ports",
+        "gauge",
+        "Service ports Sluice translates at the socket (sluice-node proxy).",
+    );
+    x.sample("sluice_service_ports", &[], rows.len());
+    x.family(
+        "sluice_service_backends",
+        "gauge",
+        "Backends of a Service port Sluice translates (0: connections to it are refused).",
+    );
+    for r in &rows {
+        let f = r.frontends.first().map_or("", String::as_str);
+        x.sample(
+            "sluice_service_backends",
+            &[("frontend", f)],
+            r.backends.len(),
+        );
+    }
+    x.family(
+        "sluice_service_translations_total",
+        "counter",
+        "Connections (and datagrams of unconnected UDP) to a Service port pointed at a backend at the socket.",
+    );
+    for r in &rows {
+        let f = r.frontends.first().map_or("", String::as_str);
+        x.sample(
+            "sluice_service_translations_total",
+            &[("frontend", f)],
+            r.translations,
+        );
+    }
     Ok(())
 }
 

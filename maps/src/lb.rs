@@ -95,14 +95,15 @@ impl LbMaps {
     }
 
     /// Makes Service port `id` lead from `frontends` to `backends` (in that
-    /// slot order), `old_count` being the slots it had. See the module's
-    /// note on the order.
+    /// slot order), with `flags` and session affinity `affinity_secs`,
+    /// `old_count` being the slots it had. See the module's note on the
+    /// order.
     pub fn write(
         &mut self,
         id: u32,
         frontends: &[SvcKey],
         backends: &[Backend],
-        flags: u32,
+        (flags, affinity_secs): (u32, u32),
         old_count: u32,
     ) -> Result<()> {
         if id >= map_sizes::LB_STATS {
@@ -121,7 +122,7 @@ impl LbMaps {
             id,
             count,
             flags,
-            _pad: 0,
+            affinity_secs,
         };
         for k in frontends {
             self.svc

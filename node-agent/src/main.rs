@@ -202,6 +202,14 @@ struct SyncArgs {
     /// Leave the Service addresses to the config's serviceCIDRs (see `services`).
     #[arg(long, env = "SLUICE_NO_SERVICES")]
     no_services: bool,
+    /// Translate Services in the datapath instead of kube-proxy (see `proxy`).
+    #[arg(long, env = "SLUICE_SERVICE_PROXY")]
+    service_proxy: bool,
+    /// With `--service-proxy`: the cgroup v2 directory whose processes'
+    /// sockets the Service hooks translate (default: the hierarchy's root;
+    /// the DaemonSet mounts the host's at /host/sys/fs/cgroup).
+    #[arg(long, env = "SLUICE_SERVICE_CGROUP")]
+    service_cgroup: Option<PathBuf>,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -235,6 +243,21 @@ struct ProxyArgs {
     /// Remove the Service socket hooks and exit (back to kube-proxy).
     #[arg(long)]
     stop: bool,
+}
+
+/// The cgroup the Service hooks attach to: `given`, or the root of the
+/// cgroup v2 hierarchy.
+fn service_cgroup(given: Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(c) => Ok(c),
+        None => sluice_common::user::cgroup2_mount().ok_or_else(|| {
+            Error::invalid(
+                "--cgroup",
+                "",
+                "no cgroup v2 hierarchy is mounted on this node; name a cgroup v2 directory",
+            )
+        }),
+    }
 }
 
 /// One line on stderr (the container's log).
@@ -296,6 +319,21 @@ async fn run(cli: Cli) -> Result<()> {
             let resync = Duration::from_secs(a.resync_secs);
             let no_services = a.no_services;
             let pin_root = a.datapath.pin_root();
+            let proxy_opts = if a.service_proxy {
+                Some(proxy::Options {
+                    pin_root: pin_root.clone(),
+                    node_name: a.node_name.clone(),
+                    cgroup: service_cgroup(a.service_cgroup)?,
+                    resync,
+                })
+            } else {
+                // Back to kube-proxy: the hooks an earlier `--service-proxy`
+                // attached go (route-sync owns the mode).
+                if sluice_maps::lb::hooks_attached(&sluice_maps::PinRoot::new(&pin_root)) {
+                    proxy::stop(&pin_root)?;
+                }
+                None
+            };
             let services_opts = services::Options {
                 pin_root: pin_root.clone(),
                 resync,
@@ -310,16 +348,32 @@ async fn run(cli: Cli) -> Result<()> {
             let shutdown = shutdown::on_signals()?;
             let routes = sync::run(client.clone(), &sync_opts, shutdown.clone());
             let services = async {
-                if no_services {
-                    return Ok(());
-                }
-                services::run(client, &services_opts, shutdown)
-                    .await
-                    .inspect_err(|e| {
-                        log(&format!(
-                            "services: {e}; route-sync goes on without the Service addresses"
-                        ));
-                    })
+                let ranges = async {
+                    if no_services {
+                        return Ok(());
+                    }
+                    services::run(client.clone(), &services_opts, shutdown.clone())
+                        .await
+                        .inspect_err(|e| {
+                            log(&format!(
+                                "services: {e}; route-sync goes on without the Service addresses"
+                            ));
+                        })
+                };
+                let proxied = async {
+                    let Some(o) = &proxy_opts else {
+                        return Ok(());
+                    };
+                    proxy::run(client.clone(), o, shutdown.clone())
+                        .await
+                        .inspect_err(|e| {
+                            log(&format!(
+                                "proxy: {e}; route-sync goes on without translating Services"
+                            ));
+                        })
+                };
+                let (r, p) = futures::join!(ranges, proxied);
+                r.and(p)
             };
             futures::pin_mut!(routes, services);
             // Both end at SIGTERM. The routes' end (a signal or an error) ends
@@ -350,16 +404,7 @@ async fn run(cli: Cli) -> Result<()> {
             if a.stop {
                 return proxy::stop(&pin_root);
             }
-            let cgroup = match a.cgroup {
-                Some(c) => c,
-                None => sluice_common::user::cgroup2_mount().ok_or_else(|| {
-                    Error::invalid(
-                        "--cgroup",
-                        "",
-                        "no cgroup v2 hierarchy is mounted on this node; name a cgroup v2 directory",
-                    )
-                })?,
-            };
+            let cgroup = service_cgroup(a.cgroup)?;
             let client = cluster::client().await?;
             proxy::run(
                 client,

@@ -234,6 +234,9 @@ pub(crate) enum BenchTable {
     Bandwidth,
     /// ADD and DEL as a node fills up to 1,000 pods, without and with a hostPort each.
     Filling,
+    /// pod -> ClusterIP with 1, 1,000 and 10,000 Services: Sluice's own
+    /// Services (socket hooks) against kube-proxy's iptables rules.
+    Services,
 }
 
 #[derive(Debug, Args)]

@@ -50,8 +50,9 @@ pub struct SvcValue {
     pub count: u32,
     /// [`svc_flags`].
     pub flags: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// `sessionAffinity: ClientIP`: a client keeps its backend this long
+    /// after its last new connection (seconds); 0: none.
+    pub affinity_secs: u32,
 }
 
 /// Bits of [`SvcValue::flags`].
@@ -78,6 +79,34 @@ pub struct Backend {
     pub port: u16,
     /// Zero.
     pub _pad: u16,
+}
+
+/// A client of a Service port with session affinity: the port's id and the
+/// client's network namespace (its cookie: a pod, or the node itself; the
+/// socket hooks run before the socket has a source address).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AffinityKey {
+    pub netns_cookie: u64,
+    pub id: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// The backend a client of a Service port with affinity keeps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Affinity {
+    /// `bpf_ktime_get_ns` of its last new connection.
+    pub last_ns: u64,
+    /// The slot it had, and what was in it (a slot rewritten since holds
+    /// another backend: then a new one is picked).
+    pub slot: u32,
+    /// Zero.
+    pub _pad: u32,
+    pub backend: Backend,
+    /// Zero (no implicit padding at the end).
+    pub _pad2: u32,
 }
 
 /// A socket a hook pointed at a backend: its cookie and the backend.

@@ -103,6 +103,8 @@ mod pod {
     unsafe impl aya::Pod for super::Backend {}
     unsafe impl aya::Pod for super::LbSockKey {}
     unsafe impl aya::Pod for super::LbSockOrig {}
+    unsafe impl aya::Pod for super::AffinityKey {}
+    unsafe impl aya::Pod for super::Affinity {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).
@@ -240,6 +242,8 @@ mod tests {
         assert_eq!(size_of::<Backend>(), 16 + 2 + 2);
         assert_eq!(size_of::<LbSockKey>(), 8 + 16 + 2 + 2 + 4);
         assert_eq!(size_of::<LbSockOrig>(), 16 + 2 + 2);
+        assert_eq!(size_of::<AffinityKey>(), 16);
+        assert_eq!(size_of::<Affinity>(), 8 + 4 + 4 + 20 + 4);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::{
     NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
     SockOrig6,
 };
-use crate::{Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
+use crate::{Affinity, AffinityKey, Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +163,9 @@ pub const LB_BACKENDS: MapSpec = spec::<BackendKey, Backend>("sl_lb_be", MapKind
 /// (LRU) [`LbSockKey`] -> [`LbSockOrig`]: sockets the hooks pointed at a
 /// backend, and the Service address they asked for.
 pub const LB_SOCK: MapSpec = spec::<LbSockKey, LbSockOrig>("sl_lb_sock", MapKind::LruHash);
+/// (LRU) [`AffinityKey`] -> [`Affinity`]: the backend each client of a
+/// Service port with `sessionAffinity: ClientIP` keeps.
+pub const LB_AFFINITY: MapSpec = spec::<AffinityKey, Affinity>("sl_lb_affinity", MapKind::LruHash);
 /// Service port id -> translations at the socket (connections, and datagrams
 /// of unconnected UDP), added to atomically: once per connection, not per
 /// packet, and an array per CPU would be 512 KiB per CPU.
@@ -183,7 +186,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 46] = [
+pub const ALL: [MapSpec; 47] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -230,6 +233,7 @@ pub const ALL: [MapSpec; 46] = [
     LB_BACKENDS,
     LB_SOCK,
     LB_STATS,
+    LB_AFFINITY,
 ];
 
 /// The map names, for code that wants a name only.
@@ -280,6 +284,7 @@ pub mod map_names {
     pub const LB_BACKENDS: &str = super::LB_BACKENDS.name;
     pub const LB_SOCK: &str = super::LB_SOCK.name;
     pub const LB_STATS: &str = super::LB_STATS.name;
+    pub const LB_AFFINITY: &str = super::LB_AFFINITY.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -343,6 +348,8 @@ pub mod map_sizes {
     pub const LB_SOCK: u32 = 65_536;
     /// Service port ids (`SvcValue::id` is below it).
     pub const LB_STATS: u32 = 65_536;
+    /// Clients with session affinity to a Service port (LRU).
+    pub const LB_AFFINITY: u32 = 65_536;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

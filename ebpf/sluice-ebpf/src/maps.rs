@@ -12,7 +12,9 @@ use sluice_common::{
     Nat6Entry, Nat6Key, Nat6Rev, NatEntry, NatKey, NatLimits, NatRev, NodeConfig, PortKey,
     PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
-use sluice_common::{Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
+use sluice_common::{
+    Affinity, AffinityKey, Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue,
+};
 
 #[map(name = "sl_endpoints")]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint> = HashMap::pinned(map_sizes::ENDPOINTS, 0);
@@ -182,3 +184,7 @@ pub static LB_SOCK: LruHashMap<LbSockKey, LbSockOrig> = LruHashMap::pinned(map_s
 
 #[map(name = "sl_lb_stats")]
 pub static LB_STATS: Array<u64> = Array::pinned(map_sizes::LB_STATS, 0);
+
+#[map(name = "sl_lb_affinity")]
+pub static LB_AFFINITY: LruHashMap<AffinityKey, Affinity> =
+    LruHashMap::pinned(map_sizes::LB_AFFINITY, 0);

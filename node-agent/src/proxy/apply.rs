@@ -4,7 +4,7 @@
 //! by the frontends, and removes what no Service port claims any more.
 use std::collections::{BTreeMap, BTreeSet};
 
-use sluice_common::SvcKey;
+use sluice_common::{Backend, SvcKey};
 use sluice_maps::lb::LbMaps;
 
 use super::desired::{Port, Ports};
@@ -90,6 +90,7 @@ impl Applied {
                             frontends,
                             backends,
                             flags: v.flags,
+                            affinity_secs: v.affinity_secs,
                         },
                     },
                 );
@@ -143,10 +144,16 @@ impl Applied {
         }
         for (name, port) in want {
             let old = self.by_name.get(name);
-            if old.is_some_and(|w| w.port == *port) {
+            if old.is_some_and(|w| same(&w.port, port)) {
                 continue;
             }
             let had = old.map(|w| (w.id, count(&w.port), w.port.frontends.clone()));
+            // Backends that stay keep their slots (session affinity remembers
+            // a slot; connections picked since keep theirs either way).
+            let mut port = port.clone();
+            if let Some(w) = old {
+                port.backends = stable_order(&w.port.backends, &port.backends);
+            }
             let new = had.is_none();
             let (id, old_count, old_fronts) = if let Some(h) = had {
                 h
@@ -155,20 +162,20 @@ impl Applied {
                 maps.reset_translations(id)?;
                 (id, 0, Vec::new())
             };
-            match maps.write(id, &port.frontends, &port.backends, port.flags, old_count) {
+            match maps.write(
+                id,
+                &port.frontends,
+                &port.backends,
+                (port.flags, port.affinity_secs),
+                old_count,
+            ) {
                 Ok(()) => {
                     let dropped: Vec<SvcKey> = old_fronts
                         .into_iter()
                         .filter(|k| !port.frontends.contains(k))
                         .collect();
                     maps.remove_frontends(&dropped)?;
-                    self.by_name.insert(
-                        name.clone(),
-                        Written {
-                            id,
-                            port: port.clone(),
-                        },
-                    );
+                    self.by_name.insert(name.clone(), Written { id, port });
                     pass.written += 1;
                 }
                 Err(e @ sluice_maps::Error::Full { .. }) => {
@@ -187,6 +194,71 @@ impl Applied {
     }
 }
 
+/// `new` in an order that keeps each backend of `old` still in `new` in its
+/// slot: holes (backends gone) take the backends that now sit past the new
+/// count, then the new ones.
+fn stable_order(old: &[Backend], new: &[Backend]) -> Vec<Backend> {
+    let n = new.len();
+    let mut slots: Vec<Option<Backend>> =
+        old.iter().map(|b| new.contains(b).then_some(*b)).collect();
+    slots.resize(n.max(slots.len()), None);
+    let mut movers: Vec<Backend> = slots[n..].iter().flatten().copied().collect();
+    slots.truncate(n);
+    let mut fresh = new.iter().filter(|b| !old.contains(b)).copied();
+    for s in &mut slots {
+        if s.is_none() {
+            *s = movers.pop().or_else(|| fresh.next());
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// Whether two Service ports hold the same (backends in any slot order).
+fn same(a: &Port, b: &Port) -> bool {
+    let sorted = |p: &Port| {
+        let mut v: Vec<([u8; 16], u16)> =
+            p.backends.iter().map(|x| (x.addr.addr, x.port)).collect();
+        v.sort_unstable();
+        v
+    };
+    a.frontends == b.frontends
+        && a.flags == b.flags
+        && a.affinity_secs == b.affinity_secs
+        && sorted(a) == sorted(b)
+}
+
 fn count(p: &Port) -> u32 {
     u32::try_from(p.backends.len()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::*;
+
+    fn b(last: u8) -> Backend {
+        sluice_maps::lb::backend(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), 80)
+    }
+
+    #[test]
+    fn backends_that_stay_keep_their_slots() {
+        let old = [b(1), b(2), b(3), b(4)];
+        // One gone from the middle: the last moves into its slot.
+        assert_eq!(stable_order(&old, &[b(1), b(2), b(4)]), [b(1), b(2), b(4)]);
+        assert_eq!(stable_order(&old, &[b(1), b(3), b(4)]), [b(1), b(4), b(3)]);
+        // A new one takes the slot of one gone.
+        assert_eq!(
+            stable_order(&[b(1), b(2), b(3)], &[b(1), b(3), b(5)]),
+            [b(1), b(5), b(3)]
+        );
+        // More: the new ones after the old.
+        assert_eq!(
+            stable_order(&[b(1), b(2)], &[b(3), b(2), b(1), b(4)]),
+            [b(1), b(2), b(3), b(4)]
+        );
+        // Nothing before: the order given.
+        assert_eq!(stable_order(&[], &[b(2), b(1)]), [b(2), b(1)]);
+        assert!(stable_order(&old, &[]).is_empty());
+    }
 }

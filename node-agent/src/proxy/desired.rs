@@ -12,9 +12,11 @@
 //!   Service port's name and protocol; the ready ones, or where none is
 //!   ready the serving terminating ones (kube-proxy's fallback), or none:
 //!   the Service then refuses connections;
-//! - `internalTrafficPolicy: Local`: only the endpoints on this node.
+//! - `internalTrafficPolicy: Local`: only the endpoints on this node;
+//! - `sessionAffinity: ClientIP`: its timeout (default 10800 s, the API's),
+//!   the client being the socket's network namespace (a pod, or the node).
 //!
-//! Not here yet: NodePorts, `externalTrafficPolicy`, `sessionAffinity`.
+//! Not here yet: NodePorts, `externalTrafficPolicy`.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -39,6 +41,8 @@ pub(crate) struct Port {
     pub(crate) backends: Vec<Backend>,
     /// `sluice_common::svc_flags`.
     pub(crate) flags: u32,
+    /// `sessionAffinity: ClientIP`'s timeout (seconds); 0: none.
+    pub(crate) affinity_secs: u32,
 }
 
 /// Service ports by name (`namespace/name:port/PROTO`).
@@ -104,6 +108,22 @@ fn endpoints(slices: &[&EndpointSlice], port_name: &str, proto: &str, node: &str
     out
 }
 
+/// Session affinity's timeout: `sessionAffinityConfig.clientIP.timeoutSeconds`
+/// (the API's default 10800) with `sessionAffinity: ClientIP`, else 0.
+fn affinity(spec: Option<&k8s_openapi::api::core::v1::ServiceSpec>) -> u32 {
+    const DEFAULT_SECS: u32 = 10_800;
+    let Some(spec) = spec.filter(|s| s.session_affinity.as_deref() == Some("ClientIP")) else {
+        return 0;
+    };
+    spec.session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds)
+        .and_then(|t| u32::try_from(t).ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_SECS)
+}
+
 /// The Service ports the maps should hold, for node `node`.
 pub(crate) fn desired<'a>(
     services: impl IntoIterator<Item = &'a Service>,
@@ -128,6 +148,7 @@ pub(crate) fn desired<'a>(
         let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
         let spec = svc.spec.as_ref();
         let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let affinity_secs = affinity(spec);
         let slices = by_service
             .get(&(ns.clone(), name.clone()))
             .map_or(&[][..], Vec::as_slice);
@@ -187,6 +208,7 @@ pub(crate) fn desired<'a>(
                         frontends,
                         backends,
                         flags,
+                        affinity_secs,
                     },
                 );
             }
@@ -337,6 +359,19 @@ mod tests {
                               "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 9, "protocol": "SCTP"}]}}));
         let (ports, _) = desired(&[headless, ext, sctp], &[], "n1");
         assert!(ports.is_empty(), "{ports:?}");
+    }
+
+    #[test]
+    fn client_ip_affinity_has_its_timeout_or_the_apis_default() {
+        let (ports, _) = desired(&[web(&json!({}))], &[], "n1");
+        assert_eq!(ports["shop/web:80/TCP/v4"].affinity_secs, 0);
+        let s = web(&json!({"sessionAffinity": "ClientIP"}));
+        let (ports, _) = desired(&[s], &[], "n1");
+        assert_eq!(ports["shop/web:80/TCP/v4"].affinity_secs, 10_800);
+        let s = web(&json!({"sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}));
+        let (ports, _) = desired(&[s], &[], "n1");
+        assert_eq!(ports["shop/web:53/UDP/v4"].affinity_secs, 60);
     }
 
     #[test]

@@ -25,6 +25,20 @@ fn pinned(ns: &Netns, program: &str) -> Command {
     c
 }
 
+/// [`pinned`], first joining the cgroup v2 directory `cgroup` when given (a
+/// client whose sockets the Service socket hooks attached there translate):
+/// the shell moves itself in, then becomes the program.
+fn pinned_client(ns: &Netns, program: &str, cgroup: Option<&Path>) -> Command {
+    let Some(cg) = cgroup else {
+        return pinned(ns, program);
+    };
+    let mut c = ns.command("sh");
+    c.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+        .arg(cg)
+        .args(["taskset", "-c", CPU, program]);
+    c
+}
+
 /// TCP throughput client -> server in Gbit/s (iperf3, one stream).
 pub(super) fn tcp_gbps(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<f64> {
     tcp_gbps_via(client, server, (addr, IPERF_PORT), IPERF_PORT, secs)
@@ -246,7 +260,7 @@ pub(super) fn tcp_rtt_us(
 ) -> Result<(f64, f64)> {
     if is_ipv6(addr) {
         let v = conn_loop(
-            client,
+            (client, None),
             server,
             (addr, addr),
             secs,
@@ -260,7 +274,7 @@ pub(super) fn tcp_rtt_us(
         return Ok((pct("p50Us")?, pct("p99Us")?));
     }
     let to = (addr, SOCKPERF_PORT);
-    let pp = sockperf_pp(client, server, to, to, &[], secs)?;
+    let pp = sockperf_pp((client, None), server, to, to, &[], secs)?;
     Ok((pp.p50_us, pp.p99_us))
 }
 
@@ -273,7 +287,7 @@ pub(super) fn tcp_round_trips(
     secs: u32,
 ) -> Result<(f64, f64)> {
     let to = (addr, SOCKPERF_PORT);
-    let pp = sockperf_pp(client, server, to, to, &[], secs)?;
+    let pp = sockperf_pp((client, None), server, to, to, &[], secs)?;
     Ok((pp.p50_us, pp.round_trips))
 }
 
@@ -287,6 +301,18 @@ fn is_ipv6(addr: &str) -> bool {
 /// server used just before, whose closed connections wait in `TIME_WAIT`.
 pub(super) fn tcp_rtt_us_via(
     client: &Netns,
+    server: &Netns,
+    to: (&str, u16),
+    listen: (&str, u16),
+    secs: u32,
+) -> Result<(f64, f64)> {
+    tcp_rtt_us_via_in((client, None), server, to, listen, secs)
+}
+
+/// [`tcp_rtt_us_via`] with the client in the cgroup v2 directory `cgroup`
+/// when given (see [`pinned_client`]).
+pub(super) fn tcp_rtt_us_via_in(
+    client: (&Netns, Option<&Path>),
     server: &Netns,
     to: (&str, u16),
     listen: (&str, u16),
@@ -306,7 +332,7 @@ struct PingPong {
 }
 
 fn sockperf_pp(
-    client: &Netns,
+    (client, cgroup): (&Netns, Option<&Path>),
     server: &Netns,
     (addr, port): (&str, u16),
     (listen_addr, listen_port): (&str, u16),
@@ -325,7 +351,7 @@ fn sockperf_pp(
     .args(server_args);
     let _server = Background::spawn(s)?;
     wait_listening(&server.path(), listen_port, Duration::from_secs(5))?;
-    let mut c = pinned(client, "timeout");
+    let mut c = pinned_client(client, "timeout", cgroup);
     c.args([
         "60",
         "sockperf",
@@ -414,18 +440,29 @@ pub(super) fn conns_per_sec_via(
     (to, listen): (&str, &str),
     secs: u32,
 ) -> Result<f64> {
+    conns_per_sec_via_in((client, None), server, (to, listen), secs)
+}
+
+/// [`conns_per_sec_via`] with the client in the cgroup v2 directory `cgroup`
+/// when given (see [`pinned_client`]).
+pub(super) fn conns_per_sec_via_in(
+    client: (&Netns, Option<&Path>),
+    server: &Netns,
+    (to, listen): (&str, &str),
+    secs: u32,
+) -> Result<f64> {
     let (done, seconds) = conns_via(client, server, (to, listen), secs)?;
     Ok(done / seconds)
 }
 
 /// The same run: (connections completed, seconds they took).
 pub(super) fn conns(client: &Netns, server: &Netns, addr: &str, secs: u32) -> Result<(f64, f64)> {
-    conns_via(client, server, (addr, addr), secs)
+    conns_via((client, None), server, (addr, addr), secs)
 }
 
 /// [`conns`] to `to`, the server listening on `listen`.
 fn conns_via(
-    client: &Netns,
+    client: (&Netns, Option<&Path>),
     server: &Netns,
     (to, listen): (&str, &str),
     secs: u32,
@@ -456,7 +493,7 @@ fn conns_via(
 /// `to` (IPv4 or IPv6; the same address but where a translation is measured),
 /// both on `CONN_LOOP_PORT`, for `secs`, both pinned: what the client printed.
 fn conn_loop(
-    client: &Netns,
+    (client, cgroup): (&Netns, Option<&Path>),
     server: &Netns,
     (to, listen): (&str, &str),
     secs: u32,
@@ -478,7 +515,7 @@ fn conn_loop(
         .args(server_args);
     let _server = Background::spawn(s)?;
     wait_listening(&server.path(), port, Duration::from_secs(5))?;
-    let mut c = pinned(client, "timeout");
+    let mut c = pinned_client(client, "timeout", cgroup);
     c.arg("90")
         .arg(&exe)
         .arg("conn-loop")

@@ -22,6 +22,7 @@ mod measure;
 mod profile;
 mod progstats;
 mod report;
+mod services;
 mod topology;
 
 use anyhow::{bail, Context, Result};
@@ -73,6 +74,11 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         (0..HP_SIZES.len())
             .map(|i| hostport::Cgroup::new(&format!("shp{i}")))
             .collect::<Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
+    let svc_cgroups = if want(BenchTable::Services) {
+        services::cgroups()?
     } else {
         Vec::new()
     };
@@ -157,6 +163,11 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
+    let svc = if want(BenchTable::Services) {
+        services::setups(&mut tb, &bins, &svc_cgroups)?
+    } else {
+        Vec::new()
+    };
     if let Some(before) = &ifbs_before {
         check_ifbs(&tb, &bw, before)?;
     }
@@ -180,6 +191,9 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         if !bw.is_empty() {
             bandwidth_round(&tb, &bw, &mut report)?;
         }
+        if !svc.is_empty() {
+            services::round(&tb, &svc, &svc_cgroups, args.seconds, &mut report.services)?;
+        }
     }
     // What the floods did to Sluice's tables (issue 49's figure).
     for (i, setup) in &masq {
@@ -199,6 +213,7 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         topology::bandwidth_del(&tb, s)?;
     }
     drop(tb);
+    drop(svc_cgroups);
     drop(cgroups);
     drop(fill_cgroup);
     if let Some(before) = ifbs_before {

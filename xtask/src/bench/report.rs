@@ -369,6 +369,8 @@ pub(super) struct Report {
     /// How Sluice's bandwidth pods sent (EDT or the policer), as `sluicectl
     /// status` said after their ADD.
     pub sluice_egress: Option<String>,
+    /// The Services table (its own rows: sizes and ways of translating).
+    pub services: super::services::Results,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -386,6 +388,7 @@ impl Report {
             only,
             values: Vec::new(),
             sluice_egress: None,
+            services: super::services::Results::default(),
         }
     }
 
@@ -805,7 +808,7 @@ impl Report {
                 }
                 // The issue asks for the figures beside the reference's, with
                 // no target ratio.
-                BenchTable::Clusterip => {}
+                BenchTable::Clusterip | BenchTable::Services => {}
                 BenchTable::Hostport => out.extend(self.hostport_targets()),
                 BenchTable::Bandwidth => out.extend(self.bandwidth_targets()),
                 BenchTable::Filling => out.extend(self.filling_targets()),
@@ -990,6 +993,8 @@ impl Report {
                 BenchTable::Hostport => &["hostport"],
                 BenchTable::Bandwidth => &["bandwidth"],
                 BenchTable::Filling => &["filling"],
+                // Its own section (`services.rs`), not one of `TABLES`.
+                BenchTable::Services => &[],
             };
             for s in sections {
                 if !names.contains(s) {
@@ -1030,6 +1035,9 @@ impl Report {
             for r in &rows {
                 let _ = writeln!(out, "{}", line(r));
             }
+        }
+        if !self.services.is_empty() {
+            out.push_str(&self.services.text());
         }
         let _ = writeln!(out, "\ntargets:");
         for t in self.targets() {
@@ -1073,6 +1081,9 @@ impl Report {
                 let _ = writeln!(md, "| {} |", r.join(" | "));
             }
             md.push('\n');
+        }
+        if !self.services.is_empty() {
+            md.push_str(&self.services.markdown(level));
         }
         let _ = writeln!(
             md,

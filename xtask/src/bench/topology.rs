@@ -7,7 +7,7 @@
 //! both plugins again with kube-proxy's iptables-mode rules for one Service in
 //! the node namespace (the ClusterIP table). The port-mapping table has its own
 //! nodes, one per plugin and number of mappings.
-use std::{net::IpAddr, path::Path};
+use std::{fmt::Write as _, net::IpAddr, path::Path};
 
 use serde_json::{json, Value};
 use sluice_testbed::kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service};
@@ -890,4 +890,181 @@ pub(super) fn bandwidth_del(tb: &Testbed, s: &mut BwSetup) -> Result<()> {
             .with_context(|| format!("{}: DEL {}", s.tag, a.container_id))?;
     }
     Ok(())
+}
+
+// --- the Services table -----------------------------------------------------------
+
+/// Services in the cluster of each Services-table node, one node per count
+/// and way of translating them.
+pub(super) const SVC_SIZES: [usize; 3] = [1, 1_000, 10_000];
+
+/// The Services of a node with `n` of them: [`bench_service`] in the middle
+/// of the list (kube-proxy writes one `KUBE-SERVICES` rule per Service port
+/// in its map's order, so a connection passes half of them on average), the
+/// others on `10.96.1.1` on, port 80, each with the second pod as endpoint.
+fn many_services(s: &Setup, n: usize) -> Result<Vec<Service>> {
+    let pod2: IpAddr = s.pod2_ip.parse()?;
+    let mut out = Vec::with_capacity(n);
+    for k in 0..n.saturating_sub(1) {
+        let vip = IpAddr::from([
+            10,
+            96,
+            u8::try_from(1 + k / 250)?,
+            u8::try_from(k % 250 + 1)?,
+        ]);
+        let mut svc = Service::new(
+            "default",
+            &format!("svc-{k:05}"),
+            vip,
+            vec![Port::new("http", Protocol::Tcp, 80, 80)],
+        );
+        svc.endpoints = vec![Endpoint::new(pod2, KUBE_NODE)];
+        out.push(svc);
+    }
+    out.insert(out.len() / 2, bench_service(s)?);
+    Ok(out)
+}
+
+/// Sluice with `serviceCIDRs` and kube-proxy's iptables-mode rules for
+/// `n` Services (Services-table node `i`).
+pub(super) fn services_kube_proxy(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    n: usize,
+    i: usize,
+) -> Result<Setup> {
+    let tag = format!("skp{i}");
+    let at = (120 + u8::try_from(i)?, Family::V4);
+    let extra = json!({"serviceCIDRs": [SERVICE_CIDR]});
+    let s = sluice_with(tb, bins, &tag, at, false, extra)?;
+    let cni = s.cni.as_ref().context("a Services setup without a node")?;
+    let node_ip: IpAddr = s
+        .node_ip
+        .as_deref()
+        .context("a Services setup without a node address")?
+        .parse()?;
+    let mut proxy = Proxy::new(Mode::Iptables, false, KUBE_NODE, vec![node_ip]);
+    proxy.cluster_cidr = Some(Family::V4.pods(at.0));
+    let rendered = kube_proxy::apply(&tb.ns(cni.node).path(), &proxy, &many_services(&s, n)?)
+        .map_err(|e| anyhow::anyhow!("{tag}: kube-proxy's rules: {e}"))?;
+    eprintln!(
+        "bench: {tag}: kube-proxy's iptables-mode rules for {n} Services written ({} lines)",
+        rendered.to_string().lines().count()
+    );
+    check_cluster_ip(tb, &tag, &s, Some(bins))?;
+    Ok(s)
+}
+
+/// Sluice translating `n` Services itself (Services-table node `i`): the
+/// Service maps written as `sluice-node proxy` writes them (through
+/// `bpftool batch`, one Service port per frontend: [`bench_service`]'s two
+/// ports and one per other Service) and the Service socket hooks attached
+/// to `cgroup`, which the figures' clients join.
+pub(super) fn services_sluice(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    cgroup: &Path,
+    n: usize,
+    i: usize,
+) -> Result<Setup> {
+    let tag = format!("ssv{i}");
+    let at = (123 + u8::try_from(i)?, Family::V4);
+    let s = sluice_with(tb, bins, &tag, at, false, json!({}))?;
+    let pin = tb.pin_root(&tag);
+    let maps = pin.join("maps");
+    let mut batch = String::new();
+    let mut id = 0u32;
+    for svc in many_services(&s, n)? {
+        for p in &svc.ports {
+            let be = match svc.endpoints.first() {
+                Some(e) => e.ip,
+                None => continue,
+            };
+            let (IpAddr::V4(vip), IpAddr::V4(be)) = (svc.cluster_ip, be) else {
+                bail!("{tag}: IPv4 Services only");
+            };
+            let key = lb_key(vip.octets(), p.port);
+            let mut value = Vec::new();
+            for w in [id, 1, 0, 0] {
+                value.extend(w.to_le_bytes());
+            }
+            let mut bkey = id.to_le_bytes().to_vec();
+            bkey.extend(0u32.to_le_bytes());
+            let mut backend = lb_addr(be.octets()).to_vec();
+            backend.extend(p.target_port.to_be_bytes());
+            backend.extend([0, 0]);
+            let hex = |b: &[u8]| {
+                b.iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            // The backend before the frontend naming it (as the agent writes).
+            let _ = writeln!(
+                batch,
+                "map update pinned {} key hex {} value hex {}",
+                maps.join("sl_lb_be").display(),
+                hex(&bkey),
+                hex(&backend)
+            );
+            let _ = writeln!(
+                batch,
+                "map update pinned {} key hex {} value hex {}",
+                maps.join("sl_lb_svc").display(),
+                hex(&key),
+                hex(&value)
+            );
+            id += 1;
+        }
+    }
+    let file = std::env::temp_dir().join(format!("slbench-{tag}-{}.batch", std::process::id()));
+    std::fs::write(&file, &batch)?;
+    let written = crate::cmd::stdout(
+        std::process::Command::new("bpftool")
+            .arg("batch")
+            .arg("file")
+            .arg(&file),
+    );
+    let _ = std::fs::remove_file(&file);
+    written.with_context(|| format!("{tag}: writing {id} Service ports with bpftool batch"))?;
+    for (hook, prog) in [
+        ("connect4", "lb_connect4"),
+        ("sendmsg4", "lb_sendmsg4"),
+        ("recvmsg4", "lb_recvmsg4"),
+        ("getpeername4", "lb_getpeername4"),
+    ] {
+        crate::cmd::stdout(
+            std::process::Command::new("bpftool")
+                .args(["cgroup", "attach"])
+                .arg(cgroup)
+                .arg(hook)
+                .arg("pinned")
+                .arg(pin.join("progs").join(prog))
+                .arg("multi"),
+        )
+        .with_context(|| format!("{tag}: attaching {prog} to {}", cgroup.display()))?;
+    }
+    eprintln!(
+        "bench: {tag}: {id} Service ports in Sluice's Service maps, socket hooks on {}",
+        cgroup.display()
+    );
+    Ok(s)
+}
+
+/// An IPv4 address as the Service maps key it (IPv4-mapped IPv6).
+fn lb_addr(v4: [u8; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[10] = 0xff;
+    a[11] = 0xff;
+    a[12..].copy_from_slice(&v4);
+    a
+}
+
+/// A frontend key of `sl_lb_svc` (`sluice_common::SvcKey`): address, port in
+/// network byte order, TCP, a zero byte.
+fn lb_key(vip: [u8; 4], port: u16) -> Vec<u8> {
+    let mut k = lb_addr(vip).to_vec();
+    k.extend(port.to_be_bytes());
+    k.extend([6, 0]);
+    k
 }

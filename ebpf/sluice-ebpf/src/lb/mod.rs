@@ -8,12 +8,12 @@
 //! `sluice_common::lb`'s.
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::helpers::bpf_get_prandom_u32;
-use sluice_common::{reason, Backend, BackendKey, SvcKey, SvcValue};
+use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
+use sluice_common::{reason, Affinity, AffinityKey, Backend, BackendKey, SvcKey, SvcValue};
 
 use crate::{
     counters::count,
-    maps::{LB_BACKENDS, LB_STATS, LB_SVC},
+    maps::{LB_AFFINITY, LB_BACKENDS, LB_STATS, LB_SVC},
 };
 
 pub mod sock;
@@ -28,10 +28,16 @@ pub enum Pick {
     Backend(Backend),
 }
 
-/// A backend of the Service at `key`, picked at random among its slots (a
-/// new connection's; the agent keeps the slots dense).
+/// A backend of the Service at `key` for a client in the network namespace
+/// `netns` (its cookie): with session affinity the one it had while it
+/// keeps coming back within the timeout (what its slot holds now), else
+/// one picked at random among the slots (the agent keeps them dense).
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values go to the map helpers by reference: a 40-byte value on a 512-byte stack"
+)]
 #[inline(always)]
-pub fn pick(key: &SvcKey) -> Pick {
+pub fn pick(key: &SvcKey, netns: u64) -> Pick {
     // SAFETY: map values are only read.
     let Some(svc): Option<SvcValue> = (unsafe { LB_SVC.get(key) }).copied() else {
         return Pick::NotService;
@@ -40,25 +46,56 @@ pub fn pick(key: &SvcKey) -> Pick {
         count(reason::DROP_LB_NO_ENDPOINT);
         return Pick::NoEndpoint;
     }
+    // The clock only where affinity needs it.
+    let now = if svc.affinity_secs == 0 {
+        0
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_ktime_get_ns() }
+    };
+    let aff = AffinityKey {
+        netns_cookie: netns,
+        id: svc.id,
+        _pad: 0,
+    };
     // SAFETY: plain helper call.
-    let slot = unsafe { bpf_get_prandom_u32() } % svc.count;
-    let k = BackendKey { id: svc.id, slot };
-    // SAFETY: map values are only read.
-    match unsafe { LB_BACKENDS.get(k) } {
-        Some(b) => {
-            count(reason::LB_SOCK);
-            if let Some(n) = LB_STATS.get_ptr_mut(svc.id) {
-                // SAFETY: a slot of an array map; concurrent CPUs add to it,
-                // hence the atomic add (once per connection, not per packet).
-                unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, 1) };
+    let mut slot = unsafe { bpf_get_prandom_u32() } % svc.count;
+    if svc.affinity_secs != 0 {
+        // SAFETY: map values are only read.
+        if let Some(a) = unsafe { LB_AFFINITY.get(&aff) }.copied() {
+            let fresh =
+                now.saturating_sub(a.last_ns) < u64::from(svc.affinity_secs) * 1_000_000_000;
+            // The agent keeps a backend in its slot while it stays (see
+            // its `stable_order`); a slot rewritten holds another, which
+            // the client then keeps.
+            if fresh && a.slot < svc.count {
+                slot = a.slot;
             }
-            Pick::Backend(*b)
-        }
-        // A slot the agent is rewriting (it lowers the count first): as if
-        // the Service had no endpoint for this one connection.
-        None => {
-            count(reason::DROP_LB_NO_ENDPOINT);
-            Pick::NoEndpoint
         }
     }
+    let k = BackendKey { id: svc.id, slot };
+    // SAFETY: map values are only read.
+    let Some(b) = (unsafe { LB_BACKENDS.get(k) }).copied() else {
+        // A slot the agent is rewriting (it lowers the count first): as if
+        // the Service had no endpoint for this one connection.
+        count(reason::DROP_LB_NO_ENDPOINT);
+        return Pick::NoEndpoint;
+    };
+    if svc.affinity_secs != 0 {
+        let a = Affinity {
+            last_ns: now,
+            slot,
+            _pad: 0,
+            backend: b,
+            _pad2: 0,
+        };
+        let _ = LB_AFFINITY.insert(&aff, &a, 0);
+    }
+    count(reason::LB_SOCK);
+    if let Some(n) = LB_STATS.get_ptr_mut(svc.id) {
+        // SAFETY: a slot of an array map; concurrent CPUs add to it, hence
+        // the atomic add (once per connection, not per packet).
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, 1) };
+    }
+    Pick::Backend(b)
 }

@@ -4,7 +4,9 @@
 //! hook's return value is the kernel's verdict: 1 lets the call go on, 0
 //! fails it with `EPERM` (a Service without endpoints).
 use aya_ebpf::{
-    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    macros::cgroup_sock_addr,
+    programs::SockAddrContext,
 };
 use sluice_common::{Addr6, IpKey, LbSockKey, LbSockOrig, SvcKey};
 
@@ -33,6 +35,14 @@ fn socket(ctx: &SockAddrContext, family: u8) -> Option<(u8, u16)> {
         return None;
     }
     Some((proto as u8, port as u16))
+}
+
+/// The socket's network namespace, as its cookie (session affinity's
+/// client: the hooks run before the socket has a source address).
+#[inline(always)]
+fn netns(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: plain helper call on this program's context.
+    unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) }
 }
 
 /// Remembers that the socket now points at `backend`:`port` instead of the
@@ -90,7 +100,7 @@ fn to_backend4(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock_addr.
     let dst = unsafe { (*ctx.sock_addr).user_ip4 }.to_ne_bytes();
     let key = SvcKey::new(IpKey::v4(dst), port, proto);
-    let b = match pick(&key) {
+    let b = match pick(&key, netns(ctx)) {
         Pick::NotService => return ALLOW,
         Pick::NoEndpoint => return REFUSE,
         Pick::Backend(b) => b,
@@ -158,7 +168,7 @@ fn to_backend6(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     };
     let key = SvcKey::new(IpKey::v6(user_ip6(ctx).0), port, proto);
-    let b = match pick(&key) {
+    let b = match pick(&key, netns(ctx)) {
         Pick::NotService => return ALLOW,
         Pick::NoEndpoint => return REFUSE,
         Pick::Backend(b) => b,

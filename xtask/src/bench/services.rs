@@ -1,0 +1,233 @@
+//! The Services table: a pod's new connections and round trips to a
+//! ClusterIP with 1, 1,000 and 10,000 Services in the cluster, Sluice
+//! translating them itself (its Service maps and socket hooks, as
+//! `sluice-node proxy` runs them) against kube-proxy's iptables-mode rules on
+//! a Sluice node, and the same pods' direct connections (pod -> pod address:
+//! what a ClusterIP connection costs at best). Setups interleaved, one value
+//! per round each; medians with their range.
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use anyhow::{Context, Result};
+
+use super::{
+    hostport::Cgroup,
+    measure,
+    topology::{self, Setup, CLUSTER_IP, SVC_SIZES},
+};
+use crate::{build::Binaries, testbed::Testbed};
+
+/// How a node translates its Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Way {
+    /// kube-proxy's iptables rules (Sluice hands the packets to the stack).
+    KubeProxy,
+    /// Sluice's own Services (socket hooks).
+    Sluice,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Self::KubeProxy => "sluice+kube-proxy (iptables)",
+            Self::Sluice => "sluice services",
+        }
+    }
+}
+
+/// One node of the table.
+pub(super) struct SvcSetup {
+    pub size: usize,
+    pub way: Way,
+    pub setup: Setup,
+}
+
+/// The cgroups the Sluice nodes' hooks attach to (made before the testbed,
+/// so removed after it).
+pub(super) fn cgroups() -> Result<Vec<Cgroup>> {
+    (0..SVC_SIZES.len())
+        .map(|i| Cgroup::new(&format!("ssv{i}")))
+        .collect()
+}
+
+/// Both ways at every size.
+pub(super) fn setups(
+    tb: &mut Testbed,
+    bins: &Binaries,
+    cgroups: &[Cgroup],
+) -> Result<Vec<SvcSetup>> {
+    let mut out = Vec::new();
+    for (i, n) in SVC_SIZES.iter().enumerate() {
+        out.push(SvcSetup {
+            size: *n,
+            way: Way::KubeProxy,
+            setup: topology::services_kube_proxy(tb, bins, *n, i)?,
+        });
+        out.push(SvcSetup {
+            size: *n,
+            way: Way::Sluice,
+            setup: topology::services_sluice(tb, bins, &cgroups[i].path, *n, i)?,
+        });
+    }
+    Ok(out)
+}
+
+/// A figure of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fig {
+    ConnsPerSec,
+    RttP50,
+}
+
+/// Every value, by (figure, column, size); the direct column is "direct".
+#[derive(Default)]
+pub(super) struct Results {
+    values: BTreeMap<(Fig, &'static str, usize), Vec<f64>>,
+}
+
+const DIRECT: &str = "direct pod->pod";
+
+/// One value of each figure for every setup, interleaved; on each Sluice
+/// node also the direct connection between the same pods.
+pub(super) fn round(
+    tb: &Testbed,
+    setups: &[SvcSetup],
+    cgroups: &[Cgroup],
+    secs: u32,
+    r: &mut Results,
+) -> Result<()> {
+    let port = measure::SOCKPERF_PORT;
+    for (k, s) in setups.iter().enumerate() {
+        let cg = cgroup_of(s, cgroups);
+        let (c, srv) = (tb.ns(s.setup.pod1), tb.ns(s.setup.pod2));
+        let (p50, _) = measure::tcp_rtt_us_via_in(
+            (c, cg),
+            srv,
+            (CLUSTER_IP, port),
+            (&s.setup.pod2_ip, port),
+            secs,
+        )
+        .with_context(|| {
+            format!(
+                "{} ({} Services): RTT to {CLUSTER_IP}",
+                s.way.name(),
+                s.size
+            )
+        })?;
+        r.add(Fig::RttP50, s.way.name(), s.size, p50);
+        let cps = measure::conns_per_sec_via_in((c, cg), srv, (CLUSTER_IP, &s.setup.pod2_ip), secs)
+            .with_context(|| {
+                format!(
+                    "{} ({} Services): connections to {CLUSTER_IP}",
+                    s.way.name(),
+                    s.size
+                )
+            })?;
+        r.add(Fig::ConnsPerSec, s.way.name(), s.size, cps);
+        if s.way == Way::Sluice {
+            let direct = measure::conns_per_sec(c, srv, &s.setup.pod2_ip, secs)
+                .with_context(|| format!("direct connections (node {k})"))?;
+            r.add(Fig::ConnsPerSec, DIRECT, s.size, direct);
+            let (d50, _) = measure::tcp_rtt_us(c, srv, &s.setup.pod2_ip, secs)?;
+            r.add(Fig::RttP50, DIRECT, s.size, d50);
+        }
+    }
+    Ok(())
+}
+
+fn cgroup_of<'a>(s: &SvcSetup, cgroups: &'a [Cgroup]) -> Option<&'a Path> {
+    let i = SVC_SIZES.iter().position(|n| *n == s.size)?;
+    (s.way == Way::Sluice).then(|| cgroups[i].path.as_path())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+impl Results {
+    fn add(&mut self, f: Fig, column: &'static str, size: usize, v: f64) {
+        self.values.entry((f, column, size)).or_default().push(v);
+    }
+
+    fn cell(&self, f: Fig, column: &str, size: usize) -> Option<(f64, f64, f64)> {
+        let v = self
+            .values
+            .iter()
+            .find(|((ff, c, n), _)| *ff == f && *c == column && *n == size)
+            .map(|(_, v)| v)?;
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((median(v), lo, hi))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The table's rows: per size, each column's median (range), and the
+    /// ratios the issue's targets are stated in.
+    fn rows(&self) -> (Vec<String>, Vec<Vec<String>>) {
+        let cols = [DIRECT, Way::Sluice.name(), Way::KubeProxy.name()];
+        let mut header = vec!["Services".to_string(), "figure".to_string()];
+        header.extend(cols.iter().map(ToString::to_string));
+        header.extend([
+            "services/direct".to_string(),
+            "services/kube-proxy".to_string(),
+        ]);
+        let mut rows = Vec::new();
+        for n in SVC_SIZES {
+            for (f, name) in [
+                (Fig::ConnsPerSec, "new TCP connections/s to the ClusterIP"),
+                (Fig::RttP50, "TCP RTT median to the ClusterIP (us)"),
+            ] {
+                let mut row = vec![n.to_string(), name.to_string()];
+                for c in cols {
+                    row.push(self.cell(f, c, n).map_or("-".into(), |(m, lo, hi)| {
+                        format!("{m:.1} ({lo:.1}-{hi:.1})")
+                    }));
+                }
+                let ratio = |a: &str, b: &str| match (self.cell(f, a, n), self.cell(f, b, n)) {
+                    (Some((x, _, _)), Some((y, _, _))) if y > 0.0 => format!("{:.2}x", x / y),
+                    _ => "-".into(),
+                };
+                row.push(ratio(Way::Sluice.name(), DIRECT));
+                row.push(ratio(Way::Sluice.name(), Way::KubeProxy.name()));
+                rows.push(row);
+            }
+        }
+        (header, rows)
+    }
+
+    /// Plain text, for the terminal.
+    pub(super) fn text(&self) -> String {
+        let (header, rows) = self.rows();
+        let mut out = String::from(
+            "\nServices (pod -> ClusterIP; 1, 1,000, 10,000 Services in the cluster):\n",
+        );
+        let _ = writeln!(out, "{}", header.join(" | "));
+        for r in rows {
+            let _ = writeln!(out, "{}", r.join(" | "));
+        }
+        out
+    }
+
+    /// A markdown section at heading `level`.
+    pub(super) fn markdown(&self, level: &str) -> String {
+        let (header, rows) = self.rows();
+        let mut md = format!(
+            "{level} Services (pod -> ClusterIP with 1, 1,000 and 10,000 Services in the cluster)\n\n"
+        );
+        let _ = writeln!(md, "| {} |", header.join(" | "));
+        let _ = writeln!(md, "|{}", " --- |".repeat(header.len()));
+        for r in rows {
+            let _ = writeln!(md, "| {} |", r.join(" | "));
+        }
+        md.push_str(
+            "\nTargets (issue 52): services/direct >= 0.95 at every size, flat from 1 to 10,000; \
+             services/kube-proxy >= 2 at 10,000 (new connections). The direct column is the same \
+             pods on the Sluice-services node, connecting to the pod's own address.\n\n",
+        );
+        md
+    }
+}
