@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 51] = [
+pub const REASONS: [&str; 53] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -87,6 +87,8 @@ pub const REASONS: [&str; 51] = [
     "nat_evict_idle",
     "nat_evict_pod_share",
     "drop_masq_pod_share",
+    "lb_sock",
+    "drop_lb_no_endpoint",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own
