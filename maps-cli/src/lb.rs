@@ -3,7 +3,7 @@
 //! order, whether they are terminating ones (no endpoint was ready), and its
 //! translations at the socket so far; and whether the socket hooks are
 //! attached.
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -112,7 +112,7 @@ pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
                 backends.push_str(" (terminating)");
             }
             if r.affinity_secs > 0 {
-                backends.push_str(&format!(" (client affinity {} s)", r.affinity_secs));
+                let _ = write!(backends, " (client affinity {} s)", r.affinity_secs);
             }
             vec![
                 r.id.to_string(),

@@ -187,6 +187,10 @@ struct InstallArgs {
 }
 
 #[derive(clap::Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "command-line switches, one per duty"
+)]
 struct SyncArgs {
     /// This node's name: its own pod CIDRs get no route.
     #[arg(long, env = "NODE_NAME")]
