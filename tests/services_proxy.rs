@@ -41,6 +41,9 @@ const CLUSTER_IP6: &str = "fd00:96::7:10";
 const HTTP: u16 = 80;
 const DNS: u16 = 53;
 const TARGET: u16 = 8080;
+/// The NodePort of the route-sync test's Service, and the node's address.
+const NODE_PORT: u16 = 30080;
+const NODE_ADDR: &str = "192.168.77.1";
 /// Longest the agent gets to follow a change.
 const FOLLOW: Duration = Duration::from_secs(20);
 const LOG: &str = "proxy.log";
@@ -269,6 +272,19 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     have.sort();
     assert_eq!(have, want, "{lb}");
     let translations = http["translations"].as_u64().unwrap();
+    // One Service port by its frontend.
+    let one = w
+        .node
+        .sluicectl_json(&[
+            "services",
+            "lb",
+            "--json",
+            "--frontend",
+            &format!("{CLUSTER_IP}:{HTTP}"),
+        ])
+        .unwrap();
+    assert_eq!(one["servicePorts"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["servicePorts"][0]["id"], http["id"], "{one}");
     assert!(translations >= 26, "{lb}");
     // The same as metrics, per Service port.
     let m = w.node.sluicectl(&["metrics"]).unwrap();
@@ -405,10 +421,29 @@ fn client_ip_affinity_keeps_a_pod_on_one_endpoint() {
 }
 
 #[test]
-fn route_sync_runs_the_proxy_in_its_mode_and_removes_the_hooks_without_it() {
+fn route_sync_runs_the_proxy_in_its_mode_node_ports_too_and_removes_the_hooks_without_it() {
     let w = World::new();
     w.endpoints(&[(0, true, true, false)]);
     w.api.set_node("node-a", &[CIDR], &["192.168.70.1"]);
+    // A NodePort Service too; the node has an address of its own (on `lo`,
+    // in the test's node namespace), which route-sync keeps in the datapath.
+    w.api.set_service(
+        "shop",
+        "web",
+        &json!({"type": "NodePort", "clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET,
+                           "nodePort": NODE_PORT}]}),
+        &json!({}),
+    );
+    let out = sluice_tests::exec::run(
+        Some(&w.node.netns_path()),
+        Path::new("ip"),
+        &["addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"],
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert!(out.success(), "{out}");
     let cg = w.cgroup.display();
     let a = agent(
         &w.node,
@@ -425,6 +460,34 @@ fn route_sync_runs_the_proxy_in_its_mode_and_removes_the_hooks_without_it() {
     )
     .unwrap();
     assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    // The NodePort from a pod, at the node's address, and from the node
+    // itself at loopback: both reach the endpoint, both see what they asked
+    // for as the peer.
+    let at_node = SocketAddr::new(NODE_ADDR.parse().unwrap(), NODE_PORT);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.run(true, &["tcp", &at_node.to_string(), "500"]);
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "pod -> {at_node}: {:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let r = w.run(true, &["tcp", &at_node.to_string(), "500"]);
+    assert_eq!(r.peer, Some(at_node), "{}", r.output);
+    let lo = SocketAddr::new("127.0.0.1".parse().unwrap(), NODE_PORT);
+    let n = client_in(
+        Path::new(CLIENT),
+        &w.node.netns_path(),
+        Some(&w.cgroup),
+        &["tcp", &lo.to_string(), "500"],
+    )
+    .unwrap();
+    assert!(n.ok, "node -> {lo}: {}", n.output);
+    assert_eq!(n.peer, Some(lo), "{}", n.output);
     stop(a, &w.node, LOG).unwrap();
     let hook = w.node.pin_root().join("links/cgroup-lb_connect4");
     assert!(hook.exists(), "the hooks went with the agent");
@@ -494,4 +557,75 @@ fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
     assert_eq!(w.spread(3), [3, 0]);
     assert_eq!(frontends(&w.node), 4, "{}", w.log());
     stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn a_restarted_agent_takes_over_the_maps_and_catches_up() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
+    let args = [
+        "proxy",
+        "--node-name",
+        "node-a",
+        "--cgroup",
+        &w.cgroup.display(),
+    ];
+    let a = agent(&w.node, w.api.port(), &args, LOG).unwrap();
+    assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    let ids = |lb: &Value| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = lb["servicePorts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["frontends"][0].as_str().unwrap().to_string(),
+                    p["id"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = w
+        .node
+        .sluicectl_json(&["services", "lb", "--json"])
+        .unwrap();
+    stop(a, &w.node, LOG).unwrap();
+    // While no agent runs: connections keep working; an endpoint goes and
+    // another Service comes.
+    assert!(w.tcp().ok);
+    w.endpoints(&[(1, true, true, false)]);
+    w.api.set_service(
+        "shop",
+        "other",
+        &json!({"clusterIP": "10.96.7.20", "clusterIPs": ["10.96.7.20"],
+                "ports": [{"port": 81, "protocol": "TCP", "targetPort": TARGET}]}),
+        &json!({}),
+    );
+    let b = agent(&w.node, w.api.port(), &args, LOG).unwrap();
+    assert!(
+        wait_for(FOLLOW, || w.spread(4) == [0, 4]),
+        "the restarted agent did not catch up\n{}",
+        w.log()
+    );
+    let after = w
+        .node
+        .sluicectl_json(&["services", "lb", "--json"])
+        .unwrap();
+    // The Service ports it found keep their ids; the new one gets a free id.
+    let (b_ids, a_ids) = (ids(&before), ids(&after));
+    for (f, id) in &b_ids {
+        assert!(
+            a_ids.contains(&(f.clone(), *id)),
+            "{f} lost id {id}: {before} -> {after}"
+        );
+    }
+    assert_eq!(a_ids.len(), b_ids.len() + 1, "{after}");
+    let other = a_ids
+        .iter()
+        .find(|(f, _)| f.starts_with("10.96.7.20:81"))
+        .unwrap();
+    assert!(!b_ids.iter().any(|(_, id)| *id == other.1), "{after}");
+    stop(b, &w.node, LOG).unwrap();
 }

@@ -377,7 +377,7 @@ pub(crate) enum ServicesCommand {
     Flows(ServicesFlowsArgs),
     /// The Services Sluice translates itself (`sluice-node proxy`): each
     /// Service port's frontends, backends and translations at the socket.
-    Lb(JsonArgs),
+    Lb(ServicesLbArgs),
 }
 
 #[derive(Args)]
@@ -398,6 +398,17 @@ pub(crate) struct JsonArgs {
     /// Print JSON (stable field names) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct ServicesLbArgs {
+    /// Print JSON (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Only the Service ports with this frontend: an address (`10.96.0.10`,
+    /// `fd00::10`) or an address and port (`10.96.0.10:53`, `[fd00::10]:53`).
+    #[arg(long)]
+    pub frontend: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sluice_common::{svc_flags, SvcValue};
 use sluice_maps::lb::{addr_port, hooks_attached, LbMaps};
 
-use crate::{args::JsonArgs, table, target::Datapath};
+use crate::{args::ServicesLbArgs, table, target::Datapath};
 
 /// One Service port.
 pub(crate) struct Row {
@@ -66,9 +66,37 @@ pub(crate) fn rows(maps: &LbMaps) -> Vec<Row> {
         .collect()
 }
 
-pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
+/// Whether frontend `f` (`addr:port/proto`) is what `want` names: an
+/// address, or an address and port.
+fn frontend_matches(f: &str, want: &str) -> bool {
+    let Some((sock, _proto)) = f.rsplit_once('/') else {
+        return false;
+    };
+    let Ok(sock) = sock.parse::<SocketAddr>() else {
+        return false;
+    };
+    if let Ok(w) = want.parse::<SocketAddr>() {
+        return w == sock;
+    }
+    want.trim_matches(|c| c == '[' || c == ']')
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip == sock.ip())
+}
+
+pub(crate) fn list(dp: &Datapath, a: &ServicesLbArgs) -> Result<()> {
     let maps = LbMaps::open(&dp.root)?;
-    let rows = maps.as_ref().map(rows).unwrap_or_default();
+    let mut rows = maps.as_ref().map(rows).unwrap_or_default();
+    if let Some(want) = &a.frontend {
+        if want.parse::<SocketAddr>().is_err()
+            && want
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse::<std::net::IpAddr>()
+                .is_err()
+        {
+            anyhow::bail!("--frontend {want:?}: not an address nor an address:port");
+        }
+        rows.retain(|r| r.frontends.iter().any(|f| frontend_matches(f, want)));
+    }
     let hooks = hooks_attached(&dp.root);
     if a.json {
         let ports: Vec<Value> = rows
@@ -141,4 +169,21 @@ pub(crate) fn list(dp: &Datapath, a: &JsonArgs) -> Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frontend_matches;
+
+    #[test]
+    fn a_frontend_matches_its_address_or_address_and_port() {
+        assert!(frontend_matches("10.96.0.10:53/udp", "10.96.0.10"));
+        assert!(frontend_matches("10.96.0.10:53/udp", "10.96.0.10:53"));
+        assert!(!frontend_matches("10.96.0.10:53/udp", "10.96.0.10:80"));
+        assert!(!frontend_matches("10.96.0.10:53/udp", "10.96.0.1"));
+        assert!(frontend_matches("[fd00::10]:53/tcp", "fd00::10"));
+        assert!(frontend_matches("[fd00::10]:53/tcp", "[fd00::10]:53"));
+        assert!(frontend_matches("[fd00::10]:53/tcp", "[fd00::10]"));
+        assert!(!frontend_matches("[fd00::10]:53/tcp", "nonsense"));
+    }
 }

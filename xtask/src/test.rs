@@ -297,7 +297,7 @@ const TCG_MAIN_TESTS: [&str; 27] = [
     "kube_proxy:ipvs_mode_every_service_path_works|the_reference_chain_passes_the_same_cases_ipvs@6.12",
     "kube_proxy:ipvs_mode_with_masquerade@sid",
     "kube_proxy_rules@6.12",
-    "services_proxy@5.10",
+    "services_proxy:a_pods_connections_to_a_cluster_ip@5.10",
 ];
 
 /// What the integration tests are given: the eBPF object and the binaries

@@ -16,7 +16,11 @@
 //! - `sessionAffinity: ClientIP`: its timeout (default 10800 s, the API's),
 //!   the client being the socket's network namespace (a pod, or the node).
 //!
-//! Not here yet: NodePorts, `externalTrafficPolicy`.
+//! - NodePorts for connections made on the node (pods and the node's own
+//!   processes to a node address or loopback and the node port), with every
+//!   endpoint (traffic arriving on the uplink is not translated yet).
+//!
+//! Not here yet: NodePorts from outside, `externalTrafficPolicy`.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -165,6 +169,16 @@ pub(crate) fn desired<'a>(
                 continue;
             };
             let port_name = sp.name.as_deref().unwrap_or("");
+            let node_port = sp
+                .node_port
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| {
+                    *p != 0
+                        && matches!(
+                            spec.and_then(|s| s.type_.as_deref()),
+                            Some("NodePort" | "LoadBalancer")
+                        )
+                });
             let eps = endpoints(slices, port_name, proto_name, node);
             let mut picked: Vec<&Ep> = eps.iter().filter(|e| e.ready).collect();
             let mut flags = 0;
@@ -181,7 +195,7 @@ pub(crate) fn desired<'a>(
             picked.retain(|e| seen.insert((e.addr, e.port)));
             picked.sort_by_key(|e| (e.addr, e.port));
             for family_v6 in [false, true] {
-                let fronts: BTreeSet<(IpAddr, u16)> = cluster
+                let mut fronts: BTreeSet<(IpAddr, u16)> = cluster
                     .iter()
                     .chain(&external)
                     .chain(&lb)
@@ -190,6 +204,17 @@ pub(crate) fn desired<'a>(
                     .collect();
                 if fronts.is_empty() {
                     continue;
+                }
+                // The NodePort, on every node address of the family and on
+                // loopback: the unspecified address (the hooks look it up
+                // for a destination in `sl_node_addrs`).
+                if let Some(np) = node_port {
+                    let any = if family_v6 {
+                        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                    } else {
+                        IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+                    };
+                    fronts.insert((any, np));
                 }
                 let mut frontends: Vec<SvcKey> = fronts
                     .iter()
@@ -372,6 +397,34 @@ mod tests {
                             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}));
         let (ports, _) = desired(&[s], &[], "n1");
         assert_eq!(ports["shop/web:53/UDP/v4"].affinity_secs, 60);
+    }
+
+    #[test]
+    fn a_node_port_is_a_frontend_on_the_unspecified_address() {
+        let s = web(&json!({"type": "NodePort",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]}));
+        let (ports, _) = desired(&[s], &[], "n1");
+        let fronts: Vec<(String, u16)> = ports["shop/web:80/TCP/v4"]
+            .frontends
+            .iter()
+            .map(|k| {
+                let (a, p) = addr_port(&k.addr, k.port);
+                (a.to_string(), p)
+            })
+            .collect();
+        assert_eq!(
+            fronts,
+            [
+                ("0.0.0.0".to_string(), 30080),
+                ("10.96.0.10".to_string(), 80)
+            ]
+        );
+        let v6 = &ports["shop/web:80/TCP/v6"].frontends;
+        assert!(v6.iter().any(|k| k.addr.addr == [0; 16]), "{v6:?}");
+        // A ClusterIP Service's stray nodePort is not one.
+        let s = web(&json!({"ports": [{"name": "http", "port": 80, "nodePort": 30080}]}));
+        let (ports, _) = desired(&[s], &[], "n1");
+        assert_eq!(ports["shop/web:80/TCP/v4"].frontends.len(), 1);
     }
 
     #[test]

@@ -12,10 +12,14 @@ use sluice_common::{Addr6, IpKey, LbSockKey, LbSockOrig, SvcKey};
 
 use super::{pick, Pick};
 use crate::{
-    maps::LB_SOCK,
+    l3::same6,
+    maps::{LB_SOCK, NODE_ADDRS, NODE_ADDRS6},
     proto::{AF_INET, AF_INET6, PROTO_TCP, PROTO_UDP},
     sock_addr::{set_user_ip6, user_ip6},
 };
+
+/// `::1`.
+const LOOPBACK6: Addr6 = Addr6([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
 
 /// Let the call go on.
 const ALLOW: i32 = 1;
@@ -99,12 +103,24 @@ fn to_backend4(ctx: &SockAddrContext) -> i32 {
     };
     // SAFETY: the kernel passes a valid bpf_sock_addr.
     let dst = unsafe { (*ctx.sock_addr).user_ip4 }.to_ne_bytes();
-    let key = SvcKey::new(IpKey::v4(dst), port, proto);
-    let b = match pick(&key, netns(ctx)) {
+    let mut key = SvcKey::new(IpKey::v4(dst), port, proto);
+    let mut picked = pick(&key, netns(ctx));
+    // A NodePort: a node address (`sl_node_addrs`, kept by the agent) or
+    // loopback, and a port the agent wrote with the unspecified address.
+    // SAFETY: map values are only read.
+    if matches!(picked, Pick::NotService)
+        && (dst[0] == 127 || unsafe { NODE_ADDRS.get(dst) }.is_some())
+    {
+        key = SvcKey::new(IpKey::v4([0; 4]), port, proto);
+        picked = pick(&key, netns(ctx));
+    }
+    let b = match picked {
         Pick::NotService => return ALLOW,
         Pick::NoEndpoint => return REFUSE,
         Pick::Backend(b) => b,
     };
+    // What the socket shows as its peer: what it asked for.
+    key.addr = IpKey::v4(dst);
     // The agent gives an IPv4 frontend IPv4 backends only.
     let Some(ip) = b.addr.as_v4() else {
         return REFUSE;
@@ -167,12 +183,23 @@ fn to_backend6(ctx: &SockAddrContext) -> i32 {
     let Some((proto, port)) = socket(ctx, AF_INET6) else {
         return ALLOW;
     };
-    let key = SvcKey::new(IpKey::v6(user_ip6(ctx).0), port, proto);
-    let b = match pick(&key, netns(ctx)) {
+    let dst = user_ip6(ctx);
+    let mut key = SvcKey::new(IpKey::v6(dst.0), port, proto);
+    let mut picked = pick(&key, netns(ctx));
+    // A NodePort (see `to_backend4`).
+    // SAFETY: map values are only read.
+    if matches!(picked, Pick::NotService)
+        && (same6(&dst, &LOOPBACK6) || unsafe { NODE_ADDRS6.get(dst) }.is_some())
+    {
+        key = SvcKey::new(IpKey::v6([0; 16]), port, proto);
+        picked = pick(&key, netns(ctx));
+    }
+    let b = match picked {
         Pick::NotService => return ALLOW,
         Pick::NoEndpoint => return REFUSE,
         Pick::Backend(b) => b,
     };
+    key.addr = IpKey::v6(dst.0);
     set_user_ip6(ctx, &Addr6(b.addr.addr));
     // SAFETY: a writable field of the connect6/sendmsg6 hooks.
     unsafe { (*ctx.sock_addr).user_port = u32::from(b.port) };
