@@ -1,59 +1,52 @@
-//! The lock on a pin root's maps directory (an `flock` on the directory, the
-//! same lock `sluice_host::lock::FileLock::dir_exclusive` takes on it: the
-//! plugin holds it while an ADD claims a counter slot). Whoever writes counts
-//! from a walk of the tables holds it from the walk to the write
+//! The lock on a pin root's maps directory (an `flock` on the directory,
+//! taken by `sluice_host::lock::FileLock::dir_exclusive`, the lock the plugin
+//! holds while an ADD claims a counter slot). Whoever writes counts from a
+//! walk of the tables holds it from the walk to the write
 //! ([`crate::nat_pressure::recount`], [`crate::sweep::sweep`]): two walks
 //! and writes interleaved would put back the count of a pod a DEL had just
 //! removed, an entry no later DEL takes away.
-use std::{
-    fs::File,
-    os::fd::AsRawFd,
-    time::{Duration, Instant},
-};
+use std::io;
+
+use sluice_host::lock::FileLock;
 
 use crate::{Error, PinRoot, Result};
 
-/// How long a holder may keep the lock before a waiter gives up (a walk of
-/// the largest tables takes milliseconds; a holder that died released it).
-const WAIT: Duration = Duration::from_secs(30);
-
 /// Held until dropped (closing the file releases the `flock`).
 pub struct MapsLock {
-    _dir: File,
+    _lock: FileLock,
 }
 
 impl PinRoot {
-    /// Takes the maps directory's lock, waiting up to 30 s.
+    /// Takes the maps directory's lock, waiting up to 30 s
+    /// (`sluice_host::lock::LOCK_TIMEOUT`).
     pub fn lock_maps(&self) -> Result<MapsLock> {
-        let path = self.maps_dir();
-        let dir = File::open(&path)
-            .map_err(|e| Error::io(format!("open {} to lock it", path.display()), e))?;
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            // SAFETY: flock(2) on a descriptor this function owns.
-            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(MapsLock { _dir: dir });
-            }
-            let e = std::io::Error::last_os_error();
-            let busy = matches!(e.raw_os_error(), Some(libc::EWOULDBLOCK | libc::EINTR));
-            if !busy || start.elapsed() >= WAIT {
-                return Err(Error::io(
-                    format!("lock {} (waited {:?})", path.display(), start.elapsed()),
-                    e,
-                ));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
+        FileLock::dir_exclusive(&self.maps_dir())
+            .map(|lock| MapsLock { _lock: lock })
+            .map_err(lock_error)
+    }
+}
+
+/// A lock error of `sluice_host` in this crate's terms (a wait that ran out
+/// keeps the errno the last attempt saw).
+fn lock_error(e: sluice_host::Error) -> Error {
+    match e {
+        sluice_host::Error::Io { context, source } => Error::io(context, source),
+        sluice_host::Error::LockBusy { path, waited_secs } => Error::io(
+            format!("lock {path} (waited {waited_secs}s)"),
+            io::Error::from_raw_os_error(libc::EWOULDBLOCK),
+        ),
+        e => Error::io("lock the maps directory", io::Error::other(e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering},
+            Arc,
+        },
+        time::Duration,
     };
 
     use super::*;
@@ -88,5 +81,18 @@ mod tests {
         let pin = PinRoot::new(std::path::Path::new("/nonexistent/sluice-pin-root"));
         let e = pin.lock_maps().err().unwrap().to_string();
         assert!(e.contains("/nonexistent/sluice-pin-root/maps"), "{e}");
+    }
+
+    #[test]
+    fn a_lock_held_too_long_is_an_io_error_naming_the_directory() {
+        let e = lock_error(sluice_host::Error::LockBusy {
+            path: "/p/maps".into(),
+            waited_secs: 30,
+        });
+        assert!(
+            matches!(&e, Error::Io { op, source } if op.contains("/p/maps")
+                && source.raw_os_error() == Some(libc::EWOULDBLOCK)),
+            "{e:?}"
+        );
     }
 }
