@@ -10,12 +10,14 @@
 use std::net::IpAddr;
 
 use aya::maps::{Array, HashMap, MapData, MapError};
-use sluice_common::{map_sizes, maps, Backend, BackendKey, IpKey, SvcKey, SvcValue};
+use sluice_common::{
+    map_sizes, maps, programs::LB_HOOKS, Backend, BackendKey, IpKey, SvcKey, SvcValue,
+};
 
 use crate::{
     endpoint::{ip_key, key_ip},
     error::is_not_found,
-    Error, PinRoot, Result,
+    sock_hooks, Error, PinRoot, Result,
 };
 
 /// A frontend's key: `addr`:`port` (host byte order) over `proto`.
@@ -172,93 +174,22 @@ impl LbMaps {
 
 // --- the socket hooks ------------------------------------------------------------
 
-/// Where the link of Service hook `prog` is pinned (the plugin's upgrade
-/// replaces the program of every `links/cgroup-<program>` in place).
-fn hook_link(root: &PinRoot, prog: &str) -> std::path::PathBuf {
-    root.links_dir().join(format!("cgroup-{prog}"))
-}
-
 /// Whether every Service socket hook is attached (its link is pinned).
 pub fn hooks_attached(root: &PinRoot) -> bool {
-    sluice_common::programs::LB_HOOKS
-        .iter()
-        .all(|p| hook_link(root, p.name).exists())
+    sock_hooks::attached(root, &LB_HOOKS)
 }
 
 /// Attaches the pinned Service socket hooks to the cgroup v2 directory
 /// `cgroup` (every socket of its processes, in any network namespace) and
 /// pins their links, so they outlive the agent. Attached ones stay.
 pub fn attach_hooks(root: &PinRoot, cgroup: &std::path::Path) -> Result<()> {
-    use std::os::fd::AsFd;
-
-    use aya::programs::{
-        links::{FdLink, PinnedLink},
-        CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType,
-    };
-    use sluice_common::programs::{ProgKind, SockHook, LB_HOOKS};
-
     let dir = std::fs::File::open(cgroup)
         .map_err(|e| Error::io(format!("open cgroup {}", cgroup.display()), e))?;
-    for p in LB_HOOKS {
-        let ProgKind::SockAddr(hook) = p.kind else {
-            continue;
-        };
-        let lp = hook_link(root, p.name);
-        if lp.exists() {
-            continue;
-        }
-        let kind = match hook {
-            SockHook::Connect4 => CgroupSockAddrAttachType::Connect4,
-            SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
-            SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
-            SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
-            SockHook::Connect6 => CgroupSockAddrAttachType::Connect6,
-            SockHook::SendMsg6 => CgroupSockAddrAttachType::UDPSendMsg6,
-            SockHook::RecvMsg6 => CgroupSockAddrAttachType::UDPRecvMsg6,
-            SockHook::GetPeerName6 => CgroupSockAddrAttachType::GetPeerName6,
-        };
-        let path = root.progs_dir().join(p.name);
-        let prog_err = |op: String| {
-            move |source| Error::Program {
-                op: op.clone(),
-                source,
-            }
-        };
-        let mut prog = CgroupSockAddr::from_pin(&path, kind)
-            .map_err(prog_err(format!("open pinned program {}", path.display())))?;
-        let id = prog
-            .attach(dir.as_fd(), CgroupAttachMode::Single)
-            .map_err(prog_err(format!(
-                "attach {} to {}",
-                p.name,
-                cgroup.display()
-            )))?;
-        let link: FdLink = prog
-            .take_link(id)
-            .map_err(prog_err(format!("take the link of {}", p.name)))?
-            .try_into()
-            .map_err(|e: aya::programs::links::LinkError| Error::Io {
-                op: format!("the link of {} as a bpf_link", p.name),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-        let _: PinnedLink = link.pin(&lp).map_err(|e| Error::Io {
-            op: format!("pin {}", lp.display()),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-    }
-    Ok(())
+    sock_hooks::attach(root, &LB_HOOKS, &dir, cgroup)
 }
 
 /// Unpins the Service socket hooks' links (back to kube-proxy): the kernel
 /// detaches each once its last reference goes.
 pub fn detach_hooks(root: &PinRoot) -> Result<()> {
-    for p in sluice_common::programs::LB_HOOKS {
-        let lp = hook_link(root, p.name);
-        match std::fs::remove_file(&lp) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(format!("unpin {}", lp.display()), e)),
-        }
-    }
-    Ok(())
+    sock_hooks::detach(root, &LB_HOOKS)
 }

@@ -6,9 +6,10 @@
 //! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
 //! [`hostport`], [`services`] (traffic the node's stack translates), [`bandwidth`], [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
 //! sweep); [`programs`] reads what is known of
-//! the pinned programs. Loading the object and attaching programs is the
-//! plugin's loader's job. With the loader, this crate holds every aya call of
-//! Sluice's userspace.
+//! the pinned programs; [`sock_hooks`] attaches the socket hooks (hostPort,
+//! Services) to a cgroup and pins their links. Loading the object and
+//! attaching the other programs is the plugin's loader's job. With the
+//! loader, this crate holds every aya call of Sluice's userspace.
 pub mod agent;
 pub mod bandwidth;
 mod batch;
@@ -25,6 +26,7 @@ pub mod node;
 mod pinned;
 pub mod programs;
 pub mod services;
+pub mod sock_hooks;
 pub mod sweep;
 mod trie;
 

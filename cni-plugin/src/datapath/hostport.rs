@@ -1,7 +1,8 @@
 //! hostPort on the plugin's side: a pod's `portMappings` as `sl_ports`
 //! entries, and the cgroup the node-local socket hooks attach to. The map
 //! rules (overlaps, conflicts, what goes with a pod) are in
-//! `sluice_maps::hostport`. The socket hooks (`hp_*`) are attached here.
+//! `sluice_maps::hostport`. The socket hooks (`hp_*`) are attached here, with
+//! `sluice_maps::sock_hooks`.
 use std::{
     fs,
     net::IpAddr,
@@ -11,18 +12,12 @@ use std::{
 
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya_obj::programs::CgroupSockAddrAttachType;
-use sluice_common::{
-    prog_names,
-    programs::{self, ProgKind, SockHook},
-};
+use sluice_common::{prog_names, programs};
 use sluice_maps::PinRoot;
 
 use sluice_maps::hostport::{V4, V6};
 
-use super::{
-    links::{dp_err, hook_link_path, pin_link},
-    Attachment, Gone, NodeSettings, PORT_MAPPINGS,
-};
+use super::{links::dp_err, Attachment, Gone, NodeSettings, PORT_MAPPINGS};
 
 use sluice_common::{Addr6, PortKey, PortKey6, PortTarget, PortTargetOf};
 
@@ -249,54 +244,16 @@ pub fn open_cgroup(cgroup: &Path) -> Result<fs::File, Error> {
 
 // --- the socket hooks (the node's own connections to hostPorts) ---------------
 
-fn sock_attach_type(h: SockHook) -> CgroupSockAddrAttachType {
-    match h {
-        SockHook::Connect4 => CgroupSockAddrAttachType::Connect4,
-        SockHook::SendMsg4 => CgroupSockAddrAttachType::UDPSendMsg4,
-        SockHook::RecvMsg4 => CgroupSockAddrAttachType::UDPRecvMsg4,
-        SockHook::GetPeerName4 => CgroupSockAddrAttachType::GetPeerName4,
-        SockHook::Connect6 => CgroupSockAddrAttachType::Connect6,
-        SockHook::SendMsg6 => CgroupSockAddrAttachType::UDPSendMsg6,
-        SockHook::RecvMsg6 => CgroupSockAddrAttachType::UDPRecvMsg6,
-        SockHook::GetPeerName6 => CgroupSockAddrAttachType::GetPeerName6,
-    }
-}
-
 /// Whether the socket hooks are attached (their link pins exist).
 pub(super) fn hooks_attached(root: &PinRoot) -> bool {
-    programs::SOCK_HOOKS
-        .iter()
-        .all(|p| hook_link_path(root, p.name).exists())
+    sluice_maps::sock_hooks::attached(root, &programs::SOCK_HOOKS)
 }
 
 /// Attaches the socket hooks to the cgroup v2 directory `cgroup` (opened) and
 /// pins their links, so they outlive the plugin. Attached ones stay.
 pub(super) fn attach_hooks(root: &PinRoot, cgroup: &fs::File, shown: &Path) -> Result<(), Error> {
-    for p in programs::SOCK_HOOKS {
-        let ProgKind::SockAddr(hook) = p.kind else {
-            continue;
-        };
-        let lp = hook_link_path(root, p.name);
-        if lp.exists() {
-            continue;
-        }
-        let mut prog =
-            CgroupSockAddr::from_pin(root.progs_dir().join(p.name), sock_attach_type(hook))
-                .map_err(|e| dp_err(format!("open pinned program {}", p.name), e))?;
-        let id = prog
-            .attach(cgroup.as_fd(), CgroupAttachMode::Single)
-            .map_err(|e| {
-                dp_err(
-                    format!("attach {} to cgroup {}", p.name, shown.display()),
-                    e,
-                )
-            })?;
-        let link = prog
-            .take_link(id)
-            .map_err(|e| dp_err(format!("take {} link", p.name), e))?;
-        pin_link(link, &lp)?;
-    }
-    Ok(())
+    sluice_maps::sock_hooks::attach(root, &programs::SOCK_HOOKS, cgroup, shown)
+        .map_err(|e| dp_err("attach the hostPort socket hooks", e))
 }
 
 /// The node namespace's cookie on a kernel without `SO_NETNS_COOKIE` (before

@@ -4,9 +4,9 @@
 //! sweeper's perf event and the hostPort socket hooks (pinned links).
 //!
 //! Link pins under `links/`: `<host veth>-<program>` (pods, tcx),
-//! `uplink<ifindex>-<program>`, `cgroup-<program>`, `nat_sweep`. bpffs refuses
-//! names with a dot (EPERM from `bpf_lookup`, kernel/bpf/inode.c), so none has
-//! one.
+//! `uplink<ifindex>-<program>`, `cgroup-<program>` (made by
+//! `sluice_maps::sock_hooks`), `nat_sweep`. bpffs refuses names with a dot
+//! (EPERM from `bpf_lookup`, kernel/bpf/inode.c), so none has one.
 use std::{
     os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
@@ -27,8 +27,6 @@ use crate::error::Error;
 /// Prefix of the uplink's link pins (`uplink<ifindex>-<program>`); pod links
 /// start with the host veth name (`sl...`), so the two never mix.
 pub(super) const UPLINK_LINK_PREFIX: &str = "uplink";
-/// Prefix of the socket hooks' link pins (`cgroup-<program>`).
-pub(super) const HOOK_LINK_PREFIX: &str = "cgroup-";
 /// Pin of the NAT sweeper's perf-event link.
 pub(super) const SWEEP_LINK: &str = "nat_sweep";
 
@@ -59,10 +57,6 @@ pub(super) fn pod_link_path(root: &PinRoot, host_ifname: &str, prog: &str) -> Pa
 pub(super) fn uplink_link_path(root: &PinRoot, ifindex: u32, prog: &str) -> PathBuf {
     root.links_dir()
         .join(format!("{UPLINK_LINK_PREFIX}{ifindex}-{prog}"))
-}
-
-pub(super) fn hook_link_path(root: &PinRoot, prog: &str) -> PathBuf {
-    root.links_dir().join(format!("{HOOK_LINK_PREFIX}{prog}"))
 }
 
 pub(super) fn open_tc(root: &PinRoot, name: &str) -> Result<SchedClassifier, Error> {
