@@ -3,7 +3,7 @@
 //! entries, limits, hostPorts), checked on the [`Attachment`] CHECK finds.
 use crate::{
     cni::{config::NetConf, AttachmentId},
-    datapath::{Attachment, Datapath, PodDevice},
+    datapath::{Attachment, Datapath},
     error::Error,
     netlink::{LinkInfo, Netlink},
     netns::Netns,
@@ -38,27 +38,14 @@ pub async fn check(
     }
     // What CHECK finds: the pair as the kernel has it, the addresses the
     // record has, the mappings and limits the runtime passes again.
-    let pod = Attachment {
-        id: id.clone(),
-        host_ifname,
-        host_ifindex: host_link.index,
-        host_mac: host_link.mac.unwrap_or_default(),
-        pod_mac: pod_link.mac.unwrap_or_default(),
-        ips: record.addrs(),
-        netns_ino: pod_ns.inode(),
-        xdp_ready: false,
-        attach: conf.pod_attach,
-        netkit: host_link.is_netkit(),
-        port_mappings: conf.runtime.port_mappings.clone(),
-        bandwidth: conf.bandwidth,
-        device: Some(PodDevice {
-            ns: pod_ns,
-            nl: pod_nl,
-            ifname: id.ifname.clone(),
-            ifindex: pod_link.index,
-            fq: false,
-        }),
-    };
+    let pod = Attachment::paired(
+        conf,
+        id,
+        record.addrs(),
+        (&host_link, pod_link),
+        (pod_ns, pod_nl),
+        false,
+    );
     Datapath::new(&conf.pin_root).check(host_nl, &pod).await?;
     Ok(host_link)
 }

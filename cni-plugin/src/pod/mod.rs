@@ -7,22 +7,69 @@
 //! - [`repair`]: the recorded pods re-attached to a datapath loaded anew.
 //!
 //! Each builds the one [`Attachment`] the datapath's verbs take, from what it
-//! has: the pair it made ([`setup`]), what it finds of the pair
-//! ([`check`]), a record and the kernel's view of its veth ([`repair`]), a
-//! record alone ([`Attachment::recorded`], a DEL).
+//! has: the pair it made ([`setup`]) or finds ([`check`]), both
+//! [`Attachment::paired`]; a record and the kernel's view of its veth
+//! ([`repair`]); a record alone ([`Attachment::recorded`], a DEL).
 pub mod check;
 pub mod repair;
 pub mod setup;
 pub mod teardown;
 
-use crate::{cni::config::PodAttach, datapath::Attachment, state::AttachmentRecord};
+use std::net::IpAddr;
+
+use crate::{
+    cni::{
+        config::{NetConf, PodAttach},
+        AttachmentId,
+    },
+    datapath::{Attachment, PodDevice},
+    netlink::{LinkInfo, Netlink},
+    netns::Netns,
+    state::AttachmentRecord,
+};
 
 pub use check::check;
 pub use repair::repair;
 pub use setup::{setup, Made, Setup};
 pub use teardown::{teardown, VethRemoval};
 
-impl Attachment<'_> {
+impl<'a> Attachment<'a> {
+    /// A pod whose pair is in sight (an ADD made it, CHECK found it): host
+    /// end `host`, the pod's own interface `pod` in `ns` (`nl`: a socket
+    /// there; `fq`: its root qdisc is `fq`), addresses `ips`, and the attach
+    /// mode, mappings and limits of `conf`. Netkit as `host` says; XDP off
+    /// until the caller knows the pod end takes frames.
+    pub fn paired(
+        conf: &NetConf,
+        id: &AttachmentId,
+        ips: Vec<IpAddr>,
+        (host, pod): (&LinkInfo, &LinkInfo),
+        (ns, nl): (&'a Netns, &'a Netlink),
+        fq: bool,
+    ) -> Self {
+        Self {
+            id: id.clone(),
+            host_ifname: host.name.clone(),
+            host_ifindex: host.index,
+            host_mac: host.mac.unwrap_or_default(),
+            pod_mac: pod.mac.unwrap_or_default(),
+            ips,
+            netns_ino: ns.inode(),
+            xdp_ready: false,
+            attach: conf.pod_attach,
+            netkit: host.is_netkit(),
+            port_mappings: conf.runtime.port_mappings.clone(),
+            bandwidth: conf.bandwidth,
+            device: Some(PodDevice {
+                ns,
+                nl,
+                ifname: id.ifname.clone(),
+                ifindex: pod.index,
+                fq,
+            }),
+        }
+    }
+
     /// A pod as its complete record has it: index of its host end, addresses,
     /// mappings, limits. What only the kernel knows (MACs, the namespace, the
     /// device kind) is unset; [`repair`] fills it in, a DEL has no use for it.

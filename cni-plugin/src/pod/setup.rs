@@ -13,7 +13,7 @@ use crate::{
         runtime_config::Mac,
         AttachmentId,
     },
-    datapath::{self, masquerade, Attachment, Datapath, NodeSettings, PodDevice},
+    datapath::{self, masquerade, Attachment, Datapath, NodeSettings},
     error::Error,
     gateway, interface,
     ipam::Ipam,
@@ -154,27 +154,15 @@ pub async fn setup(
     gateway::readd(host_nl, &gws).await?;
     steps.done("datapath prepare");
     // A conflict on a hostPort fails the ADD, whose rollback removes the rest.
-    let attachment = Attachment {
-        id: id.clone(),
-        host_ifname: host_ifname.to_string(),
-        host_ifindex: pair.host.index,
-        host_mac: made.host_mac,
-        pod_mac: made.pod_mac,
-        ips: record.addrs(),
-        netns_ino: pod_ns.inode(),
-        xdp_ready,
-        attach: conf.pod_attach,
-        netkit: pair.netkit,
-        port_mappings: conf.runtime.port_mappings.clone(),
-        bandwidth: conf.bandwidth,
-        device: Some(PodDevice {
-            ns: pod_ns,
-            nl: pod_nl,
-            ifname: id.ifname.clone(),
-            ifindex: pair.pod.index,
-            fq,
-        }),
-    };
+    let mut attachment = Attachment::paired(
+        conf,
+        id,
+        record.addrs(),
+        (&pair.host, &pair.pod),
+        (pod_ns, pod_nl),
+        fq,
+    );
+    attachment.xdp_ready = xdp_ready;
     dp.attach(&prepared, &attachment)?;
     steps.done("datapath attach");
     // Loaded where nothing was pinned (a new node, or a datapath lost with its
