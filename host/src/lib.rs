@@ -5,6 +5,7 @@
 pub mod bpffs;
 pub mod error;
 pub mod lock;
+#[cfg(feature = "netlink")]
 pub mod netlink;
 pub mod netns;
 
