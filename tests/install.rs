@@ -219,8 +219,12 @@ fn run_agents(
         mounts: vec![
             bpffs.clone(),
             HostMount::new(sa_dir, SERVICE_ACCOUNT).readonly(),
+            HostMount::new(node.state_dir(), "/var/lib/cni/sluice").readonly(),
+            HostMount::new("/run/netns", "/run/netns")
+                .host_to_container()
+                .readonly(),
         ],
-        capabilities: Some(vec!["NET_ADMIN".into(), "BPF".into()]),
+        capabilities: Some(vec!["NET_ADMIN".into(), "BPF".into(), "SYS_ADMIN".into()]),
     };
     let metrics = ContainerSpec {
         name: "metrics".into(),

@@ -9,7 +9,8 @@
 //! ClusterIP reach a backend directly (the backend sees the pod's own
 //! address: plain pod-to-pod packets), `getpeername` and `recvmsg` show the
 //! ClusterIP; connections spread over both backends; an endpoint removed
-//! gets no new connection; a Service without endpoints refuses at once;
+//! gets no new connection; a Service without endpoints refuses at once
+//! (`ECONNREFUSED` in a pod, as kube-proxy's REJECT; `EPERM` on the node);
 //! terminating endpoints serve only when none is ready; a Service deleted
 //! leaves its address untranslated; the maps are as the agent says; the
 //! hooks go with `proxy --stop`.
@@ -51,6 +52,8 @@ const LOG: &str = "proxy.log";
 struct World {
     node: Node,
     client: Pod,
+    /// The client pod's IPv4 address.
+    client_ip: IpAddr,
     backends: Vec<(IpAddr, EchoServer)>,
     /// The same pods' IPv6 addresses and servers.
     backends6: Vec<(IpAddr, EchoServer)>,
@@ -64,8 +67,16 @@ impl World {
         let mut conf = node.conf("1.0.0", CIDR);
         conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
         conf["ipam"].as_object_mut().unwrap().remove("subnet");
+        // Default routes of both families, as a cluster's pods have: a
+        // connect to a Service without endpoints leaves the pod untranslated.
+        conf["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]);
         let client = node.pod("c").unwrap();
-        add(&node, &conf, "lb-client", &client);
+        let client_ip = add(&node, &conf, "lb-client", &client)
+            .ips
+            .iter()
+            .map(|(ip, _)| *ip)
+            .find(IpAddr::is_ipv4)
+            .unwrap();
         let (mut backends, mut backends6) = (Vec::new(), Vec::new());
         for i in 0..2 {
             let pod = node.pod(&format!("b{i}")).unwrap();
@@ -92,6 +103,7 @@ impl World {
         Self {
             node,
             client,
+            client_ip,
             backends,
             backends6,
             cgroup: Cgroup::new().unwrap(),
@@ -172,6 +184,39 @@ impl World {
     fn log(&self) -> String {
         log_of(&self.node, LOG)
     }
+
+    /// `sluice-node proxy` for this node: its hooks on the test's cgroup,
+    /// the pods' namespaces from the node's records.
+    fn proxy(&self) -> sluice_tests::exec::Running {
+        let state = self.node.state_dir().display().to_string();
+        agent(
+            &self.node,
+            self.api.port(),
+            &[
+                "proxy",
+                "--node-name",
+                "node-a",
+                "--cgroup",
+                &self.cgroup.display(),
+                "--cni-state-dir",
+                &state,
+            ],
+            LOG,
+        )
+        .unwrap()
+    }
+}
+
+/// What a pod's connect to a Service without endpoints fails with:
+/// `ECONNREFUSED` (the ICMP port unreachable `from_pod` answers with, as
+/// kube-proxy's REJECT) where the agent can tell the node's namespace from a
+/// pod's (`SO_NETNS_COOKIE`, 5.14), `EPERM` from the socket hook before.
+fn no_endpoint_errno() -> i32 {
+    if sluice_tests::kernel::version() >= (5, 14) {
+        libc::ECONNREFUSED
+    } else {
+        libc::EPERM
+    }
 }
 
 /// The frontends in `sl_lb_svc` (bpftool's view): how many.
@@ -190,19 +235,7 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
         "translated without the agent: {}",
         before.output
     );
-    let a = agent(
-        &w.node,
-        w.api.port(),
-        &[
-            "proxy",
-            "--node-name",
-            "node-a",
-            "--cgroup",
-            &w.cgroup.display(),
-        ],
-        LOG,
-    )
-    .unwrap();
+    let a = w.proxy();
     let mut last = None;
     assert!(
         wait_for(FOLLOW, || {
@@ -318,20 +351,37 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     assert!(wait_for(FOLLOW, || w.spread(4) == [0, 4]), "{}", w.log());
     w.endpoints(&[(0, false, true, true)]);
     assert!(wait_for(FOLLOW, || w.spread(4) == [4, 0]), "{}", w.log());
-    // No endpoint: refused at once (EPERM from the hook), no timeout.
+    // No endpoint: refused at once, no timeout, as kube-proxy's REJECT
+    // (ICMP port unreachable: ECONNREFUSED) where the agent knows the
+    // node's namespace (5.14 on); before, and on the node, EPERM at the
+    // socket.
     w.endpoints(&[]);
+    let from_pod = no_endpoint_errno();
     let mut refused = None;
     assert!(
         wait_for(FOLLOW, || {
             let r = w.tcp();
-            let done = r.errno == Some(libc::EPERM);
+            let done = r.errno == Some(from_pod);
             refused = Some(r);
             done
         }),
-        "a Service without endpoints was not refused: {:?}\n{}",
+        "a Service without endpoints did not refuse with errno {from_pod}: {:?}\n{}",
         refused.map(|r| r.output),
         w.log()
     );
+    // DNS over connected UDP: its datagram answered, the error at once.
+    let dns = format!("{CLUSTER_IP}:{DNS}");
+    let u = w.run(true, &["udp-connected", &dns, "1", "2000"]);
+    assert_eq!(u.errno, Some(from_pod), "{}", u.output);
+    // The node's own sockets: refused at the socket.
+    let n = client_in(
+        Path::new(CLIENT),
+        &w.node.netns_path(),
+        Some(&w.cgroup),
+        &["tcp", &format!("{CLUSTER_IP}:{HTTP}"), "2000"],
+    )
+    .unwrap();
+    assert_eq!(n.errno, Some(libc::EPERM), "{}", n.output);
     // The Service gone: its frontends go, its address is not translated.
     w.endpoints(&[(0, true, true, false)]);
     w.api
@@ -383,19 +433,7 @@ fn client_ip_affinity_keeps_a_pod_on_one_endpoint() {
                 "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET}]}),
         &json!({}),
     );
-    let a = agent(
-        &w.node,
-        w.api.port(),
-        &[
-            "proxy",
-            "--node-name",
-            "node-a",
-            "--cgroup",
-            &w.cgroup.display(),
-        ],
-        LOG,
-    )
-    .unwrap();
+    let a = w.proxy();
     assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
     // Every new connection of the pod goes where its first went.
     let spread = w.spread(16);
@@ -455,6 +493,8 @@ fn route_sync_runs_the_proxy_in_its_mode_node_ports_too_and_removes_the_hooks_wi
             "--service-proxy",
             "--service-cgroup",
             &cg,
+            "--cni-state-dir",
+            &w.node.state_dir().display().to_string(),
         ],
         LOG,
     )
@@ -519,19 +559,7 @@ fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
     );
     w.endpoints(&[(0, true, true, false)]);
     w.endpoints6(&[1]);
-    let a = agent(
-        &w.node,
-        w.api.port(),
-        &[
-            "proxy",
-            "--node-name",
-            "node-a",
-            "--cgroup",
-            &w.cgroup.display(),
-        ],
-        LOG,
-    )
-    .unwrap();
+    let a = w.proxy();
     let vip6 = SocketAddr::new(CLUSTER_IP6.parse().unwrap(), HTTP);
     let tcp6 = || w.run(true, &["tcp", &vip6.to_string(), "2000"]);
     assert!(wait_for(FOLLOW, || tcp6().ok), "{}", w.log());
@@ -556,6 +584,24 @@ fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
     // The IPv4 ClusterIP of the same Service goes to the IPv4 endpoint.
     assert_eq!(w.spread(3), [3, 0]);
     assert_eq!(frontends(&w.node), 4, "{}", w.log());
+    // No IPv6 endpoint: the pod's connect is refused (ICMPv6 port
+    // unreachable from 5.14 on), the IPv4 side unaffected.
+    w.endpoints6(&[]);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = tcp6();
+            let done = r.errno == Some(no_endpoint_errno());
+            last = Some(r);
+            done
+        }),
+        "{:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let u = w.run(true, &["udp-connected", &dns6.to_string(), "1", "2000"]);
+    assert_eq!(u.errno, Some(no_endpoint_errno()), "{}", u.output);
+    assert_eq!(w.spread(2), [2, 0]);
     stop(a, &w.node, LOG).unwrap();
 }
 
@@ -563,14 +609,7 @@ fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
 fn a_restarted_agent_takes_over_the_maps_and_catches_up() {
     let w = World::new();
     w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
-    let args = [
-        "proxy",
-        "--node-name",
-        "node-a",
-        "--cgroup",
-        &w.cgroup.display(),
-    ];
-    let a = agent(&w.node, w.api.port(), &args, LOG).unwrap();
+    let a = w.proxy();
     assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
     let ids = |lb: &Value| -> Vec<(String, u64)> {
         let mut v: Vec<(String, u64)> = lb["servicePorts"]
@@ -603,7 +642,7 @@ fn a_restarted_agent_takes_over_the_maps_and_catches_up() {
                 "ports": [{"port": 81, "protocol": "TCP", "targetPort": TARGET}]}),
         &json!({}),
     );
-    let b = agent(&w.node, w.api.port(), &args, LOG).unwrap();
+    let b = w.proxy();
     assert!(
         wait_for(FOLLOW, || w.spread(4) == [0, 4]),
         "the restarted agent did not catch up\n{}",
@@ -628,4 +667,70 @@ fn a_restarted_agent_takes_over_the_maps_and_catches_up() {
         .unwrap();
     assert!(!b_ids.iter().any(|(_, id)| *id == other.1), "{after}");
     stop(b, &w.node, LOG).unwrap();
+}
+
+/// kube-proxy clears the conntrack entries of a removed UDP endpoint so
+/// that DNS recovers when a `CoreDNS` pod moves; the socket hook connected the
+/// socket to the backend itself, so the agent closes such sockets: the
+/// pod's held socket fails (`ECONNABORTED`) once its backend is removed, and
+/// a new one reaches the other backend. The other backend's sockets stay.
+#[test]
+fn connected_udp_sockets_to_a_removed_endpoint_are_closed() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
+    let a = w.proxy();
+    let dns = format!("{CLUSTER_IP}:{DNS}");
+    assert!(
+        wait_for(FOLLOW, || w
+            .run(true, &["udp-connected", &dns, "1", "500"])
+            .ok),
+        "{}",
+        w.log()
+    );
+    let client_ip = w.client_ip;
+    let udp_from_client = |i: usize| {
+        w.backends[i]
+            .1
+            .peers()
+            .udp
+            .iter()
+            .filter(|p| p.ip() == client_ip)
+            .count()
+    };
+    let before = [udp_from_client(0), udp_from_client(1)];
+    std::thread::scope(|s| {
+        let held = s.spawn(|| w.run(true, &["udp-hold", &dns, "30"]));
+        // The socket's backend: the one its datagrams reach.
+        let mut target = None;
+        assert!(
+            wait_for(FOLLOW, || {
+                target = (0..2).find(|i| udp_from_client(*i) > before[*i] + 2);
+                target.is_some()
+            }),
+            "the held socket's datagrams reached no backend"
+        );
+        let gone = target.unwrap();
+        let keep = 1 - gone;
+        w.endpoints(&[(keep, true, true, false)]);
+        let r = held.join().unwrap();
+        // Destroyed: disconnected (a send fails with EDESTADDRREQ) with
+        // ECONNABORTED pending (a receive fails with it).
+        assert!(
+            matches!(r.errno, Some(libc::ECONNABORTED | libc::EDESTADDRREQ)),
+            "the held socket was not closed: {}\n{}",
+            r.output,
+            w.log()
+        );
+        assert!(r.echoes > 0, "{}", r.output);
+        assert!(
+            w.log().contains("connected sockets to them closed"),
+            "{}",
+            w.log()
+        );
+        // A new socket reaches the backend that stayed.
+        let u = w.run(true, &["udp-connected", &dns, "3", "500"]);
+        assert!(u.ok, "{}", u.output);
+        assert!(udp_from_client(keep) > before[keep]);
+    });
+    stop(a, &w.node, LOG).unwrap();
 }

@@ -148,7 +148,7 @@ pub(crate) struct MonitorArgs {
     #[arg(long)]
     pub json: bool,
     /// Only events of these types (repeatable).
-    #[arg(long = "type", value_name = "TYPE", value_parser = ["drop", "nat", "hostport", "debug"])]
+    #[arg(long = "type", value_name = "TYPE", value_parser = ["drop", "nat", "hostport", "service", "debug"])]
     pub types: Vec<String>,
     /// Only events of this pod (its IP, or a container id prefix).
     #[arg(long)]

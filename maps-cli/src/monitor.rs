@@ -230,6 +230,7 @@ fn type_filter_name(kind: u8) -> &'static str {
         event_kind::DROP => "drop",
         event_kind::NAT_NEW | event_kind::NAT_INBOUND | event_kind::NAT_EVICT => "nat",
         event_kind::HOSTPORT_NEW => "hostport",
+        event_kind::SERVICE => "service",
         _ => "?",
     }
 }
@@ -242,6 +243,7 @@ fn type_name(kind: u8) -> &'static str {
         event_kind::NAT_INBOUND => "nat-inbound",
         event_kind::NAT_EVICT => "nat-evict",
         event_kind::HOSTPORT_NEW => "hostport-new",
+        event_kind::SERVICE => "service",
         _ => "unknown",
     }
 }
@@ -382,6 +384,24 @@ fn text_line(ev: &Event, who: &str) -> String {
             format!("evicted ({})", evict_reason(ev.reason)),
             endpoint(nat, ev.nat_port, ev.proto)
         ),
+        // A socket hook's: no source yet, no pod known.
+        event_kind::SERVICE => {
+            let svc = format!(
+                "{} {}",
+                table::proto_name(ev.proto),
+                endpoint(dst, ev.dport, ev.proto)
+            );
+            match nat {
+                Some(_) => format!(
+                    "service   connect                {svc}  to {}",
+                    endpoint(nat, ev.nat_port, ev.proto)
+                ),
+                None => format!(
+                    "service   {:<22} {svc}  refused at the socket",
+                    reason_name(ev.reason)
+                ),
+            }
+        }
         k => format!("event kind {k}"),
     }
 }
@@ -560,5 +580,35 @@ mod tests {
         new.kind = event_kind::NAT_NEW;
         let (a, b) = (text_line(&ev, "-"), text_line(&new, "-"));
         assert_eq!(a.find(" - "), b.find(" - "), "{a}\n{b}");
+    }
+
+    /// A socket hook's Service event: the Service and the backend picked,
+    /// or a refusal; `--type service`.
+    #[test]
+    fn service_events_show_the_service_and_its_backend() {
+        let mut rec = [0u8; std::mem::size_of::<Event>()];
+        rec[8] = event_kind::SERVICE;
+        rec[9] = 4;
+        rec[10] = 6;
+        rec[12..16].copy_from_slice(&reason::LB_SOCK.to_ne_bytes());
+        rec[40..44].copy_from_slice(&[10, 96, 0, 10]);
+        rec[58..60].copy_from_slice(&53u16.to_ne_bytes());
+        rec[60..64].copy_from_slice(&[10, 88, 1, 7]);
+        rec[76..78].copy_from_slice(&5353u16.to_ne_bytes());
+        let ev = sluice_maps::events::parse(&rec).unwrap();
+        assert_eq!(type_filter_name(ev.kind), "service");
+        assert_eq!(type_name(ev.kind), "service");
+        assert_eq!(
+            text_line(&ev, "-"),
+            "service   connect                tcp 10.96.0.10:53  to 10.88.1.7:5353"
+        );
+        let mut refused = ev;
+        refused.reason = reason::DROP_LB_NO_ENDPOINT;
+        refused.nat_addr = [0; 16];
+        refused.nat_port = 0;
+        assert_eq!(
+            text_line(&refused, "-"),
+            "service   drop_lb_no_endpoint    tcp 10.96.0.10:53  refused at the socket"
+        );
     }
 }

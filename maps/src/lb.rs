@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use aya::maps::{Array, HashMap, MapData, MapError};
 use sluice_common::{
-    map_sizes, maps, programs::LB_HOOKS, Backend, BackendKey, IpKey, SvcKey, SvcValue,
+    map_sizes, maps, programs::LB_HOOKS, Backend, BackendKey, IpKey, LbConfig, SvcKey, SvcValue,
 };
 
 use crate::{
@@ -37,6 +37,30 @@ pub fn backend(addr: IpAddr, port: u16) -> Backend {
 /// The address and port (host byte order) of a frontend key or a backend.
 pub fn addr_port(addr: &IpKey, port_be: u16) -> (IpAddr, u16) {
     (key_ip(addr), u16::from_be(port_be))
+}
+
+/// Writes the hooks' view of the node (`sl_lb_cfg`) unless it holds that
+/// already; a datapath without the map (an older sluice loaded it) is left
+/// alone.
+pub fn write_config(root: &PinRoot, cfg: &LbConfig) -> Result<()> {
+    if !root.has(&maps::LB_CONFIG) {
+        return Ok(());
+    }
+    let mut m: Array<MapData, LbConfig> = root.typed(&maps::LB_CONFIG)?;
+    if m.get(&0, 0).ok().as_ref() == Some(cfg) {
+        return Ok(());
+    }
+    m.set(0, *cfg, 0)
+        .map_err(|e| Error::map("write", maps::LB_CONFIG.name, e))
+}
+
+/// What the hooks know of the node (`sl_lb_cfg`); `None` without the map.
+pub fn config(root: &PinRoot) -> Result<Option<LbConfig>> {
+    if !root.has(&maps::LB_CONFIG) {
+        return Ok(None);
+    }
+    let m: Array<MapData, LbConfig> = root.typed(&maps::LB_CONFIG)?;
+    Ok(m.get(&0, 0).ok())
 }
 
 /// The Service maps of a pin root, opened.

@@ -214,6 +214,12 @@ struct SyncArgs {
     /// the DaemonSet mounts the host's at /host/sys/fs/cgroup).
     #[arg(long, env = "SLUICE_SERVICE_CGROUP")]
     service_cgroup: Option<PathBuf>,
+    /// With `--service-proxy`: the plugin's state directory (its
+    /// `stateDir`), whose attachment records name the pods' network
+    /// namespaces (runtimes bind-mount them under /run/netns): UDP sockets
+    /// there connected to a removed backend are closed.
+    #[arg(long, env = "SLUICE_CNI_STATE_DIR", default_value = sluice_common::DEFAULT_STATE_DIR)]
+    cni_state_dir: PathBuf,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -241,6 +247,11 @@ struct ProxyArgs {
     /// and the node's own processes).
     #[arg(long, env = "SLUICE_SERVICE_CGROUP")]
     cgroup: Option<PathBuf>,
+    /// The plugin's state directory (its `stateDir`), whose attachment
+    /// records name the pods' network namespaces: UDP sockets there
+    /// connected to a removed backend are closed.
+    #[arg(long, env = "SLUICE_CNI_STATE_DIR", default_value = sluice_common::DEFAULT_STATE_DIR)]
+    cni_state_dir: PathBuf,
     /// Compare everything again this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -328,6 +339,7 @@ async fn run(cli: Cli) -> Result<()> {
                     pin_root: pin_root.clone(),
                     node_name: a.node_name.clone(),
                     cgroup: service_cgroup(a.service_cgroup)?,
+                    cni_state_dir: a.cni_state_dir.clone(),
                     resync,
                 })
             } else {
@@ -416,6 +428,7 @@ async fn run(cli: Cli) -> Result<()> {
                     pin_root,
                     node_name: a.node_name.unwrap_or_default(),
                     cgroup,
+                    cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
                 },
                 shutdown::on_signals()?,

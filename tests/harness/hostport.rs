@@ -197,6 +197,8 @@ pub struct ClientReport {
     /// The client's own address.
     pub local: Option<SocketAddr>,
     pub errno: Option<i32>,
+    /// `udp-hold`: datagrams echoed before it stopped.
+    pub echoes: u64,
     pub error: String,
     /// Its cgroup v2 path (relative to the mount, `/sluice-test-...`).
     pub cgroup: String,
@@ -268,6 +270,7 @@ pub fn client_in(
         from: parse_addr(&v["from"]),
         local: parse_addr(&v["local"]),
         errno: v["errno"].as_i64().and_then(|n| i32::try_from(n).ok()),
+        echoes: v["echoes"].as_u64().unwrap_or(0),
         error: v["error"].as_str().unwrap_or_default().to_string(),
         cgroup: v["cgroup"].as_str().unwrap_or_default().to_string(),
         output: out.to_string(),

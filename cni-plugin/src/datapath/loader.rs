@@ -274,6 +274,7 @@ mod tests {
                 || name == map_names::HP_SCRATCH6
                 || name == map_names::KFLOW_KEY
                 || name == map_names::EVICT_NOTE
+                || name == map_names::LB_REJECT
                 || name.starts_with('.')
                 || name == "AYA_LOGS"
             {

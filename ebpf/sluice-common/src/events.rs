@@ -14,6 +14,11 @@ pub mod event_kind {
     /// A masqueraded flow was evicted from a full table (or a pod's full
     /// share) for a new one; `reason` says which rule picked it.
     pub const NAT_EVICT: u8 = 5;
+    /// A socket's connect (or datagram) to a Service: `dst`/`dport` the
+    /// Service, `nat_addr`/`nat_port` the backend picked (all zero: none,
+    /// refused; `reason` then says so). No source: the hooks run before
+    /// the socket has one.
+    pub const SERVICE: u8 = 6;
 }
 
 /// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the

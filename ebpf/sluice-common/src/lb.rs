@@ -132,3 +132,28 @@ pub struct LbSockOrig {
     /// Zero.
     pub _pad: u16,
 }
+
+/// Index 0 of `sl_lb_cfg`: what the hooks know of the node (the agent
+/// writes it with the frontends).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbConfig {
+    /// The node's own network namespace, as its cookie (`SO_NETNS_COOKIE`,
+    /// Linux 5.14); 0: not known. A connect to a Service without endpoints
+    /// from the node's namespace (or from any, while this is 0) is refused
+    /// at the socket (`EPERM`); from a pod's it goes on untranslated and the
+    /// pod's tc program answers with port unreachable, as kube-proxy's
+    /// `REJECT` rule does (`ECONNREFUSED`).
+    pub node_netns: u64,
+    /// [`lb_flags`].
+    pub flags: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// Bits of [`LbConfig::flags`].
+pub mod lb_flags {
+    /// Some frontend is a NodePort (the unspecified address): a connect to a
+    /// node address looks for one. Without it that lookup is skipped.
+    pub const NODE_PORTS: u32 = 1;
+}

@@ -105,6 +105,7 @@ mod pod {
     unsafe impl aya::Pod for super::LbSockOrig {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::Affinity {}
+    unsafe impl aya::Pod for super::LbConfig {}
 }
 
 /// FNV-1a, 64 bits: a small stable hash (object identity, host veth names).

@@ -13,7 +13,9 @@ use crate::{
     NodeConfig, PortKey, PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig,
     SockOrig6,
 };
-use crate::{Affinity, AffinityKey, Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue};
+use crate::{
+    Affinity, AffinityKey, Backend, BackendKey, LbConfig, LbSockKey, LbSockOrig, SvcKey, SvcValue,
+};
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +172,9 @@ pub const LB_AFFINITY: MapSpec = spec::<AffinityKey, Affinity>("sl_lb_affinity",
 /// of unconnected UDP), added to atomically: once per connection, not per
 /// packet, and an array per CPU would be 512 KiB per CPU.
 pub const LB_STATS: MapSpec = spec::<u32, u64>("sl_lb_stats", MapKind::Array);
+/// Index 0 -> [`LbConfig`]: the node's network namespace and whether any
+/// NodePort frontend exists.
+pub const LB_CONFIG: MapSpec = spec::<u32, LbConfig>("sl_lb_cfg", MapKind::Array);
 /// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
 /// timeout.
 pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
@@ -186,7 +191,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 47] = [
+pub const ALL: [MapSpec; 48] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -234,6 +239,7 @@ pub const ALL: [MapSpec; 47] = [
     LB_SOCK,
     LB_STATS,
     LB_AFFINITY,
+    LB_CONFIG,
 ];
 
 /// The map names, for code that wants a name only.
@@ -285,6 +291,7 @@ pub mod map_names {
     pub const LB_SOCK: &str = super::LB_SOCK.name;
     pub const LB_STATS: &str = super::LB_STATS.name;
     pub const LB_AFFINITY: &str = super::LB_AFFINITY.name;
+    pub const LB_CONFIG: &str = super::LB_CONFIG.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -298,6 +305,9 @@ pub mod map_names {
     pub const KFLOW_KEY: &str = "sl_kflow_key";
     /// Not pinned: an eviction's event on its way to the ring.
     pub const EVICT_NOTE: &str = "sl_evict_note";
+    /// Per-CPU scratch: the port unreachable a Service without endpoints
+    /// answers with, being built (not pinned).
+    pub const LB_REJECT: &str = "sl_lb_reject";
 }
 
 /// Default sizes of the maps (entries).

@@ -185,9 +185,11 @@ reasons! {
     /// Services: a socket's connect (or datagram) to a Service was pointed
     /// at one of its backends (`lb_*` socket hooks).
     count LB_SOCK = 51 "lb_sock";
-    /// Services: a connect (or datagram) to a Service with no endpoint was
-    /// refused at the socket (the caller sees `EPERM`; kube-proxy's rules
-    /// answer with an ICMP port unreachable).
+    /// Services: a connect (or datagram) to a Service with no endpoint: a
+    /// pod's first packet answered with ICMP port unreachable (as
+    /// kube-proxy's `REJECT`; the caller sees `ECONNREFUSED`), or, on the
+    /// node itself and on kernels before 5.14, refused at the socket
+    /// (`EPERM`).
     drop DROP_LB_NO_ENDPOINT = 52 "drop_lb_no_endpoint";
 }
 

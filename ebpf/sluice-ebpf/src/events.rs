@@ -10,7 +10,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
 use aya_log_ebpf::debug;
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 use sluice_common::{
-    event_kind, monitor_slot, reason, DropNote, EpDropKey, Event, NatKey, NatKeyOf,
+    event_kind, monitor_slot, reason, Backend, DropNote, EpDropKey, Event, IpKey, NatKey, NatKeyOf,
+    SvcKey,
 };
 
 use crate::{
@@ -434,4 +435,60 @@ fn describe<P: Packet>(p: &P, ev: &mut Event) {
             ev.dport = u16::from_be_bytes([b[2], b[3]]);
         }
     }
+}
+
+/// A socket's connect (or datagram) to the Service `svc` while a monitor
+/// runs: the backend picked, or none (refused; `r` says why). Called from
+/// the socket hooks, whose calls are shallow.
+#[inline(never)]
+pub fn service(svc: &SvcKey, backend: Option<&Backend>, r: u32) {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !monitor_on(now) {
+        return;
+    }
+    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
+        count(reason::EVENTS_LOST);
+        return;
+    };
+    let e = slot.as_mut_ptr();
+    let v4 = svc.addr.as_v4().is_some();
+    // An IPv4 key is IPv4-mapped IPv6; the event's IPv4 is its first word.
+    let word = |a: &IpKey, i: usize| {
+        let at = if v4 { 12 + i * 4 } else { i * 4 };
+        if v4 && i > 0 {
+            0
+        } else {
+            u32::from_ne_bytes([a.addr[at], a.addr[at + 1], a.addr[at + 2], a.addr[at + 3]])
+        }
+    };
+    let none = IpKey::v6([0; 16]);
+    let (b, port) = match backend {
+        Some(b) => (&b.addr, b.port),
+        None => (&none, 0),
+    };
+    // SAFETY: a reserved ring slot of one `Event`, 8-byte aligned; every
+    // field is written before it is submitted.
+    unsafe {
+        flow_head(
+            e,
+            now,
+            event_kind::SERVICE,
+            if v4 { 4 } else { 6 },
+            svc.proto,
+            r,
+            0,
+        );
+        let (ps, pd, pn) = addr_words(e);
+        let mut i = 0;
+        while i < 4 {
+            ps.add(i).write(0);
+            pd.add(i).write(word(&svc.addr, i));
+            pn.add(i)
+                .write(if backend.is_some() { word(b, i) } else { 0 });
+            i += 1;
+        }
+        flow_ports(e, 0, svc.port, port);
+    }
+    slot.submit(0);
 }

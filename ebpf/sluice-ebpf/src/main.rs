@@ -306,6 +306,13 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
         );
     }
     if !translated {
+        // Sluice's Services: a Service without endpoints answers (see
+        // there), the packet counted and reported as it was.
+        if let Some(r) = lb::reject::to_reject(ctx, &h) {
+            note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
+            events::dropped(ctx, ifindex);
+            return lb::reject::reject(ctx, r, ifindex);
+        }
         // kube-proxy's Services: its rules are on the stack's path.
         if kernel_nat::to_service(&h) {
             kernel_nat::note_client(ctx, &h, ifindex);

@@ -13,7 +13,7 @@ use sluice_common::{
     PortKey6, PortTarget, PortTarget6, SlotStats, SockKey, SockKey6, SockOrig, SockOrig6,
 };
 use sluice_common::{
-    Affinity, AffinityKey, Backend, BackendKey, LbSockKey, LbSockOrig, SvcKey, SvcValue,
+    Affinity, AffinityKey, Backend, BackendKey, LbConfig, LbSockKey, LbSockOrig, SvcKey, SvcValue,
 };
 
 #[map(name = "sl_endpoints")]
@@ -188,3 +188,6 @@ pub static LB_STATS: Array<u64> = Array::pinned(map_sizes::LB_STATS, 0);
 #[map(name = "sl_lb_affinity")]
 pub static LB_AFFINITY: LruHashMap<AffinityKey, Affinity> =
     LruHashMap::pinned(map_sizes::LB_AFFINITY, 0);
+
+#[map(name = "sl_lb_cfg")]
+pub static LB_CONFIG: Array<LbConfig> = Array::pinned(1, 0);

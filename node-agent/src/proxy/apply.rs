@@ -36,6 +36,9 @@ pub(crate) struct Pass {
     /// Service ports that could not be written, and why (a full map): tried
     /// again at the next pass.
     pub(crate) failed: Vec<(String, String)>,
+    /// Backends of UDP Service ports that lost them (removed from the port,
+    /// or the port gone): their connected sockets may need closing.
+    pub(crate) gone_udp: Vec<Backend>,
 }
 
 impl Applied {
@@ -136,6 +139,9 @@ impl Applied {
             .collect();
         for name in gone {
             if let Some(w) = self.by_name.remove(&name) {
+                if udp(&w.port) {
+                    pass.gone_udp.extend_from_slice(&w.port.backends);
+                }
                 maps.remove_frontends(&w.port.frontends)?;
                 maps.remove_slots(w.id, 0, count(&w.port))?;
                 self.free.insert(w.id);
@@ -148,6 +154,17 @@ impl Applied {
                 continue;
             }
             let had = old.map(|w| (w.id, count(&w.port), w.port.frontends.clone()));
+            let lost: Vec<Backend> = old
+                .filter(|w| udp(&w.port))
+                .map(|w| {
+                    w.port
+                        .backends
+                        .iter()
+                        .filter(|b| !port.backends.contains(b))
+                        .copied()
+                        .collect()
+                })
+                .unwrap_or_default();
             // Backends that stay keep their slots (session affinity remembers
             // a slot; connections picked since keep theirs either way).
             let mut port = port.clone();
@@ -175,6 +192,7 @@ impl Applied {
                         .filter(|k| !port.frontends.contains(k))
                         .collect();
                     maps.remove_frontends(&dropped)?;
+                    pass.gone_udp.extend(lost);
                     self.by_name.insert(name.clone(), Written { id, port });
                     pass.written += 1;
                 }
@@ -225,6 +243,14 @@ fn same(a: &Port, b: &Port) -> bool {
         && a.flags == b.flags
         && a.affinity_secs == b.affinity_secs
         && sorted(a) == sorted(b)
+}
+
+/// Whether a Service port is a UDP one (its frontends all share its
+/// protocol).
+pub(crate) fn udp(p: &Port) -> bool {
+    p.frontends
+        .first()
+        .is_some_and(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
 }
 
 fn count(p: &Port) -> u32 {

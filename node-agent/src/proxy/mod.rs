@@ -13,6 +13,8 @@
 //! next agent takes over). `--stop` removes the hooks: back to kube-proxy.
 mod apply;
 mod desired;
+mod netns;
+mod udp_sockets;
 
 use std::{os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
 
@@ -25,7 +27,7 @@ use kube::{
     },
     Api, Client,
 };
-use sluice_common::maps;
+use sluice_common::{lb_flags, maps, IpKey, LbConfig};
 use sluice_maps::{lb, PinRoot};
 
 use crate::{
@@ -45,6 +47,9 @@ pub(crate) struct Options {
     pub(crate) node_name: String,
     /// The cgroup v2 directory the socket hooks attach to.
     pub(crate) cgroup: PathBuf,
+    /// The plugin's state directory: the pods' network namespaces (see
+    /// [`udp_sockets`]).
+    pub(crate) cni_state_dir: PathBuf,
     /// Everything is compared again this often even without a change.
     pub(crate) resync: Duration,
 }
@@ -109,12 +114,18 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
     let mut resync = tokio::time::interval(opts.resync);
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut w = Watches::default();
-    let mut state = State::default();
+    let mut state = State {
+        node_netns: netns::own_cookie(),
+        ..State::default()
+    };
     log(&format!(
         "proxy: watching Services and EndpointSlices; datapath {}, socket hooks on cgroup {}",
         opts.pin_root.display(),
         opts.cgroup.display()
     ));
+    if state.node_netns.is_none() {
+        log("proxy: the kernel does not tell this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14): connects to a Service without endpoints are refused at the socket (EPERM) instead of answered with port unreachable");
+    }
     loop {
         tokio::select! {
             ev = svc_stream.next() => w.service(ev)?,
@@ -153,6 +164,8 @@ struct State {
     maps_ino: Option<u64>,
     notes: std::collections::BTreeSet<String>,
     said: Option<String>,
+    /// This (the node's) network namespace's cookie, where the kernel tells it.
+    node_netns: Option<u64>,
 }
 
 impl State {
@@ -203,6 +216,20 @@ impl State {
             ));
             return false;
         };
+        // Before the frontends: a NodePort written finds its flag set.
+        let cfg = LbConfig {
+            node_netns: self.node_netns.unwrap_or(0),
+            flags: if has_node_ports(want) {
+                lb_flags::NODE_PORTS
+            } else {
+                0
+            },
+            _pad: 0,
+        };
+        if let Err(e) = lb::write_config(root, &cfg) {
+            self.say(format!("proxy: writing the Service config: {e}"));
+            return false;
+        }
         let pass = match self.applied.sync(&mut maps, want) {
             Ok(p) => p,
             Err(e) => {
@@ -213,6 +240,7 @@ impl State {
         for (name, why) in &pass.failed {
             log(&format!("proxy: Service port {name} NOT written: {why}"));
         }
+        close_udp(&pass.gone_udp, want, opts);
         if pass.written + pass.removed > 0 {
             log(&format!(
                 "proxy: {} Service ports written, {} removed; {} in the maps",
@@ -236,6 +264,49 @@ impl State {
         self.said = None;
         pass.failed.is_empty()
     }
+}
+
+/// Closes the connected UDP sockets of backends no UDP Service port has
+/// any more (`gone`: what this pass took away; one still in another port
+/// stays, its sockets cannot be told apart).
+fn close_udp(gone: &[sluice_common::Backend], want: &desired::Ports, opts: &Options) {
+    let still: std::collections::BTreeSet<_> = want
+        .values()
+        .filter(|p| apply::udp(p))
+        .flat_map(|p| &p.backends)
+        .map(|b| (b.addr.addr, b.port))
+        .collect();
+    let mut targets: Vec<std::net::SocketAddr> = gone
+        .iter()
+        .filter(|b| !still.contains(&(b.addr.addr, b.port)))
+        .map(|b| lb::addr_port(&b.addr, b.port).into())
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    if targets.is_empty() {
+        return;
+    }
+    let namespaces = udp_sockets::pod_namespaces(&opts.cni_state_dir);
+    let closed = udp_sockets::close(&targets, &namespaces);
+    let list: Vec<String> = targets.iter().map(ToString::to_string).collect();
+    log(&format!(
+        "proxy: UDP backends gone: {}; {} connected sockets to them closed (the node and {} pod namespaces)",
+        list.join(", "),
+        closed.sockets,
+        namespaces.len()
+    ));
+    for e in closed.errors {
+        log(&format!("proxy: closing UDP sockets: {e}"));
+    }
+}
+
+/// Whether any frontend is a NodePort (on the unspecified address).
+fn has_node_ports(want: &desired::Ports) -> bool {
+    let any4 = IpKey::v4([0; 4]);
+    let any6 = IpKey::v6([0; 16]);
+    want.values()
+        .flat_map(|p| &p.frontends)
+        .any(|k| k.addr == any4 || k.addr == any6)
 }
 
 /// `proxy --stop`: the socket hooks go (Services are kube-proxy's again);

@@ -8,7 +8,12 @@
 //! sluice-test-client [--cgroup DIR] tcp ADDR BYTES
 //! sluice-test-client [--cgroup DIR] udp ADDR TRIES WAIT_MS
 //! sluice-test-client [--cgroup DIR] udp-connected ADDR TRIES WAIT_MS
+//! sluice-test-client [--cgroup DIR] udp-hold ADDR SECONDS
 //! ```
+//!
+//! `udp-hold` keeps one connected UDP socket for up to SECONDS, a datagram
+//! every 100 ms, until a call on it fails (its `errno`); `"echoes"` counts
+//! the datagrams echoed before.
 //!
 //! It runs in whatever network namespace it was started in (the harness starts
 //! it with `nsenter --net=`). With `--cgroup`, it first writes its pid to
@@ -163,6 +168,48 @@ fn udp(to: SocketAddr, tries: u32, wait: Duration, connected: bool, out: &mut Ma
     );
 }
 
+/// One connected socket held for `secs` (see the module's note).
+fn udp_hold(to: SocketAddr, secs: u64, out: &mut Map<String, Value>) {
+    let any = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let s = match UdpSocket::bind(any).and_then(|s| s.connect(to).map(|()| s)) {
+        Ok(s) => s,
+        Err(e) => return io_err(out, &format!("connecting UDP to {to}"), &e),
+    };
+    if let Ok(l) = s.local_addr() {
+        out.insert("local".into(), json!(l.to_string()));
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let data = b"sluice udp-hold".to_vec();
+    let mut buf = vec![0u8; 2048];
+    let mut echoes = 0u64;
+    let end = Instant::now() + Duration::from_secs(secs.min(60));
+    while Instant::now() < end {
+        let r = s.send(&data).and_then(|_| match s.recv(&mut buf) {
+            Ok(n) => Ok(n),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        });
+        match r {
+            Ok(n) if n == data.len() && buf[..n] == data[..] => echoes += 1,
+            Ok(_) => {}
+            Err(e) => {
+                out.insert("echoes".into(), json!(echoes));
+                return io_err(out, "the held socket", &e);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    out.insert("echoes".into(), json!(echoes));
+    out.insert("ok".into(), json!(true));
+}
+
 fn join_cgroup(dir: &str) -> Result<(), String> {
     let procs = std::path::Path::new(dir).join("cgroup.procs");
     std::fs::write(&procs, format!("{}\n", std::process::id()))
@@ -172,7 +219,8 @@ fn join_cgroup(dir: &str) -> Result<(), String> {
 fn usage(why: &str) -> ExitCode {
     eprintln!(
         "sluice-test-client: {why}\nusage: sluice-test-client [--cgroup DIR] \
-         (tcp ADDR BYTES | udp ADDR TRIES WAIT_MS | udp-connected ADDR TRIES WAIT_MS)"
+         (tcp ADDR BYTES | udp ADDR TRIES WAIT_MS | udp-connected ADDR TRIES WAIT_MS | \
+         udp-hold ADDR SECONDS)"
     );
     ExitCode::from(2)
 }
@@ -226,6 +274,12 @@ fn main() -> ExitCode {
                 op == "udp-connected",
                 &mut out,
             );
+        }
+        "udp-hold" => {
+            let Some(secs) = args.get(2).and_then(|t| t.parse::<u64>().ok()) else {
+                return usage("SECONDS must be a number");
+            };
+            udp_hold(to, secs, &mut out);
         }
         _ => return usage(&format!("unknown operation {op}")),
     }

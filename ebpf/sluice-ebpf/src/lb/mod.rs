@@ -8,7 +8,10 @@
 //! `sluice_common::lb`'s.
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
+use aya_ebpf::{
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    programs::SockAddrContext,
+};
 use sluice_common::{reason, Affinity, AffinityKey, Backend, BackendKey, SvcKey, SvcValue};
 
 use crate::{
@@ -16,45 +19,55 @@ use crate::{
     maps::{LB_AFFINITY, LB_BACKENDS, LB_STATS, LB_SVC},
 };
 
+pub mod reject;
 pub mod sock;
+
+/// The socket's network namespace, as its cookie (session affinity's
+/// client: the hooks run before the socket has a source address).
+#[inline(always)]
+fn netns(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: plain helper call on this program's context.
+    unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) }
+}
 
 /// What a connect to a frontend gets.
 pub enum Pick {
     /// Not a Service: the socket is left alone.
     NotService,
-    /// The Service has no endpoint: refused.
+    /// The Service has no endpoint (see `sock::no_endpoint`).
     NoEndpoint,
     /// This backend.
     Backend(Backend),
 }
 
-/// A backend of the Service at `key` for a client in the network namespace
-/// `netns` (its cookie): with session affinity the one it had while it
-/// keeps coming back within the timeout (what its slot holds now), else
-/// one picked at random among the slots (the agent keeps them dense).
+/// A backend of the Service at `key` for the socket of `ctx`: with session
+/// affinity the one its network namespace had while it keeps coming back
+/// within the timeout (what its slot holds now), else one picked at random
+/// among the slots (the agent keeps them dense).
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values go to the map helpers by reference: a 40-byte value on a 512-byte stack"
 )]
-#[inline(always)]
-pub fn pick(key: &SvcKey, netns: u64) -> Pick {
+// A call of its own: its keys and values inlined into the hooks, with the
+// event's call on top, passed the 512 bytes of stack a chain may use.
+#[inline(never)]
+pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
     // SAFETY: map values are only read.
     let Some(svc): Option<SvcValue> = (unsafe { LB_SVC.get(key) }).copied() else {
         return Pick::NotService;
     };
     if svc.count == 0 {
-        count(reason::DROP_LB_NO_ENDPOINT);
         return Pick::NoEndpoint;
     }
-    // The clock only where affinity needs it.
-    let now = if svc.affinity_secs == 0 {
-        0
+    // The clock and the namespace only where affinity needs them.
+    let (now, client) = if svc.affinity_secs == 0 {
+        (0, 0)
     } else {
         // SAFETY: plain helper call.
-        unsafe { bpf_ktime_get_ns() }
+        (unsafe { bpf_ktime_get_ns() }, netns(ctx))
     };
     let aff = AffinityKey {
-        netns_cookie: netns,
+        netns_cookie: client,
         id: svc.id,
         _pad: 0,
     };
@@ -78,7 +91,6 @@ pub fn pick(key: &SvcKey, netns: u64) -> Pick {
     let Some(b) = (unsafe { LB_BACKENDS.get(k) }).copied() else {
         // A slot the agent is rewriting (it lowers the count first): as if
         // the Service had no endpoint for this one connection.
-        count(reason::DROP_LB_NO_ENDPOINT);
         return Pick::NoEndpoint;
     };
     if svc.affinity_secs != 0 {

@@ -2,18 +2,19 @@
 //! and `sendmsg` to a Service go to a backend ([`super::pick`]),
 //! `recvmsg` and `getpeername` show the Service the socket asked for. A
 //! hook's return value is the kernel's verdict: 1 lets the call go on, 0
-//! fails it with `EPERM` (a Service without endpoints).
+//! fails it with `EPERM` (a Service without endpoints, see
+//! [`no_endpoint`]).
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::cgroup_sock_addr,
-    programs::SockAddrContext,
+    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
 };
-use sluice_common::{Addr6, IpKey, LbSockKey, LbSockOrig, SvcKey};
+use sluice_common::{lb_flags, reason, Addr6, Backend, IpKey, LbSockKey, LbSockOrig, SvcKey};
 
-use super::{pick, Pick};
+use super::{netns, pick, Pick};
 use crate::{
+    counters::count,
+    events,
     l3::same6,
-    maps::{LB_SOCK, NODE_ADDRS, NODE_ADDRS6},
+    maps::{LB_CONFIG, LB_SOCK, NODE_ADDRS, NODE_ADDRS6},
     proto::{AF_INET, AF_INET6, PROTO_TCP, PROTO_UDP},
     sock_addr::{set_user_ip6, user_ip6},
 };
@@ -41,12 +42,39 @@ fn socket(ctx: &SockAddrContext, family: u8) -> Option<(u8, u16)> {
     Some((proto as u8, port as u16))
 }
 
-/// The socket's network namespace, as its cookie (session affinity's
-/// client: the hooks run before the socket has a source address).
+/// Whether the agent wrote a NodePort frontend (skips the node address
+/// lookup of every other connect when it did not).
 #[inline(always)]
-fn netns(ctx: &SockAddrContext) -> u64 {
-    // SAFETY: plain helper call on this program's context.
-    unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) }
+fn node_ports() -> bool {
+    LB_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & lb_flags::NODE_PORTS != 0)
+}
+
+/// A connect (or datagram) to the Service `key`, which has no endpoint.
+/// kube-proxy's `REJECT` rule answers a pod with ICMP port unreachable
+/// (`ECONNREFUSED`): a pod's connect goes on untranslated and its first
+/// packet gets that answer from `from_pod` ([`super::reject`]). The hooks
+/// cannot tell a pod's namespace from the node's but by the node's cookie
+/// (the agent writes it where the kernel tells it, 5.14 on): the node's own
+/// sockets, and every socket while it is unknown, are refused here
+/// (`EPERM`): the node's packets to a Service address would leave by its
+/// default route.
+#[inline(always)]
+fn no_endpoint(ctx: &SockAddrContext, key: &SvcKey) -> i32 {
+    let node = LB_CONFIG.get(0).map_or(0, |c| c.node_netns);
+    if node != 0 && netns(ctx) != node {
+        return ALLOW;
+    }
+    count(reason::DROP_LB_NO_ENDPOINT);
+    events::service(key, None, reason::DROP_LB_NO_ENDPOINT);
+    REFUSE
+}
+
+/// A connect (or datagram) to the Service `key` was pointed at `b`.
+#[inline(always)]
+fn translated(key: &SvcKey, b: &Backend) {
+    events::service(key, Some(b), reason::LB_SOCK);
 }
 
 /// Remembers that the socket now points at `backend`:`port` instead of the
@@ -104,23 +132,25 @@ fn to_backend4(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock_addr.
     let dst = unsafe { (*ctx.sock_addr).user_ip4 }.to_ne_bytes();
     let mut key = SvcKey::new(IpKey::v4(dst), port, proto);
-    let mut picked = pick(&key, netns(ctx));
+    let mut picked = pick(&key, ctx);
     // A NodePort: a node address (`sl_node_addrs`, kept by the agent) or
     // loopback, and a port the agent wrote with the unspecified address.
     // SAFETY: map values are only read.
     if matches!(picked, Pick::NotService)
+        && node_ports()
         && (dst[0] == 127 || unsafe { NODE_ADDRS.get(dst) }.is_some())
     {
         key = SvcKey::new(IpKey::v4([0; 4]), port, proto);
-        picked = pick(&key, netns(ctx));
+        picked = pick(&key, ctx);
     }
+    // What the socket shows as its peer, and the event: what it asked for.
+    key.addr = IpKey::v4(dst);
     let b = match picked {
         Pick::NotService => return ALLOW,
-        Pick::NoEndpoint => return REFUSE,
+        Pick::NoEndpoint => return no_endpoint(ctx, &key),
         Pick::Backend(b) => b,
     };
-    // What the socket shows as its peer: what it asked for.
-    key.addr = IpKey::v4(dst);
+    translated(&key, &b);
     // The agent gives an IPv4 frontend IPv4 backends only.
     let Some(ip) = b.addr.as_v4() else {
         return REFUSE;
@@ -185,21 +215,23 @@ fn to_backend6(ctx: &SockAddrContext) -> i32 {
     };
     let dst = user_ip6(ctx);
     let mut key = SvcKey::new(IpKey::v6(dst.0), port, proto);
-    let mut picked = pick(&key, netns(ctx));
+    let mut picked = pick(&key, ctx);
     // A NodePort (see `to_backend4`).
     // SAFETY: map values are only read.
     if matches!(picked, Pick::NotService)
+        && node_ports()
         && (same6(&dst, &LOOPBACK6) || unsafe { NODE_ADDRS6.get(dst) }.is_some())
     {
         key = SvcKey::new(IpKey::v6([0; 16]), port, proto);
-        picked = pick(&key, netns(ctx));
+        picked = pick(&key, ctx);
     }
+    key.addr = IpKey::v6(dst.0);
     let b = match picked {
         Pick::NotService => return ALLOW,
-        Pick::NoEndpoint => return REFUSE,
+        Pick::NoEndpoint => return no_endpoint(ctx, &key),
         Pick::Backend(b) => b,
     };
-    key.addr = IpKey::v6(dst.0);
+    translated(&key, &b);
     set_user_ip6(ctx, &Addr6(b.addr.addr));
     // SAFETY: a writable field of the connect6/sendmsg6 hooks.
     unsafe { (*ctx.sock_addr).user_port = u32::from(b.port) };
