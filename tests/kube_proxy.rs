@@ -7,6 +7,9 @@
 //! the nodes; hairpin; node -> ClusterIP; external -> NodePort with
 //! `externalTrafficPolicy` Cluster and Local, endpoint here and on the other
 //! node; pod -> NodePort, external IP and LoadBalancer IP; IPv4 and IPv6.
+//! A Service without endpoints refuses a pod's TCP connect and connected UDP
+//! at once with `ECONNREFUSED` (kube-proxy's REJECT), in iptables and
+//! nftables mode.
 //! The reference chain passes the same cases on the same rules (a check of
 //! the instrument), and without `serviceCIDRs` Sluice's pods cannot reach a
 //! ClusterIP (so the cases see the difference).
@@ -15,7 +18,10 @@
 //! lacks: those tests are `#[ignore]`d here and run in the kernel matrix
 //! (`cargo xtask vm-test`, Debian's kernels).
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::{
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
+};
 
 use sluice_tests::{
     fixtures::reload_datapath,
@@ -31,10 +37,19 @@ use sluice_tests::{
 /// Fewest packets a 64 KiB echo takes one way.
 const MIN_PACKETS: u64 = 2;
 
-/// Builds the cluster and runs every case; all must pass.
+/// The client process the no-endpoint checks run in the pod (it reports the
+/// `errno` a call failed with).
+const TEST_CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
+
+/// Builds the cluster and runs every case; all must pass. In iptables and
+/// nftables mode, the Service without endpoints must refuse the client pod
+/// too ([`no_endpoints_refuse`]), checked first: see there.
 #[track_caller]
 fn every_path_works(cni: Cni, mode: Mode) -> Cluster {
     let c = Cluster::new(cni, mode, true).unwrap();
+    if matches!(mode, Mode::Iptables | Mode::Nftables) {
+        no_endpoints_refuse(&c);
+    }
     let results = c.run_all();
     let (table, ok) = c.report(&results);
     eprintln!("{table}");
@@ -43,6 +58,57 @@ fn every_path_works(cni: Cni, mode: Mode) -> Cluster {
     }
     assert!(ok, "{table}");
     c
+}
+
+/// A pod's TCP connect and connected UDP exchange to a Service without
+/// endpoints fail at once with `ECONNREFUSED`, in each family: kube-proxy's
+/// REJECT (iptables: filter `KUBE-SERVICES`; nftables: `reject-chain`)
+/// answers with an ICMP port unreachable. No time is measured: a SYN or
+/// datagram that got no answer would end in the client's own timeout (10 s
+/// connect, 2 s receive) with no `errno`, and the UDP client sends a single
+/// datagram, so its `ECONNREFUSED` is the answer to that first datagram.
+///
+/// Run on a fresh cluster, before the cases: the node's ICMP errors to a
+/// host are rate limited (`net.ipv4.icmp_ratelimit`, 1 s, a burst of 6),
+/// and the kernel keeps that limit in the same per-host state as the ICMP
+/// redirects it sends. With Sluice the hairpin case sends one to the client
+/// (the DNAT'd packet leaves by the veth it came in on; the reference
+/// bridge sends none), which empties the bucket: for about a second after
+/// it a REJECT's port unreachable to that pod is not sent
+/// (`IcmpOutRateLimitHost`), the TCP connect is refused only on its SYN's
+/// retransmission and a single UDP datagram not at all.
+///
+/// This is the oracle for Sluice's own Service implementation: `sluice-node
+/// proxy` gives a pod the same `ECONNREFUSED` for a Service without
+/// endpoints (`tests/services_proxy.rs`; `EPERM` at the socket hook on
+/// kernels before 5.14, and on the node itself).
+/// (IPVS mode is not checked: its tests run only in the kernel matrix.)
+#[track_caller]
+fn no_endpoints_refuse(c: &Cluster) {
+    let tries = c
+        .no_endpoint_tries(Path::new(TEST_CLIENT), CLIENT)
+        .unwrap_or_else(|e| panic!("{c}: the no-endpoint tries could not run: {e}"));
+    let wrong: Vec<String> = tries
+        .iter()
+        .filter(|(_, r)| r.ok || r.errno != Some(libc::ECONNREFUSED))
+        .map(|(what, r)| {
+            format!(
+                "{what}: errno {:?}, not ECONNREFUSED\n{}",
+                r.errno, r.output
+            )
+        })
+        .collect();
+    if !wrong.is_empty() {
+        eprintln!("{}", c.diagnostics());
+    }
+    assert!(
+        wrong.is_empty(),
+        "{c}: a Service without endpoints did not refuse the pod at once:\n{}",
+        wrong.join("\n")
+    );
+    for (what, _) in &tries {
+        eprintln!("refused as kube-proxy's REJECT: {what}");
+    }
 }
 
 fn sluice(ip_masq: bool, pod_attach: &'static str, pod_device: &'static str) -> Cni {

@@ -4,7 +4,9 @@
 //! API server (a host-network endpoint off both nodes), kube-proxy's rules on
 //! each node ([`crate::kube_proxy`], the real tools), an echo server in every
 //! pod that notes who talked to it, and the paths a cluster's Service traffic
-//! takes ([`Case`]), each run for real with the source each side saw checked.
+//! takes ([`Case`]), each run for real with the source each side saw checked;
+//! and a Service without endpoints, which kube-proxy refuses
+//! ([`Cluster::no_endpoint_tries`]).
 //!
 //! ```text
 //!   node-1 (up0 192.168.61.1)          router (ext1 192.168.61.2, ext2 192.168.62.2,
@@ -31,6 +33,7 @@ use crate::{
     err, exec,
     fixtures::add,
     host::{self, Host},
+    hostport::{client_in, ClientReport},
     kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service},
     masq::{in_netns, sysctl, EchoServer, Pinger, Pinger6},
     node::{Node, Pod},
@@ -59,6 +62,12 @@ pub const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 10);
 pub const NODE_PORT_CLUSTER: u16 = 30080;
 pub const NODE_PORT_LOCAL: u16 = 30081;
 pub const NODE_PORT_LB: u16 = 30082;
+/// The Service without endpoints (`default/empty`, [`service_ip`] 70): an
+/// HTTP port (TCP 80) and a DNS port (UDP 53), in each family. kube-proxy
+/// REJECTs what is sent to it (iptables: filter `KUBE-SERVICES`, "has no
+/// endpoints"; nftables: `no-endpoint-services` to `reject-chain`): an ICMP
+/// port unreachable, `ECONNREFUSED` in the client.
+pub const NO_ENDPOINTS: u16 = 70;
 
 /// Longest a case waits for a connection or an answer: a case that fails
 /// times out, and the instrument checks expect some to. (Under emulation in
@@ -313,6 +322,16 @@ impl Cluster {
             lb.endpoints = vec![ep(SERVER_2)?];
             v.push(lb);
         }
+        // No endpoints at all (none ready, or scaled to zero).
+        v.push(Service::new(
+            "default",
+            "empty",
+            vip(NO_ENDPOINTS),
+            vec![
+                named("http", Protocol::Tcp, 80),
+                named("dns", Protocol::Udp, 53),
+            ],
+        ));
         Ok(v)
     }
 
@@ -520,6 +539,39 @@ impl Cluster {
         v
     }
 
+    /// Pod `p`'s tries at the Service without endpoints ([`NO_ENDPOINTS`]),
+    /// in each family the cluster has: a TCP connect (`tcp ADDR 64`) and a
+    /// connected UDP socket's datagram and receive (`udp-connected ADDR 1
+    /// 2000`), each a run of the test client `bin` (`sluice-test-client`) in
+    /// the pod; what each came to, named. A refusal shows as `errno`
+    /// `ECONNREFUSED`; a dropped SYN or datagram would end in the client's
+    /// own timeout instead, with no `errno` (every wait is the client's, and
+    /// bounded).
+    pub fn no_endpoint_tries(&self, bin: &Path, p: usize) -> Result<Vec<(String, ClientReport)>> {
+        let netns = &self.pods[p].pod.path;
+        let mut v = Vec::new();
+        for ipv6 in self.families() {
+            let ip = service_ip(ipv6, NO_ENDPOINTS);
+            let (tcp, udp) = (
+                SocketAddr::new(ip, 80).to_string(),
+                SocketAddr::new(ip, 53).to_string(),
+            );
+            let tries: [(String, Vec<&str>); 2] = [
+                (format!("TCP connect to {tcp}"), vec!["tcp", &tcp, "64"]),
+                (
+                    format!("connected UDP to {udp}"),
+                    vec!["udp-connected", &udp, "1", "2000"],
+                ),
+            ];
+            for (what, args) in tries {
+                let r = client_in(bin, netns, None, &args)
+                    .map_err(|e| err!("{what} from pod {}: {e}", self.pods[p].name))?;
+                v.push((what, r));
+            }
+        }
+        Ok(v)
+    }
+
     /// A TCP connection from pod `p` to `to` (reads and writes time out).
     pub fn connect(&self, p: usize, to: SocketAddr) -> Result<TcpStream> {
         crate::masq::tcp_connect(&self.pods[p].pod.path, None, to)
@@ -635,9 +687,16 @@ impl Cluster {
                 ("ip", vec!["-o", "addr", "show"]),
                 ("ip", vec!["route", "show"]),
                 ("ip", vec!["-6", "route", "show"]),
+                // The ICMP the node sent, and what its rate limit held back
+                // (`-s`: no history file).
+                ("nstat", vec!["-as", "Icmp*"]),
             ];
             match self.mode {
-                Mode::Iptables => look.push(("iptables-save", vec!["-t", "nat"])),
+                Mode::Iptables => {
+                    look.push(("iptables-save", vec!["-t", "nat"]));
+                    // The REJECTs of Services without endpoints.
+                    look.push(("iptables-save", vec!["-t", "filter"]));
+                }
                 Mode::Nftables => look.push(("nft", vec!["list", "table", "ip", "kube-proxy"])),
                 Mode::Ipvs => {
                     look.push(("ipvsadm", vec!["-Ln"]));
