@@ -57,6 +57,8 @@ struct World {
     backends: Vec<(IpAddr, EchoServer)>,
     /// The same pods' IPv6 addresses and servers.
     backends6: Vec<(IpAddr, EchoServer)>,
+    /// The backend pods themselves.
+    backend_pods: Vec<Pod>,
     cgroup: Cgroup,
     api: ApiServer,
 }
@@ -77,7 +79,7 @@ impl World {
             .map(|(ip, _)| *ip)
             .find(IpAddr::is_ipv4)
             .unwrap();
-        let (mut backends, mut backends6) = (Vec::new(), Vec::new());
+        let (mut backends, mut backends6, mut backend_pods) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..2 {
             let pod = node.pod(&format!("b{i}")).unwrap();
             let added = add(&node, &conf, &format!("lb-backend-{i}"), &pod);
@@ -89,6 +91,7 @@ impl World {
                     backends.push((*ip, server));
                 }
             }
+            backend_pods.push(pod);
         }
         let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
         api.set_bookmark_interval(Duration::from_millis(300));
@@ -106,6 +109,7 @@ impl World {
             client_ip,
             backends,
             backends6,
+            backend_pods,
             cgroup: Cgroup::new().unwrap(),
             api,
         }
@@ -732,5 +736,35 @@ fn connected_udp_sockets_to_a_removed_endpoint_are_closed() {
         assert!(u.ok, "{}", u.output);
         assert!(udp_from_client(keep) > before[keep]);
     });
+    stop(a, &w.node, LOG).unwrap();
+}
+
+/// Hairpin: a pod whose Service picks the pod itself reaches itself (the
+/// socket connects to its own address: no packet leaves the pod), and the
+/// peer shows as the Service.
+#[test]
+fn a_pod_reaches_itself_through_its_service() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false)]);
+    let a = w.proxy();
+    assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    let vip = format!("{CLUSTER_IP}:{HTTP}");
+    let before = w.backends[0].1.peers().tcp.len();
+    let r = client_in(
+        Path::new(CLIENT),
+        &w.backend_pods[0].path,
+        Some(&w.cgroup),
+        &["tcp", &vip, "2000"],
+    )
+    .unwrap();
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(vip.parse().unwrap()), "{}", r.output);
+    let peers = w.backends[0].1.peers().tcp;
+    assert_eq!(peers.len(), before + 1);
+    assert_eq!(
+        peers.last().map(SocketAddr::ip),
+        Some(w.ip(0)),
+        "from itself"
+    );
     stop(a, &w.node, LOG).unwrap();
 }

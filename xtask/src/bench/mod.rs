@@ -14,6 +14,7 @@
 //! node fills up to 1,000 pods and empties again).
 //! `--only <table>` runs one table's setups and figures alone. `cargo xtask
 //! profile` runs the per-packet figures on the same testbed under `perf`.
+mod agent_apply;
 mod conflist;
 mod connloop;
 mod filling;
@@ -77,10 +78,10 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    let svc_cgroups = if want(BenchTable::Services) {
-        services::cgroups()?
+    let (svc_cgroups, apiserver) = if want(BenchTable::Services) {
+        (services::cgroups()?, apiserver_bin(ws, args.prebuilt)?)
     } else {
-        Vec::new()
+        (Vec::new(), std::path::PathBuf::new())
     };
     let fill_cgroup = if want(BenchTable::Filling) {
         Some(hostport::Cgroup::new("sfl")?)
@@ -164,7 +165,12 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         Vec::new()
     };
     let svc = if want(BenchTable::Services) {
-        services::setups(&mut tb, &bins, &svc_cgroups)?
+        services::setups(
+            &mut tb,
+            &bins,
+            (&apiserver, &svc_cgroups),
+            &mut report.services,
+        )?
     } else {
         Vec::new()
     };
@@ -450,6 +456,26 @@ fn hostport_add(tb: &mut Testbed, hp: &[(usize, HpSetup)], r: &mut Report) -> Re
         r.add(Figure::HpAddP50, *index, measure::p50_p99(t).0);
     }
     Ok(())
+}
+
+/// The tests' stand-in API server (the Services table's agent talks to
+/// it): $`SLUICE_APISERVER_BIN` with `--prebuilt`, else built here.
+fn apiserver_bin(ws: &Workspace, prebuilt: bool) -> Result<std::path::PathBuf> {
+    const NAME: &str = "sluice-test-apiserver";
+    if prebuilt {
+        return std::env::var_os("SLUICE_APISERVER_BIN")
+            .map(std::path::PathBuf::from)
+            .context("--prebuilt: $SLUICE_APISERVER_BIN is not set");
+    }
+    let mut c = std::process::Command::new("cargo");
+    c.args(["build", "--release", "-p", "sluice-tests", "--bin", NAME])
+        .current_dir(&ws.root);
+    crate::cmd::run(&mut c)?;
+    let bin = ws.bin(true, NAME);
+    if !bin.is_file() {
+        bail!("cargo build did not produce {}", bin.display());
+    }
+    Ok(bin)
 }
 
 /// `sluice` and `sluicectl` as $`SLUICE_BIN` and $`SLUICECTL_BIN` name them.

@@ -1,7 +1,7 @@
 //! The Services table: a pod's new connections and round trips to a
 //! ClusterIP with 1, 1,000 and 10,000 Services in the cluster, Sluice
-//! translating them itself (its Service maps and socket hooks, as
-//! `sluice-node proxy` runs them) against kube-proxy's iptables-mode rules on
+//! translating them itself (`sluice-node proxy` against the tests' stand-in
+//! API server: its Service maps and socket hooks; and its apply times) against kube-proxy's iptables-mode rules on
 //! a Sluice node, and the same pods' direct connections (pod -> pod address:
 //! what a ClusterIP connection costs at best). Setups interleaved, one value
 //! per round each; medians with their range.
@@ -49,11 +49,12 @@ pub(super) fn cgroups() -> Result<Vec<Cgroup>> {
         .collect()
 }
 
-/// Both ways at every size.
+/// Both ways at every size; the agent's apply times go to `r`.
 pub(super) fn setups(
     tb: &mut Testbed,
     bins: &Binaries,
-    cgroups: &[Cgroup],
+    (apiserver, cgroups): (&Path, &[Cgroup]),
+    r: &mut Results,
 ) -> Result<Vec<SvcSetup>> {
     let mut out = Vec::new();
     for (i, n) in SVC_SIZES.iter().enumerate() {
@@ -62,10 +63,13 @@ pub(super) fn setups(
             way: Way::KubeProxy,
             setup: topology::services_kube_proxy(tb, bins, *n, i)?,
         });
+        let (setup, times) =
+            topology::services_sluice(tb, bins, (apiserver, &cgroups[i].path), *n, i)?;
+        r.apply.insert(*n, times);
         out.push(SvcSetup {
             size: *n,
             way: Way::Sluice,
-            setup: topology::services_sluice(tb, bins, &cgroups[i].path, *n, i)?,
+            setup,
         });
     }
     Ok(out)
@@ -82,6 +86,8 @@ enum Fig {
 #[derive(Default)]
 pub(super) struct Results {
     values: BTreeMap<(Fig, &'static str, usize), Vec<f64>>,
+    /// The agent's apply times on the Sluice node of each size.
+    apply: BTreeMap<usize, topology::ApplyTimes>,
 }
 
 const DIRECT: &str = "direct pod->pod";
@@ -199,6 +205,29 @@ impl Results {
         (header, rows)
     }
 
+    /// The agent's apply times: per size, the cold start and one endpoint
+    /// change's p50/p99 (with how many changes).
+    fn apply_lines(&self) -> Vec<String> {
+        self.apply
+            .iter()
+            .map(|(n, t)| {
+                let mut line = format!(
+                    "{n} Services: sluice-node proxy from its start to every Service port written {:.0} ms",
+                    t.cold_ms
+                );
+                if !t.change_ms.is_empty() {
+                    let (p50, p99) = measure::p50_p99(t.change_ms.clone());
+                    let _ = write!(
+                        line,
+                        "; one EndpointSlice change to its port rewritten p50 {p50:.1} ms, p99 {p99:.1} ms ({} changes)",
+                        t.change_ms.len()
+                    );
+                }
+                line
+            })
+            .collect()
+    }
+
     /// Plain text, for the terminal.
     pub(super) fn text(&self) -> String {
         let (header, rows) = self.rows();
@@ -211,6 +240,10 @@ impl Results {
         }
         for t in self.targets() {
             let _ = writeln!(out, "  {t}");
+        }
+        let _ = writeln!(out, "Agent apply times (against the stand-in API server):");
+        for l in self.apply_lines() {
+            let _ = writeln!(out, "  {l}");
         }
         out
     }
@@ -266,16 +299,25 @@ impl Results {
         }
         md.push_str(
             "\nThe direct column: the same pods of the Sluice-services node, connecting to \
-             the pod's own address. Sluice services: the Service maps written as \
-             `sluice-node proxy` writes them (one Service port per frontend; the measured \
-             Service in the middle of the others), the socket hooks on a cgroup the clients \
-             join. kube-proxy: its iptables-mode rules written by the real `iptables-restore` \
+             the pod's own address. Sluice services: the Service maps written and the \
+             socket hooks attached (on a cgroup the clients join) by the real \
+             `sluice-node proxy` (the measured Service in the middle of the others) against the tests' stand-in API server \
+             (`sluice-test-apiserver`: list, watch, resource versions and bookmarks as \
+             kube-rs uses them; no kube-apiserver is to be had here), one EndpointSlice per \
+             Service. kube-proxy: its iptables-mode rules written by the real `iptables-restore` \
              in kube-proxy's structure (`sluice_testbed::kube_proxy`), the measured Service's \
              rule in the middle of `KUBE-SERVICES`, on a Sluice node with `serviceCIDRs`.\n\n\
              Targets (issue 52):\n\n",
         );
         for t in self.targets() {
             let _ = writeln!(md, "- {t}");
+        }
+        md.push_str(
+            "\nThe agent's apply times (its own log lines; a change: from the \
+                     stand-in API server storing the EndpointSlice):\n\n",
+        );
+        for l in self.apply_lines() {
+            let _ = writeln!(md, "- {l}");
         }
         md.push('\n');
         md

@@ -7,12 +7,13 @@
 //! both plugins again with kube-proxy's iptables-mode rules for one Service in
 //! the node namespace (the ClusterIP table). The port-mapping table has its own
 //! nodes, one per plugin and number of mappings.
-use std::{fmt::Write as _, net::IpAddr, path::Path};
+use std::{net::IpAddr, path::Path};
 
 use serde_json::{json, Value};
 use sluice_testbed::kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service};
 
 use super::{
+    agent_apply,
     conflist::Conflist,
     hostport::{self, Mapping},
 };
@@ -955,116 +956,88 @@ pub(super) fn services_kube_proxy(
     Ok(s)
 }
 
-/// Sluice translating `n` Services itself (Services-table node `i`): the
-/// Service maps written as `sluice-node proxy` writes them (through
-/// `bpftool batch`, one Service port per frontend: [`bench_service`]'s two
-/// ports and one per other Service) and the Service socket hooks attached
-/// to `cgroup`, which the figures' clients join.
+/// Sluice translating `n` Services itself (Services-table node `i`):
+/// `sluice-node proxy` against the stand-in API server (`apiserver`, the
+/// tests' own) serving the Services and their EndpointSlices writes the
+/// node's Service maps and attaches the socket hooks to `cgroup`, which
+/// the figures' clients join; its apply times come back with the node.
 pub(super) fn services_sluice(
     tb: &mut Testbed,
     bins: &Binaries,
-    cgroup: &Path,
+    (apiserver, cgroup): (&Path, &Path),
     n: usize,
     i: usize,
-) -> Result<Setup> {
+) -> Result<(Setup, ApplyTimes)> {
     let tag = format!("ssv{i}");
     let at = (123 + u8::try_from(i)?, Family::V4);
     let s = sluice_with(tb, bins, &tag, at, false, json!({}))?;
+    let cni = s.cni.as_ref().context("a Services setup without a node")?;
+    let netns = tb.ns(cni.node).path();
+    let mut api = agent_apply::StandIn::start(apiserver, &netns)?;
+    let services = many_services(&s, n)?;
+    let mut ports = 0;
+    for svc in &services {
+        let (service, slice) = agent_apply::objects(svc);
+        api.put("services", &service)?;
+        api.put("endpointslices", &slice)?;
+        ports += svc.ports.len();
+    }
+    let kubeconfig = agent_apply::kubeconfig_file(&tag, &api.kubeconfig())?;
     let pin = tb.pin_root(&tag);
-    let maps = pin.join("maps");
-    let mut batch = String::new();
-    let mut id = 0u32;
-    for svc in many_services(&s, n)? {
-        for p in &svc.ports {
-            let be = match svc.endpoints.first() {
-                Some(e) => e.ip,
-                None => continue,
+    let started =
+        agent_apply::Agent::start(&bins.node, &netns, &kubeconfig, (&pin, cgroup, KUBE_NODE));
+    // The agent reads its kubeconfig at its start: the file goes once it
+    // has written everything (or failed).
+    let cold = started.and_then(|(mut agent, t0)| {
+        let written = agent.wait_for(agent_apply::COLD, |l| agent_apply::wrote(l, ports))?;
+        Ok((agent, written - t0))
+    });
+    let _ = std::fs::remove_file(&kubeconfig);
+    let (mut agent, cold) = cold?;
+    agent.wait_for(agent_apply::CHANGE, |l| {
+        l.contains("Service socket hooks attached")
+    })?;
+    let mut times = ApplyTimes {
+        cold_ms: cold.as_secs_f64() * 1e3,
+        change_ms: Vec::new(),
+    };
+    // One endpoint change at a time, on a Service the figures do not use:
+    // a second endpoint added, then taken away again.
+    let bench_vip: IpAddr = CLUSTER_IP.parse()?;
+    if let Some(probe) = services.iter().find(|x| x.cluster_ip != bench_vip) {
+        let pod2: IpAddr = s.pod2_ip.parse()?;
+        let extra = IpAddr::from([10, 255, 0, 7]);
+        for k in 0..APPLY_CHANGES {
+            let eps: Vec<(IpAddr, &str)> = if k % 2 == 0 {
+                vec![(pod2, KUBE_NODE), (extra, KUBE_NODE)]
+            } else {
+                vec![(pod2, KUBE_NODE)]
             };
-            let (IpAddr::V4(vip), IpAddr::V4(be)) = (svc.cluster_ip, be) else {
-                bail!("{tag}: IPv4 Services only");
-            };
-            let key = lb_key(vip.octets(), p.port);
-            let mut value = Vec::new();
-            for w in [id, 1, 0, 0] {
-                value.extend(w.to_le_bytes());
-            }
-            let mut bkey = id.to_le_bytes().to_vec();
-            bkey.extend(0u32.to_le_bytes());
-            let mut backend = lb_addr(be.octets()).to_vec();
-            backend.extend(p.target_port.to_be_bytes());
-            backend.extend([0, 0]);
-            let hex = |b: &[u8]| {
-                b.iter()
-                    .map(|x| format!("{x:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            // The backend before the frontend naming it (as the agent writes).
-            let _ = writeln!(
-                batch,
-                "map update pinned {} key hex {} value hex {}",
-                maps.join("sl_lb_be").display(),
-                hex(&bkey),
-                hex(&backend)
-            );
-            let _ = writeln!(
-                batch,
-                "map update pinned {} key hex {} value hex {}",
-                maps.join("sl_lb_svc").display(),
-                hex(&key),
-                hex(&value)
-            );
-            id += 1;
+            let stored = api.put("endpointslices", &agent_apply::slice(probe, &eps))?;
+            let seen = agent.wait_for(agent_apply::CHANGE, |l| agent_apply::wrote(l, 1))?;
+            times.change_ms.push((seen - stored).as_secs_f64() * 1e3);
         }
     }
-    let file = std::env::temp_dir().join(format!("slbench-{tag}-{}.batch", std::process::id()));
-    std::fs::write(&file, &batch)?;
-    let written = crate::cmd::stdout(
-        std::process::Command::new("bpftool")
-            .arg("batch")
-            .arg("file")
-            .arg(&file),
-    );
-    let _ = std::fs::remove_file(&file);
-    written.with_context(|| format!("{tag}: writing {id} Service ports with bpftool batch"))?;
-    for (hook, prog) in [
-        ("connect4", "lb_connect4"),
-        ("sendmsg4", "lb_sendmsg4"),
-        ("recvmsg4", "lb_recvmsg4"),
-        ("getpeername4", "lb_getpeername4"),
-    ] {
-        crate::cmd::stdout(
-            std::process::Command::new("bpftool")
-                .args(["cgroup", "attach"])
-                .arg(cgroup)
-                .arg(hook)
-                .arg("pinned")
-                .arg(pin.join("progs").join(prog))
-                .arg("multi"),
-        )
-        .with_context(|| format!("{tag}: attaching {prog} to {}", cgroup.display()))?;
-    }
     eprintln!(
-        "bench: {tag}: {id} Service ports in Sluice's Service maps, socket hooks on {}",
+        "bench: {tag}: sluice-node proxy wrote {ports} Service ports ({} Services) in {:.0} ms, socket hooks on {}",
+        services.len(),
+        times.cold_ms,
         cgroup.display()
     );
-    Ok(s)
+    // The maps and hooks stay when the agent stops (as on a node).
+    drop(agent);
+    drop(api);
+    Ok((s, times))
 }
 
-/// An IPv4 address as the Service maps key it (IPv4-mapped IPv6).
-fn lb_addr(v4: [u8; 4]) -> [u8; 16] {
-    let mut a = [0u8; 16];
-    a[10] = 0xff;
-    a[11] = 0xff;
-    a[12..].copy_from_slice(&v4);
-    a
-}
+/// Endpoint changes timed per Sluice node of the Services table.
+const APPLY_CHANGES: usize = 40;
 
-/// A frontend key of `sl_lb_svc` (`sluice_common::SvcKey`): address, port in
-/// network byte order, TCP, a zero byte.
-fn lb_key(vip: [u8; 4], port: u16) -> Vec<u8> {
-    let mut k = lb_addr(vip).to_vec();
-    k.extend(port.to_be_bytes());
-    k.extend([6, 0]);
-    k
+/// The agent's apply times on one node (milliseconds).
+#[derive(Clone, Debug, Default)]
+pub(super) struct ApplyTimes {
+    /// From its start to every Service port written.
+    pub cold_ms: f64,
+    /// From one EndpointSlice stored in the API to its port rewritten.
+    pub change_ms: Vec<f64>,
 }
