@@ -341,6 +341,17 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
         "{}",
         m.stdout
     );
+    // The maps' fill (a full one is a Service port the agent could not
+    // write): 2 of 65,536 frontends, 4 of 262,144 backend slots.
+    for map in ["sl_lb_svc", "sl_lb_be"] {
+        assert!(
+            m.stdout.contains(&format!(
+                "sluice_bpf_map_pressure{{map_name=\"{map}\"}} 0.0000"
+            )),
+            "no fill of {map} in:\n{}",
+            m.stdout
+        );
+    }
 
     // An endpoint removed takes no new connection.
     w.endpoints(&[(1, true, true, false)]);

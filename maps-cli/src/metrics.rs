@@ -410,7 +410,7 @@ fn render(scrape: &Scrape) -> Result<String> {
     }
     nat_pressure_families(&mut x, dp, &reading, scrape.max_endpoints)?;
     service_families(&mut x, dp, &mut pressure)?;
-    lb_families(&mut x, dp)?;
+    lb_families(&mut x, dp, &mut pressure)?;
     x.family(
         "sluice_bpf_map_pressure",
         "gauge",
@@ -556,12 +556,24 @@ fn service_families(
 
 /// The Services Sluice translates itself (`sluice-node proxy`), per Service
 /// port (labelled by its first frontend): its backends and its
-/// translations at the socket. None without the Service maps.
-fn lb_families(x: &mut Exposition, dp: &Datapath) -> Result<()> {
+/// translations at the socket; the fill of the frontend and backend maps
+/// joins `pressure` (a full one is a Service port the agent could not
+/// write). None without the Service maps.
+fn lb_families(
+    x: &mut Exposition,
+    dp: &Datapath,
+    pressure: &mut Vec<(&'static str, f64)>,
+) -> Result<()> {
     let Some(maps) = sluice_maps::lb::LbMaps::open(&dp.root)? else {
         return Ok(());
     };
     let rows = crate::lb::rows(&maps);
+    let frontends: usize = rows.iter().map(|r| r.frontends.len()).sum();
+    let backends: usize = rows.iter().map(|r| r.backends.len()).sum();
+    for (spec, n) in [(&maps::LB_SVC, frontends), (&maps::LB_BACKENDS, backends)] {
+        let cap = dp.root.capacity(spec)?;
+        pressure.push((spec.name, n as f64 / f64::from(cap.max(1))));
+    }
     x.family(
         "sluice_service_ports",
         "gauge",
