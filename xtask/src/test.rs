@@ -269,12 +269,16 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report>
 /// only Debian's kernels have: `ip_vs`, `dummy`; ignored on the host) on 6.12
 /// with netkit pods, Sluice's and the reference's, and with masquerade on
 /// sid; the rule writer's IPVS path on 6.12. Sluice's own Services
-/// (`services_proxy`: the socket hooks) on 5.10, the oldest kernel. Under emulation on a 2-vCPU host the
+/// (`services_proxy`): the socket hooks and closing UDP sockets
+/// (`SOCK_DESTROY`) on 5.10, the oldest kernel; the port unreachable
+/// `from_pod` answers a Service without endpoints with, both families, on
+/// 6.1, the oldest kernel that tells the agent its namespace's cookie (5.10
+/// refuses at the socket). Under emulation on a 2-vCPU host the
 /// matrix takes about 28 minutes (CI of a32f79a: 28m35s; 5.10 10m31s, 6.1
 /// 5m49s, 6.12 5m13s, sid 5m10s), about half of it the verifier: each test's
 /// first ADD loads the datapath, its programs verified in parallel (see
 /// `datapath/verify.rs`), `uplink_out` the longest.
-const TCG_MAIN_TESTS: [&str; 28] = [
+const TCG_MAIN_TESTS: [&str; 29] = [
     "lifecycle:lifecycle_1_1_0|lifecycle_dual_stack",
     "traffic",
     "routing:pod_to_pod_tcp_is_redirected_past_the_host_stack|netkit_pods|the_first_datagrams@6.1",
@@ -302,7 +306,8 @@ const TCG_MAIN_TESTS: [&str; 28] = [
     "kube_proxy:ipvs_mode_every_service_path_works|the_reference_chain_passes_the_same_cases_ipvs@6.12",
     "kube_proxy:ipvs_mode_with_masquerade@sid",
     "kube_proxy_rules@6.12",
-    "services_proxy:a_pods_connections_to_a_cluster_ip@5.10",
+    "services_proxy:a_pods_connections_to_a_cluster_ip|connected_udp_sockets@5.10",
+    "services_proxy:a_pods_connections_to_a_cluster_ip|ipv6_and_dual_stack@6.1",
 ];
 
 /// What the integration tests are given: the eBPF object and the binaries
