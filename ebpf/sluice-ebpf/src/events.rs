@@ -6,7 +6,7 @@
 //! while a monitor runs or debug logging is on, describes the packet in the
 //! `sl_events` ring buffer and as an aya-log debug line. The forwarding fast
 //! path pays nothing for this: one compare of its verdict.
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, maps::ring_buf::RingBufEntry};
 use aya_log_ebpf::debug;
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 use sluice_common::{
@@ -39,6 +39,24 @@ fn monitor_on(now: u64) -> bool {
     MONITOR
         .get(monitor_slot::EVENTS_UNTIL_NS)
         .is_some_and(|until| now < *until)
+}
+
+/// The time and a reserved ring slot for an event, while a monitor runs
+/// (a full ring is counted: `events_lost`).
+#[inline(always)]
+fn ring_slot() -> Option<(u64, RingBufEntry<Event>)> {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !monitor_on(now) {
+        return None;
+    }
+    match EVENTS.reserve::<Event>(0) {
+        Some(slot) => Some((now, slot)),
+        None => {
+            count(reason::EVENTS_LOST);
+            None
+        }
+    }
 }
 
 #[inline(always)]
@@ -182,16 +200,10 @@ pub fn flow6(
     nat_port: u16,
     ifindex: u32,
 ) {
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !monitor_on(now) {
-        return;
-    }
-    let r = kind_reason(kind);
-    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
-        count(reason::EVENTS_LOST);
+    let Some((now, mut slot)) = ring_slot() else {
         return;
     };
+    let r = kind_reason(kind);
     let e = slot.as_mut_ptr();
     // 4-byte words: `Addr6` is 4-byte aligned, and so are the event's
     // addresses (offsets 24, 40 and 60 of an 8-byte aligned slot).
@@ -266,13 +278,7 @@ pub fn report_eviction() {
     }
     // SAFETY: as above.
     unsafe { (*e).kind = 0 };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !monitor_on(now) {
-        return;
-    }
-    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
-        count(reason::EVENTS_LOST);
+    let Some((now, mut slot)) = ring_slot() else {
         return;
     };
     let to = slot.as_mut_ptr().cast::<u64>();
@@ -442,13 +448,7 @@ fn describe<P: Packet>(p: &P, ev: &mut Event) {
 /// the socket hooks, whose calls are shallow.
 #[inline(never)]
 pub fn service(svc: &SvcKey, backend: Option<&Backend>, r: u32) {
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !monitor_on(now) {
-        return;
-    }
-    let Some(mut slot) = EVENTS.reserve::<Event>(0) else {
-        count(reason::EVENTS_LOST);
+    let Some((now, mut slot)) = ring_slot() else {
         return;
     };
     let e = slot.as_mut_ptr();
