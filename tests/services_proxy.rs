@@ -216,7 +216,7 @@ impl World {
 /// kube-proxy's REJECT) where the agent can tell the node's namespace from a
 /// pod's (`SO_NETNS_COOKIE`, 5.14), `EPERM` from the socket hook before.
 fn no_endpoint_errno() -> i32 {
-    if sluice_tests::kernel::version() >= (5, 14) {
+    if sluice_tests::kernel::has("netns_cookie") {
         libc::ECONNREFUSED
     } else {
         libc::EPERM

@@ -156,4 +156,8 @@ pub mod lb_flags {
     /// Some frontend is a NodePort (the unspecified address): a connect to a
     /// node address looks for one. Without it that lookup is skipped.
     pub const NODE_PORTS: u32 = 1;
+    /// Some Service port has no endpoint: `from_pod` looks a pod's opening
+    /// packets up among the frontends (to answer port unreachable). Without
+    /// it a pod's UDP datagrams and TCP SYNs pay no hash lookup for it.
+    pub const EMPTY_SERVICES: u32 = 2;
 }

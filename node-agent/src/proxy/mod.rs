@@ -13,7 +13,6 @@
 //! next agent takes over). `--stop` removes the hooks: back to kube-proxy.
 mod apply;
 mod desired;
-mod netns;
 mod udp_sockets;
 
 use std::{os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
@@ -115,7 +114,9 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut w = Watches::default();
     let mut state = State {
-        node_netns: netns::own_cookie(),
+        // The node's namespace, as the hooks compare it (see `lb/sock.rs`'s
+        // `no_endpoint` in the eBPF crate).
+        node_netns: sluice_common::user::netns_cookie().ok().filter(|c| *c != 0),
         ..State::default()
     };
     log(&format!(
@@ -216,17 +217,20 @@ impl State {
             ));
             return false;
         };
-        // Before the frontends: a NodePort written finds its flag set.
-        let cfg = LbConfig {
+        // A flag is set before the frontends that need it are written and
+        // cleared only after the pass: a frontend in the maps always finds
+        // its flag.
+        let mut cfg = LbConfig {
             node_netns: self.node_netns.unwrap_or(0),
-            flags: if has_node_ports(want) {
-                lb_flags::NODE_PORTS
-            } else {
-                0
-            },
+            flags: lb_flags_of(want),
             _pad: 0,
         };
-        if let Err(e) = lb::write_config(root, &cfg) {
+        let held = lb::config(root).ok().flatten().map_or(0, |c| c.flags);
+        let before = LbConfig {
+            flags: cfg.flags | held,
+            ..cfg
+        };
+        if let Err(e) = lb::write_config(root, &before) {
             self.say(format!("proxy: writing the Service config: {e}"));
             return false;
         }
@@ -237,6 +241,14 @@ impl State {
                 return false;
             }
         };
+        if !pass.failed.is_empty() {
+            // What could not be written may still be there as it was.
+            cfg.flags |= held;
+        }
+        if let Err(e) = lb::write_config(root, &cfg) {
+            self.say(format!("proxy: writing the Service config: {e}"));
+            return false;
+        }
         for (name, why) in &pass.failed {
             log(&format!("proxy: Service port {name} NOT written: {why}"));
         }
@@ -300,13 +312,20 @@ fn close_udp(gone: &[sluice_common::Backend], want: &desired::Ports, opts: &Opti
     }
 }
 
-/// Whether any frontend is a NodePort (on the unspecified address).
-fn has_node_ports(want: &desired::Ports) -> bool {
+/// The hooks' and `from_pod`'s shortcuts: whether any frontend is a
+/// NodePort (on the unspecified address), and whether any Service port has
+/// no endpoint (only then does `from_pod` look a pod's packets up among
+/// the frontends).
+fn lb_flags_of(want: &desired::Ports) -> u32 {
     let any4 = IpKey::v4([0; 4]);
     let any6 = IpKey::v6([0; 16]);
-    want.values()
+    let node_ports = want
+        .values()
         .flat_map(|p| &p.frontends)
-        .any(|k| k.addr == any4 || k.addr == any6)
+        .any(|k| k.addr == any4 || k.addr == any6);
+    let empty = want.values().any(|p| p.backends.is_empty());
+    (if node_ports { lb_flags::NODE_PORTS } else { 0 })
+        | (if empty { lb_flags::EMPTY_SERVICES } else { 0 })
 }
 
 /// `proxy --stop`: the socket hooks go (Services are kube-proxy's again);

@@ -149,7 +149,7 @@ fn peer(family: u8, id: &[u8; SOCKID]) -> SocketAddr {
 }
 
 /// The size of a `T` as a socket option's length.
-pub(crate) fn socklen<T>() -> libc::socklen_t {
+fn socklen<T>() -> libc::socklen_t {
     libc::socklen_t::try_from(std::mem::size_of::<T>()).unwrap_or(0)
 }
 

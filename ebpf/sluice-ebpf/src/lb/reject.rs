@@ -23,11 +23,11 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::TcContext,
 };
-use sluice_common::{IpKey, SvcKey};
+use sluice_common::{lb_flags, IpKey, SvcKey};
 
 use crate::{
     l3::{Headers, L3},
-    maps::LB_SVC,
+    maps::{LB_CONFIG, LB_SVC},
     packet::read,
     proto::{PROTO_TCP, PROTO_UDP},
 };
@@ -79,6 +79,14 @@ pub struct Rejected {
 
 #[inline(always)]
 pub fn to_reject(ctx: &TcContext, h: &Headers) -> Option<Rejected> {
+    // Nothing to answer unless the agent wrote a Service port without
+    // endpoints: one array lookup instead of a hash lookup per datagram.
+    if !LB_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & lb_flags::EMPTY_SERVICES != 0)
+    {
+        return None;
+    }
     // The frontend: destination, port, protocol; IPv4 without options and
     // not a fragment, IPv6 with TCP or UDP right after its header.
     let (key, l4, v4) = match h.l3 {
@@ -198,31 +206,62 @@ fn send<const N: usize>(
     }
 }
 
-/// The frame of `N` bytes answering an IPv4 packet.
-#[inline(never)]
-fn reject4<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
-    let Some(f) = frame::<N>() else {
-        return TC_ACT_SHOT;
-    };
-    // The original Ethernet and IPv4 headers and the start of L4, where the
-    // frame will hold them once grown.
-    // SAFETY: N - V4_ROOM bytes into the buffer from its V4_ROOM.
-    if unsafe {
+/// This CPU's frame buffer of `N` bytes with the original frame's start
+/// (Ethernet, IP header, the start of L4) loaded after `room` bytes, where
+/// the frame holds it once grown, and the swapped Ethernet addresses with
+/// `ethertype` at its head.
+#[inline(always)]
+fn original<const N: usize>(
+    ctx: &TcContext,
+    room: usize,
+    ethertype: [u8; 2],
+) -> Option<&'static mut [u8; N]> {
+    let f = frame::<N>()?;
+    if room > N {
+        return None;
+    }
+    // SAFETY: N - room bytes into the buffer from its `room`.
+    let rc = unsafe {
         bpf_skb_load_bytes(
             ctx.skb.skb.cast(),
             0,
-            f.as_mut_ptr().add(V4_ROOM).cast(),
-            (N - V4_ROOM) as u32,
+            f.as_mut_ptr().add(room).cast(),
+            (N - room) as u32,
         )
-    } != 0
-    {
-        return TC_ACT_SHOT;
+    };
+    if rc != 0 {
+        return None;
     }
-    swap_macs(f, V4_ROOM, [0x08, 0x00]);
+    swap_macs(f, room, ethertype);
+    Some(f)
+}
+
+/// An ICMP (or ICMPv6) error header at `at`: its type and code, the
+/// checksum and the unused word zero.
+#[inline(always)]
+fn icmp_head<const N: usize>(f: &mut [u8; N], at: usize, kind: u8, code: u8) {
+    if at + 8 > N {
+        return;
+    }
+    f[at] = kind;
+    f[at + 1] = code;
+    let mut i = 2;
+    while i < 8 {
+        f[at + i] = 0;
+        i += 1;
+    }
+}
+
+/// The frame of `N` bytes answering an IPv4 packet.
+#[inline(never)]
+fn reject4<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
+    let Some(f) = original::<N>(ctx, V4_ROOM, [0x08, 0x00]) else {
+        return TC_ACT_SHOT;
+    };
     let q = ETH + V4_ROOM; // the quoted IPv4 header
-                           // IPv4: version 4, IHL 5, TOS as Linux's icmp_send (IPTOS_PREC_INTERNETCONTROL),
-                           // length, no fragmentation fields, TTL 64, ICMP; from the Service
-                           // address to the client.
+                           // IPv4: version 4, IHL 5, TOS as Linux's icmp_send
+                           // (IPTOS_PREC_INTERNETCONTROL), length, no fragmentation fields, TTL 64,
+                           // ICMP; from the Service address to the client.
     let ip = ETH;
     f[ip] = 0x45;
     f[ip + 1] = 0xc0;
@@ -248,13 +287,7 @@ fn reject4<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
     f[ip + 11] = c[1];
     // ICMP destination unreachable (3), port unreachable (3).
     let icmp = ETH + 20;
-    f[icmp] = 3;
-    f[icmp + 1] = 3;
-    let mut i = 2;
-    while i < 8 {
-        f[icmp + i] = 0;
-        i += 1;
-    }
+    icmp_head(f, icmp, 3, 3);
     let c = fold(sum(f, icmp, N, 0));
     f[icmp + 2] = c[0];
     f[icmp + 3] = c[1];
@@ -264,22 +297,9 @@ fn reject4<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
 /// The frame of `N` bytes answering an IPv6 packet.
 #[inline(never)]
 fn reject6<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
-    let Some(f) = frame::<N>() else {
+    let Some(f) = original::<N>(ctx, V6_ROOM, [0x86, 0xdd]) else {
         return TC_ACT_SHOT;
     };
-    // SAFETY: N - V6_ROOM bytes into the buffer from its V6_ROOM.
-    if unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb.cast(),
-            0,
-            f.as_mut_ptr().add(V6_ROOM).cast(),
-            (N - V6_ROOM) as u32,
-        )
-    } != 0
-    {
-        return TC_ACT_SHOT;
-    }
-    swap_macs(f, V6_ROOM, [0x86, 0xdd]);
     let q = ETH + V6_ROOM;
     // IPv6: version 6, no class or flow label, payload length, ICMPv6 (58),
     // hop limit 64; from the Service address to the client.
@@ -301,13 +321,7 @@ fn reject6<const N: usize>(ctx: &TcContext, ifindex: u32) -> i32 {
     }
     // ICMPv6 destination unreachable (1), port unreachable (4).
     let icmp = ETH + 40;
-    f[icmp] = 1;
-    f[icmp + 1] = 4;
-    let mut i = 2;
-    while i < 8 {
-        f[icmp + i] = 0;
-        i += 1;
-    }
+    icmp_head(f, icmp, 1, 4);
     // The pseudo header (RFC 8200 8.1): both addresses, the upper-layer
     // length and the next header; then the message.
     let mut rest = [0, 0, plen[0], plen[1], 0, 0, 0, 58];
