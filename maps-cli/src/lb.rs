@@ -1,13 +1,15 @@
 //! `sluicectl services lb`: the Services Sluice translates itself
 //! (`sluice-node proxy`): each Service port's frontends, its backends in slot
 //! order, whether they are terminating ones (no endpoint was ready), and its
-//! translations at the socket so far; and whether the socket hooks are
-//! attached.
+//! translations so far; and whether the socket hooks are attached. A
+//! NodePort, external or load balancer IP shows twice: for connections made
+//! on the node, and "from outside" (the uplink's, with
+//! `externalTrafficPolicy`'s endpoints).
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use sluice_common::{svc_flags, SvcValue};
+use sluice_common::{svc_flags, svc_scope, SvcValue};
 use sluice_maps::lb::{addr_port, hooks_attached, LbMaps};
 
 use crate::{args::ServicesLbArgs, table, target::Datapath};
@@ -17,6 +19,8 @@ pub(crate) struct Row {
     pub(crate) id: u32,
     /// `addr:port/proto`, sorted.
     pub(crate) frontends: Vec<String>,
+    /// The frontends are the uplink's (`svc_scope::EXTERNAL`).
+    pub(crate) external: bool,
     pub(crate) backends: Vec<SocketAddr>,
     pub(crate) terminating: bool,
     /// `sessionAffinity: ClientIP`'s timeout (seconds); 0: none.
@@ -33,10 +37,12 @@ fn proto_name(p: u8) -> String {
 }
 
 pub(crate) fn rows(maps: &LbMaps) -> Vec<Row> {
-    let mut by_id: BTreeMap<u32, (SvcValue, Vec<String>)> = BTreeMap::new();
+    let mut by_id: BTreeMap<u32, (SvcValue, Vec<String>, bool)> = BTreeMap::new();
     for (k, v) in maps.frontends() {
         let (ip, port) = addr_port(&k.addr, k.port);
-        let e = by_id.entry(v.id).or_insert((v, Vec::new()));
+        let e = by_id
+            .entry(v.id)
+            .or_insert((v, Vec::new(), k.scope == svc_scope::EXTERNAL));
         e.1.push(format!(
             "{}/{}",
             SocketAddr::new(ip, port),
@@ -45,11 +51,12 @@ pub(crate) fn rows(maps: &LbMaps) -> Vec<Row> {
     }
     by_id
         .into_iter()
-        .map(|(id, (v, mut frontends))| {
+        .map(|(id, (v, mut frontends, external))| {
             frontends.sort();
             Row {
                 id,
                 frontends,
+                external,
                 backends: maps
                     .backends(id, v.count)
                     .iter()
@@ -105,6 +112,7 @@ pub(crate) fn list(dp: &Datapath, a: &ServicesLbArgs) -> Result<()> {
                 json!({
                     "id": r.id,
                     "frontends": r.frontends,
+                    "fromOutside": r.external,
                     "backends": r.backends.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "backendsTerminating": r.terminating,
                     "affinitySeconds": r.affinity_secs,
@@ -127,7 +135,9 @@ pub(crate) fn list(dp: &Datapath, a: &ServicesLbArgs) -> Result<()> {
     let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let mut backends = if r.backends.is_empty() {
+            let mut backends = if r.backends.is_empty() && r.external {
+                "none (dropped)".to_string()
+            } else if r.backends.is_empty() {
                 "none (refused)".to_string()
             } else {
                 r.backends
@@ -144,7 +154,11 @@ pub(crate) fn list(dp: &Datapath, a: &ServicesLbArgs) -> Result<()> {
             }
             vec![
                 r.id.to_string(),
-                r.frontends.join(","),
+                if r.external {
+                    format!("from outside: {}", r.frontends.join(","))
+                } else {
+                    r.frontends.join(",")
+                },
                 backends,
                 r.translations.to_string(),
             ]

@@ -220,6 +220,9 @@ struct SyncArgs {
     /// there connected to a removed backend are closed.
     #[arg(long, env = "SLUICE_CNI_STATE_DIR", default_value = sluice_common::DEFAULT_STATE_DIR)]
     cni_state_dir: PathBuf,
+    /// With `--service-proxy`: see `proxy --node-ip`.
+    #[arg(long, env = "SLUICE_NODE_IP")]
+    node_ip: Option<std::net::Ipv4Addr>,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -252,6 +255,12 @@ struct ProxyArgs {
     /// connected to a removed backend are closed.
     #[arg(long, env = "SLUICE_CNI_STATE_DIR", default_value = sluice_common::DEFAULT_STATE_DIR)]
     cni_state_dir: PathBuf,
+    /// This node's IPv4 address (the DaemonSet gives `status.hostIP`): the
+    /// source of flows from outside to an external or load balancer IP that
+    /// go on to a backend on another node. Without it such flows are left to
+    /// the node's stack.
+    #[arg(long, env = "SLUICE_NODE_IP")]
+    node_ip: Option<std::net::Ipv4Addr>,
     /// Compare everything again this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -341,6 +350,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cgroup: service_cgroup(a.service_cgroup)?,
                     cni_state_dir: a.cni_state_dir.clone(),
                     resync,
+                    node_ip: a.node_ip,
                 })
             } else {
                 // Back to kube-proxy: the hooks an earlier `--service-proxy`
@@ -430,6 +440,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cgroup,
                     cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
+                    node_ip: a.node_ip,
                 },
                 shutdown::on_signals()?,
             )

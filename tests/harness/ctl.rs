@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 53] = [
+pub const REASONS: [&str; 56] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -89,6 +89,9 @@ pub const REASONS: [&str; 53] = [
     "drop_masq_pod_share",
     "lb_sock",
     "drop_lb_no_endpoint",
+    "lb_uplink_new",
+    "lb_uplink_flow",
+    "drop_lb_no_port",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

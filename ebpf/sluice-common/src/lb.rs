@@ -22,20 +22,41 @@ pub struct SvcKey {
     pub port: u16,
     /// `IPPROTO_TCP`, `IPPROTO_UDP` (SCTP is left to the stack).
     pub proto: u8,
-    /// Zero.
-    pub _pad: u8,
+    /// [`svc_scope`]: who the frontend is for.
+    pub scope: u8,
 }
 
 impl SvcKey {
+    /// A frontend for the node's own connections (the socket hooks).
     #[inline(always)]
     pub const fn new(addr: IpKey, port: u16, proto: u8) -> Self {
         Self {
             addr,
             port,
             proto,
-            _pad: 0,
+            scope: svc_scope::NODE,
         }
     }
+
+    /// The same frontend for traffic arriving on the uplink.
+    #[inline(always)]
+    pub const fn external(self) -> Self {
+        Self {
+            scope: svc_scope::EXTERNAL,
+            ..self
+        }
+    }
+}
+
+/// Values of [`SvcKey::scope`]. A NodePort, an external IP or a load
+/// balancer IP has a frontend of each scope: `externalTrafficPolicy: Local`
+/// gives the uplink's only this node's endpoints, while the node's own
+/// clients (pods, processes) keep every endpoint, as kube-proxy does.
+pub mod svc_scope {
+    /// Connections made on the node (looked up by the socket hooks).
+    pub const NODE: u8 = 0;
+    /// Packets from the uplink (looked up by `uplink_in`).
+    pub const EXTERNAL: u8 = 1;
 }
 
 /// What a frontend leads to.
@@ -147,8 +168,10 @@ pub struct LbConfig {
     pub node_netns: u64,
     /// [`lb_flags`].
     pub flags: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// The node's IPv4 address a flow from the uplink to a backend on
+    /// another node leaves with (source NAT, `externalTrafficPolicy:
+    /// Cluster`) when it was not sent to a node address; zeros: none.
+    pub snat4: [u8; 4],
 }
 
 /// Bits of [`LbConfig::flags`].
@@ -160,4 +183,9 @@ pub mod lb_flags {
     /// packets up among the frontends (to answer port unreachable). Without
     /// it a pod's UDP datagrams and TCP SYNs pay no hash lookup for it.
     pub const EMPTY_SERVICES: u32 = 2;
+    /// Some frontend is an external one ([`super::svc_scope::EXTERNAL`]):
+    /// `uplink_in` looks packets up among them and in `sl_lb_ct`, and
+    /// `from_pod` looks replies up in `sl_lb_ct`. Without it neither pays a
+    /// lookup.
+    pub const EXTERNAL: u32 = 4;
 }

@@ -175,6 +175,11 @@ pub const LB_STATS: MapSpec = spec::<u32, u64>("sl_lb_stats", MapKind::Array);
 /// Index 0 -> [`LbConfig`]: the node's network namespace and whether any
 /// NodePort frontend exists.
 pub const LB_CONFIG: MapSpec = spec::<u32, LbConfig>("sl_lb_cfg", MapKind::Array);
+/// [`NatKey`] -> [`HpFlow`]: the flows from the uplink to a Service
+/// (NodePort, external IP, load balancer IP), each in both directions: the
+/// client's packets to the backend it was given, the backend's replies back
+/// to the Service address (LRU, like `sl_hp_ct`).
+pub const LB_CT: MapSpec = spec::<NatKey, HpFlow>("sl_lb_ct", MapKind::LruHash);
 /// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
 /// timeout.
 pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
@@ -191,7 +196,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 48] = [
+pub const ALL: [MapSpec; 49] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -240,6 +245,7 @@ pub const ALL: [MapSpec; 48] = [
     LB_STATS,
     LB_AFFINITY,
     LB_CONFIG,
+    LB_CT,
 ];
 
 /// The map names, for code that wants a name only.
@@ -292,6 +298,7 @@ pub mod map_names {
     pub const LB_STATS: &str = super::LB_STATS.name;
     pub const LB_AFFINITY: &str = super::LB_AFFINITY.name;
     pub const LB_CONFIG: &str = super::LB_CONFIG.name;
+    pub const LB_CT: &str = super::LB_CT.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -360,6 +367,8 @@ pub mod map_sizes {
     pub const LB_STATS: u32 = 65_536;
     /// Clients with session affinity to a Service port (LRU).
     pub const LB_AFFINITY: u32 = 65_536;
+    /// Flows from the uplink to Services, two entries each.
+    pub const LB_CT: u32 = 65_536;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

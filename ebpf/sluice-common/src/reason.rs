@@ -191,6 +191,15 @@ reasons! {
     /// node itself and on kernels before 5.14, refused at the socket
     /// (`EPERM`).
     drop DROP_LB_NO_ENDPOINT = 52 "drop_lb_no_endpoint";
+    /// Services from outside: a new flow from the uplink to a NodePort, an
+    /// external IP or a load balancer IP was given a backend (`sl_lb_ct`).
+    count LB_UPLINK_NEW = 53 "lb_uplink_new";
+    /// Services from outside: a packet of such a flow (either way) was
+    /// translated by its `sl_lb_ct` entry.
+    count LB_UPLINK_FLOW = 54 "lb_uplink_flow";
+    /// Services from outside: a new flow to a remote backend found no source
+    /// port free on the node address (every port tried is another flow's).
+    drop DROP_LB_NO_PORT = 55 "drop_lb_no_port";
 }
 
 /// Slots in the array (room to append).

@@ -9,7 +9,7 @@
 //! - `pod_edt` (tc egress of a limited pod's own `eth0`, in its namespace): EDT
 //!   departure times for the pod's egress limit, which `fq` there enforces.
 //! - `uplink_in` (tc ingress of the node's uplink): packets for local pods go
-//!   straight into them.
+//!   straight into them; Services from outside are translated (`lb::uplink`).
 //! - `uplink_xdp` (XDP on the uplink): the same, earlier; what it does not
 //!   handle is passed on to `uplink_in`.
 //!
@@ -252,7 +252,17 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
     };
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
     // (parse again, translated)
-    let (reparse, translated) = match hostport::from_pod(ctx, &h) {
+    let mut t = hostport::from_pod(ctx, &h);
+    // A local backend's reply to a Service flow from the uplink (see
+    // `lb::uplink`), where the agent wrote an external frontend.
+    if matches!(
+        t,
+        hostport::Translated::No | hostport::Translated::NoAfterCall
+    ) && lb::uplink::config().is_some()
+    {
+        t = hostport::v6::translated(lb::uplink::from_pod(ctx));
+    }
+    let (reparse, translated) = match t {
         hostport::Translated::No => (false, false),
         // For the verifier's sake (see there).
         hostport::Translated::NoAfterCall => (true, false),
@@ -404,6 +414,13 @@ fn uplink_in_verdict(ctx: &TcContext) -> i32 {
     if let Some(verdict) = nat::dnat(ctx) {
         return verdict;
     }
+    // Services from outside (NodePorts, external and load balancer IPs):
+    // called from here, its own frame beside this one's; below the calls
+    // that follow, the chain passed the 512 bytes of stack.
+    let v = lb::uplink::from_uplink(ctx);
+    if v != hostport::v6::NOT_OURS {
+        return v;
+    }
     // With IPv6 masquerade a call of its own: inlined, its locals and those of
     // IPv6 masquerade's call exceeded the 512 bytes of stack the verifier allows
     // a chain of calls. Inline elsewhere, as before (see `nat::snat`).
@@ -419,7 +436,7 @@ fn uplink_in_rest(ctx: &TcContext) -> i32 {
     uplink_in_rest_inline(ctx)
 }
 
-/// [`uplink_in`] after masquerade: hostPorts, then pods.
+/// [`uplink_in`] after masquerade and Services: hostPorts, then pods.
 #[inline(always)]
 fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
     if let Some(verdict) = hostport::from_uplink(ctx) {

@@ -191,3 +191,6 @@ pub static LB_AFFINITY: LruHashMap<AffinityKey, Affinity> =
 
 #[map(name = "sl_lb_cfg")]
 pub static LB_CONFIG: Array<LbConfig> = Array::pinned(1, 0);
+
+#[map(name = "sl_lb_ct")]
+pub static LB_CT: LruHashMap<NatKey, HpFlow> = LruHashMap::pinned(map_sizes::LB_CT, 0);

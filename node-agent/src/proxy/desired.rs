@@ -18,9 +18,12 @@
 //!
 //! - NodePorts for connections made on the node (pods and the node's own
 //!   processes to a node address or loopback and the node port), with every
-//!   endpoint (traffic arriving on the uplink is not translated yet).
-//!
-//! Not here yet: NodePorts from outside, `externalTrafficPolicy`.
+//!   endpoint;
+//! - for traffic from outside (the uplink), each NodePort, external IP and
+//!   load balancer IP again as an external frontend (`svc_scope`), with
+//!   `externalTrafficPolicy`'s endpoints: `Local`, this node's only (none:
+//!   the packets are dropped); and the health check node ports of the
+//!   `Local` load balancers ([`health_checks`]).
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -128,6 +131,105 @@ fn affinity(spec: Option<&k8s_openapi::api::core::v1::ServiceSpec>) -> u32 {
         .unwrap_or(DEFAULT_SECS)
 }
 
+/// The endpoints kube-proxy sends to: the ready ones, or where none is
+/// ready the serving terminating ones (then with
+/// [`svc_flags::TERMINATING`]); with `local_only` (a traffic policy
+/// `Local`) this node's only, the fallback taken among them. Sorted by
+/// address and port, without repeats.
+fn usable(eps: &[Ep], local_only: bool) -> (Vec<&Ep>, u32) {
+    let mine = |e: &&Ep| !local_only || e.local;
+    let mut picked: Vec<&Ep> = eps.iter().filter(mine).filter(|e| e.ready).collect();
+    let mut flags = 0;
+    if picked.is_empty() {
+        picked = eps
+            .iter()
+            .filter(mine)
+            .filter(|e| e.serving_terminating)
+            .collect();
+        if !picked.is_empty() {
+            flags |= svc_flags::TERMINATING;
+        }
+    }
+    let mut seen = BTreeSet::new();
+    picked.retain(|e| seen.insert((e.addr, e.port)));
+    picked.sort_by_key(|e| (e.addr, e.port));
+    (picked, flags)
+}
+
+/// The backends of `picked` of one family, in slot order.
+fn of_family(picked: &[&Ep], v6: bool) -> Vec<Backend> {
+    picked
+        .iter()
+        .filter(|e| e.addr.is_ipv6() == v6)
+        .map(|e| backend(e.addr, e.port))
+        .collect()
+}
+
+/// A `healthCheckNodePort` of a Service with `externalTrafficPolicy:
+/// Local`: what kube-proxy's health check server answers there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HealthCheck {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    /// This node's ready endpoints of the Service (any port, any family).
+    pub(crate) local_endpoints: usize,
+}
+
+/// The health check node ports this node answers, by port.
+pub(crate) fn health_checks<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &str,
+) -> BTreeMap<u16, HealthCheck> {
+    let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
+    let mut out = BTreeMap::new();
+    for svc in services {
+        let Some(spec) = svc.spec.as_ref() else {
+            continue;
+        };
+        if spec.external_traffic_policy.as_deref() != Some("Local")
+            || !matches!(spec.type_.as_deref(), Some("LoadBalancer"))
+        {
+            continue;
+        }
+        let Some(port) = spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        // kube-proxy counts endpoints, not endpoint ports: one per address.
+        let mut local = BTreeSet::new();
+        for s in &slices {
+            if s.namespace().unwrap_or_default() != ns
+                || s.labels().get(SERVICE_NAME) != Some(&name)
+            {
+                continue;
+            }
+            for e in s.endpoints.iter().flatten() {
+                let c = e.conditions.as_ref();
+                let ready = c.and_then(|c| c.ready).unwrap_or(true);
+                if ready && e.node_name.as_deref() == Some(node) {
+                    if let Some(a) = e.addresses.first() {
+                        local.insert(a.clone());
+                    }
+                }
+            }
+        }
+        out.insert(
+            port,
+            HealthCheck {
+                namespace: ns,
+                name,
+                local_endpoints: local.len(),
+            },
+        );
+    }
+    out
+}
+
 /// The Service ports the maps should hold, for node `node`.
 pub(crate) fn desired<'a>(
     services: impl IntoIterator<Item = &'a Service>,
@@ -152,6 +254,8 @@ pub(crate) fn desired<'a>(
         let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
         let spec = svc.spec.as_ref();
         let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let external_local =
+            spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
         let affinity_secs = affinity(spec);
         let slices = by_service
             .get(&(ns.clone(), name.clone()))
@@ -180,20 +284,11 @@ pub(crate) fn desired<'a>(
                         )
                 });
             let eps = endpoints(slices, port_name, proto_name, node);
-            let mut picked: Vec<&Ep> = eps.iter().filter(|e| e.ready).collect();
-            let mut flags = 0;
-            if picked.is_empty() {
-                picked = eps.iter().filter(|e| e.serving_terminating).collect();
-                if !picked.is_empty() {
-                    flags |= svc_flags::TERMINATING;
-                }
-            }
-            if local_only {
-                picked.retain(|e| e.local);
-            }
-            let mut seen = BTreeSet::new();
-            picked.retain(|e| seen.insert((e.addr, e.port)));
-            picked.sort_by_key(|e| (e.addr, e.port));
+            // Traffic from inside the cluster: internalTrafficPolicy.
+            let (picked, flags) = usable(&eps, local_only);
+            // From outside (NodePort, external and load balancer IPs):
+            // externalTrafficPolicy.
+            let (picked_ext, flags_ext) = usable(&eps, external_local);
             for family_v6 in [false, true] {
                 let mut fronts: BTreeSet<(IpAddr, u16)> = cluster
                     .iter()
@@ -221,14 +316,29 @@ pub(crate) fn desired<'a>(
                     .map(|(ip, p)| frontend(*ip, *p, proto))
                     .collect();
                 frontends.sort_by_key(|k| (k.addr.addr, k.port, k.proto));
-                let backends = picked
-                    .iter()
-                    .filter(|e| e.addr.is_ipv6() == family_v6)
-                    .map(|e| backend(e.addr, e.port))
-                    .collect();
+                let backends = of_family(&picked, family_v6);
                 let family = if family_v6 { "6" } else { "4" };
+                let key = format!("{ns}/{name}:{svc_port}/{proto_name}/v{family}");
+                // The same addresses (but the ClusterIPs) for the uplink,
+                // with their own endpoints (see `svc_scope`).
+                let external: Vec<SvcKey> = frontends
+                    .iter()
+                    .filter(|k| !cluster.iter().any(|c| frontend(*c, svc_port, proto) == **k))
+                    .map(|k| k.external())
+                    .collect();
+                if !external.is_empty() {
+                    ports.insert(
+                        format!("{key}/external"),
+                        Port {
+                            frontends: external,
+                            backends: of_family(&picked_ext, family_v6),
+                            flags: flags_ext,
+                            affinity_secs,
+                        },
+                    );
+                }
                 ports.insert(
-                    format!("{ns}/{name}:{svc_port}/{proto_name}/v{family}"),
+                    key,
                     Port {
                         frontends,
                         backends,

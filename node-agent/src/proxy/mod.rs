@@ -13,6 +13,7 @@
 //! next agent takes over). `--stop` removes the hooks: back to kube-proxy.
 mod apply;
 mod desired;
+mod health;
 mod udp_sockets;
 
 use std::{os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
@@ -26,7 +27,7 @@ use kube::{
     },
     Api, Client,
 };
-use sluice_common::{lb_flags, maps, IpKey, LbConfig};
+use sluice_common::{lb_flags, maps, svc_scope, IpKey, LbConfig};
 use sluice_maps::{lb, PinRoot};
 
 use crate::{
@@ -51,6 +52,10 @@ pub(crate) struct Options {
     pub(crate) cni_state_dir: PathBuf,
     /// Everything is compared again this often even without a change.
     pub(crate) resync: Duration,
+    /// The node's IPv4 address flows from outside to an external or load
+    /// balancer IP leave with towards a backend on another node (a NodePort
+    /// flow leaves with the node address it came to).
+    pub(crate) node_ip: Option<std::net::Ipv4Addr>,
 }
 
 /// The two watches' progress.
@@ -113,6 +118,7 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
     let mut resync = tokio::time::interval(opts.resync);
     let mut pins = tokio::time::interval(PIN_POLL);
     let mut w = Watches::default();
+    let mut health = health::HealthServers::default();
     let mut state = State {
         // The node's namespace, as the hooks compare it (see `lb/sock.rs`'s
         // `no_endpoint` in the eBPF crate).
@@ -151,6 +157,14 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
             &opts.node_name,
         );
         state.notes(&notes);
+        let checks = desired::health_checks(
+            s.iter().map(|o| &**o),
+            e.iter().map(|o| &**o),
+            &opts.node_name,
+        );
+        for line in health.update(&checks) {
+            log(&line);
+        }
         if state.apply(&root, &want, opts) {
             w.dirty = false;
         }
@@ -223,7 +237,7 @@ impl State {
         let mut cfg = LbConfig {
             node_netns: self.node_netns.unwrap_or(0),
             flags: lb_flags_of(want),
-            _pad: 0,
+            snat4: opts.node_ip.map_or([0; 4], |ip| ip.octets()),
         };
         let held = lb::config(root).ok().flatten().map_or(0, |c| c.flags);
         let before = LbConfig {
@@ -312,20 +326,27 @@ fn close_udp(gone: &[sluice_common::Backend], want: &desired::Ports, opts: &Opti
     }
 }
 
-/// The hooks' and `from_pod`'s shortcuts: whether any frontend is a
-/// NodePort (on the unspecified address), and whether any Service port has
-/// no endpoint (only then does `from_pod` look a pod's packets up among
-/// the frontends).
+/// The datapath's shortcuts: whether any frontend is a NodePort (on the
+/// unspecified address), whether any Service port has no endpoint (only
+/// then does `from_pod` look a pod's packets up among the frontends), and
+/// whether any frontend is for the uplink (only then do `uplink_in` and
+/// `from_pod` look packets up in `sl_lb_ct`).
 fn lb_flags_of(want: &desired::Ports) -> u32 {
     let any4 = IpKey::v4([0; 4]);
     let any6 = IpKey::v6([0; 16]);
+    let inside = |p: &&desired::Port| p.frontends.iter().any(|k| k.scope == svc_scope::NODE);
     let node_ports = want
         .values()
         .flat_map(|p| &p.frontends)
-        .any(|k| k.addr == any4 || k.addr == any6);
-    let empty = want.values().any(|p| p.backends.is_empty());
+        .any(|k| k.scope == svc_scope::NODE && (k.addr == any4 || k.addr == any6));
+    let empty = want.values().filter(inside).any(|p| p.backends.is_empty());
+    let external = want
+        .values()
+        .flat_map(|p| &p.frontends)
+        .any(|k| k.scope == svc_scope::EXTERNAL);
     (if node_ports { lb_flags::NODE_PORTS } else { 0 })
         | (if empty { lb_flags::EMPTY_SERVICES } else { 0 })
+        | (if external { lb_flags::EXTERNAL } else { 0 })
 }
 
 /// `proxy --stop`: the socket hooks go (Services are kube-proxy's again);

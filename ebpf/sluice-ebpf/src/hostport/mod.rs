@@ -29,8 +29,23 @@ pub mod v4;
 pub mod v6;
 
 pub use v4::{from_pod, from_uplink, from_uplink_xdp};
-/// Source ports tried for a hairpin flow whose own port is taken.
-const PORT_TRIES: u32 = 16;
+/// Source ports tried for a hairpin flow whose own port is taken (and for
+/// a Service flow from the uplink to a remote backend, `lb::uplink`).
+pub(crate) const PORT_TRIES: u32 = 16;
+
+/// The source port of try `i` for a flow from `src_port` (network byte
+/// order): its own first, then hashed others in 1024..=65535.
+#[inline(always)]
+pub(crate) fn try_port(src_port: u16, i: u32) -> u16 {
+    if i == 0 {
+        return src_port;
+    }
+    // Host order, then stored in network order.
+    let h = u32::from(u16::from_be(src_port))
+        .wrapping_mul(0x9e37_79b1)
+        .wrapping_add(i.wrapping_mul(0x85eb_ca6b));
+    ((1024 + h % 64_512) as u16).to_be()
+}
 
 #[inline(always)]
 pub(super) fn config() -> Option<&'static HostPortConfig> {
@@ -83,15 +98,7 @@ fn hairpin<A: Copy + 'static>(
     };
     let mut i = 0;
     while i < tries {
-        let port = if i == 0 {
-            k.src_port
-        } else {
-            // 1024..=65535, host order, then stored in network order.
-            let h = u32::from(u16::from_be(k.src_port))
-                .wrapping_mul(0x9e37_79b1)
-                .wrapping_add(i.wrapping_mul(0x85eb_ca6b));
-            ((1024 + h % 64_512) as u16).to_be()
-        };
+        let port = try_port(k.src_port, i);
         *rk = NatKeyOf::new(t.pod_ip, k.dst_ip, t.pod_port, port, k.proto);
         if ct.insert(&*rk, &*back, u64::from(BPF_NOEXIST)).is_ok() {
             *out = HpFlowOf {

@@ -45,7 +45,7 @@ pub(super) fn lookup(dst: [u8; 4], port: u16, proto: u8) -> Option<PortTarget> {
 
 /// A translatable packet: IPv4 TCP/UDP/SCTP, not a fragment.
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<(Ipv4Hdr, L4)> {
+pub(crate) fn parse(ctx: &TcContext) -> Option<(Ipv4Hdr, L4)> {
     let ip = ipv4(ctx)?;
     let l4_off = ETH_LEN + usize::from(ip.vihl & 0x0f) * 4;
     let l4 = translatable(ctx, ip.proto, l4_off, is_fragment(&ip))?;
@@ -65,7 +65,12 @@ fn translatable(ctx: &TcContext, proto: u8, l4_off: usize, fragment: bool) -> Op
 /// and destination, address and port, each only where it changes). The
 /// addresses are copies: the first rewrite invalidates packet pointers.
 #[inline(always)]
-fn apply(ctx: &TcContext, (src, dst): ([u8; 4], [u8; 4]), l4: &L4, f: &HpFlow) -> Result<(), ()> {
+pub(crate) fn apply(
+    ctx: &TcContext,
+    (src, dst): ([u8; 4], [u8; 4]),
+    l4: &L4,
+    f: &HpFlow,
+) -> Result<(), ()> {
     let dport_off = l4.dport_off.ok_or(())?;
     // Decided before the first rewrite: compared after it, the destination
     // was kept as four bytes across its helper calls, four stack slots.

@@ -21,6 +21,7 @@ use crate::{
 
 pub mod reject;
 pub mod sock;
+pub mod uplink;
 
 /// The socket's network namespace, as its cookie (session affinity's
 /// client: the hooks run before the socket has a source address).
@@ -40,14 +41,8 @@ pub enum Pick {
     Backend(Backend),
 }
 
-/// A backend of the Service at `key` for the socket of `ctx`: with session
-/// affinity the one its network namespace had while it keeps coming back
-/// within the timeout (what its slot holds now), else one picked at random
-/// among the slots (the agent keeps them dense).
-#[expect(
-    clippy::needless_borrows_for_generic_args,
-    reason = "keys and values go to the map helpers by reference: a 40-byte value on a 512-byte stack"
-)]
+/// A backend of the Service at `key` for the socket of `ctx` (see
+/// [`choose`]; the client is the socket's network namespace).
 // A call of its own: its keys and values inlined into the hooks, with the
 // event's call on top, passed the 512 bytes of stack a chain may use.
 #[inline(never)]
@@ -56,15 +51,35 @@ pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
     let Some(svc): Option<SvcValue> = (unsafe { LB_SVC.get(key) }).copied() else {
         return Pick::NotService;
     };
-    if svc.count == 0 {
-        return Pick::NoEndpoint;
+    match choose(&svc, || netns(ctx)) {
+        Some(b) => {
+            count(reason::LB_SOCK);
+            Pick::Backend(b)
+        }
+        None => Pick::NoEndpoint,
     }
-    // The clock and the namespace only where affinity needs them.
+}
+
+/// A backend of the Service port `svc` for `client` (called only with
+/// session affinity): with affinity the one the client had while it keeps
+/// coming back within the timeout (what its slot holds now), else one
+/// picked at random among the slots (the agent keeps them dense). `None`:
+/// no endpoint. Counted in the Service port's `sl_lb_stats`.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values go to the map helpers by reference: a 40-byte value on a 512-byte stack"
+)]
+#[inline(always)]
+pub fn choose(svc: &SvcValue, client: impl FnOnce() -> u64) -> Option<Backend> {
+    if svc.count == 0 {
+        return None;
+    }
+    // The clock and the client only where affinity needs them.
     let (now, client) = if svc.affinity_secs == 0 {
         (0, 0)
     } else {
         // SAFETY: plain helper call.
-        (unsafe { bpf_ktime_get_ns() }, netns(ctx))
+        (unsafe { bpf_ktime_get_ns() }, client())
     };
     let aff = AffinityKey {
         netns_cookie: client,
@@ -87,12 +102,10 @@ pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
         }
     }
     let k = BackendKey { id: svc.id, slot };
-    // SAFETY: map values are only read.
-    let Some(b) = (unsafe { LB_BACKENDS.get(k) }).copied() else {
-        // A slot the agent is rewriting (it lowers the count first): as if
-        // the Service had no endpoint for this one connection.
-        return Pick::NoEndpoint;
-    };
+    // SAFETY: map values are only read. None: a slot the agent is
+    // rewriting (it lowers the count first): as if the Service had no
+    // endpoint for this one connection.
+    let b = (unsafe { LB_BACKENDS.get(k) }).copied()?;
     if svc.affinity_secs != 0 {
         let a = Affinity {
             last_ns: now,
@@ -103,11 +116,10 @@ pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
         };
         let _ = LB_AFFINITY.insert(&aff, &a, 0);
     }
-    count(reason::LB_SOCK);
     if let Some(n) = LB_STATS.get_ptr_mut(svc.id) {
         // SAFETY: a slot of an array map; concurrent CPUs add to it, hence
         // the atomic add (once per connection, not per packet).
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, 1) };
     }
-    Pick::Backend(b)
+    Some(b)
 }

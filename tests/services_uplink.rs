@@ -1,0 +1,361 @@
+//! Sluice's Services from outside: NodePorts and load balancer IPs reached
+//! through the node's uplink, translated in `uplink_in` (`lb/uplink.rs`),
+//! with the real agent (`route-sync --service-proxy`, which keeps the node's
+//! addresses in the datapath too) reading the stand-in API server.
+//!
+//! The wire: the node's `up0` (192.168.50.1) to a router (192.168.50.2),
+//! which forwards to a far host (192.168.51.2), the client. Nobody routes to
+//! the pods. The router plays another node: an endpoint of its own
+//! (`node-b`) is a remote backend.
+//!
+//! Checked with real traffic: a NodePort from outside reaches a pod on this
+//! node with the client's own address (TCP and UDP), and the client sees the
+//! node address and NodePort as its peer; with `externalTrafficPolicy:
+//! Cluster` an endpoint on another node is reached from the node address and
+//! its answers go back to the client; with `Local` a load balancer IP's
+//! packets go only to this node's endpoints, none: dropped, and the health
+//! check node port answers 503 and then 200 as kube-proxy's does.
+#![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    agent::{log_of, start as agent, stop},
+    apiserver::ApiServer,
+    fixtures::{add, UPLINK},
+    hostport::{client_in, Cgroup, ClientReport},
+    masq::{
+        in_netns, routed_external_host, wait_for, EchoServer, Routed, FAR_IP, ROUTER_FAR_IP,
+        ROUTER_IP,
+    },
+    Node, Pod,
+};
+
+const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
+const CIDR: &str = "10.94.0.0/24";
+const CLUSTER_IP: &str = "10.96.8.10";
+const NODE_IP: &str = "192.168.50.1";
+/// A load balancer's address, routed by the router to this node.
+const LB_IP: &str = "192.168.60.10";
+const HTTP: u16 = 80;
+const DNS: u16 = 53;
+const TARGET: u16 = 8080;
+const NODE_PORT: u16 = 30080;
+const HEALTH_PORT: u16 = 32100;
+const FOLLOW: Duration = Duration::from_secs(20);
+const LOG: &str = "route-sync.log";
+
+struct World {
+    node: Node,
+    wire: Routed,
+    /// The pod on this node and its address.
+    local: (Pod, IpAddr, EchoServer),
+    /// The router's own echo server: an endpoint on another node.
+    remote: EchoServer,
+    cgroup: Cgroup,
+    api: ApiServer,
+}
+
+impl World {
+    fn new() -> Self {
+        let node = Node::new().unwrap();
+        let wire = routed_external_host(&node, 1500).unwrap();
+        // The load balancer's address reaches this node.
+        wire.router
+            .ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_IP])
+            .unwrap();
+        wire.far
+            .ip(&["route", "add", &format!("{LB_IP}/32"), "via", ROUTER_FAR_IP])
+            .unwrap();
+        let mut conf = node.conf("1.0.0", CIDR);
+        conf["uplink"] = json!(UPLINK);
+        conf["xdp"] = json!("off");
+        let pod = node.pod("b").unwrap();
+        let ip = add(&node, &conf, "lb-up-backend", &pod).ips[0].0;
+        let server = EchoServer::start(&pod.path, SocketAddr::new(ip, TARGET)).unwrap();
+        let remote = EchoServer::start(
+            &wire.router.netns_path(),
+            SocketAddr::new(ROUTER_IP.parse().unwrap(), TARGET),
+        )
+        .unwrap();
+        let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
+        api.set_bookmark_interval(Duration::from_millis(300));
+        api.set_node("node-a", &[CIDR], &[NODE_IP]);
+        Self {
+            node,
+            wire,
+            local: (pod, ip, server),
+            remote,
+            cgroup: Cgroup::new().unwrap(),
+            api,
+        }
+    }
+
+    /// The Service: `type` with `policy` as its externalTrafficPolicy.
+    fn service(&self, kind: &str, policy: &str) {
+        let mut spec = json!({"type": kind, "clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+            "externalTrafficPolicy": policy,
+            "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET,
+                       "nodePort": NODE_PORT},
+                      {"name": "dns", "port": DNS, "protocol": "UDP", "targetPort": TARGET,
+                       "nodePort": NODE_PORT}]});
+        let mut status = json!({});
+        if kind == "LoadBalancer" {
+            spec["healthCheckNodePort"] = json!(HEALTH_PORT);
+            status = json!({"loadBalancer": {"ingress": [{"ip": LB_IP}]}});
+        }
+        self.api.set_service("shop", "web", &spec, &status);
+    }
+
+    /// The endpoints: this node's pod (`local`) and the router's (`remote`).
+    fn endpoints(&self, local: bool, remote: bool) {
+        let mut list: Vec<Value> = Vec::new();
+        if local {
+            list.push(json!({"addresses": [self.local.1.to_string()], "nodeName": "node-a"}));
+        }
+        if remote {
+            list.push(json!({"addresses": [ROUTER_IP], "nodeName": "node-b"}));
+        }
+        self.api.set_endpoint_slice(
+            "shop",
+            "web-1",
+            "web",
+            "IPv4",
+            &json!(list),
+            &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
+                     {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
+        );
+    }
+
+    fn agent(&self) -> sluice_tests::exec::Running {
+        agent(
+            &self.node,
+            self.api.port(),
+            &[
+                "route-sync",
+                "--node-name",
+                "node-a",
+                "--service-proxy",
+                "--service-cgroup",
+                &self.cgroup.display(),
+                "--cni-state-dir",
+                &self.node.state_dir().display().to_string(),
+                "--node-ip",
+                NODE_IP,
+            ],
+            LOG,
+        )
+        .unwrap()
+    }
+
+    /// One client run on the far host (outside the cluster).
+    fn far(&self, args: &[&str]) -> ClientReport {
+        client_in(Path::new(CLIENT), &self.wire.far.netns_path(), None, args).unwrap()
+    }
+
+    fn tcp_to(&self, ip: &str, port: u16) -> ClientReport {
+        self.far(&["tcp", &format!("{ip}:{port}"), "2000"])
+    }
+
+    /// The health check node port's answer to the far host: status and body.
+    fn health(&self) -> (u16, Value) {
+        let to = SocketAddr::new(NODE_IP.parse().unwrap(), HEALTH_PORT);
+        let raw = in_netns(&self.wire.far.netns_path(), move || {
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .unwrap_or_default();
+        let Some((head, body)) = raw.split_once("\r\n\r\n") else {
+            return (0, Value::Null);
+        };
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    fn log(&self) -> String {
+        log_of(&self.node, LOG)
+    }
+}
+
+fn far_ip() -> IpAddr {
+    FAR_IP.parse().unwrap()
+}
+
+#[test]
+fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
+    let w = World::new();
+    w.service("NodePort", "Cluster");
+    w.endpoints(true, false);
+    let a = w.agent();
+    let at = SocketAddr::new(NODE_IP.parse().unwrap(), NODE_PORT);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.tcp_to(NODE_IP, NODE_PORT);
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "far -> {at}: {:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let r = w.tcp_to(NODE_IP, NODE_PORT);
+    assert!(r.ok, "{}", r.output);
+    // The answers come from what the client sent to.
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    // The pod saw the client itself (no source NAT for a local endpoint).
+    let peers = w.local.2.peers();
+    assert!(
+        peers.tcp.iter().all(|p| p.ip() == far_ip()) && !peers.tcp.is_empty(),
+        "the pod's TCP peers: {:?}",
+        peers.tcp
+    );
+    // UDP to the same NodePort: an echo back, from the NodePort.
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at), "{}", u.output);
+    assert!(
+        w.local.2.peers().udp.iter().any(|p| p.ip() == far_ip()),
+        "the pod's UDP peers: {:?}",
+        w.local.2.peers().udp
+    );
+    let c = w.node.counters().unwrap();
+    assert!(c.get("lb_uplink_new") >= 2, "{c:?}");
+    assert!(c.get("lb_uplink_flow") >= 2, "{c:?}");
+    // The operator's view: the NodePort once for the node's own
+    // connections, once from outside.
+    let v = w
+        .node
+        .sluicectl_json(&["services", "lb", "--json"])
+        .unwrap();
+    let outside: Vec<&Value> = v["servicePorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["fromOutside"] == json!(true))
+        .collect();
+    assert_eq!(outside.len(), 2, "{v:#}");
+    assert!(
+        outside.iter().any(|p| p["frontends"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("0.0.0.0:{NODE_PORT}/tcp")))),
+        "{v:#}"
+    );
+    stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn cluster_policy_reaches_an_endpoint_on_another_node_from_the_node_address() {
+    let w = World::new();
+    w.service("NodePort", "Cluster");
+    w.endpoints(false, true);
+    let a = w.agent();
+    let at = SocketAddr::new(NODE_IP.parse().unwrap(), NODE_PORT);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.tcp_to(NODE_IP, NODE_PORT);
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "far -> {at} (to node-b's endpoint): {:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let r = w.tcp_to(NODE_IP, NODE_PORT);
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    // node-b's endpoint saw the node (source NAT), so its answers come back
+    // here to be translated.
+    let peers = w.remote.peers();
+    assert!(
+        !peers.tcp.is_empty() && peers.tcp.iter().all(|p| p.ip().to_string() == NODE_IP),
+        "node-b's endpoint's TCP peers: {:?}",
+        peers.tcp
+    );
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at), "{}", u.output);
+    stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn local_policy_sends_only_to_this_nodes_endpoints_and_the_health_check_says_so() {
+    let w = World::new();
+    w.service("LoadBalancer", "Local");
+    // Only node-b has an endpoint: this node drops the load balancer's
+    // packets and tells the load balancer so.
+    w.endpoints(false, true);
+    let a = w.agent();
+    let mut last = (0, Value::Null);
+    assert!(
+        wait_for(FOLLOW, || {
+            last = w.health();
+            last.0 == 503
+        }),
+        "health check without a local endpoint: {last:?}\n{}",
+        w.log()
+    );
+    assert_eq!(
+        last.1,
+        json!({"service": {"namespace": "shop", "name": "web"},
+               "localEndpoints": 0, "serviceProxyHealthy": true})
+    );
+    let dropped = w.node.counters().unwrap().get("drop_lb_no_endpoint");
+    let r = w.tcp_to(LB_IP, HTTP);
+    assert!(!r.ok, "reached without a local endpoint: {}", r.output);
+    assert!(
+        w.remote.peers().tcp.is_empty(),
+        "node-b's endpoint was reached"
+    );
+    assert!(
+        w.node.counters().unwrap().get("drop_lb_no_endpoint") > dropped,
+        "not counted as a drop"
+    );
+    // A local endpoint: the load balancer's packets reach it, with the
+    // client's address; the health check says 200.
+    w.endpoints(true, true);
+    assert!(
+        wait_for(FOLLOW, || {
+            last = w.health();
+            last.0 == 200
+        }),
+        "health check with a local endpoint: {last:?}\n{}",
+        w.log()
+    );
+    assert_eq!(last.1["localEndpoints"], json!(1));
+    let lb = SocketAddr::new(LB_IP.parse().unwrap(), HTTP);
+    let mut tries = 0;
+    while tries < 6 {
+        let r = w.tcp_to(LB_IP, HTTP);
+        assert!(r.ok, "far -> {lb}: {}\n{}", r.output, w.log());
+        assert_eq!(r.peer, Some(lb), "{}", r.output);
+        tries += 1;
+    }
+    assert!(
+        w.remote.peers().tcp.is_empty(),
+        "node-b's endpoint got a connection under Local"
+    );
+    let peers = w.local.2.peers();
+    assert!(
+        peers.tcp.len() >= 6 && peers.tcp.iter().all(|p| p.ip() == far_ip()),
+        "the pod's TCP peers: {:?}",
+        peers.tcp
+    );
+    stop(a, &w.node, LOG).unwrap();
+}
