@@ -28,6 +28,7 @@ use sluice_tests::{
     agent::{log_of, start as agent, stop},
     apiserver::ApiServer,
     fixtures::{add, UPLINK},
+    host::tx_checksum_off,
     hostport::{client_in, Cgroup, ClientReport},
     masq::{
         in_netns, routed_external_host, wait_for, EchoServer, Routed, FAR_IP, ROUTER_FAR_IP,
@@ -63,8 +64,17 @@ struct World {
 
 impl World {
     fn new() -> Self {
+        Self::with_xdp("off")
+    }
+
+    /// `xdp`: the config's XDP mode (native: the router's frames carry
+    /// complete checksums, as a NIC's do).
+    fn with_xdp(xdp: &str) -> Self {
         let node = Node::new().unwrap();
         let wire = routed_external_host(&node, 1500).unwrap();
+        if xdp == "native" {
+            tx_checksum_off(&wire.router.netns_path(), "r0").unwrap();
+        }
         // The load balancer's address reaches this node.
         wire.router
             .ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_IP])
@@ -74,7 +84,7 @@ impl World {
             .unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
         conf["uplink"] = json!(UPLINK);
-        conf["xdp"] = json!("off");
+        conf["xdp"] = json!(xdp);
         let pod = node.pod("b").unwrap();
         let ip = add(&node, &conf, "lb-up-backend", &pod).ips[0].0;
         let server = EchoServer::start(&pod.path, SocketAddr::new(ip, TARGET)).unwrap();
@@ -255,6 +265,44 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
             .unwrap()
             .contains(&json!(format!("0.0.0.0:{NODE_PORT}/tcp")))),
         "{v:#}"
+    );
+    stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn native_xdp_delivers_a_node_ports_packets_to_a_pod_here() {
+    let w = World::with_xdp("native");
+    w.service("NodePort", "Cluster");
+    w.endpoints(true, false);
+    let a = w.agent();
+    let at = SocketAddr::new(NODE_IP.parse().unwrap(), NODE_PORT);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.tcp_to(NODE_IP, NODE_PORT);
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "far -> {at}: {:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let c0 = w.node.counters().unwrap();
+    let r = w.tcp_to(NODE_IP, NODE_PORT);
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    // The connection's packets and the datagrams went into the pod from
+    // XDP, translated there.
+    assert!(d.get("xdp_to_pod") >= 3, "{d}");
+    assert!(d.get("lb_uplink_flow") >= 3, "{d}");
+    assert!(
+        w.local.2.peers().tcp.iter().all(|p| p.ip() == far_ip()),
+        "the pod's TCP peers: {:?}",
+        w.local.2.peers().tcp
     );
     stop(a, &w.node, LOG).unwrap();
 }

@@ -315,6 +315,9 @@ pub mod map_names {
     /// Per-CPU scratch: the port unreachable a Service without endpoints
     /// answers with, being built (not pinned).
     pub const LB_REJECT: &str = "sl_lb_reject";
+    /// Per-CPU scratch: a packet from the uplink between the steps of its
+    /// Service translation (not pinned).
+    pub const LB_STEP: &str = "sl_lb_step";
 }
 
 /// Default sizes of the maps (entries).

@@ -569,10 +569,13 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u32;
     // Replies to masqueraded flows, in native mode (see nat::dnat_xdp).
     if cfg.flags & config_flags::XDP_NATIVE != 0 {
-        // Masquerade replies, then hostPorts (hostport counts its own).
+        // Masquerade replies, then hostPorts, then Services from outside
+        // (each counts its own).
         let pod = match nat::dnat_xdp(ctx, &h) {
             Some(pod) => Some((IpKey::v4(pod), true)),
-            None => hostport::from_uplink_xdp(ctx, &h).map(|p| (p, false)),
+            None => hostport::from_uplink_xdp(ctx, &h)
+                .or_else(|| lb::uplink::from_uplink_xdp(ctx))
+                .map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.

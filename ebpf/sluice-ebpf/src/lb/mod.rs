@@ -54,7 +54,7 @@ pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
     match choose(&svc, || netns(ctx)) {
         Some(b) => {
             count(reason::LB_SOCK);
-            Pick::Backend(b)
+            Pick::Backend(*b)
         }
         None => Pick::NoEndpoint,
     }
@@ -70,7 +70,7 @@ pub fn pick(key: &SvcKey, ctx: &SockAddrContext) -> Pick {
     reason = "keys and values go to the map helpers by reference: a 40-byte value on a 512-byte stack"
 )]
 #[inline(always)]
-pub fn choose(svc: &SvcValue, client: impl FnOnce() -> u64) -> Option<Backend> {
+pub fn choose(svc: &SvcValue, client: impl FnOnce() -> u64) -> Option<&'static Backend> {
     if svc.count == 0 {
         return None;
     }
@@ -104,14 +104,15 @@ pub fn choose(svc: &SvcValue, client: impl FnOnce() -> u64) -> Option<Backend> {
     let k = BackendKey { id: svc.id, slot };
     // SAFETY: map values are only read. None: a slot the agent is
     // rewriting (it lowers the count first): as if the Service had no
-    // endpoint for this one connection.
-    let b = (unsafe { LB_BACKENDS.get(k) }).copied()?;
+    // endpoint for this one connection. (The value, not a copy: its
+    // 16-byte address is copied a byte at a time, each to a stack slot.)
+    let b = unsafe { LB_BACKENDS.get(k) }?;
     if svc.affinity_secs != 0 {
         let a = Affinity {
             last_ns: now,
             slot,
             _pad: 0,
-            backend: b,
+            backend: *b,
             _pad2: 0,
         };
         let _ = LB_AFFINITY.insert(&aff, &a, 0);

@@ -22,16 +22,23 @@
 //!   (`drop_lb_no_endpoint`): kube-proxy drops external traffic to a `Local`
 //!   Service without local endpoints the same way.
 //!
+//! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a pod
+//!   here are translated and delivered before any skb exists; first packets
+//!   and the rest go on to tc.
+//!
 //! IPv4 TCP and UDP; IPv6 from outside and fragments are left to the stack.
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
-    programs::TcContext,
+    macros::map,
+    maps::PerCpuArray,
+    programs::{TcContext, XdpContext},
 };
 use sluice_common::{lb_flags, reason, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue};
 
 use super::choose;
 use crate::{
     counters::count,
+    csum,
     endpoint::deliver_translated,
     events::note_drop,
     forward,
@@ -42,8 +49,9 @@ use crate::{
         PORT_TRIES,
     },
     l3,
-    l4::{PROTO_TCP, PROTO_UDP},
+    l4::{L4, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CONFIG, LB_CT, LB_SVC, NODE_ADDRS},
+    packet::ptr_at,
 };
 
 /// `sl_lb_cfg` when the agent wrote an external frontend.
@@ -106,15 +114,17 @@ fn new_flow(k: &NatKey, ip: [u8; 4], port: u16, local: bool, via: [u8; 4]) -> Op
     } else {
         (via, PORT_TRIES)
     };
+    // One key, rewritten each try (a key per try, unrolled, took a stack
+    // slot each).
+    let mut rk = NatKey::new(ip, src, port, k.src_port, k.proto);
     let mut i = 0;
     while i < tries {
-        let sport = try_port(k.src_port, i);
-        let rk = NatKey::new(ip, src, port, sport, k.proto);
+        rk.dst_port = try_port(k.src_port, i);
         if LB_CT.insert(&rk, &back, u64::from(BPF_NOEXIST)).is_ok() {
             let out = HpFlow {
                 src_ip: src,
                 dst_ip: ip,
-                src_port: sport,
+                src_port: rk.dst_port,
                 dst_port: port,
                 _pad: 0,
             };
@@ -126,16 +136,108 @@ fn new_flow(k: &NatKey, ip: [u8; 4], port: u16, local: bool, via: [u8; 4]) -> Op
     None
 }
 
-/// tc ingress of the uplink: a packet of a flow to a Service from outside,
-/// or of a remote backend's reply to one, translated and sent on.
-/// [`NOT_OURS`]: neither.
-// A call of its own: `uplink_in`'s masquerade and hostPort calls come first.
+/// What a packet's flow is to become.
+enum Flow {
+    /// Not a Service flow.
+    NotOurs,
+    /// Dropped for `reason`.
+    Drop(u32),
+    /// Translated to this (new or known) flow.
+    To(HpFlow),
+}
+
+/// The flow of the packet `k` (client -> destination): its `sl_lb_ct` entry,
+/// or a new one when the destination is an external frontend (a backend
+/// chosen, both directions recorded; see [`new_flow`]). `snat4`: where a
+/// flow to another node's backend comes from when the client did not send
+/// to a node address.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values go to the map helpers by reference, not copied onto the stack"
 )]
-#[inline(never)]
+#[inline(always)]
+fn flow_of(k: &NatKey, snat4: [u8; 4]) -> Flow {
+    // SAFETY: map values are only read.
+    if let Some(f) = unsafe { LB_CT.get(k) }.copied() {
+        return Flow::To(f);
+    }
+    let Some(svc) = frontend(k.dst_ip, k.dst_port, k.proto) else {
+        return Flow::NotOurs;
+    };
+    let src = k.src_ip;
+    let Some(b) = choose(&svc, || client_id(src)) else {
+        return Flow::Drop(reason::DROP_LB_NO_ENDPOINT);
+    };
+    // The agent gives an IPv4 frontend IPv4 backends only.
+    let Some(bip) = b.addr.as_v4() else {
+        return Flow::NotOurs;
+    };
+    // SAFETY: map values are only read.
+    let local = unsafe { ENDPOINTS.get(IpKey::v4(bip)) }.is_some();
+    // SAFETY: as above.
+    let via = if unsafe { NODE_ADDRS.get(k.dst_ip) }.is_some() {
+        k.dst_ip
+    } else {
+        snat4
+    };
+    if !local && via == [0; 4] {
+        return Flow::NotOurs;
+    }
+    match new_flow(k, bip, b.port, local, via) {
+        Some(f) => {
+            count(reason::LB_UPLINK_NEW);
+            Flow::To(f)
+        }
+        None => Flow::Drop(reason::DROP_LB_NO_PORT),
+    }
+}
+
+/// A packet between the steps of its translation ([`decide`], [`start`],
+/// [`translate`]): its key, its L4 header and the flow it becomes.
+#[derive(Clone, Copy, Default)]
+struct Step {
+    k: NatKey,
+    l4: L4,
+    f: HpFlow,
+    snat4: [u8; 4],
+}
+
+/// Not pinned: [`Step`] per CPU (off the stack: the steps' locals in one
+/// frame, below `uplink_in`'s, passed the 512 bytes a chain of calls may use
+/// on Linux 5.10, where `uplink_in` inlines masquerade).
+#[map(name = "sl_lb_step")]
+static STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
+
+/// What the steps return to go on (else [`NOT_OURS`] or a drop verdict):
+/// the flow is known (translate it), or a new one is to be started.
+const DECIDED: i32 = i32::MIN + 2;
+const NEW: i32 = i32::MIN + 3;
+
+/// tc ingress of the uplink: a packet of a flow to a Service from outside,
+/// or of a remote backend's reply to one, translated and sent on.
+/// [`NOT_OURS`]: neither. Calls of their own, one after the other (each
+/// frame beside the others, not on top).
+#[inline(always)]
 pub fn from_uplink(ctx: &TcContext) -> i32 {
+    let mut v = decide(ctx);
+    if v == NEW {
+        v = start();
+    }
+    if v == DECIDED {
+        translate(ctx)
+    } else {
+        v
+    }
+}
+
+/// The packet's key and L4 header into this CPU's [`Step`], with its known
+/// flow ([`DECIDED`]), or [`NEW`].
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference, not copied onto the stack"
+)]
+#[inline(never)]
+fn decide(ctx: &TcContext) -> i32 {
     let Some(cfg) = config() else {
         return NOT_OURS;
     };
@@ -146,47 +248,130 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     if !matches!(ip.proto, PROTO_TCP | PROTO_UDP) {
         return NOT_OURS;
     }
-    let k = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
-    // SAFETY: map values are only read.
-    let f = if let Some(f) = unsafe { LB_CT.get(&k) }.copied() {
-        count(reason::LB_UPLINK_FLOW);
-        f
-    } else {
-        let svc = match frontend(ip.dst_addr, l4.dport, ip.proto) {
-            Some(svc) => svc,
-            None => return NOT_OURS,
-        };
-        let Some(b) = choose(&svc, || client_id(ip.src_addr)) else {
-            note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
-            return TC_ACT_SHOT;
-        };
-        // The agent gives an IPv4 frontend IPv4 backends only.
-        let Some(bip) = b.addr.as_v4() else {
-            return NOT_OURS;
-        };
-        // SAFETY: map values are only read.
-        let local = unsafe { ENDPOINTS.get(IpKey::v4(bip)) }.is_some();
-        // SAFETY: as above.
-        let via = if unsafe { NODE_ADDRS.get(ip.dst_addr) }.is_some() {
-            ip.dst_addr
-        } else {
-            snat4
-        };
-        if !local && via == [0; 4] {
-            return NOT_OURS;
-        }
-        let Some(f) = new_flow(&k, bip, b.port, local, via) else {
-            note_drop(reason::DROP_LB_NO_PORT, 0);
-            return TC_ACT_SHOT;
-        };
-        count(reason::LB_UPLINK_NEW);
-        f
+    let Some(step) = STEP.get_ptr_mut(0) else {
+        return NOT_OURS;
     };
-    if apply(ctx, (ip.src_addr, ip.dst_addr), &l4, &f).is_err() {
+    // SAFETY: this CPU's slot; only this program uses it, between its
+    // steps.
+    let step = unsafe { &mut *step };
+    step.k = NatKey::new(ip.src_addr, ip.dst_addr, l4.sport, l4.dport, ip.proto);
+    step.l4 = l4;
+    step.snat4 = snat4;
+    // SAFETY: map values are only read.
+    match unsafe { LB_CT.get(&step.k) } {
+        Some(f) => {
+            step.f = *f;
+            DECIDED
+        }
+        None => NEW,
+    }
+}
+
+/// A new flow for this CPU's [`Step`] ([`flow_of`]).
+#[inline(never)]
+fn start() -> i32 {
+    let Some(step) = STEP.get_ptr_mut(0) else {
+        return NOT_OURS;
+    };
+    // SAFETY: as in `decide`.
+    let step = unsafe { &mut *step };
+    match flow_of(&step.k, step.snat4) {
+        Flow::NotOurs => NOT_OURS,
+        Flow::Drop(why) => {
+            note_drop(why, 0);
+            TC_ACT_SHOT
+        }
+        Flow::To(f) => {
+            step.f = f;
+            DECIDED
+        }
+    }
+}
+
+/// Rewrites the packet as its [`Step`] says and sends it on.
+#[inline(never)]
+fn translate(ctx: &TcContext) -> i32 {
+    let Some(step) = STEP.get_ptr(0) else {
+        return NOT_OURS;
+    };
+    // SAFETY: this CPU's slot, written by the steps before for this packet.
+    let (k, l4, f) = unsafe { ((*step).k, (*step).l4, (*step).f) };
+    count(reason::LB_UPLINK_FLOW);
+    if apply(ctx, (k.src_ip, k.dst_ip), &l4, &f).is_err() {
         note_drop(reason::DROP_MALFORMED, 0);
         return TC_ACT_SHOT;
     }
     send(ctx, f.dst_ip)
+}
+
+/// XDP (native mode only, see `nat::dnat_xdp`): a packet from outside of a
+/// Service flow that goes to a pod on this node with the client's own
+/// address, its destination rewritten with incremental checksum updates;
+/// returns the pod to deliver to. A flow's first packet goes on to tc, which
+/// gives it its backend and records it (choosing here too pushed
+/// `uplink_xdp`'s chain of calls past 512 bytes of stack); so does what
+/// needs a new source (a backend on another node).
+#[inline(always)]
+pub fn from_uplink_xdp(ctx: &XdpContext) -> Option<IpKey> {
+    let pod = xdp_translate(ctx);
+    (pod != 0).then(|| IpKey::v4((pod as u32).to_ne_bytes()))
+}
+
+/// [`from_uplink_xdp`]'s work, in a call of its own beside hostPort's IPv6
+/// call (not inlined into `uplink_xdp`'s frame), parsing the frame itself
+/// (no packet pointers passed in). Returns the pod's address as
+/// `1 << 32 | address` (native byte order), or 0.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference, not copied onto the stack"
+)]
+#[inline(never)]
+fn xdp_translate(ctx: &XdpContext) -> u64 {
+    if config().is_none() {
+        return 0;
+    }
+    let Ok(h) = l3::parse(ctx) else {
+        return 0;
+    };
+    let Some(v4) = h.v4_fields() else {
+        return 0;
+    };
+    let (ip, src, dst, proto) = (v4.hdr, v4.src, v4.dst, v4.proto);
+    if v4.fragment() {
+        return 0;
+    }
+    let l4_off = v4.l4_off();
+    let csum_off = match proto {
+        PROTO_TCP => l4_off + 16,
+        PROTO_UDP => l4_off + 6,
+        _ => return 0,
+    };
+    let Some(ports) = ptr_at::<[u16; 2]>(ctx, l4_off) else {
+        return 0;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let [sport, dport] = unsafe { *ports };
+    let k = NatKey::new(src, dst, sport, dport, proto);
+    // SAFETY: map values are only read.
+    let Some(f) = unsafe { LB_CT.get(&k) }.copied() else {
+        return 0;
+    };
+    // SAFETY: as above.
+    let here = unsafe { ENDPOINTS.get(IpKey::v4(f.dst_ip)) }.is_some();
+    if f.src_ip != src || f.src_port != sport || !here {
+        return 0;
+    }
+    let Some(c) = ptr_at::<u16>(ctx, csum_off) else {
+        return 0;
+    };
+    // SAFETY: bounds checked by ptr_at / l3::parse.
+    unsafe {
+        csum::l4_replace(c, proto, (dst, f.dst_ip), (dport, f.dst_port));
+        (*ports)[1] = f.dst_port;
+        csum::set_dst_addr(ip, f.dst_ip);
+    }
+    count(reason::LB_UPLINK_FLOW);
+    (1 << 32) | u64::from(u32::from_ne_bytes(f.dst_ip))
 }
 
 /// A translated packet to `dst`: into its pod when it is one here, else out
