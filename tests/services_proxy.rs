@@ -3,7 +3,7 @@
 //! API server (`harness/apiserver.rs`) serving a Service and its
 //! EndpointSlices to the real kube-rs client, the agent with its socket
 //! hooks on a cgroup of the test's own (the clients join it; a process
-//! outside it is never translated).
+//! outside it is translated per packet in `from_pod`).
 //!
 //! Checked with real traffic: a pod's TCP connect and UDP datagrams to the
 //! ClusterIP reach a backend directly (the backend sees the pod's own
@@ -278,13 +278,19 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     assert!(u.ok, "{}", u.output);
     let dns: SocketAddr = format!("{CLUSTER_IP}:{DNS}").parse().unwrap();
     assert_eq!(u.from, Some(dns), "recvmsg: {}", u.output);
-    // A process outside the hooks' cgroup is not translated.
+    // A process outside the hooks' cgroup (no socket hook acts): its
+    // packets are translated per flow in `from_pod` instead, and its
+    // socket, connected to the ClusterIP, hears from the ClusterIP.
+    let c0 = w.node.counters().unwrap();
     let outside = w.run(false, &["tcp", &format!("{CLUSTER_IP}:{HTTP}"), "100"]);
-    assert!(
-        !outside.ok,
-        "translated outside the cgroup: {}",
-        outside.output
-    );
+    assert!(outside.ok, "outside the cgroup: {}", outside.output);
+    assert_eq!(outside.peer, Some(vip), "{}", outside.output);
+    let u = w.run(false, &["udp", &format!("{CLUSTER_IP}:{DNS}"), "3", "500"]);
+    assert!(u.ok, "outside the cgroup, UDP: {}", u.output);
+    assert_eq!(u.from, Some(dns), "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    assert!(d.get("lb_packet_new") >= 2, "{d}");
+    assert_eq!(d.get("lb_sock"), 0, "{d}");
     assert_eq!(frontends(&w.node), 2, "{}", w.log());
     // sluicectl shows each Service port: frontends, backends, translations.
     let lb = w

@@ -222,7 +222,7 @@ struct SyncArgs {
     cni_state_dir: PathBuf,
     /// With `--service-proxy`: see `proxy --node-ip`.
     #[arg(long, env = "SLUICE_NODE_IP")]
-    node_ip: Option<std::net::Ipv4Addr>,
+    node_ip: Option<std::net::IpAddr>,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -257,16 +257,31 @@ struct ProxyArgs {
     cni_state_dir: PathBuf,
     /// This node's IPv4 address (the DaemonSet gives `status.hostIP`): the
     /// source of flows from outside to an external or load balancer IP that
-    /// go on to a backend on another node. Without it such flows are left to
-    /// the node's stack.
+    /// go on to a backend on another node. Without it (or with an IPv6 one)
+    /// such flows are left to the node's stack.
     #[arg(long, env = "SLUICE_NODE_IP")]
-    node_ip: Option<std::net::Ipv4Addr>,
+    node_ip: Option<std::net::IpAddr>,
     /// Compare everything again this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
     /// Remove the Service socket hooks and exit (back to kube-proxy).
     #[arg(long)]
     stop: bool,
+}
+
+/// `--node-ip` as the IPv4 address flows from outside leave with (an IPv6
+/// one, as `status.hostIP` is on an IPv6-first node, is not used: IPv6 from
+/// outside is left to the stack).
+fn node_ip4(ip: Option<std::net::IpAddr>) -> Option<std::net::Ipv4Addr> {
+    match ip? {
+        std::net::IpAddr::V4(v4) => Some(v4),
+        std::net::IpAddr::V6(v6) => {
+            log(&format!(
+                "proxy: --node-ip {v6} is not IPv4: flows from outside to an external or load balancer IP with an endpoint on another node are left to the node's stack"
+            ));
+            None
+        }
+    }
 }
 
 /// The cgroup the Service hooks attach to: `given`, or the root of the
@@ -350,7 +365,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cgroup: service_cgroup(a.service_cgroup)?,
                     cni_state_dir: a.cni_state_dir.clone(),
                     resync,
-                    node_ip: a.node_ip,
+                    node_ip: node_ip4(a.node_ip),
                 })
             } else {
                 // Back to kube-proxy: the hooks an earlier `--service-proxy`
@@ -440,7 +455,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cgroup,
                     cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
-                    node_ip: a.node_ip,
+                    node_ip: node_ip4(a.node_ip),
                 },
                 shutdown::on_signals()?,
             )

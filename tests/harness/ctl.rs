@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 56] = [
+pub const REASONS: [&str; 57] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -92,6 +92,7 @@ pub const REASONS: [&str; 56] = [
     "lb_uplink_new",
     "lb_uplink_flow",
     "drop_lb_no_port",
+    "lb_packet_new",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

@@ -188,4 +188,10 @@ pub mod lb_flags {
     /// `from_pod` looks replies up in `sl_lb_ct`. Without it neither pays a
     /// lookup.
     pub const EXTERNAL: u32 = 4;
+    /// The socket hooks' cgroup is not the whole node's: a pod's packets to
+    /// a ClusterIP that no hook translated (a pod outside that cgroup) are
+    /// translated per flow in `from_pod` (`sl_lb_ct`), and so every packet a
+    /// pod sends pays one `sl_lb_ct` lookup. The agent sets it only when
+    /// its hooks are not on the cgroup root.
+    pub const PER_PACKET: u32 = 8;
 }

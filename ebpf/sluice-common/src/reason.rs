@@ -200,6 +200,10 @@ reasons! {
     /// Services from outside: a new flow to a remote backend found no source
     /// port free on the node address (every port tried is another flow's).
     drop DROP_LB_NO_PORT = 55 "drop_lb_no_port";
+    /// Services: a pod's new flow to a ClusterIP that no socket hook
+    /// translated (a pod outside the hooks' cgroup) was given a backend in
+    /// `from_pod`, its packets translated per packet (`sl_lb_ct`).
+    count LB_PACKET_NEW = 56 "lb_packet_new";
 }
 
 /// Slots in the array (room to append).

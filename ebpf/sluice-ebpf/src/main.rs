@@ -47,7 +47,7 @@ use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier, perf_event, xdp},
     programs::{PerfEventContext, SockAddrContext, TcContext, XdpContext},
 };
-use sluice_common::{config_flags, endpoint_flags, reason, IpKey};
+use sluice_common::{config_flags, endpoint_flags, lb_flags, reason, IpKey};
 
 use crate::{
     counters::count,
@@ -322,6 +322,14 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
             note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
             events::dropped(ctx, ifindex);
             return lb::reject::reject(ctx, r, ifindex);
+        }
+        // Sluice's Services for a pod outside the hooks' cgroup: a new
+        // flow to a ClusterIP is translated here (see there).
+        if lb::uplink::config().is_some_and(|c| c.flags & lb_flags::PER_PACKET != 0) {
+            let v = lb::packet::start(ctx);
+            if v != hostport::v6::NOT_OURS {
+                return v;
+            }
         }
         // kube-proxy's Services: its rules are on the stack's path.
         if kernel_nat::to_service(&h) {

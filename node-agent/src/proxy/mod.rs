@@ -126,9 +126,14 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
         ..State::default()
     };
     log(&format!(
-        "proxy: watching Services and EndpointSlices; datapath {}, socket hooks on cgroup {}",
+        "proxy: watching Services and EndpointSlices; datapath {}, socket hooks on cgroup {}{}",
         opts.pin_root.display(),
-        opts.cgroup.display()
+        opts.cgroup.display(),
+        if cgroup_root(&opts.cgroup) {
+            ""
+        } else {
+            " (not the root: pods outside it are translated per packet)"
+        }
     ));
     if state.node_netns.is_none() {
         log("proxy: the kernel does not tell this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14): connects to a Service without endpoints are refused at the socket (EPERM) instead of answered with port unreachable");
@@ -234,9 +239,14 @@ impl State {
         // A flag is set before the frontends that need it are written and
         // cleared only after the pass: a frontend in the maps always finds
         // its flag.
+        let per_packet = if cgroup_root(&opts.cgroup) {
+            0
+        } else {
+            lb_flags::PER_PACKET
+        };
         let mut cfg = LbConfig {
             node_netns: self.node_netns.unwrap_or(0),
-            flags: lb_flags_of(want),
+            flags: lb_flags_of(want) | per_packet,
             snat4: opts.node_ip.map_or([0; 4], |ip| ip.octets()),
         };
         let held = lb::config(root).ok().flatten().map_or(0, |c| c.flags);
@@ -349,10 +359,25 @@ fn lb_flags_of(want: &desired::Ports) -> u32 {
         | (if external { lb_flags::EXTERNAL } else { 0 })
 }
 
+/// Whether `dir` is the root of its cgroup v2 hierarchy (every process of
+/// the node below it): only a cgroup below the root has `cgroup.type`.
+/// Below the root, pods outside it get their ClusterIP flows translated per
+/// packet (`lb_flags::PER_PACKET`).
+fn cgroup_root(dir: &std::path::Path) -> bool {
+    dir.join("cgroup.procs").exists() && !dir.join("cgroup.type").exists()
+}
+
 /// `proxy --stop`: the socket hooks go (Services are kube-proxy's again);
 /// the maps stay until the datapath goes.
 pub(crate) fn stop(pin_root: &std::path::Path) -> Result<()> {
-    lb::detach_hooks(&PinRoot::new(pin_root))?;
+    let root = PinRoot::new(pin_root);
+    lb::detach_hooks(&root)?;
+    // The datapath's own translations (from outside, and the answers to a
+    // Service without endpoints) go with the hooks: its flags cleared, it
+    // looks nothing up in the Service maps.
+    if let Ok(Some(cfg)) = lb::config(&root) {
+        lb::write_config(&root, &LbConfig { flags: 0, ..cfg })?;
+    }
     log("proxy: Service socket hooks removed; Services are left to kube-proxy");
     Ok(())
 }

@@ -19,6 +19,7 @@ use crate::{
     maps::{LB_AFFINITY, LB_BACKENDS, LB_STATS, LB_SVC},
 };
 
+pub mod packet;
 pub mod reject;
 pub mod sock;
 pub mod uplink;

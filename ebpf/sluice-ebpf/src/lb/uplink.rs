@@ -39,7 +39,6 @@ use super::choose;
 use crate::{
     counters::count,
     csum,
-    endpoint::deliver_translated,
     events::note_drop,
     forward,
     hostport::{
@@ -54,12 +53,14 @@ use crate::{
     packet::ptr_at,
 };
 
-/// `sl_lb_cfg` when the agent wrote an external frontend.
+/// `sl_lb_cfg` when `sl_lb_ct` may hold flows: the agent wrote an external
+/// frontend, or pods outside the hooks' cgroup get per-packet translation
+/// (`super::packet`).
 #[inline(always)]
 pub fn config() -> Option<&'static LbConfig> {
     LB_CONFIG
         .get(0)
-        .filter(|c| c.flags & lb_flags::EXTERNAL != 0)
+        .filter(|c| c.flags & (lb_flags::EXTERNAL | lb_flags::PER_PACKET) != 0)
 }
 
 /// The external frontend for `dst`:`port`: that address's, else the
@@ -85,7 +86,7 @@ fn frontend(dst: [u8; 4], port: u16, proto: u8) -> Option<SvcValue> {
 /// Session affinity's client from outside: its address (the socket hooks'
 /// clients are network namespace cookies, which are never this high).
 #[inline(always)]
-fn client_id(src: [u8; 4]) -> u64 {
+pub(super) fn client_id(src: [u8; 4]) -> u64 {
     (1 << 63) | u64::from(u32::from_be_bytes(src))
 }
 
@@ -100,7 +101,13 @@ fn client_id(src: [u8; 4]) -> u64 {
     reason = "keys and values go to the map helpers by reference, not copied onto the stack"
 )]
 #[inline(always)]
-fn new_flow(k: &NatKey, ip: [u8; 4], port: u16, local: bool, via: [u8; 4]) -> Option<HpFlow> {
+pub(super) fn new_flow(
+    k: &NatKey,
+    ip: [u8; 4],
+    port: u16,
+    local: bool,
+    via: [u8; 4],
+) -> Option<HpFlow> {
     // What the backend's packets become: from the frontend, to the client.
     let back = HpFlow {
         src_ip: k.dst_ip,
@@ -146,21 +153,13 @@ enum Flow {
     To(HpFlow),
 }
 
-/// The flow of the packet `k` (client -> destination): its `sl_lb_ct` entry,
-/// or a new one when the destination is an external frontend (a backend
-/// chosen, both directions recorded; see [`new_flow`]). `snat4`: where a
+/// A new flow for the packet `k` (client -> destination, not in
+/// `sl_lb_ct`) when the destination is an external frontend: a backend
+/// chosen, both directions recorded (see [`new_flow`]). `snat4`: where a
 /// flow to another node's backend comes from when the client did not send
 /// to a node address.
-#[expect(
-    clippy::needless_borrows_for_generic_args,
-    reason = "keys and values go to the map helpers by reference, not copied onto the stack"
-)]
 #[inline(always)]
 fn flow_of(k: &NatKey, snat4: [u8; 4]) -> Flow {
-    // SAFETY: map values are only read.
-    if let Some(f) = unsafe { LB_CT.get(k) }.copied() {
-        return Flow::To(f);
-    }
     let Some(svc) = frontend(k.dst_ip, k.dst_port, k.proto) else {
         return Flow::NotOurs;
     };
@@ -195,27 +194,27 @@ fn flow_of(k: &NatKey, snat4: [u8; 4]) -> Flow {
 /// A packet between the steps of its translation ([`decide`], [`start`],
 /// [`translate`]): its key, its L4 header and the flow it becomes.
 #[derive(Clone, Copy, Default)]
-struct Step {
-    k: NatKey,
-    l4: L4,
-    f: HpFlow,
-    snat4: [u8; 4],
+pub(super) struct Step {
+    pub(super) k: NatKey,
+    pub(super) l4: L4,
+    pub(super) f: HpFlow,
+    pub(super) snat4: [u8; 4],
 }
 
 /// Not pinned: [`Step`] per CPU (off the stack: the steps' locals in one
 /// frame, below `uplink_in`'s, passed the 512 bytes a chain of calls may use
 /// on Linux 5.10, where `uplink_in` inlines masquerade).
 #[map(name = "sl_lb_step")]
-static STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
+pub(super) static STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
 
 /// What the steps return to go on (else [`NOT_OURS`] or a drop verdict):
 /// the flow is known (translate it), or a new one is to be started.
-const DECIDED: i32 = i32::MIN + 2;
+pub(super) const DECIDED: i32 = i32::MIN + 2;
 const NEW: i32 = i32::MIN + 3;
 
 /// tc ingress of the uplink: a packet of a flow to a Service from outside,
 /// or of a remote backend's reply to one, translated and sent on.
-/// [`NOT_OURS`]: neither. Calls of their own, one after the other (each
+/// [`NOT_OURS`]: neither, or translated to a pod here (see [`send`]). Calls of their own, one after the other (each
 /// frame beside the others, not on top).
 #[inline(always)]
 pub fn from_uplink(ctx: &TcContext) -> i32 {
@@ -223,10 +222,15 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     if v == NEW {
         v = start();
     }
-    if v == DECIDED {
-        translate(ctx)
-    } else {
-        v
+    if v != DECIDED {
+        return v;
+    }
+    match translate(ctx) {
+        DECIDED => {
+            count(reason::LB_UPLINK_FLOW);
+            send(ctx)
+        }
+        v => v,
     }
 }
 
@@ -288,20 +292,19 @@ fn start() -> i32 {
     }
 }
 
-/// Rewrites the packet as its [`Step`] says and sends it on.
+/// Rewrites the packet as its [`Step`] says; [`DECIDED`]: [`send`] it on.
 #[inline(never)]
-fn translate(ctx: &TcContext) -> i32 {
+pub(super) fn translate(ctx: &TcContext) -> i32 {
     let Some(step) = STEP.get_ptr(0) else {
         return NOT_OURS;
     };
     // SAFETY: this CPU's slot, written by the steps before for this packet.
     let (k, l4, f) = unsafe { ((*step).k, (*step).l4, (*step).f) };
-    count(reason::LB_UPLINK_FLOW);
     if apply(ctx, (k.src_ip, k.dst_ip), &l4, &f).is_err() {
         note_drop(reason::DROP_MALFORMED, 0);
         return TC_ACT_SHOT;
     }
-    send(ctx, f.dst_ip)
+    DECIDED
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): a packet from outside of a
@@ -374,13 +377,20 @@ fn xdp_translate(ctx: &XdpContext) -> u64 {
     (1 << 32) | u64::from(u32::from_ne_bytes(f.dst_ip))
 }
 
-/// A translated packet to `dst`: into its pod when it is one here, else out
-/// by FIB lookup (to a remote backend, or back to the client).
-#[inline(always)]
-fn send(ctx: &TcContext, dst: [u8; 4]) -> i32 {
+/// A translated packet: to a pod here, [`NOT_OURS`] (`uplink_in` then
+/// delivers it as any packet to a pod, which it now is: one copy of that
+/// code for the verifier to walk); else out by FIB lookup (to a remote
+/// backend, or back to the client).
+#[inline(never)]
+fn send(ctx: &TcContext) -> i32 {
+    let Some(step) = STEP.get_ptr(0) else {
+        return NOT_OURS;
+    };
+    // SAFETY: this CPU's slot, written by the steps before for this packet.
+    let dst = unsafe { (*step).f.dst_ip };
     // SAFETY: map values are only read.
     if unsafe { ENDPOINTS.get(IpKey::v4(dst)) }.is_some() {
-        return deliver_translated(ctx, IpKey::v4(dst), false);
+        return NOT_OURS;
     }
     // The rewrite's helpers invalidated the packet pointers.
     let Ok(h) = l3::parse(ctx) else {
@@ -391,10 +401,11 @@ fn send(ctx: &TcContext, dst: [u8; 4]) -> i32 {
     forward::forward(ctx, &h, ifindex, false)
 }
 
-/// Host veth ingress: a local backend's reply to a client from outside
-/// (`sl_lb_ct`), rewritten to come from the Service address. [`NOT_OURS`]:
-/// not one; [`TRANSLATED`]: rewritten (the caller routes it); else a drop
-/// verdict.
+/// Host veth ingress: a packet of a flow in `sl_lb_ct`: a local backend's
+/// reply to a client from outside, rewritten to come from the Service
+/// address; or a pod's per-packet ClusterIP flow (`super::packet`) either
+/// way. [`NOT_OURS`]: not one; [`TRANSLATED`]: rewritten (the caller routes
+/// it); else a drop verdict.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values go to the map helpers by reference, not copied onto the stack"
