@@ -31,15 +31,17 @@ use sluice_tests::{
     host::tx_checksum_off,
     hostport::{client_in, Cgroup, ClientReport},
     masq::{
-        in_netns, routed_external_host, wait_for, EchoServer, Routed, FAR_IP, ROUTER_FAR_IP,
-        ROUTER_IP,
+        in_netns, routed_external_host6, wait_for, EchoServer, Routed, FAR6_IP, FAR_IP,
+        NODE6_ROUTED, ROUTER6_IP, ROUTER_FAR_IP, ROUTER_IP,
     },
     Node, Pod,
 };
 
 const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
 const CIDR: &str = "10.94.0.0/24";
+const CIDR6: &str = "fd00:94::/64";
 const CLUSTER_IP: &str = "10.96.8.10";
+const CLUSTER_IP6: &str = "fd00:96::8:10";
 const NODE_IP: &str = "192.168.50.1";
 /// A load balancer's address, routed by the router to this node.
 const LB_IP: &str = "192.168.60.10";
@@ -56,8 +58,12 @@ struct World {
     wire: Routed,
     /// The pod on this node and its address.
     local: (Pod, IpAddr, EchoServer),
+    /// The same pod's IPv6 address and server.
+    local6: (IpAddr, EchoServer),
     /// The router's own echo server: an endpoint on another node.
     remote: EchoServer,
+    /// The router's, on its IPv6 address.
+    remote6: EchoServer,
     cgroup: Cgroup,
     api: ApiServer,
 }
@@ -71,7 +77,7 @@ impl World {
     /// complete checksums, as a NIC's do).
     fn with_xdp(xdp: &str) -> Self {
         let node = Node::new().unwrap();
-        let wire = routed_external_host(&node, 1500).unwrap();
+        let wire = routed_external_host6(&node, 1500).unwrap();
         if xdp == "native" {
             tx_checksum_off(&wire.router.netns_path(), "r0").unwrap();
         }
@@ -83,14 +89,29 @@ impl World {
             .ip(&["route", "add", &format!("{LB_IP}/32"), "via", ROUTER_FAR_IP])
             .unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
+        conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
+        conf["ipam"].as_object_mut().unwrap().remove("subnet");
+        conf["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]);
         conf["uplink"] = json!(UPLINK);
         conf["xdp"] = json!(xdp);
         let pod = node.pod("b").unwrap();
-        let ip = add(&node, &conf, "lb-up-backend", &pod).ips[0].0;
+        let ips: Vec<IpAddr> = add(&node, &conf, "lb-up-backend", &pod)
+            .ips
+            .iter()
+            .map(|(ip, _)| *ip)
+            .collect();
+        let ip = *ips.iter().find(|ip| ip.is_ipv4()).unwrap();
+        let ip6 = *ips.iter().find(|ip| ip.is_ipv6()).unwrap();
         let server = EchoServer::start(&pod.path, SocketAddr::new(ip, TARGET)).unwrap();
+        let server6 = EchoServer::start(&pod.path, SocketAddr::new(ip6, TARGET)).unwrap();
         let remote = EchoServer::start(
             &wire.router.netns_path(),
             SocketAddr::new(ROUTER_IP.parse().unwrap(), TARGET),
+        )
+        .unwrap();
+        let remote6 = EchoServer::start(
+            &wire.router.netns_path(),
+            SocketAddr::new(ROUTER6_IP.parse().unwrap(), TARGET),
         )
         .unwrap();
         let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
@@ -100,7 +121,9 @@ impl World {
             node,
             wire,
             local: (pod, ip, server),
+            local6: (ip6, server6),
             remote,
+            remote6,
             cgroup: Cgroup::new().unwrap(),
             api,
         }
@@ -108,7 +131,9 @@ impl World {
 
     /// The Service: `type` with `policy` as its externalTrafficPolicy.
     fn service(&self, kind: &str, policy: &str) {
-        let mut spec = json!({"type": kind, "clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+        let mut spec = json!({"type": kind, "clusterIP": CLUSTER_IP,
+            "clusterIPs": [CLUSTER_IP, CLUSTER_IP6], "ipFamilies": ["IPv4", "IPv6"],
+            "ipFamilyPolicy": "PreferDualStack",
             "externalTrafficPolicy": policy,
             "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET,
                        "nodePort": NODE_PORT},
@@ -120,6 +145,27 @@ impl World {
             status = json!({"loadBalancer": {"ingress": [{"ip": LB_IP}]}});
         }
         self.api.set_service("shop", "web", &spec, &status);
+    }
+
+    /// The IPv6 endpoints: this node's pod (`local`) and the router's
+    /// (`remote`).
+    fn endpoints6(&self, local: bool, remote: bool) {
+        let mut list: Vec<Value> = Vec::new();
+        if local {
+            list.push(json!({"addresses": [self.local6.0.to_string()], "nodeName": "node-a"}));
+        }
+        if remote {
+            list.push(json!({"addresses": [ROUTER6_IP], "nodeName": "node-b"}));
+        }
+        self.api.set_endpoint_slice(
+            "shop",
+            "web-6",
+            "web",
+            "IPv6",
+            &json!(list),
+            &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
+                     {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
+        );
     }
 
     /// The endpoints: this node's pod (`local`) and the router's (`remote`).
@@ -258,7 +304,8 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
         .iter()
         .filter(|p| p["fromOutside"] == json!(true))
         .collect();
-    assert_eq!(outside.len(), 2, "{v:#}");
+    // TCP and UDP, IPv4 and IPv6.
+    assert_eq!(outside.len(), 4, "{v:#}");
     assert!(
         outside.iter().any(|p| p["frontends"]
             .as_array()
@@ -404,6 +451,65 @@ fn local_policy_sends_only_to_this_nodes_endpoints_and_the_health_check_says_so(
         peers.tcp.len() >= 6 && peers.tcp.iter().all(|p| p.ip() == far_ip()),
         "the pod's TCP peers: {:?}",
         peers.tcp
+    );
+    stop(a, &w.node, LOG).unwrap();
+}
+
+#[test]
+fn an_ipv6_node_port_from_outside_reaches_a_pod_here_and_an_endpoint_elsewhere() {
+    let w = World::new();
+    w.service("NodePort", "Cluster");
+    w.endpoints(true, false);
+    w.endpoints6(true, false);
+    let a = w.agent();
+    let at = SocketAddr::new(NODE6_ROUTED.parse().unwrap(), NODE_PORT);
+    let far6: IpAddr = FAR6_IP.parse().unwrap();
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.far(&["tcp", &at.to_string(), "2000"]);
+            let ok = r.ok;
+            last = Some(r);
+            ok
+        }),
+        "far -> {at}: {:?}\n{}\ncounters: {:?}\n{:#}",
+        last.map(|r| r.output),
+        w.log(),
+        w.node.counters().unwrap(),
+        w.node
+            .sluicectl_json(&["services", "lb", "--json"])
+            .unwrap()
+    );
+    let r = w.far(&["tcp", &at.to_string(), "2000"]);
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    let peers = w.local6.1.peers();
+    assert!(
+        !peers.tcp.is_empty() && peers.tcp.iter().all(|p| p.ip() == far6),
+        "the pod's IPv6 TCP peers: {:?}",
+        peers.tcp
+    );
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at), "{}", u.output);
+    // The endpoint moves to another node: reached from the node address.
+    w.endpoints6(false, true);
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.far(&["tcp", &at.to_string(), "2000"]);
+            let ok = r.ok && !w.remote6.peers().tcp.is_empty();
+            last = Some(r);
+            ok
+        }),
+        "far -> {at} (node-b's endpoint): {:?}\n{}",
+        last.map(|r| r.output),
+        w.log()
+    );
+    let node6: IpAddr = NODE6_ROUTED.parse().unwrap();
+    assert!(
+        w.remote6.peers().tcp.iter().all(|p| p.ip() == node6),
+        "node-b's IPv6 peers: {:?}",
+        w.remote6.peers().tcp
     );
     stop(a, &w.node, LOG).unwrap();
 }

@@ -180,6 +180,8 @@ pub const LB_CONFIG: MapSpec = spec::<u32, LbConfig>("sl_lb_cfg", MapKind::Array
 /// client's packets to the backend it was given, the backend's replies back
 /// to the Service address (LRU, like `sl_hp_ct`).
 pub const LB_CT: MapSpec = spec::<NatKey, HpFlow>("sl_lb_ct", MapKind::LruHash);
+/// [`Nat6Key`] -> [`HpFlow6`]: [`LB_CT`] for IPv6.
+pub const LB_CT6: MapSpec = spec::<Nat6Key, HpFlow6>("sl_lb_ct6", MapKind::LruHash);
 /// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
 /// timeout.
 pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
@@ -196,7 +198,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 49] = [
+pub const ALL: [MapSpec; 50] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -246,6 +248,7 @@ pub const ALL: [MapSpec; 49] = [
     LB_AFFINITY,
     LB_CONFIG,
     LB_CT,
+    LB_CT6,
 ];
 
 /// The map names, for code that wants a name only.
@@ -299,6 +302,7 @@ pub mod map_names {
     pub const LB_AFFINITY: &str = super::LB_AFFINITY.name;
     pub const LB_CONFIG: &str = super::LB_CONFIG.name;
     pub const LB_CT: &str = super::LB_CT.name;
+    pub const LB_CT6: &str = super::LB_CT6.name;
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -372,6 +376,8 @@ pub mod map_sizes {
     pub const LB_AFFINITY: u32 = 65_536;
     /// Flows from the uplink to Services, two entries each.
     pub const LB_CT: u32 = 65_536;
+    /// IPv6 flows from the uplink to Services, two entries each.
+    pub const LB_CT6: u32 = 32_768;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

@@ -194,3 +194,6 @@ pub static LB_CONFIG: Array<LbConfig> = Array::pinned(1, 0);
 
 #[map(name = "sl_lb_ct")]
 pub static LB_CT: LruHashMap<NatKey, HpFlow> = LruHashMap::pinned(map_sizes::LB_CT, 0);
+
+#[map(name = "sl_lb_ct6")]
+pub static LB_CT6: LruHashMap<Nat6Key, HpFlow6> = LruHashMap::pinned(map_sizes::LB_CT6, 0);

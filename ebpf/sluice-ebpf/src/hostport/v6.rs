@@ -64,7 +64,7 @@ pub(super) fn lookup(k: &mut PortKey6) -> Option<&'static PortTarget6> {
 /// compiler adds under it) made `uplink_in -> from_uplink -> apply -> memset`
 /// 576 bytes of stack on 5.10, where `uplink_in`'s frame is 320.
 #[inline(always)]
-fn apply(ctx: &TcContext, p: &Scratch) -> bool {
+pub(crate) fn apply(ctx: &TcContext, p: &Scratch) -> bool {
     let (k, f, l4) = (&p.k, &p.f, &p.l4);
     let Some(dport_off) = l4.dport_off else {
         return false;
@@ -101,19 +101,20 @@ fn apply(ctx: &TcContext, p: &Scratch) -> bool {
 /// An IPv6 packet between the steps of its translation (value of
 /// `sl_hp_scratch6`): on the stack, these 200 bytes and the pod program's own
 /// frame exceeded the 512 bytes a chain of calls may use.
+/// (`lb::uplink6` uses it too, for Services from outside.)
 #[derive(Default)]
 pub struct Scratch {
     /// The flow as the packet carries it.
-    k: Nat6Key,
-    l4: L4,
+    pub(crate) k: Nat6Key,
+    pub(crate) l4: L4,
     /// The mapping's key being looked up, and the mapping found.
     pk: PortKey6,
     t: PortTarget6,
     /// The rewrite.
-    f: HpFlow6,
+    pub(crate) f: HpFlow6,
     /// A hairpin flow's reverse entry.
-    rk: Nat6Key,
-    back: HpFlow6,
+    pub(crate) rk: Nat6Key,
+    pub(crate) back: HpFlow6,
 }
 
 /// [`lookup`] for the packet in `p` (its destination), the key built and the
@@ -138,7 +139,7 @@ fn lookup_into(p: &mut Scratch) -> bool {
 /// This CPU's scratch entry with the packet parsed into it, if it is a
 /// translatable IPv6 packet (TCP, UDP or SCTP right after the fixed header).
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<&'static mut Scratch> {
+pub(crate) fn parse(ctx: &TcContext) -> Option<&'static mut Scratch> {
     let proto: u8 = ctx.load(ETH_LEN + 6).ok()?;
     if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
         return None;

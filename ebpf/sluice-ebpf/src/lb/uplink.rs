@@ -48,7 +48,7 @@ use crate::{
         PORT_TRIES,
     },
     l3,
-    l4::{L4, PROTO_TCP, PROTO_UDP},
+    l4::{self, L4, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CONFIG, LB_CT, LB_SVC, NODE_ADDRS},
     packet::ptr_at,
 };
@@ -210,7 +210,7 @@ pub(super) static STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
 /// What the steps return to go on (else [`NOT_OURS`] or a drop verdict):
 /// the flow is known (translate it), or a new one is to be started.
 pub(super) const DECIDED: i32 = i32::MIN + 2;
-const NEW: i32 = i32::MIN + 3;
+pub(super) const NEW: i32 = i32::MIN + 3;
 
 /// tc ingress of the uplink: a packet of a flow to a Service from outside,
 /// or of a remote backend's reply to one, translated and sent on.
@@ -218,6 +218,12 @@ const NEW: i32 = i32::MIN + 3;
 /// frame beside the others, not on top).
 #[inline(always)]
 pub fn from_uplink(ctx: &TcContext) -> i32 {
+    if l4::is_ipv6(ctx) {
+        if config().is_none() {
+            return NOT_OURS;
+        }
+        return super::uplink6::from_uplink(ctx);
+    }
     let mut v = decide(ctx);
     if v == NEW {
         v = start();
@@ -401,17 +407,28 @@ fn send(ctx: &TcContext) -> i32 {
     forward::forward(ctx, &h, ifindex, false)
 }
 
-/// Host veth ingress: a packet of a flow in `sl_lb_ct`: a local backend's
-/// reply to a client from outside, rewritten to come from the Service
-/// address; or a pod's per-packet ClusterIP flow (`super::packet`) either
-/// way. [`NOT_OURS`]: not one; [`TRANSLATED`]: rewritten (the caller routes
-/// it); else a drop verdict.
+/// Host veth ingress: a packet of a flow in `sl_lb_ct` (`sl_lb_ct6`): a
+/// local backend's reply to a client from outside, rewritten to come from
+/// the Service address; or a pod's per-packet ClusterIP flow
+/// (`super::packet`) either way. [`NOT_OURS`]: not one; [`TRANSLATED`]:
+/// rewritten (the caller routes it); else a drop verdict. Each family a
+/// call of its own, beside the other.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext) -> i32 {
+    if l4::is_ipv6(ctx) {
+        super::uplink6::from_pod(ctx)
+    } else {
+        from_pod4(ctx)
+    }
+}
+
+/// [`from_pod`] for IPv4.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values go to the map helpers by reference, not copied onto the stack"
 )]
 #[inline(never)]
-pub fn from_pod(ctx: &TcContext) -> i32 {
+fn from_pod4(ctx: &TcContext) -> i32 {
     let Some((ip, l4)) = parse(ctx) else {
         return NOT_OURS;
     };

@@ -1,0 +1,221 @@
+//! Services from outside over IPv6: [`super::uplink`]'s translation with
+//! `sl_lb_ct6`, the packet held in hostPort's IPv6 scratch entry (its key,
+//! L4 header, rewrite and reverse entry: 40-byte keys on the stack of
+//! `uplink_in`'s chain do not fit). A flow to another node's endpoint leaves
+//! from the node address the client sent to (a NodePort); one to an external
+//! or load balancer IPv6 address with its endpoint elsewhere is left to the
+//! stack (the agent's `--node-ip` is IPv4). Each step a call of its own.
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference: IPv6 keys are 20 to 40 bytes of a 512-byte stack"
+)]
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    programs::TcContext,
+};
+use sluice_common::{reason, Addr6, IpKey, SvcKey, SvcValue};
+
+use super::{
+    choose,
+    uplink::{DECIDED, NEW},
+};
+use crate::{
+    counters::count,
+    events::note_drop,
+    forward,
+    hostport::{
+        try_port,
+        v6::{apply, parse, Scratch, HP_SCRATCH6, NOT_OURS, TRANSLATED},
+        PORT_TRIES,
+    },
+    l3,
+    l4::{PROTO_TCP, PROTO_UDP},
+    maps::{ENDPOINTS, LB_CT6, LB_SVC, NODE_ADDRS6},
+};
+
+/// This CPU's scratch entry, as the steps after [`decide`] find it.
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    let p = HP_SCRATCH6.get_ptr_mut(0)?;
+    // SAFETY: this CPU's entry, used by this program run only, between its
+    // steps.
+    Some(unsafe { &mut *p })
+}
+
+/// tc ingress of the uplink, IPv6: as [`super::uplink::from_uplink`].
+#[inline(always)]
+pub fn from_uplink(ctx: &TcContext) -> i32 {
+    let mut v = decide(ctx);
+    if v == NEW {
+        v = start();
+    }
+    if v != DECIDED {
+        return v;
+    }
+    match translate(ctx) {
+        DECIDED => {
+            count(reason::LB_UPLINK_FLOW);
+            send(ctx)
+        }
+        v => v,
+    }
+}
+
+/// The packet into the scratch entry, with its known flow ([`DECIDED`]),
+/// or [`NEW`].
+#[inline(never)]
+fn decide(ctx: &TcContext) -> i32 {
+    let Some(p) = parse(ctx) else {
+        return NOT_OURS;
+    };
+    if !matches!(p.k.proto, PROTO_TCP | PROTO_UDP) {
+        return NOT_OURS;
+    }
+    // SAFETY: map values are only read.
+    match unsafe { LB_CT6.get(&p.k) } {
+        Some(f) => {
+            p.f = *f;
+            DECIDED
+        }
+        None => NEW,
+    }
+}
+
+/// The external frontend for the packet in `p`: its destination's, else
+/// the NodePort (the unspecified address) when that is the node's.
+#[inline(always)]
+fn frontend(p: &Scratch) -> Option<&'static SvcValue> {
+    let mut k = SvcKey::new(IpKey::v6(p.k.dst_ip.0), p.k.dst_port, p.k.proto).external();
+    // SAFETY: map values are only read.
+    if let Some(v) = unsafe { LB_SVC.get(&k) } {
+        return Some(v);
+    }
+    // SAFETY: as above.
+    unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }?;
+    k.addr = IpKey::v6([0; 16]);
+    // SAFETY: as above.
+    unsafe { LB_SVC.get(&k) }
+}
+
+/// Session affinity's client from outside: its address folded into 63
+/// bits (the socket hooks' clients are namespace cookies, below them).
+#[inline(always)]
+fn client_id(a: &Addr6) -> u64 {
+    let mut hi = [0u8; 8];
+    let mut lo = [0u8; 8];
+    hi.copy_from_slice(&a.0[..8]);
+    lo.copy_from_slice(&a.0[8..]);
+    (1 << 63) | ((u64::from_ne_bytes(hi) ^ u64::from_ne_bytes(lo)) >> 1)
+}
+
+/// A new flow for the packet in the scratch entry, to an external
+/// frontend's backend; both directions in `sl_lb_ct6` (see
+/// `super::uplink::new_flow`: the same choices, field by field here).
+#[inline(never)]
+fn start() -> i32 {
+    let Some(p) = scratch() else {
+        return NOT_OURS;
+    };
+    let Some(svc) = frontend(p) else {
+        return NOT_OURS;
+    };
+    let Some(b) = choose(svc, || client_id(&p.k.src_ip)) else {
+        note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
+        return TC_ACT_SHOT;
+    };
+    // The agent gives an IPv6 frontend IPv6 backends only.
+    if b.addr.as_v4().is_some() {
+        return NOT_OURS;
+    }
+    // SAFETY: map values are only read.
+    let local = unsafe { ENDPOINTS.get(b.addr) }.is_some();
+    // One test after the other: combined, the compiler OR'd the two lookups'
+    // pointers, which the verifier refuses.
+    // SAFETY: as above.
+    if !local && unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }.is_none() {
+        return NOT_OURS;
+    }
+    // What the backend's packets become: from the frontend, to the client.
+    p.back.src_ip = p.k.dst_ip;
+    p.back.dst_ip = p.k.src_ip;
+    p.back.src_port = p.k.dst_port;
+    p.back.dst_port = p.k.src_port;
+    // The backend's reverse key: to the client itself (local), or to the
+    // node address it sent to.
+    p.rk.src_ip = Addr6(b.addr.addr);
+    p.rk.dst_ip = if local { p.k.src_ip } else { p.k.dst_ip };
+    p.rk.src_port = b.port;
+    p.rk.proto = p.k.proto;
+    let tries = if local { 1 } else { PORT_TRIES };
+    let mut i = 0;
+    while i < tries {
+        p.rk.dst_port = try_port(p.k.src_port, i);
+        if LB_CT6
+            .insert(&p.rk, &p.back, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            p.f.src_ip = p.rk.dst_ip;
+            p.f.dst_ip = p.rk.src_ip;
+            p.f.src_port = p.rk.dst_port;
+            p.f.dst_port = b.port;
+            let _ = LB_CT6.insert(&p.k, &p.f, 0);
+            count(reason::LB_UPLINK_NEW);
+            return DECIDED;
+        }
+        i += 1;
+    }
+    note_drop(reason::DROP_LB_NO_PORT, 0);
+    TC_ACT_SHOT
+}
+
+/// Rewrites the packet as the scratch entry says.
+#[inline(never)]
+fn translate(ctx: &TcContext) -> i32 {
+    let Some(p) = scratch() else {
+        return NOT_OURS;
+    };
+    if !apply(ctx, p) {
+        note_drop(reason::DROP_MALFORMED, 0);
+        return TC_ACT_SHOT;
+    }
+    DECIDED
+}
+
+/// As `super::uplink`'s: a pod here is `uplink_in`'s to deliver
+/// ([`NOT_OURS`]); the rest leaves by FIB lookup.
+#[inline(never)]
+fn send(ctx: &TcContext) -> i32 {
+    let Some(p) = scratch() else {
+        return NOT_OURS;
+    };
+    // SAFETY: map values are only read.
+    if unsafe { ENDPOINTS.get(IpKey::v6(p.f.dst_ip.0)) }.is_some() {
+        return NOT_OURS;
+    }
+    let Ok(h) = l3::parse(ctx) else {
+        return crate::TCX_NEXT;
+    };
+    // SAFETY: `skb` points at the context the kernel passed in.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    forward::forward(ctx, &h, ifindex, false)
+}
+
+/// Host veth ingress, IPv6: a local backend's reply to a client from
+/// outside, as `super::uplink::from_pod`.
+#[inline(never)]
+pub fn from_pod(ctx: &TcContext) -> i32 {
+    let Some(p) = parse(ctx) else {
+        return NOT_OURS;
+    };
+    // SAFETY: map values are only read.
+    let Some(f) = (unsafe { LB_CT6.get(&p.k) }) else {
+        return NOT_OURS;
+    };
+    p.f = *f;
+    if !apply(ctx, p) {
+        note_drop(reason::DROP_MALFORMED, 0);
+        return TC_ACT_SHOT;
+    }
+    count(reason::LB_UPLINK_FLOW);
+    TRANSLATED
+}
