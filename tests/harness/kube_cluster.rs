@@ -33,8 +33,9 @@ use crate::{
     err, exec,
     fixtures::add,
     host::{self, Host},
-    hostport::{client_in, ClientReport},
+    hostport::{client_in, Cgroup, ClientReport},
     kube_proxy::{self, Endpoint, Mode, Port, Protocol, Proxy, Service},
+    kube_services::{service_ports, AgentNode, SluiceServices},
     masq::{in_netns, sysctl, EchoServer, Pinger, Pinger6},
     node::{Node, Pod},
     Result,
@@ -150,6 +151,9 @@ pub struct KubeNode {
 
 /// The cluster. Pods: `client` and `server-1` on node 1, `server-2` on node 2.
 pub struct Cluster {
+    /// Sluice's own Services instead of kube-proxy's rules (`None`: the
+    /// rules of [`Self::mode`]). First: its agents stop before the nodes go.
+    pub sluice_services: Option<SluiceServices>,
     pub mode: Mode,
     pub cni: Cni,
     pub dual_stack: bool,
@@ -169,6 +173,61 @@ impl Cluster {
     /// Builds the cluster: router, two nodes with their pods, kube-proxy's
     /// rules of `mode` on each node for the Services of [`Self::services`].
     pub fn new(cni: Cni, mode: Mode, dual_stack: bool) -> Result<Self> {
+        let cluster = Self::build(cni, mode, dual_stack)?;
+        cluster.apply_kube_proxy()?;
+        Ok(cluster)
+    }
+
+    /// Builds the same cluster with no kube-proxy rule written: Sluice's own
+    /// Services instead ([`SluiceServices`]: on each node the agent
+    /// `route-sync --service-proxy` with an API server serving
+    /// [`Self::services`] of both families), every Service port programmed
+    /// on both nodes before it returns. `client`: `sluice-test-client`, the
+    /// process that runs in a node's hooks' cgroup for the pods' and the
+    /// nodes' cases.
+    pub fn with_sluice_services(cni: Cni, dual_stack: bool, client: &Path) -> Result<Self> {
+        // `mode` is only a label here: nothing of it is written.
+        let mut cluster = Self::build(cni, Mode::Iptables, dual_stack)?;
+        let mut services = Vec::new();
+        for ipv6 in cluster.families() {
+            services.extend(cluster.services(ipv6)?);
+        }
+        let agents: Vec<AgentNode<'_>> = cluster
+            .nodes
+            .iter()
+            .map(|n| AgentNode {
+                node: &n.node,
+                hostname: &n.hostname,
+                ip4: n.ip4,
+                ip6: n.ip6,
+                pod_cidrs: if dual_stack {
+                    vec![n.pod_cidr4.as_str(), n.pod_cidr6.as_str()]
+                } else {
+                    vec![n.pod_cidr4.as_str()]
+                },
+            })
+            .collect();
+        let s = SluiceServices::start(&agents, &services, client)?;
+        drop(agents);
+        cluster.sluice_services = Some(s);
+        let nodes: Vec<&Node> = cluster.nodes.iter().map(|n| &n.node).collect();
+        if let Some(s) = &cluster.sluice_services {
+            s.wait_programmed(&nodes, service_ports(&services))?;
+        }
+        Ok(cluster)
+    }
+
+    /// Stops Sluice's agents (each must exit cleanly); nothing without them.
+    pub fn stop_sluice_services(&mut self) -> Result<()> {
+        let nodes: Vec<&Node> = self.nodes.iter().map(|n| &n.node).collect();
+        match &mut self.sluice_services {
+            Some(s) => s.stop(&nodes),
+            None => Ok(()),
+        }
+    }
+
+    /// The cluster without any Service implementation.
+    fn build(cni: Cni, mode: Mode, dual_stack: bool) -> Result<Self> {
         let router = Host::new()?;
         let mut nodes = Vec::new();
         for n in 1..=2u8 {
@@ -208,7 +267,8 @@ impl Cluster {
         for (name, node) in [("client", 0), ("server-1", 0), ("server-2", 1)] {
             pods.push(nodes[node].attach(name, node)?);
         }
-        let cluster = Self {
+        Ok(Self {
+            sluice_services: None,
             mode,
             cni,
             dual_stack,
@@ -216,9 +276,7 @@ impl Cluster {
             nodes,
             pods,
             api,
-        };
-        cluster.apply_kube_proxy()?;
-        Ok(cluster)
+        })
     }
 
     /// The cluster's Services for one family, as kube-proxy sees them.
@@ -564,7 +622,7 @@ impl Cluster {
                 ),
             ];
             for (what, args) in tries {
-                let r = client_in(bin, netns, None, &args)
+                let r = client_in(bin, netns, self.cgroup_of(Client::Pod(p)), &args)
                     .map_err(|e| err!("{what} from pod {}: {e}", self.pods[p].name))?;
                 v.push((what, r));
             }
@@ -612,10 +670,16 @@ impl Cluster {
             Client::External => self.router.netns_path(),
         };
         let payload = format!("{} {}", c.name, c.to);
-        match c.proto {
-            Protocol::Tcp => tcp_echo(&netns, c.to, payload.as_bytes())?,
-            Protocol::Udp => udp_echo(&netns, c.to, payload.as_bytes())?,
-            Protocol::Sctp => return Err(err!("no SCTP cases")),
+        if let (Some(s), Some(cgroup)) = (&self.sluice_services, self.cgroup_of(c.from)) {
+            // Sluice translates at the socket: the client is a process in
+            // its node's hooks' cgroup.
+            client_echo(&s.client, &netns, cgroup, c)?;
+        } else {
+            match c.proto {
+                Protocol::Tcp => tcp_echo(&netns, c.to, payload.as_bytes())?,
+                Protocol::Udp => udp_echo(&netns, c.to, payload.as_bytes())?,
+                Protocol::Sctp => return Err(err!("no SCTP cases")),
+            }
         }
         let after = self.peers_of(c.server, c.proto);
         let Some(peer) = after.get(before.len()..).and_then(<[SocketAddr]>::first) else {
@@ -636,6 +700,82 @@ impl Cluster {
         } else {
             Err(err!("the server saw {ip}, not {:?}", c.seen))
         }
+    }
+
+    /// With Sluice's Services, the hooks' cgroup of the node a client of
+    /// the cluster runs on (`None`: outside, or kube-proxy's rules).
+    fn cgroup_of(&self, from: Client) -> Option<&Cgroup> {
+        let n = match from {
+            Client::Pod(p) => self.pods[p].node,
+            Client::NodeHost(n) => n,
+            Client::External => return None,
+        };
+        Some(&self.sluice_services.as_ref()?.nodes.get(n)?.cgroup)
+    }
+
+    /// Every case with what Sluice's own Services must answer in it, against
+    /// kube-proxy's answer (the case's own [`Case::seen`]); see
+    /// [`SluiceAnswer`].
+    pub fn sluice_cases(&self) -> Vec<(Case, SluiceAnswer)> {
+        self.cases()
+            .into_iter()
+            .map(|c| {
+                let a = sluice_answer(&c, |p| self.pods[p].node);
+                (c, a)
+            })
+            .collect()
+    }
+
+    /// Runs every case of [`Self::sluice_cases`] with the source Sluice's
+    /// answer names; each with its outcome.
+    pub fn run_sluice_all(&self) -> Vec<(Case, SluiceAnswer, Result<()>)> {
+        self.sluice_cases()
+            .into_iter()
+            .map(|(c, a)| {
+                let mut run = c.clone();
+                if let SluiceAnswer::Differs(seen, _) = a {
+                    run.seen = seen;
+                }
+                let r = self.run(&run);
+                (c, a, r)
+            })
+            .collect()
+    }
+
+    /// The outcomes of [`Self::run_sluice_all`] as a table (Sluice's answer
+    /// against kube-proxy's, and why they differ), and whether every case
+    /// that Sluice supports passed.
+    pub fn report_sluice(&self, results: &[(Case, SluiceAnswer, Result<()>)]) -> (String, bool) {
+        let mut s = format!("{self}:\n");
+        let mut all = true;
+        for (c, a, r) in results {
+            let (sluice, note) = match a {
+                SluiceAnswer::Same => (format!("{:?}", c.seen), String::new()),
+                SluiceAnswer::Differs(seen, why) => {
+                    (format!("{seen:?}"), format!("\n        differs: {why}"))
+                }
+                SluiceAnswer::Unsupported(why) => {
+                    ("-".to_string(), format!("\n        unsupported: {why}"))
+                }
+            };
+            let outcome = match (a, r) {
+                (SluiceAnswer::Unsupported(_), Ok(())) => "PASS?".to_string(),
+                (SluiceAnswer::Unsupported(_), Err(e)) => format!("unsup ({e})"),
+                (_, Ok(())) => "ok".to_string(),
+                (_, Err(e)) => {
+                    all = false;
+                    format!("FAIL ({e})")
+                }
+            };
+            let _ = writeln!(
+                s,
+                "  {:<5} {} | Sluice: {sluice} | kube-proxy: {:?}{note}\n        outcome: {outcome}",
+                if outcome.starts_with("FAIL") { "FAIL" } else if matches!(a, SluiceAnswer::Unsupported(_)) { "unsup" } else { "ok" },
+                c.name,
+                c.seen,
+            );
+        }
+        (s, all)
     }
 
     fn peers_of(&self, s: Server, proto: Protocol) -> Vec<SocketAddr> {
@@ -692,6 +832,9 @@ impl Cluster {
                 ("nstat", vec!["-as", "Icmp*"]),
             ];
             match self.mode {
+                _ if self.sluice_services.is_some() => {
+                    look.push(("nstat", vec!["-as", "Tcp*"]));
+                }
                 Mode::Iptables => {
                     look.push(("iptables-save", vec!["-t", "nat"]));
                     // The REJECTs of Services without endpoints.
@@ -720,6 +863,18 @@ impl Cluster {
                     .map_or_else(|e| e.to_string(), |c| c.to_string());
                 let _ = writeln!(out, "--- {}: sluicectl counters\n{text}", n.hostname);
             }
+            if self.sluice_services.is_some() {
+                let lb = n
+                    .node
+                    .sluicectl_json(&["services", "lb", "--json"])
+                    .map_or_else(|e| e.to_string(), |v| format!("{v:#}"));
+                let log = crate::agent::log_of(&n.node, crate::kube_services::LOG);
+                let _ = writeln!(
+                    out,
+                    "--- {}: sluicectl services lb --json\n{lb}\n--- {}: the agent's log\n{log}",
+                    n.hostname, n.hostname
+                );
+            }
         }
         out
     }
@@ -743,10 +898,14 @@ impl fmt::Display for Cluster {
                 if s.service_cidrs { "set" } else { "unset" }
             ),
         };
+        let proxy = if self.sluice_services.is_some() {
+            "Sluice's Services (route-sync --service-proxy, no kube-proxy rule)".to_string()
+        } else {
+            format!("kube-proxy {:?} mode", self.mode)
+        };
         write!(
             f,
-            "{cni}, kube-proxy {:?} mode, {}",
-            self.mode,
+            "{cni}, {proxy}, {}",
             if self.dual_stack {
                 "dual stack"
             } else {
@@ -754,6 +913,103 @@ impl fmt::Display for Cluster {
             }
         )
     }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The agents go first, while their nodes are there.
+        if let Err(e) = self.stop_sluice_services() {
+            eprintln!("cleanup: stopping Sluice's agents: {e}");
+        }
+    }
+}
+
+/// What Sluice's own Services answer in a case, against kube-proxy's (the
+/// case's [`Case::seen`]).
+#[derive(Clone, Copy, Debug)]
+pub enum SluiceAnswer {
+    /// The same source address as with kube-proxy.
+    Same,
+    /// Another source address, and why.
+    Differs(Seen, &'static str),
+    /// Sluice does not translate this path yet (the case is run and its
+    /// outcome reported, not required).
+    Unsupported(&'static str),
+}
+
+/// Sluice's answer in case `c` (`node_of`: the node of a pod). Sluice
+/// translates a pod's or the node's connection at the socket (`connect`,
+/// `sendmsg`) to the backend itself: the packets are plain pod-to-pod or
+/// node-to-pod ones that need no source NAT; traffic from outside is
+/// translated in `uplink_in`, which keeps the client's address for a
+/// backend on the receiving node and uses the node's address for one on
+/// another node (so that the answers come back through it).
+pub fn sluice_answer(c: &Case, node_of: impl Fn(usize) -> usize) -> SluiceAnswer {
+    use SluiceAnswer::{Differs, Same, Unsupported};
+    match (c.from, c.server, c.seen) {
+        (Client::External, _, _) if c.to.is_ipv6() => Unsupported(
+            "Sluice does not translate IPv6 arriving from outside on the uplink yet \
+             (NodePorts, external and load balancer IPs over IPv6)",
+        ),
+        // eTP Cluster with the endpoint on the receiving node: kube-proxy
+        // masquerades every NodePort flow of policy Cluster to the node's
+        // address; Sluice delivers it to the pod here untranslated in its
+        // source (only the destination is rewritten, the answers are
+        // translated back on their way out), so the pod sees the client.
+        (Client::External, Server::Pod(p), Seen::NodeAddress(n)) if node_of(p) == n => Differs(
+            Seen::Router,
+            "eTP Cluster, endpoint on the receiving node: Sluice keeps the client's own \
+             address (no SNAT); kube-proxy masquerades to the node address",
+        ),
+        // Hairpin: kube-proxy DNATs the pod's packet back to itself and must
+        // masquerade it (else the pod would answer itself from its own
+        // address, bypassing the un-DNAT); Sluice's socket hook points the
+        // connect at the pod's own address, a connection inside the pod.
+        (Client::Pod(p), Server::Pod(s), Seen::NodeAddress(_)) if p == s => Differs(
+            Seen::ClientPod,
+            "hairpin: translated at the socket to the pod's own address, no packet is \
+             NATed; kube-proxy masquerades hairpin traffic to the node address",
+        ),
+        // A pod to a NodePort, external IP or load balancer IP: kube-proxy
+        // marks these for masquerade (KUBE-MARK-MASQ of NodePorts and of
+        // external destinations from pods); Sluice's socket hook translates
+        // them like a ClusterIP, to a plain pod-to-pod connection.
+        (Client::Pod(_), Server::Pod(_), Seen::NodeAddress(_)) => Differs(
+            Seen::ClientPod,
+            "pod -> NodePort/external IP/LB IP is translated at the socket like a ClusterIP: \
+             a plain pod-to-pod connection with the pod's own address; kube-proxy \
+             masquerades it to the node address",
+        ),
+        _ => Same,
+    }
+}
+
+/// One case's TCP or UDP echo made by `sluice-test-client` in the hooks'
+/// `cgroup` of the node, from the namespace at `netns`: the echo must come
+/// back, from the address asked (`getpeername` of the TCP connection, the
+/// source of the UDP echo: the hooks show the Service again).
+fn client_echo(bin: &Path, netns: &Path, cgroup: &Cgroup, c: &Case) -> Result<()> {
+    let to = c.to.to_string();
+    let args: Vec<&str> = match c.proto {
+        Protocol::Tcp => vec!["tcp", &to, "1024"],
+        Protocol::Udp => vec!["udp", &to, "3", "2000"],
+        Protocol::Sctp => return Err(err!("no SCTP cases")),
+    };
+    let r = client_in(bin, netns, Some(cgroup), &args)?;
+    if !r.ok {
+        return Err(err!("{}: {}", r.error, r.output));
+    }
+    let back = match c.proto {
+        Protocol::Tcp => r.peer,
+        _ => r.from,
+    };
+    if back != Some(c.to) {
+        return Err(err!(
+            "the answer came from {back:?}, not from {to}: {}",
+            r.output
+        ));
+    }
+    Ok(())
 }
 
 /// Who opens the connection.

@@ -33,6 +33,7 @@ pub mod host;
 pub mod hostport;
 pub mod kernel;
 pub mod kube_cluster;
+pub mod kube_services;
 pub mod leaks;
 pub mod look;
 pub mod masq;
