@@ -243,15 +243,14 @@ fn ipvs_mode_with_masquerade() {
 /// --service-proxy` reading an API server that serves the very Services and
 /// EndpointSlices the kube-proxy modes are written from; the same cases run
 /// (the clients of pods and nodes in their node's hooks' cgroup) and each
-/// must give kube-proxy's answer, or the difference [`sluice_answer`] names
-/// and explains. The Service without endpoints refuses the pod at once as
-/// kube-proxy's REJECT does. The paths Sluice does not translate yet
-/// (IPv6 from outside) are run and reported, not required.
-#[test]
-fn sluice_services_every_service_path_works() {
-    let mut c =
-        Cluster::with_sluice_services(sluice(false, "tc", "veth"), true, Path::new(TEST_CLIENT))
-            .unwrap();
+/// must give kube-proxy's answer, or the difference `sluice_answer`
+/// (`harness/kube_cluster.rs`) names and explains. The Service without
+/// endpoints refuses the pod at once as kube-proxy's REJECT does. The paths
+/// Sluice does not translate yet (IPv6 from outside) are run and reported,
+/// not required. The agents must exit cleanly at the end.
+#[track_caller]
+fn sluice_every_path_works(cni: Cni) -> Cluster {
+    let mut c = Cluster::with_sluice_services(cni, true, Path::new(TEST_CLIENT)).unwrap();
     // Nothing of kube-proxy's is there: the answers are Sluice's.
     for n in &c.nodes {
         let nat = tool(&n.node.netns_path(), "iptables-save", &["-t", "nat"]).unwrap_or_default();
@@ -269,11 +268,34 @@ fn sluice_services_every_service_path_works() {
         eprintln!("{}", c.diagnostics());
     }
     assert!(ok, "{table}");
+    // Translated by Sluice: at the socket (pods, nodes) and on the uplink
+    // (from outside).
     let d = c.counters(0).unwrap();
     for r in ["lb_sock", "lb_uplink_new"] {
         assert!(d.get(r) > 0, "{r} did not count on node 1: {d}");
     }
     c.stop_sluice_services().unwrap();
+    c
+}
+
+#[test]
+fn sluice_services_every_service_path_works() {
+    sluice_every_path_works(sluice(false, "tc", "veth"));
+}
+
+/// With masquerade, tcx and native XDP on the uplink (the flows from outside
+/// are translated and delivered from XDP too).
+#[test]
+fn sluice_services_with_masquerade_tcx_and_native_xdp() {
+    let c = sluice_every_path_works(Cni::Sluice(Sluice {
+        ip_masq: true,
+        pod_attach: "tcx",
+        xdp: "native",
+        ..Sluice::default()
+    }));
+    // The NodePort flows to the pod on node 1 went in from XDP.
+    let d = c.counters(0).unwrap();
+    assert!(d.get("xdp_to_pod") > 0, "{d}");
 }
 
 #[test]
