@@ -14,6 +14,14 @@
 //! the instrument), and without `serviceCIDRs` Sluice's pods cannot reach a
 //! ClusterIP (so the cases see the difference).
 //!
+//! The same cases are the oracle of Sluice's own Services (issue 52):
+//! `sluice_services_*` build the cluster with no kube-proxy rule and the
+//! agent `route-sync --service-proxy` on each node; every case must give
+//! kube-proxy's answer, or the difference `sluice_answer`
+//! (`harness/kube_cluster.rs`) names and explains. IPv6 from outside
+//! (NodePorts over IPv6) is not translated by Sluice yet: those cases are
+//! run and reported as unsupported, not required.
+//!
 //! IPVS needs `ip_vs` and the `dummy` device, which this machine's kernel
 //! lacks: those tests are `#[ignore]`d here and run in the kernel matrix
 //! (`cargo xtask vm-test`, Debian's kernels).

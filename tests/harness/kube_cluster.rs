@@ -8,6 +8,12 @@
 //! and a Service without endpoints, which kube-proxy refuses
 //! ([`Cluster::no_endpoint_tries`]).
 //!
+//! The same cluster runs Sluice's own Services instead
+//! ([`Cluster::with_sluice_services`]: no kube-proxy rule written, the agent
+//! `route-sync --service-proxy` on each node, see [`crate::kube_services`]),
+//! and the same cases are its oracle: each must give kube-proxy's answer or
+//! the difference [`sluice_answer`] names, with why.
+//!
 //! ```text
 //!   node-1 (up0 192.168.61.1)          router (ext1 192.168.61.2, ext2 192.168.62.2,
 //!     pods 10.64.1.0/24, fd00:64:0:1::/64      API server 192.168.99.10:6443 on lo)
@@ -758,21 +764,25 @@ impl Cluster {
                     ("-".to_string(), format!("\n        unsupported: {why}"))
                 }
             };
-            let outcome = match (a, r) {
-                (SluiceAnswer::Unsupported(_), Ok(())) => "PASS?".to_string(),
-                (SluiceAnswer::Unsupported(_), Err(e)) => format!("unsup ({e})"),
-                (_, Ok(())) => "ok".to_string(),
+            // The outcome's tag, and what came of a case that did not pass.
+            let (tag, detail) = match (a, r) {
+                (SluiceAnswer::Unsupported(_), Ok(())) => (
+                    "unsup",
+                    "\n        passed although unsupported: update sluice_answer".to_string(),
+                ),
+                (SluiceAnswer::Unsupported(_), Err(e)) => {
+                    ("unsup", format!("\n        fails: {e}"))
+                }
+                (_, Ok(())) => ("ok", String::new()),
                 (_, Err(e)) => {
                     all = false;
-                    format!("FAIL ({e})")
+                    ("FAIL", format!("\n        fails: {e}"))
                 }
             };
             let _ = writeln!(
                 s,
-                "  {:<5} {} | Sluice: {sluice} | kube-proxy: {:?}{note}\n        outcome: {outcome}",
-                if outcome.starts_with("FAIL") { "FAIL" } else if matches!(a, SluiceAnswer::Unsupported(_)) { "unsup" } else { "ok" },
-                c.name,
-                c.seen,
+                "  {tag:<5} {} | Sluice: {sluice} | kube-proxy: {:?}{note}{detail}",
+                c.name, c.seen,
             );
         }
         (s, all)
