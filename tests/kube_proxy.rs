@@ -18,9 +18,7 @@
 //! `sluice_services_*` build the cluster with no kube-proxy rule and the
 //! agent `route-sync --service-proxy` on each node; every case must give
 //! kube-proxy's answer, or the difference `sluice_answer`
-//! (`harness/kube_cluster.rs`) names and explains. IPv6 from outside
-//! (NodePorts over IPv6) is not translated by Sluice yet: those cases are
-//! run and reported as unsupported, not required.
+//! (`harness/kube_cluster.rs`) names and explains.
 //!
 //! IPVS needs `ip_vs` and the `dummy` device, which this machine's kernel
 //! lacks: those tests are `#[ignore]`d here and run in the kernel matrix

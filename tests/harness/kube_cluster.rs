@@ -955,12 +955,8 @@ pub enum SluiceAnswer {
 /// backend on the receiving node and uses the node's address for one on
 /// another node (so that the answers come back through it).
 pub fn sluice_answer(c: &Case, node_of: impl Fn(usize) -> usize) -> SluiceAnswer {
-    use SluiceAnswer::{Differs, Same, Unsupported};
+    use SluiceAnswer::{Differs, Same};
     match (c.from, c.server, c.seen) {
-        (Client::External, _, _) if c.to.is_ipv6() => Unsupported(
-            "Sluice does not translate IPv6 arriving from outside on the uplink yet \
-             (NodePorts, external and load balancer IPs over IPv6)",
-        ),
         // eTP Cluster with the endpoint on the receiving node: kube-proxy
         // masquerades every NodePort flow of policy Cluster to the node's
         // address; Sluice delivers it to the pod here untranslated in its

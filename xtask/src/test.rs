@@ -274,9 +274,10 @@ fn kernels(ws: &Workspace, args: &TestArgs, env: &TestEnv) -> Result<vm::Report>
 /// `from_pod` answers a Service without endpoints with, both families, on
 /// 6.1, the oldest kernel that tells the agent its namespace's cookie (5.10
 /// refuses at the socket); Services from outside (`services_uplink`,
-/// `uplink_in`'s translation) on 5.10, where `uplink_in` inlines masquerade
-/// and its stack is the tightest, and native XDP and the `Local` policy on
-/// 6.1. Under emulation on a 2-vCPU host the
+/// `uplink_in`'s translation, both families) on 5.10, where `uplink_in`
+/// inlines masquerade and its stack is the tightest, and native XDP and the
+/// `Local` policy on 6.1 (on 5.10 the native XDP test's packets reached the
+/// pod through tc, not XDP: not yet understood). Under emulation on a 2-vCPU host the
 /// matrix takes about 28 minutes (CI of a32f79a: 28m35s; 5.10 10m31s, 6.1
 /// 5m49s, 6.12 5m13s, sid 5m10s), about half of it the verifier: each test's
 /// first ADD loads the datapath, its programs verified in parallel (see
@@ -311,7 +312,7 @@ const TCG_MAIN_TESTS: [&str; 31] = [
     "kube_proxy_rules@6.12",
     "services_proxy:a_pods_connections_to_a_cluster_ip|connected_udp_sockets@5.10",
     "services_proxy:a_pods_connections_to_a_cluster_ip|ipv6_and_dual_stack@6.1",
-    "services_uplink:a_node_port_from_outside|cluster_policy@5.10",
+    "services_uplink:a_node_port_from_outside|cluster_policy|an_ipv6@5.10",
     "services_uplink:native_xdp|local_policy@6.1",
 ];
 
