@@ -513,3 +513,39 @@ fn an_ipv6_node_port_from_outside_reaches_a_pod_here_and_an_endpoint_elsewhere()
     );
     stop(a, &w.node, LOG).unwrap();
 }
+
+#[test]
+fn a_node_port_without_any_endpoint_refuses_from_outside_as_kube_proxy_does() {
+    let w = World::new();
+    w.service("NodePort", "Cluster");
+    w.endpoints(false, false);
+    let a = w.agent();
+    // (The node's own stack refuses too, nothing listens there: wait for
+    // the frontends from outside, then count Sluice's answers.)
+    assert!(
+        wait_for(FOLLOW, || {
+            w.node
+                .sluicectl_json(&["services", "lb", "--json"])
+                .is_ok_and(|v| {
+                    v["servicePorts"].as_array().is_some_and(|p| {
+                        p.iter().filter(|p| p["fromOutside"] == json!(true)).count() == 4
+                    })
+                })
+        }),
+        "no frontends from outside\n{}",
+        w.log()
+    );
+    let c0 = w.node.counters().unwrap();
+    // kube-proxy's KUBE-EXTERNAL-SERVICES REJECT: port unreachable, the
+    // client's connect refused at once (not a timeout).
+    let r = w.tcp_to(NODE_IP, NODE_PORT);
+    assert!(r.refused(), "{}", r.output);
+    let at = SocketAddr::new(NODE_IP.parse().unwrap(), NODE_PORT);
+    let u = w.far(&["udp-connected", &at.to_string(), "2", "1000"]);
+    assert!(!u.ok, "{}", u.output);
+    assert_eq!(u.errno, Some(libc::ECONNREFUSED), "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    assert!(d.get("drop_lb_no_endpoint") >= 2, "{d}");
+    assert_eq!(d.get("uplink_pass"), 0, "{d}");
+    stop(a, &w.node, LOG).unwrap();
+}

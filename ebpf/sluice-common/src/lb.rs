@@ -81,6 +81,12 @@ pub mod svc_flags {
     /// The backends in the slots are terminating ones (no ready endpoint is
     /// left; kube-proxy then uses the serving terminating endpoints).
     pub const TERMINATING: u32 = 1;
+    /// A frontend from outside whose Service port has no endpoint at all
+    /// (not only none on this node): its packets are answered with port
+    /// unreachable, as kube-proxy's `KUBE-EXTERNAL-SERVICES` rejects them;
+    /// without it an empty external frontend (`externalTrafficPolicy:
+    /// Local`, no local endpoint) drops them, as kube-proxy does.
+    pub const REJECT: u32 = 2;
 }
 
 /// A backend slot of a Service port.

@@ -289,6 +289,10 @@ pub(crate) fn desired<'a>(
             // From outside (NodePort, external and load balancer IPs):
             // externalTrafficPolicy.
             let (picked_ext, flags_ext) = usable(&eps, external_local);
+            // Whether the port has an endpoint anywhere: from outside, none
+            // at all is rejected (kube-proxy's KUBE-EXTERNAL-SERVICES),
+            // none on this node under `Local` only dropped.
+            let (anywhere, _) = usable(&eps, false);
             for family_v6 in [false, true] {
                 let mut fronts: BTreeSet<(IpAddr, u16)> = cluster
                     .iter()
@@ -327,12 +331,17 @@ pub(crate) fn desired<'a>(
                     .map(|k| k.external())
                     .collect();
                 if !external.is_empty() {
+                    let reject = if of_family(&anywhere, family_v6).is_empty() {
+                        svc_flags::REJECT
+                    } else {
+                        0
+                    };
                     ports.insert(
                         format!("{key}/external"),
                         Port {
                             frontends: external,
                             backends: of_family(&picked_ext, family_v6),
-                            flags: flags_ext,
+                            flags: flags_ext | reject,
                             affinity_secs,
                         },
                     );
@@ -547,5 +556,68 @@ mod tests {
             .collect();
         addrs.sort();
         assert_eq!(addrs, ["10.96.0.10", "192.0.2.7", "198.51.100.9"]);
+    }
+
+    #[test]
+    fn traffic_from_outside_gets_frontends_of_its_own_with_the_external_policys_endpoints() {
+        let lb = |policy: &str| {
+            let mut s = web(
+                &json!({"type": "LoadBalancer", "externalTrafficPolicy": policy,
+                "healthCheckNodePort": 32100,
+                "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}),
+            );
+            s.status = serde_json::from_value(
+                json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}}),
+            )
+            .unwrap();
+            s
+        };
+        let e = [web_slice(
+            "IPv4",
+            &[
+                ep("10.1.0.5", "n1", true, true, false),
+                ep("10.1.0.4", "n2", true, true, false),
+            ],
+        )];
+        // Local: the node's own endpoints from outside, every endpoint from
+        // inside; the ClusterIP is no frontend from outside.
+        let (ports, _) = desired(&[lb("Local")], &e, "n1");
+        let ext = &ports["shop/web:80/TCP/v4/external"];
+        assert_eq!(backends(ext), ["10.1.0.5:8080"]);
+        let mut f = fronts(ext);
+        f.sort();
+        assert_eq!(
+            f,
+            [
+                ("0.0.0.0".to_string(), 30080),
+                ("198.51.100.9".to_string(), 80)
+            ]
+        );
+        assert!(ext
+            .frontends
+            .iter()
+            .all(|k| k.scope == sluice_common::svc_scope::EXTERNAL));
+        assert_eq!(ext.flags & svc_flags::REJECT, 0);
+        assert_eq!(backends(&ports["shop/web:80/TCP/v4"]).len(), 2);
+        // Local on a node without one: dropped, not rejected (there are
+        // endpoints elsewhere); the health check says 0.
+        let (ports, _) = desired(&[lb("Local")], &e, "n3");
+        let ext = &ports["shop/web:80/TCP/v4/external"];
+        assert!(ext.backends.is_empty());
+        assert_eq!(ext.flags & svc_flags::REJECT, 0);
+        let hc = health_checks(&[lb("Local")], &e, "n3");
+        assert_eq!(hc[&32100].local_endpoints, 0);
+        assert_eq!(
+            health_checks(&[lb("Local")], &e, "n1")[&32100].local_endpoints,
+            1
+        );
+        // Cluster: every endpoint from outside too, and no health check.
+        let (ports, _) = desired(&[lb("Cluster")], &e, "n3");
+        assert_eq!(backends(&ports["shop/web:80/TCP/v4/external"]).len(), 2);
+        assert!(health_checks(&[lb("Cluster")], &e, "n1").is_empty());
+        // No endpoint anywhere: rejected from outside, as kube-proxy does.
+        let (ports, _) = desired(&[lb("Cluster")], &[], "n1");
+        let ext = &ports["shop/web:80/TCP/v4/external"];
+        assert_ne!(ext.flags & svc_flags::REJECT, 0);
     }
 }

@@ -123,9 +123,50 @@ pub fn to_reject(ctx: &TcContext, h: &Headers) -> Option<Rejected> {
     })
 }
 
+/// A packet from outside (the uplink) to a Service with no endpoint at
+/// all, which kube-proxy's `KUBE-EXTERNAL-SERVICES` rule rejects: its
+/// opening packet (a TCP SYN, a UDP datagram; IPv4 without options) is
+/// answered with port unreachable back out of the uplink; any other is
+/// dropped. Counted as `drop_lb_no_endpoint` either way.
+#[inline(always)]
+pub fn from_outside(ctx: &TcContext, v4: bool) -> i32 {
+    crate::events::note_drop(sluice_common::reason::DROP_LB_NO_ENDPOINT, 0);
+    // (Reads of two bytes: `read` takes no single one.) IPv4: version and
+    // length, then TTL and protocol; IPv6: next header and hop limit.
+    let proto = if v4 {
+        match (read::<[u8; 2]>(ctx, ETH), read::<[u8; 2]>(ctx, ETH + 8)) {
+            (Ok([0x45, _]), Ok([_, p])) => p,
+            _ => return TC_ACT_SHOT,
+        }
+    } else {
+        match read::<[u8; 2]>(ctx, ETH + 6) {
+            Ok([p, _]) => p,
+            Err(_) => return TC_ACT_SHOT,
+        }
+    };
+    let l4_off = if v4 { ETH + 20 } else { ETH + 40 };
+    let tcp = match proto {
+        PROTO_TCP => {
+            let Ok(flags) = read::<[u8; 2]>(ctx, l4_off + 12) else {
+                return TC_ACT_SHOT;
+            };
+            if flags[1] & (SYN | ACK) != SYN {
+                return TC_ACT_SHOT;
+            }
+            true
+        }
+        PROTO_UDP => false,
+        _ => return TC_ACT_SHOT,
+    };
+    // SAFETY: `skb` points at the context the kernel passed in.
+    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+    reject(ctx, Rejected { v4, tcp }, uplink)
+}
+
 /// Answers the packet [`to_reject`] found with port unreachable, sent back
-/// into the pod behind `ifindex`: `TC_ACT_REDIRECT`, or a drop where the
-/// answer cannot be built.
+/// out of `ifindex` (into the pod behind it; out of the uplink for
+/// [`from_outside`]): `TC_ACT_REDIRECT`, or a drop where the answer cannot
+/// be built.
 #[inline(always)]
 pub fn reject(ctx: &TcContext, r: Rejected, ifindex: u32) -> i32 {
     match (r.v4, r.tcp) {
@@ -201,7 +242,7 @@ fn send<const N: usize>(
         if ctx.store(0, f, 0).is_err() {
             return TC_ACT_SHOT;
         }
-        // Out of the pod's host device: into the pod.
+        // Out of the pod's host device (into the pod), or of the uplink.
         bpf_redirect(ifindex, 0) as i32
     }
 }

@@ -20,7 +20,9 @@
 //!   replies are translated in `from_pod` ([`from_pod`]).
 //! - A frontend without endpoints drops the packet, counted
 //!   (`drop_lb_no_endpoint`): kube-proxy drops external traffic to a `Local`
-//!   Service without local endpoints the same way.
+//!   Service without local endpoints the same way; where the Service port
+//!   has no endpoint at all, the opening packet is answered with port
+//!   unreachable, as kube-proxy's `REJECT` does (`super::reject`).
 //!
 //! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a pod
 //!   here are translated and delivered before any skb exists; first packets
@@ -33,7 +35,9 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{TcContext, XdpContext},
 };
-use sluice_common::{lb_flags, reason, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue};
+use sluice_common::{
+    lb_flags, reason, svc_flags, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue,
+};
 
 use super::choose;
 use crate::{
@@ -149,6 +153,8 @@ enum Flow {
     NotOurs,
     /// Dropped for `reason`.
     Drop(u32),
+    /// Answered with port unreachable (`svc_flags::REJECT`).
+    Reject,
     /// Translated to this (new or known) flow.
     To(HpFlow),
 }
@@ -165,6 +171,9 @@ fn flow_of(k: &NatKey, snat4: [u8; 4]) -> Flow {
     };
     let src = k.src_ip;
     let Some(b) = choose(&svc, || client_id(src)) else {
+        if svc.flags & svc_flags::REJECT != 0 {
+            return Flow::Reject;
+        }
         return Flow::Drop(reason::DROP_LB_NO_ENDPOINT);
     };
     // The agent gives an IPv4 frontend IPv4 backends only.
@@ -211,6 +220,9 @@ pub(super) static STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
 /// the flow is known (translate it), or a new one is to be started.
 pub(super) const DECIDED: i32 = i32::MIN + 2;
 pub(super) const NEW: i32 = i32::MIN + 3;
+/// The packet is to be answered with port unreachable
+/// (`super::reject::from_outside`).
+pub(super) const REJECT: i32 = i32::MIN + 4;
 
 /// tc ingress of the uplink: a packet of a flow to a Service from outside,
 /// or of a remote backend's reply to one, translated and sent on.
@@ -227,6 +239,9 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     let mut v = decide(ctx);
     if v == NEW {
         v = start();
+    }
+    if v == REJECT {
+        return super::reject::from_outside(ctx, true);
     }
     if v != DECIDED {
         return v;
@@ -291,6 +306,7 @@ fn start() -> i32 {
             note_drop(why, 0);
             TC_ACT_SHOT
         }
+        Flow::Reject => REJECT,
         Flow::To(f) => {
             step.f = f;
             DECIDED

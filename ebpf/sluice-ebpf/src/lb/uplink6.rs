@@ -13,11 +13,11 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use sluice_common::{reason, Addr6, IpKey, SvcKey, SvcValue};
+use sluice_common::{reason, svc_flags, Addr6, IpKey, SvcKey, SvcValue};
 
 use super::{
     choose,
-    uplink::{DECIDED, NEW},
+    uplink::{DECIDED, NEW, REJECT},
 };
 use crate::{
     counters::count,
@@ -48,6 +48,9 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     let mut v = decide(ctx);
     if v == NEW {
         v = start();
+    }
+    if v == REJECT {
+        return super::reject::from_outside(ctx, false);
     }
     if v != DECIDED {
         return v;
@@ -120,6 +123,9 @@ fn start() -> i32 {
         return NOT_OURS;
     };
     let Some(b) = choose(svc, || client_id(&p.k.src_ip)) else {
+        if svc.flags & svc_flags::REJECT != 0 {
+            return REJECT;
+        }
         note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
         return TC_ACT_SHOT;
     };
