@@ -602,6 +602,16 @@ fn ipv6_and_dual_stack_cluster_ips_go_to_the_endpoints_of_their_family() {
     let u = w.run(true, &["udp", &dns6.to_string(), "3", "500"]);
     assert!(u.ok, "{}", u.output);
     assert_eq!(u.from, Some(dns6), "recvmsg: {}", u.output);
+    // Outside the hooks' cgroup, over IPv6: translated per packet.
+    let c0 = w.node.counters().unwrap();
+    let outside = w.run(false, &["tcp", &vip6.to_string(), "500"]);
+    assert!(outside.ok, "{}", outside.output);
+    assert_eq!(outside.peer, Some(vip6), "{}", outside.output);
+    let u = w.run(false, &["udp", &dns6.to_string(), "3", "500"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(dns6), "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    assert!(d.get("lb_packet_new") >= 2, "{d}");
     // The IPv4 ClusterIP of the same Service goes to the IPv4 endpoint.
     assert_eq!(w.spread(3), [3, 0]);
     assert_eq!(frontends(&w.node), 4, "{}", w.log());

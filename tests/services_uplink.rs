@@ -88,6 +88,19 @@ impl World {
         wire.far
             .ip(&["route", "add", &format!("{LB_IP}/32"), "via", ROUTER_FAR_IP])
             .unwrap();
+        // The ClusterIP too, as a router announcing the Service range does.
+        wire.router
+            .ip(&["route", "add", &format!("{CLUSTER_IP}/32"), "via", NODE_IP])
+            .unwrap();
+        wire.far
+            .ip(&[
+                "route",
+                "add",
+                &format!("{CLUSTER_IP}/32"),
+                "via",
+                ROUTER_FAR_IP,
+            ])
+            .unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
         conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
         conf["ipam"].as_object_mut().unwrap().remove("subnet");
@@ -289,8 +302,19 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
         "the pod's UDP peers: {:?}",
         w.local.2.peers().udp
     );
+    // The ClusterIP, routed to this node from outside: translated too (as
+    // kube-proxy translates it), the client's address kept.
+    let vip = SocketAddr::new(CLUSTER_IP.parse().unwrap(), HTTP);
+    let r = w.tcp_to(CLUSTER_IP, HTTP);
+    assert!(r.ok, "far -> {vip}: {}", r.output);
+    assert_eq!(r.peer, Some(vip), "{}", r.output);
+    assert!(
+        w.local.2.peers().tcp.iter().all(|p| p.ip() == far_ip()),
+        "the pod's TCP peers: {:?}",
+        w.local.2.peers().tcp
+    );
     let c = w.node.counters().unwrap();
-    assert!(c.get("lb_uplink_new") >= 2, "{c:?}");
+    assert!(c.get("lb_uplink_new") >= 3, "{c:?}");
     assert!(c.get("lb_uplink_flow") >= 2, "{c:?}");
     // The operator's view: the NodePort once for the node's own
     // connections, once from outside.

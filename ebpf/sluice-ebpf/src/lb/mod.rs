@@ -23,7 +23,7 @@ pub mod packet;
 pub mod reject;
 pub mod sock;
 pub mod uplink;
-mod uplink6;
+pub mod uplink6;
 
 /// The socket's network namespace, as its cookie (session affinity's
 /// client: the hooks run before the socket has a source address).

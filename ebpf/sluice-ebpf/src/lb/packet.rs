@@ -12,7 +12,8 @@
 //! which routes it to the backend. The rest of the flow is rewritten by
 //! [`super::uplink::from_pod`] (the pod's packets; a local backend's
 //! replies) and `uplink_in` (a remote backend's replies), before routing,
-//! on the fast path. IPv4 TCP and UDP.
+//! on the fast path. TCP and UDP, IPv4 here, IPv6 in
+//! `super::uplink6::packet_start`.
 use aya_ebpf::programs::TcContext;
 use sluice_common::{reason, IpKey, NatKey, SvcKey};
 
@@ -36,6 +37,9 @@ use crate::{
 /// (`from_pod`'s frame is the largest).
 #[inline(always)]
 pub fn start(ctx: &TcContext) -> i32 {
+    if crate::l4::is_ipv6(ctx) {
+        return super::uplink6::packet_start(ctx);
+    }
     match decide(ctx) {
         DECIDED => {}
         v => return v,

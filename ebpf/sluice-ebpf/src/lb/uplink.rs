@@ -36,7 +36,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sluice_common::{
-    lb_flags, reason, svc_flags, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue,
+    lb_flags, reason, svc_flags, svc_scope, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue,
 };
 
 use super::choose;
@@ -52,7 +52,7 @@ use crate::{
         PORT_TRIES,
     },
     l3,
-    l4::{self, L4, PROTO_TCP, PROTO_UDP},
+    l4::{self, ETH_LEN, L4, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CONFIG, LB_CT, LB_SVC, NODE_ADDRS},
     packet::ptr_at,
 };
@@ -68,7 +68,9 @@ pub fn config() -> Option<&'static LbConfig> {
 }
 
 /// The external frontend for `dst`:`port`: that address's, else the
-/// NodePort (the unspecified address) when `dst` is the node's.
+/// NodePort (the unspecified address) when `dst` is the node's, else a
+/// ClusterIP routed to this node from outside (kube-proxy translates those
+/// too), with the endpoints the cluster's own clients get.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values go to the map helpers by reference, not copied onto the stack"
@@ -81,7 +83,11 @@ fn frontend(dst: [u8; 4], port: u16, proto: u8) -> Option<SvcValue> {
         return Some(*v);
     }
     // SAFETY: as above.
-    unsafe { NODE_ADDRS.get(dst) }?;
+    if unsafe { NODE_ADDRS.get(dst) }.is_none() {
+        k.scope = svc_scope::NODE;
+        // SAFETY: as above.
+        return unsafe { LB_SVC.get(&k) }.copied();
+    }
     k.addr = IpKey::v4([0; 4]);
     // SAFETY: as above.
     unsafe { LB_SVC.get(&k) }.copied()
@@ -288,8 +294,21 @@ fn decide(ctx: &TcContext) -> i32 {
             step.f = *f;
             DECIDED
         }
+        None if ip.proto == PROTO_TCP && !opens(ctx, ETH_LEN + usize::from(ip.vihl & 0x0f) * 4) => {
+            NOT_OURS
+        }
         None => NEW,
     }
+}
+
+/// Whether the TCP segment at `l4` opens a connection (SYN without ACK):
+/// only such a segment looks for a frontend; the rest of the uplink's
+/// traffic (to pods, from other nodes) pays the flow lookup alone.
+#[inline(always)]
+pub(super) fn opens(ctx: &TcContext, l4: usize) -> bool {
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    l4::tcp_flags(ctx, l4) & (SYN | ACK) == SYN
 }
 
 /// A new flow for this CPU's [`Step`] ([`flow_of`]).

@@ -13,11 +13,11 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use sluice_common::{reason, svc_flags, Addr6, IpKey, SvcKey, SvcValue};
+use sluice_common::{reason, svc_flags, svc_scope, Addr6, IpKey, SvcKey, SvcValue};
 
 use super::{
     choose,
-    uplink::{DECIDED, NEW, REJECT},
+    uplink::{opens, DECIDED, NEW, REJECT},
 };
 use crate::{
     counters::count,
@@ -29,7 +29,7 @@ use crate::{
         PORT_TRIES,
     },
     l3,
-    l4::{PROTO_TCP, PROTO_UDP},
+    l4::{ETH_LEN, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CT6, LB_SVC, NODE_ADDRS6},
 };
 
@@ -47,7 +47,7 @@ fn scratch() -> Option<&'static mut Scratch> {
 pub fn from_uplink(ctx: &TcContext) -> i32 {
     let mut v = decide(ctx);
     if v == NEW {
-        v = start();
+        v = start(true);
     }
     if v == REJECT {
         return super::reject::from_outside(ctx, false);
@@ -80,22 +80,32 @@ fn decide(ctx: &TcContext) -> i32 {
             p.f = *f;
             DECIDED
         }
+        None if p.k.proto == PROTO_TCP && !opens(ctx, ETH_LEN + 40) => NOT_OURS,
         None => NEW,
     }
 }
 
-/// The external frontend for the packet in `p`: its destination's, else
-/// the NodePort (the unspecified address) when that is the node's.
+/// The frontend for the packet in `p`. From outside (`external`): its
+/// destination's external one, else the NodePort (the unspecified address)
+/// when that is the node's, else a ClusterIP routed here. From a pod
+/// (`super::packet`): its destination's of the node's scope.
 #[inline(always)]
-fn frontend(p: &Scratch) -> Option<&'static SvcValue> {
-    let mut k = SvcKey::new(IpKey::v6(p.k.dst_ip.0), p.k.dst_port, p.k.proto).external();
-    // SAFETY: map values are only read.
-    if let Some(v) = unsafe { LB_SVC.get(&k) } {
-        return Some(v);
+fn frontend(p: &Scratch, external: bool) -> Option<&'static SvcValue> {
+    let mut k = SvcKey::new(IpKey::v6(p.k.dst_ip.0), p.k.dst_port, p.k.proto);
+    if external {
+        k = k.external();
+        // SAFETY: map values are only read.
+        if let Some(v) = unsafe { LB_SVC.get(&k) } {
+            return Some(v);
+        }
+        // SAFETY: as above.
+        if unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }.is_some() {
+            k.addr = IpKey::v6([0; 16]);
+            // SAFETY: as above.
+            return unsafe { LB_SVC.get(&k) };
+        }
+        k.scope = svc_scope::NODE;
     }
-    // SAFETY: as above.
-    unsafe { NODE_ADDRS6.get(&p.k.dst_ip) }?;
-    k.addr = IpKey::v6([0; 16]);
     // SAFETY: as above.
     unsafe { LB_SVC.get(&k) }
 }
@@ -111,15 +121,16 @@ fn client_id(a: &Addr6) -> u64 {
     (1 << 63) | ((u64::from_ne_bytes(hi) ^ u64::from_ne_bytes(lo)) >> 1)
 }
 
-/// A new flow for the packet in the scratch entry, to an external
-/// frontend's backend; both directions in `sl_lb_ct6` (see
-/// `super::uplink::new_flow`: the same choices, field by field here).
+/// A new flow for the packet in the scratch entry, to a frontend's backend;
+/// both directions in `sl_lb_ct6` (see `super::uplink::new_flow`: the same
+/// choices, field by field here). `external`: from the uplink (else from a
+/// pod, which always keeps its address).
 #[inline(never)]
-fn start() -> i32 {
+fn start(external: bool) -> i32 {
     let Some(p) = scratch() else {
         return NOT_OURS;
     };
-    let Some(svc) = frontend(p) else {
+    let Some(svc) = frontend(p, external) else {
         return NOT_OURS;
     };
     let Some(b) = choose(svc, || client_id(&p.k.src_ip)) else {
@@ -134,7 +145,7 @@ fn start() -> i32 {
         return NOT_OURS;
     }
     // SAFETY: map values are only read.
-    let local = unsafe { ENDPOINTS.get(b.addr) }.is_some();
+    let local = !external || unsafe { ENDPOINTS.get(b.addr) }.is_some();
     // One test after the other: combined, the compiler OR'd the two lookups'
     // pointers, which the verifier refuses.
     // SAFETY: as above.
@@ -165,7 +176,11 @@ fn start() -> i32 {
             p.f.src_port = p.rk.dst_port;
             p.f.dst_port = b.port;
             let _ = LB_CT6.insert(&p.k, &p.f, 0);
-            count(reason::LB_UPLINK_NEW);
+            count(if external {
+                reason::LB_UPLINK_NEW
+            } else {
+                reason::LB_PACKET_NEW
+            });
             return DECIDED;
         }
         i += 1;
@@ -224,4 +239,25 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     }
     count(reason::LB_UPLINK_FLOW);
     TRANSLATED
+}
+
+/// Host veth ingress, IPv6: `super::packet::start` for IPv6 (a pod outside
+/// the hooks' cgroup, its new flow to a ClusterIP): [`crate::TCX_NEXT`]
+/// when translated (the kernel routes the first packet), [`NOT_OURS`], or
+/// a drop verdict.
+#[inline(always)]
+pub fn packet_start(ctx: &TcContext) -> i32 {
+    match decide(ctx) {
+        NEW => {}
+        _ => return NOT_OURS,
+    }
+    if start(false) != DECIDED {
+        return NOT_OURS;
+    }
+    // A failed rewrite is translate's drop, never NOT_OURS: its helpers
+    // may have moved the packet under the caller's pointers.
+    match translate(ctx) {
+        DECIDED => crate::TCX_NEXT,
+        v => v,
+    }
 }
