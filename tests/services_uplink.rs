@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     agent::{log_of, start as agent, stop},
     apiserver::ApiServer,
+    ctl::{wait_lease, CtlChild},
     fixtures::{add, UPLINK},
     host::tx_checksum_off,
     hostport::{client_in, Cgroup, ClientReport},
@@ -282,10 +283,22 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
         last.map(|r| r.output),
         w.log()
     );
+    // The monitor shows the new flow: client -> node:NodePort, to the pod.
+    let m = CtlChild::monitor(&w.node, &["--json", "--type", "service", "--count", "1"]).unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
     let r = w.tcp_to(NODE_IP, NODE_PORT);
     assert!(r.ok, "{}", r.output);
     // The answers come from what the client sent to.
     assert_eq!(r.peer, Some(at), "{}", r.output);
+    let end = m.wait(Duration::from_secs(10)).unwrap();
+    let events = end.json();
+    assert_eq!(events.len(), 1, "{end:#?}");
+    let want = json!({"type": "service-flow", "reason": "lb_uplink_new", "src": FAR_IP,
+                      "dst": NODE_IP, "dport": NODE_PORT,
+                      "natAddress": w.local.1.to_string(), "natPort": TARGET});
+    for (k, v) in want.as_object().unwrap() {
+        assert_eq!(&events[0][k], v, "{k}: {:#}", events[0]);
+    }
     // The pod saw the client itself (no source NAT for a local endpoint).
     let peers = w.local.2.peers();
     assert!(

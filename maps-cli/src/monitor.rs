@@ -230,7 +230,7 @@ fn type_filter_name(kind: u8) -> &'static str {
         event_kind::DROP => "drop",
         event_kind::NAT_NEW | event_kind::NAT_INBOUND | event_kind::NAT_EVICT => "nat",
         event_kind::HOSTPORT_NEW => "hostport",
-        event_kind::SERVICE => "service",
+        event_kind::SERVICE | event_kind::SERVICE_FLOW => "service",
         _ => "?",
     }
 }
@@ -244,6 +244,7 @@ fn type_name(kind: u8) -> &'static str {
         event_kind::NAT_EVICT => "nat-evict",
         event_kind::HOSTPORT_NEW => "hostport-new",
         event_kind::SERVICE => "service",
+        event_kind::SERVICE_FLOW => "service-flow",
         _ => "unknown",
     }
 }
@@ -402,6 +403,11 @@ fn text_line(ev: &Event, who: &str) -> String {
                 ),
             }
         }
+        // From outside: the client, the address it sent to, the backend.
+        event_kind::SERVICE_FLOW => format!(
+            "service   new flow from outside  {flow}  to {}",
+            endpoint(nat, ev.nat_port, ev.proto)
+        ),
         k => format!("event kind {k}"),
     }
 }
@@ -610,5 +616,32 @@ mod tests {
             text_line(&refused, "-"),
             "service   drop_lb_no_endpoint    tcp 10.96.0.10:53  refused at the socket"
         );
+    }
+
+    /// A flow from outside given a Service backend in `uplink_in`.
+    #[test]
+    fn service_flows_from_outside_show_client_frontend_and_backend() {
+        let mut rec = [0u8; std::mem::size_of::<Event>()];
+        rec[8] = event_kind::SERVICE_FLOW;
+        rec[9] = 4;
+        rec[10] = 6;
+        rec[12..16].copy_from_slice(&reason::LB_UPLINK_NEW.to_ne_bytes());
+        rec[24..28].copy_from_slice(&[192, 168, 51, 2]);
+        rec[40..44].copy_from_slice(&[192, 168, 50, 1]);
+        rec[56..58].copy_from_slice(&40000u16.to_ne_bytes());
+        rec[58..60].copy_from_slice(&30080u16.to_ne_bytes());
+        rec[60..64].copy_from_slice(&[10, 94, 0, 2]);
+        rec[76..78].copy_from_slice(&8080u16.to_ne_bytes());
+        let ev = sluice_maps::events::parse(&rec).unwrap();
+        assert_eq!(type_filter_name(ev.kind), "service");
+        assert_eq!(type_name(ev.kind), "service-flow");
+        let line = text_line(&ev, "-");
+        assert!(
+            line.starts_with("service   new flow from outside  "),
+            "{line}"
+        );
+        assert!(line.contains("192.168.51.2:40000"), "{line}");
+        assert!(line.contains("192.168.50.1:30080"), "{line}");
+        assert!(line.ends_with("to 10.94.0.2:8080"), "{line}");
     }
 }

@@ -19,6 +19,10 @@ pub mod event_kind {
     /// refused; `reason` then says so). No source: the hooks run before
     /// the socket has one.
     pub const SERVICE: u8 = 6;
+    /// A new flow from outside (the uplink) to a Service: `src`/`dst` the
+    /// client and the address it sent to, `nat_addr`/`nat_port` the backend
+    /// it was given (`reason` `lb_uplink_new`).
+    pub const SERVICE_FLOW: u8 = 7;
 }
 
 /// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the

@@ -184,6 +184,7 @@ fn kind_reason(kind: u8) -> u32 {
     match kind {
         event_kind::NAT_NEW => reason::MASQ_NEW_FLOW,
         event_kind::NAT_INBOUND => reason::MASQ_INBOUND_FLOW,
+        event_kind::SERVICE_FLOW => reason::LB_UPLINK_NEW,
         _ => reason::HOSTPORT_DNAT,
     }
 }

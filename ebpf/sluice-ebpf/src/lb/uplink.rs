@@ -36,14 +36,15 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sluice_common::{
-    lb_flags, reason, svc_flags, svc_scope, HpFlow, IpKey, LbConfig, NatKey, SvcKey, SvcValue,
+    event_kind, lb_flags, reason, svc_flags, svc_scope, HpFlow, IpKey, LbConfig, NatKey, SvcKey,
+    SvcValue,
 };
 
 use super::choose;
 use crate::{
     counters::count,
     csum,
-    events::note_drop,
+    events::{self, note_drop},
     forward,
     hostport::{
         try_port,
@@ -245,6 +246,9 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     let mut v = decide(ctx);
     if v == NEW {
         v = start();
+        if v == DECIDED {
+            report();
+        }
     }
     if v == REJECT {
         return super::reject::from_outside(ctx, true);
@@ -331,6 +335,25 @@ fn start() -> i32 {
             DECIDED
         }
     }
+}
+
+/// The new flow of this CPU's [`Step`], to a running monitor (`sluicectl
+/// monitor --type service`): client, the address it sent to, the backend.
+/// A call beside the steps (the event's own call below it).
+#[inline(never)]
+fn report() {
+    let Some(step) = STEP.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot, written by the steps before for this packet.
+    let step = unsafe { &*step };
+    events::flow(
+        event_kind::SERVICE_FLOW,
+        &step.k,
+        step.f.dst_ip,
+        step.f.dst_port,
+        0,
+    );
 }
 
 /// Rewrites the packet as its [`Step`] says; [`DECIDED`]: [`send`] it on.

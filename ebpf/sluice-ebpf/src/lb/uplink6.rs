@@ -13,7 +13,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use sluice_common::{reason, svc_flags, svc_scope, Addr6, IpKey, SvcKey, SvcValue};
+use sluice_common::{event_kind, reason, svc_flags, svc_scope, Addr6, IpKey, SvcKey, SvcValue};
 
 use super::{
     choose,
@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     counters::count,
-    events::note_drop,
+    events::{self, note_drop},
     forward,
     hostport::{
         try_port,
@@ -48,6 +48,9 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
     let mut v = decide(ctx);
     if v == NEW {
         v = start(true);
+        if v == DECIDED {
+            report();
+        }
     }
     if v == REJECT {
         return super::reject::from_outside(ctx, false);
@@ -187,6 +190,22 @@ fn start(external: bool) -> i32 {
     }
     note_drop(reason::DROP_LB_NO_PORT, 0);
     TC_ACT_SHOT
+}
+
+/// The new flow in the scratch entry, to a running monitor (as
+/// `super::uplink`'s).
+#[inline(never)]
+fn report() {
+    let Some(p) = scratch() else {
+        return;
+    };
+    events::flow6(
+        event_kind::SERVICE_FLOW,
+        &p.k,
+        Some(&p.f.dst_ip),
+        p.f.dst_port,
+        0,
+    );
 }
 
 /// Rewrites the packet as the scratch entry says.
