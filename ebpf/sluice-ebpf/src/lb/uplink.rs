@@ -1,7 +1,8 @@
 //! Services from outside: packets arriving on the uplink for a NodePort (a
-//! node address), an external IP or a load balancer IP, translated in tc
-//! (`uplink_in`), the part of kube-proxy's `KUBE-NODEPORTS` and `KUBE-EXT-*`
-//! chains (and of Cilium's NodePort) that a socket hook cannot do.
+//! node address), an external IP, a load balancer IP or a ClusterIP routed
+//! to the node, translated in tc (`uplink_in`), the part of kube-proxy's
+//! `KUBE-NODEPORTS` and `KUBE-EXT-*` chains (and of Cilium's NodePort) that a
+//! socket hook cannot do.
 //!
 //! - A new flow (no `sl_lb_ct` entry) looks its destination up among the
 //!   external frontends (`svc_scope::EXTERNAL`: the agent gives them only
@@ -27,8 +28,12 @@
 //! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a pod
 //!   here are translated and delivered before any skb exists; first packets
 //!   and the rest go on to tc.
+//! - `sl_lb_ct` also holds the per-packet flows of pods outside the hooks'
+//!   cgroup (`super::packet`): their replies from another node come back
+//!   through here.
 //!
-//! IPv4 TCP and UDP; IPv6 from outside and fragments are left to the stack.
+//! IPv4 TCP and UDP here, IPv6 in `super::uplink6`; fragments are left to
+//! the stack.
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     macros::map,
