@@ -11,6 +11,7 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    io::Write,
     os::fd::{AsRawFd, RawFd},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -67,8 +68,10 @@ pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
     muted.store(false, Ordering::Relaxed);
     let lost_before = lost(&dp);
     let mut pods = Pods::read(&dp, a)?;
-    eprintln!(
-        "sluicectl: monitoring {} (Ctrl-C to stop){}",
+    // One write: tests (and scripts) wait for this whole line, and stderr is
+    // unbuffered, so `eprintln!` would write it in pieces.
+    let started = format!(
+        "sluicectl: monitoring {} (Ctrl-C to stop){}\n",
         dp.pin_root.display(),
         if debug_on {
             "; debug lines on"
@@ -76,6 +79,7 @@ pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
             "; debug lines off (\"debug\": true in the network config turns them on)"
         }
     );
+    let _ = std::io::stderr().write_all(started.as_bytes());
     let start = Instant::now();
     let mut renewed: Option<Instant> = None;
     let mut shown: u64 = 0;

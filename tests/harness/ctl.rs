@@ -368,7 +368,10 @@ impl CtlChild {
     pub fn wait_started(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.stderr().contains("monitoring") {
+            // The whole line: stderr is unbuffered, so a line may arrive in
+            // pieces.
+            let err = self.stderr();
+            if err.lines().any(|l| l.contains("monitoring")) && err.ends_with('\n') {
                 return Ok(());
             }
             if Instant::now() > deadline {
