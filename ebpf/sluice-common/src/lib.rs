@@ -21,6 +21,7 @@ pub mod lb;
 pub mod maps;
 pub mod nat;
 pub mod node;
+pub mod policy;
 pub mod programs;
 pub mod reason;
 #[cfg(feature = "user")]
@@ -37,6 +38,7 @@ pub use lb::*;
 pub use maps::{map_names, map_sizes};
 pub use nat::*;
 pub use node::*;
+pub use policy::*;
 pub use programs::prog_names;
 
 /// Version of the map layout. Stored in the pinned `sl_meta` map.
@@ -64,6 +66,12 @@ mod pod {
     // SAFETY: all types are repr(C), Copy, have no padding bytes and every bit
     // pattern is a valid value.
     unsafe impl aya::Pod for super::IpKey {}
+    unsafe impl aya::Pod for super::PolicyConfig {}
+    unsafe impl aya::Pod for super::PolicyPod {}
+    unsafe impl aya::Pod for super::PolicyKey {}
+    unsafe impl aya::Pod for super::PolicyRules {}
+    unsafe impl aya::Pod for super::PolicyFlowKey {}
+    unsafe impl aya::Pod for super::PolicyFlow {}
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::SlotStats {}

@@ -16,6 +16,7 @@ use crate::{
 use crate::{
     Affinity, AffinityKey, Backend, BackendKey, LbConfig, LbSockKey, LbSockOrig, SvcKey, SvcValue,
 };
+use crate::{PolicyConfig, PolicyFlow, PolicyFlowKey, PolicyKey, PolicyPod, PolicyRules};
 
 /// The kernel map type of a pinned map (`BPF_MAP_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +183,16 @@ pub const LB_CONFIG: MapSpec = spec::<u32, LbConfig>("sl_lb_cfg", MapKind::Array
 pub const LB_CT: MapSpec = spec::<NatKey, HpFlow>("sl_lb_ct", MapKind::LruHash);
 /// [`Nat6Key`] -> [`HpFlow6`]: [`LB_CT`] for IPv6.
 pub const LB_CT6: MapSpec = spec::<Nat6Key, HpFlow6>("sl_lb_ct6", MapKind::LruHash);
+/// Index 0 -> [`PolicyConfig`]: NetworkPolicy on or off, and audit.
+pub const POL_CONFIG: MapSpec = spec::<u32, PolicyConfig>("sl_pol_config", MapKind::Array);
+/// Pod address -> [`PolicyPod`]: the pods here the agent compiled.
+pub const POL_PODS: MapSpec = spec::<IpKey, PolicyPod>("sl_pol_pods", MapKind::Hash);
+/// (LPM) [`PolicyKey`] -> [`PolicyRules`]: each rule set's allowed peers.
+pub const POL_RULES: MapSpec = spec::<PolicyKey, PolicyRules>("sl_pol_rules", MapKind::LpmTrie);
+/// (LRU) [`PolicyFlowKey`] -> [`PolicyFlow`]: flows let in, both ways.
+pub const POL_CT: MapSpec = spec::<PolicyFlowKey, PolicyFlow>("sl_pol_ct", MapKind::LruHash);
+/// Rule id -> new flows it let in (per CPU).
+pub const POL_HITS: MapSpec = spec::<u32, u64>("sl_pol_hits", MapKind::PerCpuArray);
 /// Index 0 -> [`NatLimits`]: eviction, the per-pod share, the unreplied UDP
 /// timeout.
 pub const NAT_LIMITS: MapSpec = spec::<u32, NatLimits>("sl_nat_limits", MapKind::Array);
@@ -198,7 +209,7 @@ pub const NAT_PODS: MapSpec = spec::<u32, u64>("sl_nat_pods", MapKind::Hash);
 
 /// Every pinned map. (`sl_scratch`, a per-CPU note from a drop site to its
 /// program's exit, is not pinned and not here.)
-pub const ALL: [MapSpec; 50] = [
+pub const ALL: [MapSpec; 55] = [
     ENDPOINTS,
     ENDPOINT_STATS,
     ENDPOINT_SLOTS,
@@ -249,6 +260,11 @@ pub const ALL: [MapSpec; 50] = [
     LB_CONFIG,
     LB_CT,
     LB_CT6,
+    POL_CONFIG,
+    POL_PODS,
+    POL_RULES,
+    POL_CT,
+    POL_HITS,
 ];
 
 /// The map names, for code that wants a name only.
@@ -303,6 +319,13 @@ pub mod map_names {
     pub const LB_CONFIG: &str = super::LB_CONFIG.name;
     pub const LB_CT: &str = super::LB_CT.name;
     pub const LB_CT6: &str = super::LB_CT6.name;
+    pub const POL_CONFIG: &str = super::POL_CONFIG.name;
+    pub const POL_PODS: &str = super::POL_PODS.name;
+    pub const POL_RULES: &str = super::POL_RULES.name;
+    pub const POL_CT: &str = super::POL_CT.name;
+    pub const POL_HITS: &str = super::POL_HITS.name;
+    /// Per-CPU scratch: the flow being checked against policy (not pinned).
+    pub const POL_STEP: &str = "sl_pol_step";
     /// Per-CPU scratch: the reason and endpoint of the packet being dropped,
     /// handed from the drop site to the program's exit (not pinned).
     pub const SCRATCH: &str = "sl_scratch";
@@ -378,6 +401,15 @@ pub mod map_sizes {
     pub const LB_CT: u32 = 65_536;
     /// IPv6 flows from the uplink to Services, two entries each.
     pub const LB_CT6: u32 = 32_768;
+    /// Pod addresses with policy (two per dual-stack pod).
+    pub const POL_PODS: u32 = 8_192;
+    /// Compiled (rule set, direction, peer prefix) entries: 1,000 rules for
+    /// each of many distinct sets.
+    pub const POL_RULES: u32 = 131_072;
+    /// Flows of pods with policy, two entries each (LRU).
+    pub const POL_CT: u32 = 131_072;
+    /// Compiled rule ids (`PortRange::rule` is a u16).
+    pub const POL_HITS: u32 = 65_536;
     /// Bytes of the event ring buffer (a power of two, a multiple of the page size).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

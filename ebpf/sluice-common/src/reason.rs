@@ -204,6 +204,24 @@ reasons! {
     /// translated (a pod outside the hooks' cgroup) was given a backend in
     /// `from_pod`, its packets translated per packet (`sl_lb_ct`).
     count LB_PACKET_NEW = 56 "lb_packet_new";
+    /// NetworkPolicy: a new flow into a pod isolated for ingress matched no
+    /// rule of the policies that select it.
+    drop DROP_POLICY_INGRESS = 57 "drop_policy_ingress";
+    /// NetworkPolicy: a new flow out of a pod isolated for egress matched no
+    /// rule.
+    drop DROP_POLICY_EGRESS = 58 "drop_policy_egress";
+    /// NetworkPolicy: a flow of a pod the agent has not compiled yet (policy
+    /// on, no `sl_pol_pods` entry): refused both ways until it has.
+    drop DROP_POLICY_PENDING = 59 "drop_policy_pending";
+    /// NetworkPolicy: a new flow of a pod with policy was let in by a rule
+    /// (or the direction is not isolated) and its verdict kept (`sl_pol_ct`).
+    count POLICY_NEW = 60 "policy_new";
+    /// NetworkPolicy audit mode: a new flow into a pod that enforcement
+    /// would have dropped, let through.
+    count POLICY_AUDIT_INGRESS = 61 "policy_audit_ingress";
+    /// NetworkPolicy audit mode: a new flow out of a pod that enforcement
+    /// would have dropped, let through.
+    count POLICY_AUDIT_EGRESS = 62 "policy_audit_egress";
 }
 
 /// Slots in the array (room to append).

@@ -168,6 +168,11 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey, kernel_flows: bool
             count(reason::UPLINK_KERNEL_FLOW);
             TCX_NEXT
         }
+        // A new hostPort flow into a pod with NetworkPolicy goes to the
+        // kernel, whose routing takes it through `to_pod`'s check (no stack
+        // is left here for the check's call on Linux 5.10). A masquerade
+        // reply belongs to a flow the pod's egress let out.
+        Some(_) if !kernel_flows && !crate::policy::xdp_may_deliver(&pod) => TCX_NEXT,
         Some(ep) if h.ttl() > 1 => deliver_tc(
             &h,
             ep,

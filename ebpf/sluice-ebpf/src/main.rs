@@ -39,6 +39,7 @@ mod maps;
 mod mem;
 mod nat;
 mod packet;
+mod policy;
 mod proto;
 mod sock_addr;
 
@@ -47,7 +48,7 @@ use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier, perf_event, xdp},
     programs::{PerfEventContext, SockAddrContext, TcContext, XdpContext},
 };
-use sluice_common::{config_flags, endpoint_flags, lb_flags, reason, IpKey};
+use sluice_common::{config_flags, endpoint_flags, lb_flags, policy_dir, reason, IpKey};
 
 use crate::{
     counters::count,
@@ -250,6 +251,15 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
         Ok(h) => h,
         Err(v) => return parse_verdict(v),
     };
+    // NetworkPolicy, egress: the packet as the pod sent it (a Service's
+    // backend chosen at the socket already; a reply to a flow from outside
+    // matches its flow's entry before it is translated back).
+    if matches!(src, Source::Own(_)) && policy::on() {
+        let v = policy::check(ctx, u32::from(policy_dir::EGRESS), ifindex);
+        if v != policy::PASS {
+            return v;
+        }
+    }
     // hostPort replies and hairpin: rewritten first, then routed like the rest.
     // (parse again, translated)
     let mut t = hostport::from_pod(ctx, &h);
@@ -298,6 +308,14 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
         if !translated && kernel_nat::is_kernel_flow(ctx, &h, true) {
             count(reason::FROM_POD_KERNEL_FLOW);
             return TCX_NEXT;
+        }
+        // NetworkPolicy, ingress of the pod here (bpf_redirect_peer skips
+        // the veth's egress, where to_pod would check).
+        if policy::on() {
+            let v = policy::check(ctx, u32::from(policy_dir::INGRESS), ep.ifindex);
+            if v != policy::PASS {
+                return v;
+            }
         }
         if netkit {
             return endpoint::deliver_from_netkit(
@@ -395,6 +413,14 @@ fn destination(ctx: &TcContext) -> Option<(u32, u32)> {
 /// `flags`: the pod's endpoint flags, 0 when not looked up.
 #[inline(always)]
 fn to_pod_verdict(ctx: &TcContext, ifindex: u32, flags: u32) -> i32 {
+    // NetworkPolicy, ingress, for what the kernel routes to the pod (from
+    // the node itself, flows the stack translated).
+    if policy::on() {
+        let v = policy::check(ctx, u32::from(policy_dir::INGRESS), ifindex);
+        if v != policy::PASS {
+            return v;
+        }
+    }
     // The pod's ingress limit, for what the kernel routes to it (the datapath's
     // own deliveries check it in endpoint::deliver_*).
     if !bandwidth::admit(ifindex, bandwidth::wire_len(ctx), true) {
@@ -428,6 +454,16 @@ fn uplink_in_verdict(ctx: &TcContext) -> i32 {
     let v = lb::uplink::from_uplink(ctx);
     if v != hostport::v6::NOT_OURS {
         return v;
+    }
+    // NetworkPolicy, ingress of a pod here, the packet as it is now (a
+    // Service's translated already). A call beside the others: below them,
+    // the chain passed 512 bytes of stack. (hostPort's deliveries leave
+    // pods with policy to the kernel, whose routing passes to_pod.)
+    if policy::on() {
+        let v = policy::check(ctx, u32::from(policy_dir::INGRESS), 0);
+        if v != policy::PASS {
+            return v;
+        }
     }
     // With IPv6 masquerade a call of its own: inlined, its locals and those of
     // IPv6 masquerade's call exceeded the 512 bytes of stack the verifier allows
@@ -597,7 +633,8 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
                 Some(ep)
                     if ep.flags & endpoint_flags::XDP_READY != 0
                         && h.ttl() > 1
-                        && len <= u32::from(cfg.pod_mtu) + 14 =>
+                        && len <= u32::from(cfg.pod_mtu) + 14
+                        && policy::xdp_may_deliver(&pod) =>
                 {
                     if masq {
                         count(reason::XDP_MASQ_DNAT);
@@ -618,7 +655,8 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
         Some(ep)
             if ep.flags & endpoint_flags::XDP_READY != 0
                 && h.ttl() > 1
-                && len <= u32::from(cfg.pod_mtu) + 14 =>
+                && len <= u32::from(cfg.pod_mtu) + 14
+                && policy::xdp_may_deliver(&h.dst_key()) =>
         {
             // What XDP passes on, tc counts.
             if h.v4_options_or_fragment() {
