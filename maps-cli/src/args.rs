@@ -86,6 +86,15 @@ Examples:
     /// flows the node's stack translates.
     #[command(subcommand)]
     Services(ServicesCommand),
+    /// NetworkPolicy (`sluice-node policy`): the mode, the pods here and the
+    /// policies that select them, the compiled rules with their flows, the
+    /// drops by direction.
+    #[command(after_help = "\
+Examples:
+  sluicectl -n pods policy
+  sluicectl -n pods policy --pod shop/web-0 --json
+  sluicectl -n pods policy --pod 10.22.0.5 --state /run/sluice/policy.json")]
+    Policy(PolicyArgs),
     /// The datapath's counters and gauges in the Prometheus text format: printed
     /// once (for the textfile collector of `node_exporter`), or served on `/metrics`
     /// with `--listen`.
@@ -391,6 +400,20 @@ pub(crate) struct ServicesFlowsArgs {
     /// Only this protocol.
     #[arg(long, value_parser = ["tcp", "udp", "sctp"])]
     pub proto: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct PolicyArgs {
+    /// Print JSON (stable field names) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Only this pod (an address, or namespace/name) and the rules of the
+    /// policies that select it.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// The state file `sluice-node policy` writes.
+    #[arg(long, default_value = "/run/sluice/policy.json")]
+    pub state: std::path::PathBuf,
 }
 
 #[derive(Args)]

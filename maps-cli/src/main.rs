@@ -12,6 +12,7 @@ mod lb;
 mod metrics;
 mod monitor;
 mod nat;
+mod policy;
 mod ports;
 mod services;
 mod signals;
@@ -57,6 +58,9 @@ fn main() -> ExitCode {
         args::Command::Ports(c) => ports::execute(&cli.target, c),
         args::Command::Bandwidth(c) => bandwidth::execute(&cli.target, c),
         args::Command::Services(c) => services::execute(&cli.target, c),
+        args::Command::Policy(a) => {
+            target::Datapath::open(&cli.target).and_then(|dp| policy::execute(&dp, a))
+        }
         args::Command::Metrics(a) => metrics::execute(&cli.target, a),
         args::Command::Completions(a) => {
             use clap::CommandFactory;

@@ -10,8 +10,8 @@
 //! lines, read here from the `AYA_LOGS` ring of the pinned programs.
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     io::Write,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd, RawFd},
     sync::{
         atomic::{AtomicBool, Ordering},

@@ -4,7 +4,7 @@
 //! a masquerade address change flushes, which entries go with a pod).
 //!
 //! One module per feature: [`endpoint`], [`node`], [`counters`], [`nat`],
-//! [`hostport`], [`services`] (traffic the node's stack translates), [`bandwidth`], [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
+//! [`hostport`], [`services`] (traffic the node's stack translates), [`bandwidth`], [`policy`] (NetworkPolicy), [`events`], [`agent`] (the node agent's leases), [`sweep`] (its NAT
 //! sweep); [`programs`] reads what is known of
 //! the pinned programs; [`sock_hooks`] attaches the socket hooks (hostPort,
 //! Services) to a cgroup and pins their links. Loading the object and
@@ -24,6 +24,7 @@ pub mod nat;
 pub mod nat_pressure;
 pub mod node;
 mod pinned;
+pub mod policy;
 pub mod programs;
 pub mod services;
 pub mod sock_hooks;

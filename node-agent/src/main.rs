@@ -26,6 +26,7 @@ mod conflist;
 mod error;
 mod install;
 mod node_addrs;
+mod policy;
 mod proxy;
 mod routes;
 mod services;
@@ -80,6 +81,9 @@ enum Cmd {
     /// kube-proxy: keep the Service maps in step with Services and
     /// EndpointSlices and attach the Service socket hooks to a cgroup.
     Proxy(ProxyArgs),
+    /// Enforce the cluster's `NetworkPolicy` objects in the datapath: keep
+    /// the policy maps in step with them and with Pods and Namespaces.
+    Policy(PolicyArgs),
 }
 
 /// A comma-separated list of CIDRs (`10.96.0.0/12,fd00:10:96::/112`); an
@@ -269,6 +273,29 @@ struct ProxyArgs {
     stop: bool,
 }
 
+#[derive(clap::Args)]
+struct PolicyArgs {
+    #[command(flatten)]
+    datapath: Datapath,
+    /// Audit (dry run): flows policy would refuse are counted and reported
+    /// (`policy_audit_*`, the monitor) and let through.
+    #[arg(long, env = "SLUICE_POLICY_AUDIT")]
+    audit: bool,
+    /// Where the compiled policy is written for `sluicectl policy`.
+    #[arg(long, env = "SLUICE_POLICY_STATE", default_value = DEFAULT_POLICY_STATE)]
+    state_file: PathBuf,
+    /// Compare everything again this often (seconds) even without a change.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    resync_secs: u64,
+    /// Switch policy off in the datapath (every flow passes) and exit.
+    #[arg(long)]
+    stop: bool,
+}
+
+/// Where `sluice-node policy` writes the compiled policy by default (and
+/// where `sluicectl policy` reads it).
+const DEFAULT_POLICY_STATE: &str = "/run/sluice/policy.json";
+
 /// `--node-ip` as the IPv4 address flows from outside leave with (an IPv6
 /// one, as `status.hostIP` is on an IPv6-first node, is not used: IPv6 from
 /// outside is left to the stack).
@@ -456,6 +483,24 @@ async fn run(cli: Cli) -> Result<()> {
                     cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
                     node_ip: node_ip4(a.node_ip),
+                },
+                shutdown::on_signals()?,
+            )
+            .await
+        }
+        Cmd::Policy(a) => {
+            let pin_root = a.datapath.pin_root();
+            if a.stop {
+                return policy::stop(&pin_root);
+            }
+            let client = cluster::client().await?;
+            policy::run(
+                client,
+                &policy::Options {
+                    pin_root,
+                    audit: a.audit,
+                    state_file: a.state_file,
+                    resync: Duration::from_secs(a.resync_secs),
                 },
                 shutdown::on_signals()?,
             )

@@ -4,14 +4,20 @@
 //! server (Debian has kubectl and etcd, not kube-apiserver; nothing on PyPI,
 //! npm or crates.io ships it), so the tests talk to this. It speaks the part
 //! of the API that kube-rs uses (its `Api` calls, its `watcher`'s
-//! list-then-watch, its reconnects and relists), over HTTP/1.1, for four
-//! resources: Nodes (v1, cluster-scoped), Services (v1, namespaced),
-//! ServiceCIDRs (networking.k8s.io/v1, cluster-scoped) and EndpointSlices
+//! list-then-watch, its reconnects and relists), over HTTP/1.1, for seven
+//! resources: Nodes, Namespaces (v1, cluster-scoped), Services, Pods (v1,
+//! namespaced), ServiceCIDRs (networking.k8s.io/v1, cluster-scoped),
+//! NetworkPolicy objects (networking.k8s.io/v1, namespaced) and EndpointSlices
 //! (discovery.k8s.io/v1, namespaced). Per resource (`R` being
-//! `/api/v1/nodes`, `/api/v1/services`, `/api/v1/namespaces/<ns>/services`,
-//! `/apis/networking.k8s.io/v1/servicecidrs`,
+//! `/api/v1/nodes`, `/api/v1/namespaces`, `/api/v1/services`,
+//! `/api/v1/namespaces/<ns>/services`, `/api/v1/pods`,
+//! `/api/v1/namespaces/<ns>/pods`, `/apis/networking.k8s.io/v1/servicecidrs`,
+//! `/apis/networking.k8s.io/v1/networkpolicies`,
+//! `/apis/networking.k8s.io/v1/namespaces/<ns>/networkpolicies`,
 //! `/apis/discovery.k8s.io/v1/endpointslices`,
-//! `/apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices`):
+//! `/apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices`; so
+//! `/api/v1/namespaces/<name>` is a Namespace, `/api/v1/namespaces/<ns>/pods`
+//! the Pods in one):
 //! - `GET R/<name>`: the object, or a 404 `Status`;
 //! - `GET R`: a `<Kind>List` with the current `resourceVersion`; with
 //!   `limit`, pages with a `continue` token over a snapshot taken at the first
@@ -28,6 +34,11 @@
 //!   than the history kept ([`ApiServer::expire`], [`ApiServer::compact`])
 //!   gets what kube-apiserver sends: `200`, then one `ERROR` event with a
 //!   `410` `Expired` `Status`, after which kube-rs lists again.
+//! - `fieldSelector` (`spec.nodeName=node-a`, `metadata.name!=x`, terms
+//!   separated by commas) filters lists and watches: a watch sends `ADDED`
+//!   when an object comes to match and `DELETED` when it stops, as
+//!   kube-apiserver does (any field path here, where kube-apiserver allows
+//!   only those each resource indexes).
 //!
 //! Resource versions are one counter for every resource, as etcd's revision
 //! is: a watch of Services falls behind while Nodes change, and only
@@ -51,14 +62,16 @@
 //! What it does not cover: the token is recorded, never checked, and there is
 //! no RBAC (every request is allowed; the manifest's `ClusterRole` is checked
 //! against the requests the agent makes only by reading it); no writes
-//! (`POST`, `PUT`, `PATCH`, `DELETE` get `405`); label and field selectors are
-//! ignored (every object matches); no `sendInitialEvents` (streaming lists),
+//! (`POST`, `PUT`, `PATCH`, `DELETE` get `405`); label selectors are ignored
+//! (every object matches); no `sendInitialEvents` (streaming lists),
 //! no `resourceVersionMatch` (a list is always the latest state), no
 //! aggregated discovery (`apidiscovery.k8s.io/v2`), no protobuf, no HTTP/2,
 //! one connection per request (`Connection: close`); no admission, defaulting
 //! or validation (objects are served as the test wrote them: no
 //! EndpointSlice controller either, a test puts the slices of its Services
-//! itself, and nothing ties them to the Services or Pods); only the `v1` of
+//! itself, and nothing ties them to the Services or Pods; no namespace
+//! controller: a Namespace deleted leaves its objects; no scheduler or
+//! kubelet: a Pod is bound and running as the test wrote it); only the `v1` of
 //! each group (no `discovery.k8s.io/v1beta1`); and none of the
 //! real server's behaviour under load (priority and fairness, `429`, watch
 //! cache sizes).
@@ -109,14 +122,23 @@ pub enum Resource {
     ServiceCidrs,
     /// `endpointslices` (discovery.k8s.io/v1, namespaced).
     EndpointSlices,
+    /// `pods` (v1, namespaced).
+    Pods,
+    /// `namespaces` (v1, cluster-scoped).
+    Namespaces,
+    /// `networkpolicies` (networking.k8s.io/v1, namespaced).
+    NetworkPolicies,
 }
 
 impl Resource {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 7] = [
         Self::Nodes,
         Self::Services,
         Self::ServiceCidrs,
         Self::EndpointSlices,
+        Self::Pods,
+        Self::Namespaces,
+        Self::NetworkPolicies,
     ];
 
     fn kind(self) -> &'static str {
@@ -125,6 +147,9 @@ impl Resource {
             Self::Services => "Service",
             Self::ServiceCidrs => "ServiceCIDR",
             Self::EndpointSlices => "EndpointSlice",
+            Self::Pods => "Pod",
+            Self::Namespaces => "Namespace",
+            Self::NetworkPolicies => "NetworkPolicy",
         }
     }
 
@@ -134,6 +159,9 @@ impl Resource {
             Self::Services => "service",
             Self::ServiceCidrs => "servicecidr",
             Self::EndpointSlices => "endpointslice",
+            Self::Pods => "pod",
+            Self::Namespaces => "namespace",
+            Self::NetworkPolicies => "networkpolicy",
         }
     }
 
@@ -143,28 +171,46 @@ impl Resource {
             Self::Services => "services",
             Self::ServiceCidrs => "servicecidrs",
             Self::EndpointSlices => "endpointslices",
+            Self::Pods => "pods",
+            Self::Namespaces => "namespaces",
+            Self::NetworkPolicies => "networkpolicies",
         }
     }
 
     /// The API group ("" for the core group).
     fn group(self) -> &'static str {
         match self {
-            Self::Nodes | Self::Services => "",
-            Self::ServiceCidrs => NETWORKING,
+            Self::Nodes | Self::Services | Self::Pods | Self::Namespaces => "",
+            Self::ServiceCidrs | Self::NetworkPolicies => NETWORKING,
             Self::EndpointSlices => DISCOVERY,
         }
     }
 
     fn api_version(self) -> &'static str {
-        match self {
-            Self::Nodes | Self::Services => "v1",
-            Self::ServiceCidrs => "networking.k8s.io/v1",
-            Self::EndpointSlices => "discovery.k8s.io/v1",
+        match self.group() {
+            "" => "v1",
+            NETWORKING => "networking.k8s.io/v1",
+            _ => "discovery.k8s.io/v1",
         }
     }
 
     fn namespaced(self) -> bool {
-        matches!(self, Self::Services | Self::EndpointSlices)
+        matches!(
+            self,
+            Self::Services | Self::EndpointSlices | Self::Pods | Self::NetworkPolicies
+        )
+    }
+
+    /// `kubectl`'s short names, as discovery lists them.
+    fn short_names(self) -> &'static [&'static str] {
+        match self {
+            Self::Nodes => &["no"],
+            Self::Services => &["svc"],
+            Self::Pods => &["po"],
+            Self::Namespaces => &["ns"],
+            Self::NetworkPolicies => &["netpol"],
+            Self::ServiceCidrs | Self::EndpointSlices => &[],
+        }
     }
 
     /// What a `Status` calls it: `services`, `servicecidrs.networking.k8s.io`.
@@ -184,8 +230,8 @@ impl Resource {
             "kind": self.kind(),
             "verbs": ["get", "list", "watch"],
         });
-        if self == Self::Services {
-            v["shortNames"] = json!(["svc"]);
+        if !self.short_names().is_empty() {
+            v["shortNames"] = json!(self.short_names());
         }
         v
     }
@@ -194,13 +240,16 @@ impl Resource {
 /// An object's key: resource, namespace ("" for cluster-scoped), name.
 type Key = (Resource, String, String);
 
-/// One change: (resourceVersion, resource, event type, object).
+/// One change: (resourceVersion, resource, event type, object, and for a
+/// `MODIFIED`, the object before: a watch with a field selector sends
+/// `ADDED` or `DELETED` when an object starts or stops matching).
 struct Change {
     rv: u64,
     res: Resource,
     ns: String,
     kind: &'static str,
     obj: Value,
+    prev: Option<Value>,
 }
 
 struct Inner {
@@ -349,8 +398,7 @@ impl ApiServer {
     }
 
     /// Creates or replaces `obj` (its `metadata.name`, and for a namespaced
-    /// resource, Service or EndpointSlice, its `metadata.namespace`, default
-    /// `default`) as a `res`; `apiVersion`, `kind`, `uid` and
+    /// resource, its `metadata.namespace`, default `default`) as a `res`; `apiVersion`, `kind`, `uid` and
     /// `resourceVersion` are set here.
     pub fn put(&self, res: Resource, mut obj: Value) {
         let name = obj["metadata"]["name"]
@@ -375,18 +423,15 @@ impl ApiServer {
             inner.rv = rv;
             obj["metadata"]["resourceVersion"] = json!(rv.to_string());
             let key = (res, ns.clone(), name);
-            let kind = if inner.objects.contains_key(&key) {
-                "MODIFIED"
-            } else {
-                "ADDED"
-            };
-            inner.objects.insert(key, obj.clone());
+            let prev = inner.objects.insert(key, obj.clone());
+            let kind = if prev.is_some() { "MODIFIED" } else { "ADDED" };
             inner.changes.push(Change {
                 rv,
                 res,
                 ns,
                 kind,
                 obj,
+                prev,
             });
         });
     }
@@ -408,6 +453,7 @@ impl ApiServer {
                 ns,
                 kind: "DELETED",
                 obj,
+                prev: None,
             });
         });
     }
@@ -504,6 +550,100 @@ impl ApiServer {
         self.delete(Resource::EndpointSlices, ns, name);
     }
 
+    /// Creates or replaces Namespace `name` with these labels, and the
+    /// `kubernetes.io/metadata.name` label kube-apiserver gives every
+    /// namespace (what a `namespaceSelector` by name matches); `Active`.
+    pub fn set_namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let mut l = label_map(labels);
+        l.insert("kubernetes.io/metadata.name".into(), json!(name));
+        self.put(
+            Resource::Namespaces,
+            json!({
+                "metadata": {"name": name, "labels": l},
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            }),
+        );
+    }
+
+    /// Deletes Namespace `name` (nothing if there is none). Its objects stay:
+    /// there is no namespace controller to remove them, a test deletes them
+    /// itself.
+    pub fn delete_namespace(&self, name: &str) {
+        self.delete(Resource::Namespaces, "", name);
+    }
+
+    /// Creates or replaces Pod `ns/name` on Node `node` (`""`: not scheduled,
+    /// `Pending`; else `Running`), with these labels and addresses
+    /// (`status.podIP` the first, `status.podIPs` all) and one container per
+    /// element of `ports` (a JSON array of each container's `ports` array, as
+    /// in the API: `[[{"name": "http", "containerPort": 80, "protocol":
+    /// "TCP"}], []]`; one container without ports when it has none).
+    pub fn set_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        labels: &[(&str, &str)],
+        ips: &[&str],
+        ports: &Value,
+    ) {
+        let per_container: Vec<Value> = match ports.as_array() {
+            Some(a) if !a.is_empty() => a.clone(),
+            _ => vec![json!([])],
+        };
+        let containers: Vec<Value> = per_container
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut c = json!({
+                    "name": format!("c{i}"),
+                    "image": "registry.k8s.io/pause:3.10",
+                });
+                if p.as_array().is_some_and(|a| !a.is_empty()) {
+                    c["ports"] = p.clone();
+                }
+                c
+            })
+            .collect();
+        let mut spec = json!({"containers": containers});
+        if !node.is_empty() {
+            spec["nodeName"] = json!(node);
+        }
+        let mut status = json!({"phase": if node.is_empty() { "Pending" } else { "Running" }});
+        if let Some(first) = ips.first() {
+            status["podIP"] = json!(first);
+            status["podIPs"] = json!(ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>());
+        }
+        self.put(
+            Resource::Pods,
+            json!({
+                "metadata": {"name": name, "namespace": ns, "labels": label_map(labels)},
+                "spec": spec,
+                "status": status,
+            }),
+        );
+    }
+
+    /// Deletes Pod `ns/name` (nothing if there is none).
+    pub fn delete_pod(&self, ns: &str, name: &str) {
+        self.delete(Resource::Pods, ns, name);
+    }
+
+    /// Creates or replaces NetworkPolicy `ns/name` with this `spec` (as in
+    /// the API: `podSelector`, `policyTypes`, `ingress`, `egress`).
+    pub fn set_network_policy(&self, ns: &str, name: &str, spec: &Value) {
+        self.put(
+            Resource::NetworkPolicies,
+            json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}),
+        );
+    }
+
+    /// Deletes NetworkPolicy `ns/name` (nothing if there is none).
+    pub fn delete_network_policy(&self, ns: &str, name: &str) {
+        self.delete(Resource::NetworkPolicies, ns, name);
+    }
+
     /// Serves the ServiceCIDR API (the default), or not: a cluster from
     /// before Kubernetes 1.33 (404s; open ServiceCIDR watches end).
     pub fn set_service_cidr_api(&self, on: bool) {
@@ -595,6 +735,14 @@ impl Drop for ApiServer {
             let _ = t.join();
         }
     }
+}
+
+/// Labels as an object's `metadata.labels`.
+fn label_map(labels: &[(&str, &str)]) -> serde_json::Map<String, Value> {
+    labels
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect()
 }
 
 /// A CA and a server certificate for 127.0.0.1 (and the in-cluster DNS name)
@@ -746,7 +894,11 @@ fn target(path: &str, inner: &Inner) -> Option<Target> {
             "kind": "APIResourceList",
             "apiVersion": "v1",
             "groupVersion": "v1",
-            "resources": [Resource::Nodes.discovery(), Resource::Services.discovery()],
+            "resources": Resource::ALL
+                .iter()
+                .filter(|r| r.group().is_empty())
+                .map(|r| r.discovery())
+                .collect::<Vec<_>>(),
         })),
         ["apis"] => Some(json!({
             "kind": "APIGroupList",
@@ -760,7 +912,7 @@ fn target(path: &str, inner: &Inner) -> Option<Target> {
             Some(g)
         }
         // Before 1.33 networking.k8s.io/v1 is there with other resources
-        // (NetworkPolicies, Ingresses: not served here), without ServiceCIDRs.
+        // (NetworkPolicies; Ingresses, not served here), without ServiceCIDRs.
         ["apis", group, "v1"] if GROUPS.contains(group) => {
             let resources: Vec<Value> = Resource::ALL
                 .iter()
@@ -784,6 +936,8 @@ fn target(path: &str, inner: &Inner) -> Option<Target> {
         ["apis", group, "v1", rest @ ..] => (*group, rest),
         _ => return None,
     };
+    // `namespaces/<ns>/<plural>...` is inside a namespace; `namespaces` and
+    // `namespaces/<name>` are the Namespaces themselves.
     let (ns, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_string()), rest),
         _ => (None, rest),
@@ -821,7 +975,7 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
         query
             .split('&')
             .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
-            .map(str::to_string)
+            .map(percent_decode)
     };
     let out = &mut s;
     let found = {
@@ -864,6 +1018,19 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
             }
         }
         Some(Target::List(res, ns)) => {
+            let selector = param("fieldSelector").unwrap_or_default();
+            let Some(fields) = Fields::parse(&selector) else {
+                return respond(
+                    out,
+                    400,
+                    &status(
+                        400,
+                        "BadRequest",
+                        &format!("invalid field selector {selector:?}"),
+                    ),
+                );
+            };
+            let sel = Selection { res, ns, fields };
             if param("watch").is_some_and(|w| w == "true" || w == "1") {
                 let from = param("resourceVersion").and_then(|v| v.parse().ok());
                 let secs = param("timeoutSeconds")
@@ -873,23 +1040,23 @@ fn serve(mut s: impl Read + Write, shared: &Shared) -> Result<()> {
                 return watch(
                     out,
                     shared,
-                    (res, ns),
+                    &sel,
                     from,
                     Duration::from_secs(secs).min(MAX_WATCH),
                     bookmarks,
                 );
             }
             let limit = param("limit").and_then(|v| v.parse().ok());
-            list(out, shared, (res, ns), limit, param("continue"))
+            list(out, shared, &sel, limit, param("continue"))
         }
     }
 }
 
-/// A page of the objects of `res` in `ns` (every namespace: `None`).
+/// A page of the objects `sel` selects.
 fn list(
     out: &mut impl Write,
     shared: &Shared,
-    (res, ns): (Resource, Option<String>),
+    sel: &Selection,
     limit: Option<usize>,
     cont: Option<String>,
 ) -> Result<()> {
@@ -915,7 +1082,7 @@ fn list(
                 i.rv,
                 i.objects
                     .iter()
-                    .filter(|((r, n, _), _)| *r == res && ns.as_ref().is_none_or(|ns| ns == n))
+                    .filter(|((r, n, _), o)| sel.has(*r, n, o))
                     .map(|(_, o)| o.clone())
                     .collect::<Vec<_>>(),
             ),
@@ -934,13 +1101,137 @@ fn list(
             i.pages.insert(token, (rv, rest));
         }
         json!({
-            "apiVersion": res.api_version(),
-            "kind": format!("{}List", res.kind()),
+            "apiVersion": sel.res.api_version(),
+            "kind": format!("{}List", sel.res.kind()),
             "metadata": meta,
             "items": items,
         })
     };
     respond(out, 200, &body)
+}
+
+/// A watch event as the line that carries it.
+fn event(kind: &str, obj: &Value) -> String {
+    json!({"type": kind, "object": obj}).to_string()
+}
+
+/// A query parameter's value with `%XX` and `+` decoded (kube-rs sends
+/// `fieldSelector=spec.nodeName%3Dnode-a`).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| v.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (_, Some(x)) => {
+                out.push(x);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, None) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A `fieldSelector`: terms `path=value`, `path==value` or `path!=value`,
+/// separated by commas, all of which must hold. A path is the field's JSON
+/// path (`spec.nodeName`, `metadata.name`, `status.phase`); a missing field
+/// is `""`, a number or boolean its JSON text. kube-apiserver allows only
+/// the fields each resource indexes (`spec.nodeName` of Pods, `metadata.*`
+/// of all) and answers `400` to others; the stand-in takes any path.
+#[derive(Clone, Debug, Default)]
+struct Fields(Vec<(String, bool, String)>);
+
+impl Fields {
+    /// `None` for a term without an operator or path.
+    fn parse(s: &str) -> Option<Self> {
+        let mut terms = Vec::new();
+        for t in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let (path, eq, value) = if let Some((p, v)) = t.split_once("!=") {
+                (p, false, v)
+            } else if let Some((p, v)) = t.split_once("==") {
+                (p, true, v)
+            } else {
+                let (p, v) = t.split_once('=')?;
+                (p, true, v)
+            };
+            if path.trim().is_empty() {
+                return None;
+            }
+            terms.push((path.trim().to_string(), eq, value.trim().to_string()));
+        }
+        Some(Self(terms))
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        self.0.iter().all(|(path, eq, want)| {
+            let v = path.split('.').fold(obj, |v, k| &v[k]);
+            let have = match v {
+                Value::Null => String::new(),
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            (have == *want) == *eq
+        })
+    }
+}
+
+/// What a list or watch selects: a resource, a namespace (`None`: every
+/// one), a field selector.
+struct Selection {
+    res: Resource,
+    ns: Option<String>,
+    fields: Fields,
+}
+
+impl Selection {
+    /// Whether object `obj`, a `r` in namespace `ns`, is selected.
+    fn has(&self, r: Resource, ns: &str, obj: &Value) -> bool {
+        self.scope(r, ns) && self.fields.matches(obj)
+    }
+
+    fn scope(&self, r: Resource, ns: &str) -> bool {
+        r == self.res && self.ns.as_deref().is_none_or(|n| n == ns)
+    }
+
+    /// The event a watch of this selection sends for change `c`, if any: as
+    /// kube-apiserver's watch cache does, an object that starts matching the
+    /// field selector is `ADDED`, one that stops is `DELETED` (its last state
+    /// that matched, at the change's resource version).
+    fn event(&self, c: &Change) -> Option<String> {
+        if !self.scope(c.res, &c.ns) {
+            return None;
+        }
+        if c.kind == "DELETED" {
+            return self
+                .fields
+                .matches(&c.obj)
+                .then(|| event("DELETED", &c.obj));
+        }
+        let now = self.fields.matches(&c.obj);
+        let before = c.prev.as_ref().filter(|p| self.fields.matches(p));
+        match (before, now) {
+            (Some(_), true) => Some(event("MODIFIED", &c.obj)),
+            (None, true) => Some(event("ADDED", &c.obj)),
+            (Some(p), false) => {
+                let mut p = p.clone();
+                p["metadata"]["resourceVersion"] = json!(c.rv.to_string());
+                Some(event("DELETED", &p))
+            }
+            (None, false) => None,
+        }
+    }
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
@@ -951,6 +1242,7 @@ fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let body = body.to_string();
     let text = match code {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
         410 => "Gone",
@@ -965,14 +1257,13 @@ fn respond(s: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     Ok(())
 }
 
-/// A watch of `res` in `ns` (every namespace: `None`) from `from`: the
-/// changes after it, then new ones as they come, bookmarks if asked for; the
-/// body ends when the connection closes (no length: HTTP/1.1 with
-/// `Connection: close`).
+/// A watch of what `sel` selects from `from`: the changes after it, then
+/// new ones as they come, bookmarks if asked for; the body ends when the
+/// connection closes (no length: HTTP/1.1 with `Connection: close`).
 fn watch(
     s: &mut impl Write,
     shared: &Shared,
-    (res, ns): (Resource, Option<String>),
+    sel: &Selection,
     from: Option<u64>,
     limit: Duration,
     bookmarks: bool,
@@ -982,8 +1273,7 @@ fn watch(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
     )?;
     s.flush()?;
-    let ours = |r: Resource, n: &str| r == res && ns.as_deref().is_none_or(|ns| ns == n);
-    let event = |kind: &str, obj: &Value| json!({"type": kind, "object": obj}).to_string();
+    let res = sel.res;
     let expired = |from: u64, compacted: u64| {
         event(
             "ERROR",
@@ -1016,7 +1306,7 @@ fn watch(
             pending = guard
                 .objects
                 .iter()
-                .filter(|((r, n, _), _)| ours(*r, n))
+                .filter(|((r, n, _), o)| sel.has(*r, n, o))
                 .map(|(_, o)| event("ADDED", o))
                 .collect();
         }
@@ -1058,8 +1348,8 @@ fn watch(
             pending = guard
                 .changes
                 .iter()
-                .filter(|c| c.rv > sent && ours(c.res, &c.ns))
-                .map(|c| event(c.kind, &c.obj))
+                .filter(|c| c.rv > sent)
+                .filter_map(|c| sel.event(c))
                 .collect();
             sent = sent.max(guard.rv);
             if !pending.is_empty() {
@@ -1093,7 +1383,8 @@ fn watch(
 #[cfg(test)]
 mod tests {
     //! The stand-in over plain HTTP on 127.0.0.1 (no namespace, no privilege):
-    //! what it serves for EndpointSlices.
+    //! what it serves for EndpointSlices, Pods, Namespaces and NetworkPolicy
+    //! objects, field selectors.
     use super::*;
 
     /// A stand-in on 127.0.0.1 of the namespace the test runs in.
@@ -1155,6 +1446,71 @@ mod tests {
             .collect()
     }
 
+    /// The resource names of an `APIResourceList`.
+    fn resource_names(list: &Value) -> Vec<String> {
+        list["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Object names of a list's items, without namespace.
+    fn plain_names(list: &Value) -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// `type name` of each event of a watch body but bookmarks.
+    fn changes(body: &str) -> Vec<String> {
+        events(body)
+            .iter()
+            .filter(|e| e["type"] != "BOOKMARK")
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["type"].as_str().unwrap(),
+                    e["object"]["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    /// Opens watches `paths` (each in its own thread, each with
+    /// `timeoutSeconds=1`), waits until all asked and had time to start,
+    /// runs `change`, and returns each watch's body.
+    fn watching(api: &Arc<ApiServer>, paths: &[&str], change: impl FnOnce()) -> Vec<String> {
+        let before = api.requests().len();
+        let threads: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                let api = Arc::clone(api);
+                let p = format!("{p}&timeoutSeconds=1");
+                thread::spawn(move || get(&api, &p))
+            })
+            .collect();
+        let asked = Instant::now();
+        while api.requests().len() < before + paths.len() {
+            assert!(asked.elapsed() < Duration::from_secs(5));
+            thread::sleep(Duration::from_millis(10));
+        }
+        thread::sleep(Duration::from_millis(200));
+        change();
+        threads
+            .into_iter()
+            .map(|t| {
+                let (code, body) = t.join().unwrap();
+                assert_eq!(code, 200, "{body}");
+                body
+            })
+            .collect()
+    }
+
     #[test]
     fn apiserver_discovery_lists_endpoint_slices() {
         let api = local();
@@ -1185,14 +1541,13 @@ mod tests {
                 "verbs": ["get", "list", "watch"],
             }])
         );
-        // networking.k8s.io/v1 still lists ServiceCIDRs alone, and not when
-        // the API is off; discovery.k8s.io does not depend on it.
+        // networking.k8s.io/v1 lists ServiceCIDRs (not when the API is off)
+        // and NetworkPolicies; discovery.k8s.io does not depend on it.
         let net = get_json(&api, "/apis/networking.k8s.io/v1");
-        assert_eq!(net["resources"][0]["name"], "servicecidrs");
-        assert_eq!(net["resources"].as_array().unwrap().len(), 1);
+        assert_eq!(resource_names(&net), ["servicecidrs", "networkpolicies"]);
         api.set_service_cidr_api(false);
         let net = get_json(&api, "/apis/networking.k8s.io/v1");
-        assert_eq!(net["resources"], json!([]));
+        assert_eq!(resource_names(&net), ["networkpolicies"]);
         assert_eq!(
             get_json(&api, "/apis/discovery.k8s.io/v1")["resources"][0]["name"],
             "endpointslices"
@@ -1357,5 +1712,295 @@ mod tests {
         assert_eq!(ev[0]["type"], "ERROR");
         assert_eq!(ev[0]["object"]["code"], 410);
         assert_eq!(api.expired_watches(), 1);
+    }
+
+    #[test]
+    fn apiserver_discovery_lists_pods_namespaces_and_network_policies() {
+        let api = local();
+        let core = get_json(&api, "/api/v1");
+        assert_eq!(core["groupVersion"], "v1");
+        assert_eq!(
+            resource_names(&core),
+            ["nodes", "services", "pods", "namespaces"]
+        );
+        let find = |list: &Value, name: &str| {
+            list["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == name)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(
+            find(&core, "pods"),
+            json!({
+                "name": "pods",
+                "singularName": "pod",
+                "namespaced": true,
+                "kind": "Pod",
+                "verbs": ["get", "list", "watch"],
+                "shortNames": ["po"],
+            })
+        );
+        let ns = find(&core, "namespaces");
+        assert_eq!(ns["namespaced"], false);
+        assert_eq!(ns["kind"], "Namespace");
+        let net = get_json(&api, "/apis/networking.k8s.io/v1");
+        let np = find(&net, "networkpolicies");
+        assert_eq!(np["namespaced"], true);
+        assert_eq!(np["kind"], "NetworkPolicy");
+        assert_eq!(np["singularName"], "networkpolicy");
+    }
+
+    #[test]
+    fn apiserver_lists_and_gets_namespaces_pods_and_network_policies() {
+        let api = local();
+        api.set_namespace("a", &[("team", "x")]);
+        api.set_namespace("b", &[]);
+        let ports = json!([
+            [{"name": "http", "containerPort": 80, "protocol": "TCP"}],
+            [],
+        ]);
+        api.set_pod(
+            "a",
+            "web",
+            "n1",
+            &[("app", "web")],
+            &["10.0.1.5", "fd00::5"],
+            &ports,
+        );
+        api.set_pod("b", "db", "n2", &[], &["10.0.2.7"], &json!([]));
+        api.set_network_policy(
+            "a",
+            "deny",
+            &json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        );
+
+        // `/api/v1/namespaces` is the Namespaces, not a namespace's objects.
+        let all = get_json(&api, "/api/v1/namespaces");
+        assert_eq!(all["kind"], "NamespaceList");
+        assert_eq!(all["apiVersion"], "v1");
+        assert_eq!(plain_names(&all), ["a", "b"]);
+        assert_eq!(all["metadata"]["resourceVersion"], "5");
+        let a = get_json(&api, "/api/v1/namespaces/a");
+        assert_eq!(a["kind"], "Namespace");
+        assert_eq!(a["metadata"]["labels"]["team"], "x");
+        assert_eq!(a["metadata"]["labels"]["kubernetes.io/metadata.name"], "a");
+        assert!(a["metadata"]["namespace"].is_null());
+        assert_eq!(a["status"]["phase"], "Active");
+        let (code, body) = get(&api, "/api/v1/namespaces/zz");
+        assert_eq!(code, 404);
+        assert!(body.contains(r#"namespaces \"zz\" not found"#), "{body}");
+        // Namespaces are not inside a namespace.
+        assert_eq!(get(&api, "/api/v1/namespaces/a/namespaces").0, 404);
+        assert_eq!(get(&api, "/api/v1/namespaces/a/namespaces/a").0, 404);
+
+        // Pods: of every namespace, of one, one.
+        let pods = get_json(&api, "/api/v1/pods");
+        assert_eq!(pods["kind"], "PodList");
+        assert_eq!(names(&pods["items"]), ["a/web", "b/db"]);
+        let in_a = get_json(&api, "/api/v1/namespaces/a/pods");
+        assert_eq!(names(&in_a["items"]), ["a/web"]);
+        assert_eq!(
+            names(&get_json(&api, "/api/v1/namespaces/zz/pods")["items"]),
+            Vec::<String>::new()
+        );
+        let web = get_json(&api, "/api/v1/namespaces/a/pods/web");
+        assert_eq!(web["kind"], "Pod");
+        assert_eq!(web["apiVersion"], "v1");
+        assert_eq!(web["metadata"]["uid"], "uid-pods-a-web");
+        assert_eq!(web["metadata"]["labels"], json!({"app": "web"}));
+        assert_eq!(web["spec"]["nodeName"], "n1");
+        let c = web["spec"]["containers"].as_array().unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0]["name"], "c0");
+        assert!(c[0]["image"].is_string());
+        assert_eq!(c[0]["ports"][0]["containerPort"], 80);
+        assert!(c[1]["ports"].is_null());
+        assert_eq!(web["status"]["phase"], "Running");
+        assert_eq!(web["status"]["podIP"], "10.0.1.5");
+        assert_eq!(
+            web["status"]["podIPs"],
+            json!([{"ip": "10.0.1.5"}, {"ip": "fd00::5"}])
+        );
+        let db = get_json(&api, "/api/v1/namespaces/b/pods/db");
+        assert_eq!(db["spec"]["containers"].as_array().unwrap().len(), 1);
+        assert_eq!(get(&api, "/api/v1/namespaces/b/pods/web").0, 404);
+        assert_eq!(get(&api, "/api/v1/pods/web").0, 404);
+
+        // NetworkPolicies.
+        let pols = get_json(&api, "/apis/networking.k8s.io/v1/networkpolicies");
+        assert_eq!(pols["kind"], "NetworkPolicyList");
+        assert_eq!(pols["apiVersion"], "networking.k8s.io/v1");
+        assert_eq!(names(&pols["items"]), ["a/deny"]);
+        let deny = get_json(
+            &api,
+            "/apis/networking.k8s.io/v1/namespaces/a/networkpolicies/deny",
+        );
+        assert_eq!(deny["kind"], "NetworkPolicy");
+        assert_eq!(deny["spec"]["policyTypes"], json!(["Ingress"]));
+        assert_eq!(
+            plain_names(&get_json(
+                &api,
+                "/apis/networking.k8s.io/v1/namespaces/b/networkpolicies"
+            )),
+            Vec::<String>::new()
+        );
+        assert_eq!(get(&api, "/api/v1/networkpolicies").0, 404);
+        assert_eq!(get(&api, "/apis/networking.k8s.io/v1/pods").0, 404);
+        // Off with ServiceCIDRs or not, NetworkPolicies stay.
+        api.set_service_cidr_api(false);
+        assert_eq!(
+            get(&api, "/apis/networking.k8s.io/v1/networkpolicies").0,
+            200
+        );
+
+        api.delete_pod("a", "web");
+        api.delete_network_policy("a", "deny");
+        api.delete_namespace("b");
+        assert_eq!(names(&get_json(&api, "/api/v1/pods")["items"]), ["b/db"]);
+        assert_eq!(plain_names(&get_json(&api, "/api/v1/namespaces")), ["a"]);
+        assert_eq!(
+            plain_names(&get_json(
+                &api,
+                "/apis/networking.k8s.io/v1/networkpolicies"
+            )),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn apiserver_selects_pods_by_node() {
+        let api = local();
+        api.set_pod("a", "p1", "n1", &[], &["10.0.1.1"], &json!([]));
+        api.set_pod("a", "p2", "n2", &[], &["10.0.2.1"], &json!([]));
+        api.set_pod("b", "p3", "n1", &[], &["10.0.1.2"], &json!([]));
+        api.set_pod("b", "pending", "", &[], &[], &json!([]));
+
+        // As kube-rs sends it: the selector percent-encoded.
+        let on_n1 = get_json(&api, "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1");
+        assert_eq!(names(&on_n1["items"]), ["a/p1", "b/p3"]);
+        let on_n1 = get_json(&api, "/api/v1/pods?fieldSelector=spec.nodeName==n1");
+        assert_eq!(names(&on_n1["items"]), ["a/p1", "b/p3"]);
+        let b_on_n1 = get_json(
+            &api,
+            "/api/v1/namespaces/b/pods?fieldSelector=spec.nodeName%3Dn1",
+        );
+        assert_eq!(names(&b_on_n1["items"]), ["b/p3"]);
+        let unscheduled = get_json(&api, "/api/v1/pods?fieldSelector=spec.nodeName%3D");
+        assert_eq!(names(&unscheduled["items"]), ["b/pending"]);
+        let pending = get_json(&api, "/api/v1/namespaces/b/pods/pending");
+        assert_eq!(pending["status"]["phase"], "Pending");
+        assert!(pending["spec"]["nodeName"].is_null());
+        assert!(pending["status"]["podIP"].is_null());
+        let elsewhere = get_json(
+            &api,
+            "/api/v1/pods?fieldSelector=spec.nodeName%21%3Dn1%2Cmetadata.namespace%3Da",
+        );
+        assert_eq!(names(&elsewhere["items"]), ["a/p2"]);
+        // Pages hold what matches.
+        api.set_max_page(Some(1));
+        let first = get_json(
+            &api,
+            "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1&limit=5",
+        );
+        assert_eq!(names(&first["items"]), ["a/p1"]);
+        assert_eq!(first["metadata"]["remainingItemCount"], 1);
+        let token = first["metadata"]["continue"].as_str().unwrap();
+        let next = get_json(
+            &api,
+            &format!("/api/v1/pods?fieldSelector=spec.nodeName%3Dn1&limit=5&continue={token}"),
+        );
+        assert_eq!(names(&next["items"]), ["b/p3"]);
+        // A term without an operator.
+        let (code, body) = get(&api, "/api/v1/pods?fieldSelector=spec.nodeName");
+        assert_eq!(code, 400, "{body}");
+    }
+
+    #[test]
+    fn apiserver_watches_pods_namespaces_and_network_policies() {
+        let api = Arc::new(local());
+        api.set_namespace("a", &[]);
+        api.set_pod("a", "p1", "n1", &[], &["10.0.1.1"], &json!([]));
+        api.set_pod("a", "p2", "", &[], &[], &json!([]));
+        api.set_network_policy("a", "old", &json!({"podSelector": {}}));
+        // rv 4. Each watch from rv 4 but the node's, which starts without
+        // one (the synthetic ADDED of what is on n1 first).
+        let bodies = watching(
+            &api,
+            &[
+                "/api/v1/pods?watch=true&resourceVersion=4",
+                "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn1",
+                "/api/v1/namespaces?watch=true&resourceVersion=4",
+                "/api/v1/namespaces/a/pods?watch=true&resourceVersion=4",
+                "/apis/networking.k8s.io/v1/namespaces/a/networkpolicies?watch=true&resourceVersion=4",
+                "/apis/networking.k8s.io/v1/networkpolicies?watch=true&resourceVersion=4",
+            ],
+            || {
+                // p2 is scheduled to n1, p1 changes, p3 comes on n2.
+                api.set_pod("a", "p2", "n1", &[], &["10.0.1.2"], &json!([]));
+                api.set_pod("a", "p1", "n1", &[("v", "2")], &["10.0.1.1"], &json!([]));
+                api.set_pod("b", "p3", "n2", &[], &["10.0.2.3"], &json!([]));
+                api.set_namespace("b", &[("env", "prod")]);
+                api.set_network_policy("b", "web", &json!({"podSelector": {}}));
+                api.delete_network_policy("a", "old");
+                // p1 leaves n1 (as no real pod does; what the watch cache
+                // sends when an object stops matching), p2 is deleted.
+                api.set_pod("a", "p1", "n2", &[], &["10.0.2.1"], &json!([]));
+                api.delete_pod("a", "p2");
+                api.delete_namespace("a");
+            },
+        );
+        assert_eq!(
+            changes(&bodies[0]),
+            [
+                "MODIFIED p2",
+                "MODIFIED p1",
+                "ADDED p3",
+                "MODIFIED p1",
+                "DELETED p2"
+            ],
+            "{}",
+            bodies[0]
+        );
+        assert_eq!(
+            changes(&bodies[1]),
+            [
+                "ADDED p1",
+                "ADDED p2",
+                "MODIFIED p1",
+                "DELETED p1",
+                "DELETED p2"
+            ],
+            "{}",
+            bodies[1]
+        );
+        // p1's DELETED on leaving the node: its last state on n1, at the
+        // change's resource version.
+        let left = &events(&bodies[1])[3];
+        assert_eq!(left["object"]["spec"]["nodeName"], "n1");
+        assert_eq!(left["object"]["metadata"]["resourceVersion"], "11");
+        assert_eq!(
+            changes(&bodies[2]),
+            ["ADDED b", "DELETED a"],
+            "{}",
+            bodies[2]
+        );
+        assert_eq!(events(&bodies[2])[0]["object"]["kind"], "Namespace");
+        assert_eq!(
+            changes(&bodies[3]),
+            ["MODIFIED p2", "MODIFIED p1", "MODIFIED p1", "DELETED p2"],
+            "{}",
+            bodies[3]
+        );
+        assert_eq!(changes(&bodies[4]), ["DELETED old"], "{}", bodies[4]);
+        assert_eq!(
+            changes(&bodies[5]),
+            ["ADDED web", "DELETED old"],
+            "{}",
+            bodies[5]
+        );
+        assert_eq!(events(&bodies[5])[0]["object"]["kind"], "NetworkPolicy");
     }
 }

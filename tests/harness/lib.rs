@@ -41,6 +41,7 @@ pub mod node;
 pub mod oci;
 pub mod prometheus;
 pub mod raw;
+pub mod reach;
 pub mod schema;
 pub mod sockopt;
 pub mod stream;

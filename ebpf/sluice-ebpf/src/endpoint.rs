@@ -168,11 +168,6 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey, kernel_flows: bool
             count(reason::UPLINK_KERNEL_FLOW);
             TCX_NEXT
         }
-        // A new hostPort flow into a pod with NetworkPolicy goes to the
-        // kernel, whose routing takes it through `to_pod`'s check (no stack
-        // is left here for the check's call on Linux 5.10). A masquerade
-        // reply belongs to a flow the pod's egress let out.
-        Some(_) if !kernel_flows && !crate::policy::xdp_may_deliver(&pod) => TCX_NEXT,
         Some(ep) if h.ttl() > 1 => deliver_tc(
             &h,
             ep,
@@ -187,4 +182,26 @@ pub(crate) fn deliver_translated(ctx: &TcContext, pod: IpKey, kernel_flows: bool
 #[inline(always)]
 pub(crate) fn deliver_masq_reply(ctx: &TcContext, pod: IpKey) -> i32 {
     deliver_translated(ctx, pod, true)
+}
+
+/// hostPort's delivery of a new flow it translated (see
+/// [`deliver_translated`]). With NetworkPolicy on, the packet goes to the
+/// kernel, whose routing takes it through `to_pod`'s check: `uplink_in` has
+/// no stack left on Linux 5.10 for the check's call below hostPort's.
+#[inline(always)]
+pub(crate) fn deliver_hostport(ctx: &TcContext, pod: IpKey) -> i32 {
+    if crate::policy::on() {
+        return TCX_NEXT;
+    }
+    deliver_translated(ctx, pod, false)
+}
+
+/// [`deliver_hostport`] of an IPv4 flow (`pod_ip` in network order as
+/// native bytes), in a call of its own: inlined into `uplink_in`, it made
+/// that function too big for LLVM to keep in the program's own frame, and
+/// the extra frame of the program's entry took Linux 5.10's chain of calls
+/// past 512 bytes of stack.
+#[inline(never)]
+pub(crate) fn deliver_hostport4(ctx: &TcContext, pod_ip: u32) -> i32 {
+    deliver_hostport(ctx, IpKey::v4(pod_ip.to_ne_bytes()))
 }

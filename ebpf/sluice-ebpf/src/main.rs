@@ -455,16 +455,6 @@ fn uplink_in_verdict(ctx: &TcContext) -> i32 {
     if v != hostport::v6::NOT_OURS {
         return v;
     }
-    // NetworkPolicy, ingress of a pod here, the packet as it is now (a
-    // Service's translated already). A call beside the others: below them,
-    // the chain passed 512 bytes of stack. (hostPort's deliveries leave
-    // pods with policy to the kernel, whose routing passes to_pod.)
-    if policy::on() {
-        let v = policy::check(ctx, u32::from(policy_dir::INGRESS), 0);
-        if v != policy::PASS {
-            return v;
-        }
-    }
     // With IPv6 masquerade a call of its own: inlined, its locals and those of
     // IPv6 masquerade's call exceeded the 512 bytes of stack the verifier allows
     // a chain of calls. Inline elsewhere, as before (see `nat::snat`).
@@ -499,6 +489,11 @@ fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
             count(reason::UPLINK_KERNEL_FLOW);
             TCX_NEXT
         }
+        // NetworkPolicy: a pod with policy gets what comes from outside
+        // through the kernel, whose routing passes `to_pod`'s check (a call
+        // of the check here took `uplink_in` past 512 bytes of stack on
+        // Linux 5.10).
+        Some(_) if !policy::xdp_may_deliver(&h.dst_key()) => TCX_NEXT,
         Some(ep) if h.ttl() > 1 => {
             nat::note_inbound(ctx, &h, ep.ifindex);
             endpoint::deliver_tc(&h, ep, bandwidth::wire_len(ctx), reason::UPLINK_TO_POD)

@@ -12,7 +12,7 @@ use super::{config, hairpin, v6, Translated};
 use crate::{
     counters::count,
     csum,
-    endpoint::deliver_translated,
+    endpoint::deliver_hostport4,
     events::{self, note_drop},
     l3::{Headers, L3},
     l4::{
@@ -162,7 +162,7 @@ pub fn from_uplink(ctx: &TcContext) -> Option<i32> {
         return Some(TC_ACT_SHOT);
     }
     count(reason::HOSTPORT_DNAT);
-    Some(deliver_translated(ctx, IpKey::v4(t.pod_ip), false))
+    Some(deliver_hostport4(ctx, u32::from_ne_bytes(t.pod_ip)))
 }
 
 /// XDP (native mode only, see `nat::dnat_xdp`): the same as [`from_uplink`]

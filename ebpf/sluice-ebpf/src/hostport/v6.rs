@@ -22,7 +22,7 @@ use super::{config, hairpin, Translated};
 use crate::{
     counters::count,
     csum,
-    endpoint::deliver_translated,
+    endpoint::deliver_hostport,
     events::{self, note_drop},
     l3::same6,
     l4::{self, rewrite6, Rewrite6, ETH_LEN, L4, PROTO_SCTP, PROTO_TCP, PROTO_UDP},
@@ -184,7 +184,7 @@ pub fn from_uplink(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     count(reason::HOSTPORT_DNAT);
-    deliver_translated(ctx, IpKey::v6(p.t.pod_ip.0), false)
+    deliver_hostport(ctx, IpKey::v6(p.t.pod_ip.0))
 }
 
 /// Records how the pod's answers to the client of `p` (from outside, to a

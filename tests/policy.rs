@@ -1,0 +1,562 @@
+//! NetworkPolicy in the datapath (`sluice-node policy`), checked the way
+//! Cyclonus checks a CNI: pods in three namespaces serve TCP and UDP on two
+//! ports, every pod (and the node) probes every other pod on every port and
+//! protocol with real traffic, and the whole truth table must equal the
+//! one the NetworkPolicy API defines for the policies of each case. The
+//! cases are data ([`cases`]), served by the stand-in API server to the
+//! agent's real kube-rs watches; they port the upstream network-policy e2e
+//! cases that apply to one node: default deny, pod and namespace
+//! selectors alone, together (AND) and as two peers (OR), ports, endPort,
+//! named ports, ipBlock with except, egress, egress replies, and the
+//! union of policies.
+//!
+//! The other tests: a policy that tightens under an open connection cuts it
+//! at its next packet; a pod the agent has not compiled is refused both ways
+//! (pending) until its Pod object is known; audit mode lets would-be drops
+//! through and counts them; drops are counted by direction.
+#![cfg(test)]
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use sluice_tests::{
+    agent::{log_of, start as agent, stop},
+    apiserver::ApiServer,
+    counters::Counters,
+    fixtures::{add, external_host, EXT_IP, UPLINK},
+    host::Host,
+    masq::EchoServer,
+    reach::{self, Case, Probe, Proto},
+    traffic::enter_netns,
+    Node, Pod,
+};
+
+const CIDR: &str = "10.94.0.0/24";
+const LOG: &str = "policy.log";
+/// The servers' ports; `SERVE` is also named "serve" on pod a's containers.
+const P80: u16 = 80;
+const P81: u16 = 81;
+/// Longest a case gets to reach its table (the agent polls every 200 ms).
+const CONVERGE: Duration = Duration::from_secs(15);
+
+/// The pods: (namespace, name, labels).
+const PODS: [(&str, &str, &str); 5] = [
+    ("x", "a", "a"),
+    ("x", "b", "b"),
+    ("y", "a", "a"),
+    ("y", "b", "b"),
+    ("z", "c", "c"),
+];
+
+struct World {
+    node: Node,
+    /// A host beyond the node's uplink ("ext" in the tables), routed to the
+    /// pods: traffic from outside the cluster, through `uplink_in`.
+    ext: Host,
+    api: ApiServer,
+    /// "ns/name" -> (pod, its IPv4 address, its servers).
+    pods: BTreeMap<String, (Pod, IpAddr, Vec<EchoServer>)>,
+    agent: Option<sluice_tests::exec::Running>,
+}
+
+impl World {
+    fn new(audit: bool) -> Self {
+        let node = Node::new().unwrap();
+        let ext = external_host(&node, CIDR).unwrap();
+        let mut conf = node.conf("1.0.0", CIDR);
+        conf["uplink"] = json!(UPLINK);
+        let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
+        api.set_bookmark_interval(Duration::from_millis(300));
+        for ns in ["x", "y", "z"] {
+            api.set_namespace(ns, &[("ns", ns)]);
+        }
+        let mut pods = BTreeMap::new();
+        for (ns, name, label) in PODS {
+            let pod = node.pod(&format!("{ns}{name}")).unwrap();
+            let added = add(&node, &conf, &format!("pol-{ns}-{name}"), &pod);
+            let ip = added
+                .ips
+                .iter()
+                .map(|(ip, _)| *ip)
+                .find(IpAddr::is_ipv4)
+                .unwrap();
+            let servers = [P80, P81]
+                .iter()
+                .map(|p| EchoServer::start(&pod.path, SocketAddr::new(ip, *p)).unwrap())
+                .collect();
+            api.set_pod(
+                ns,
+                name,
+                node.name(),
+                &[("pod", label)],
+                &[&ip.to_string()],
+                &json!([[{"name": "serve", "containerPort": P81, "protocol": "TCP"}],
+                         [{"name": "other", "containerPort": P80, "protocol": "UDP"}]]),
+            );
+            pods.insert(format!("{ns}/{name}"), (pod, ip, servers));
+        }
+        let mut w = Self {
+            node,
+            ext,
+            api,
+            pods,
+            agent: None,
+        };
+        let mut args = vec!["policy", "--state-file"];
+        let state = w.state_file();
+        args.push(&state);
+        if audit {
+            args.push("--audit");
+        }
+        w.agent = Some(agent(&w.node, w.api.port(), &args, LOG).unwrap());
+        w
+    }
+
+    fn state_file(&self) -> String {
+        self.node.dir().join("policy.json").display().to_string()
+    }
+
+    fn ip(&self, pod: &str) -> IpAddr {
+        self.pods[pod].1
+    }
+
+    /// Every probe: each pod and the node to each other pod, both ports,
+    /// both protocols.
+    fn probes(&self) -> Vec<Probe> {
+        let mut clients: Vec<(String, std::path::PathBuf)> = self
+            .pods
+            .iter()
+            .map(|(k, (p, _, _))| (k.clone(), p.path.clone()))
+            .collect();
+        clients.push(("node".into(), self.node.netns_path()));
+        clients.push(("ext".into(), self.ext.netns_path()));
+        let mut v = Vec::new();
+        for (from, netns) in &clients {
+            for (to, (_, ip, _)) in &self.pods {
+                if from == to {
+                    continue;
+                }
+                for port in [P80, P81] {
+                    for proto in [Proto::Tcp, Proto::Udp] {
+                        v.push(Probe {
+                            from: from.clone(),
+                            to: to.clone(),
+                            proto,
+                            port,
+                            from_netns: netns.clone(),
+                            addr: SocketAddr::new(*ip, port),
+                        });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The truth table `allowed` defines over every probe.
+    fn table(&self, allowed: impl Fn(&str, &str, u16, Proto) -> bool) -> BTreeMap<Case, bool> {
+        self.probes()
+            .into_iter()
+            .map(|p| {
+                let ok = allowed(&p.from, &p.to, p.port, p.proto);
+                ((p.from, p.to, p.port, p.proto), ok)
+            })
+            .collect()
+    }
+
+    /// Probes until the table is `want` (at most [`CONVERGE`]); the time it
+    /// took, or the last difference.
+    fn converge(&self, what: &str, want: &BTreeMap<Case, bool>) -> Duration {
+        let start = Instant::now();
+        let probes = self.probes();
+        loop {
+            let got = reach::run(&probes).unwrap();
+            let d = reach::diff(&got, want);
+            if d.is_empty() {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < CONVERGE,
+                "case {what}: the reachability table differs from NetworkPolicy's after {CONVERGE:?}:\n{d}\nagent log:\n{}",
+                log_of(&self.node, LOG)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn counters(&self) -> Counters {
+        self.node.counters().unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(a) = self.agent.take() {
+            let _ = stop(a, &self.node, LOG);
+        }
+    }
+}
+
+/// Which probes get through: (from, to, port, protocol).
+type Allowed = Box<dyn Fn(&str, &str, u16, Proto) -> bool>;
+
+/// One case: its name, the policies (namespace, name, spec), and which
+/// probes get through (from, to, port, protocol; "node" is the node).
+struct PolicyCase {
+    name: &'static str,
+    policies: Vec<(&'static str, &'static str, Value)>,
+    allowed: Allowed,
+}
+
+fn ns(pod: &str) -> &str {
+    pod.split('/').next().unwrap_or("")
+}
+
+fn label(pod: &str) -> &str {
+    pod.split('/').nth(1).unwrap_or("")
+}
+
+/// The cases, as data: the upstream e2e's and Cyclonus's shapes on one node
+/// ("node" is the node itself, "ext" a host beyond its uplink).
+fn cases(ip_of: &dyn Fn(&str) -> IpAddr) -> Vec<PolicyCase> {
+    let ya = ip_of("y/a");
+    vec![
+        PolicyCase {
+            name: "no policy: everything open",
+            policies: vec![],
+            allowed: Box::new(|_, _, _, _| true),
+        },
+        PolicyCase {
+            name: "default deny ingress in x (the node still reaches its pods)",
+            policies: vec![("x", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]}))],
+            allowed: Box::new(|from, to, _, _| from == "node" || ns(to) != "x"),
+        },
+        PolicyCase {
+            name: "x/a from pods of x labelled pod=b (podSelector alone)",
+            policies: vec![("x", "allow-b", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}))],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || from == "x/b"),
+        },
+        PolicyCase {
+            name: "x/a from every pod of namespace y (namespaceSelector alone)",
+            policies: vec![("x", "allow-y", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}))],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || ns(from) == "y"),
+        },
+        PolicyCase {
+            name: "x/a from pod=a in namespace y (both selectors in one peer: AND)",
+            policies: vec![("x", "allow-y-a", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}},
+                                       "podSelector": {"matchLabels": {"pod": "a"}}}]}]}))],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || from == "y/a"),
+        },
+        PolicyCase {
+            name: "x/a from namespace y or from pod=b of x (two peers: OR)",
+            policies: vec![("x", "allow-y-or-b", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}},
+                                      {"podSelector": {"matchLabels": {"pod": "b"}}}]}]}))],
+            allowed: Box::new(|from, to, _, _| {
+                to != "x/a" || from == "node" || ns(from) == "y" || from == "x/b"
+            }),
+        },
+        PolicyCase {
+            name: "x/a from all namespaces (empty namespaceSelector) on TCP 80 only",
+            policies: vec![("x", "tcp80", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {}}],
+                             "ports": [{"protocol": "TCP", "port": 80}]}]}))],
+            allowed: Box::new(|from, to, port, proto| {
+                to != "x/a" || from == "node" || (from != "ext" && port == P80 && proto == Proto::Tcp)
+            }),
+        },
+        PolicyCase {
+            name: "x/a on TCP 80-81 (endPort), UDP not at all",
+            policies: vec![("x", "range", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"ports": [{"protocol": "TCP", "port": 80, "endPort": 81}]}]}))],
+            allowed: Box::new(|from, to, _, proto| {
+                to != "x/a" || from == "node" || proto == Proto::Tcp
+            }),
+        },
+        PolicyCase {
+            name: "x/a on its named ports: TCP \"serve\" (81), UDP \"other\" (80), two containers",
+            policies: vec![("x", "named", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"ports": [{"protocol": "TCP", "port": "serve"},
+                                       {"protocol": "UDP", "port": "other"}]}]}))],
+            allowed: Box::new(|from, to, port, proto| {
+                to != "x/a"
+                    || from == "node"
+                    || (port == P81 && proto == Proto::Tcp)
+                    || (port == P80 && proto == Proto::Udp)
+            }),
+        },
+        PolicyCase {
+            name: "x/a from the pod CIDR except y/a's address (ipBlock except)",
+            policies: vec![("x", "block", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": CIDR, "except": [format!("{ya}/32")]}}]}]}))],
+            allowed: Box::new(|from, to, _, _| {
+                to != "x/a" || from == "node" || (from != "y/a" && from != "ext")
+            }),
+        },
+        PolicyCase {
+            name: "x/a from the external host's address only (ipBlock /32, traffic from the uplink)",
+            policies: vec![("x", "ext-only", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": format!("{EXT_IP}/32")}}]}]}))],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || from == "ext"),
+        },
+        PolicyCase {
+            name: "two policies select x/a: their rules add up (union)",
+            policies: vec![
+                ("x", "from-b", json!({
+                    "podSelector": {"matchLabels": {"pod": "a"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}],
+                                 "ports": [{"port": 80}]}]})),
+                ("x", "from-z", json!({
+                    "podSelector": {"matchLabels": {"pod": "a"}},
+                    "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}]}]})),
+            ],
+            allowed: Box::new(|from, to, port, proto| {
+                to != "x/a"
+                    || from == "node"
+                    || ns(from) == "z"
+                    || (from == "x/b" && port == P80 && proto == Proto::Tcp)
+            }),
+        },
+        PolicyCase {
+            name: "default deny egress of x/b: it reaches nobody; others still reach it (replies pass)",
+            policies: vec![("x", "no-egress", json!({
+                "podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Egress"]}))],
+            allowed: Box::new(|from, _, _, _| from != "x/b"),
+        },
+        PolicyCase {
+            name: "egress of x/b to namespace y on UDP 80 only (DNS-like)",
+            policies: vec![("x", "udp-to-y", json!({
+                "podSelector": {"matchLabels": {"pod": "b"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                            "ports": [{"protocol": "UDP", "port": 80}]}]}))],
+            allowed: Box::new(|from, to, port, proto| {
+                from != "x/b" || (ns(to) == "y" && port == P80 && proto == Proto::Udp)
+            }),
+        },
+        PolicyCase {
+            name: "ingress and egress: y/b only talks to x/a, only x/a talks to y/b",
+            policies: vec![("y", "pair", json!({
+                "podSelector": {"matchLabels": {"pod": "b"}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                       "podSelector": {"matchLabels": {"pod": "a"}}}]}],
+                "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                    "podSelector": {"matchLabels": {"pod": "a"}}}]}]}))],
+            allowed: Box::new(|from, to, _, _| {
+                if from == "y/b" {
+                    return to == "x/a";
+                }
+                to != "y/b" || from == "node" || from == "x/a"
+            }),
+        },
+        PolicyCase {
+            name: "matchExpressions: x/a from pods whose label pod is not in (b, c)",
+            policies: vec![("x", "expr", json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {},
+                    "podSelector": {"matchExpressions": [{"key": "pod", "operator": "NotIn", "values": ["b", "c"]}]}}]}]}))],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || label(from) == "a"),
+        },
+    ]
+}
+
+fn apply(
+    api: &ApiServer,
+    old: &[(&str, &str, Value)],
+    new: &[(&'static str, &'static str, Value)],
+) {
+    for (ns, name, _) in old {
+        api.delete_network_policy(ns, name);
+    }
+    for (ns, name, spec) in new {
+        api.set_network_policy(ns, name, spec);
+    }
+}
+
+#[test]
+fn every_case_gives_network_policys_truth_table() {
+    let w = World::new(false);
+    let ip_of = |p: &str| w.ip(p);
+    let mut applied: Vec<(&str, &str, Value)> = Vec::new();
+    let mut report = Vec::new();
+    for case in cases(&ip_of) {
+        apply(&w.api, &applied, &case.policies);
+        let want = w.table(&case.allowed);
+        let took = w.converge(case.name, &want);
+        report.push(format!("{:>6} ms  {}", took.as_millis(), case.name));
+        applied = case.policies;
+    }
+    // Drops are counted by direction.
+    let c = w.counters();
+    assert!(c.get("drop_policy_ingress") > 0, "{c:?}");
+    assert!(c.get("drop_policy_egress") > 0, "{c:?}");
+    assert!(c.get("policy_new") > 0, "{c:?}");
+    eprintln!(
+        "cases, each with the time to its table:\n{}",
+        report.join("\n")
+    );
+}
+
+/// Writes `what` on an open connection and reads the echo.
+fn exchange(s: &mut TcpStream, what: &[u8]) -> bool {
+    let mut buf = vec![0u8; what.len()];
+    s.write_all(what).is_ok() && s.read_exact(&mut buf).is_ok() && buf == what
+}
+
+#[test]
+fn a_policy_that_tightens_cuts_open_flows_at_their_next_packet() {
+    let w = World::new(false);
+    let open = w.table(|_, _, _, _| true);
+    w.converge("open", &open);
+    let (from, to) = (w.pods["x/b"].0.path.clone(), w.ip("x/a"));
+    // A connection x/b -> x/a opened while everything is allowed.
+    let (tx, rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(bool, bool)>();
+    let t = std::thread::spawn(move || {
+        enter_netns(&from).unwrap();
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::new(to, P80), Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let before = exchange(&mut s, b"before");
+        // Wait for the policy.
+        let _ = rx.recv_timeout(Duration::from_secs(30));
+        let after = exchange(&mut s, b"after");
+        let _ = done_tx.send((before, after));
+    });
+    w.api.set_network_policy(
+        "x",
+        "deny",
+        &json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"]}),
+    );
+    let want = w.table(|from, to, _, _| to != "x/a" || from == "node");
+    w.converge("deny x/a", &want);
+    tx.send(true).unwrap();
+    let (before, after) = done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    t.join().unwrap();
+    assert!(before, "the connection did not work before the policy");
+    assert!(
+        !after,
+        "the open connection still worked after the policy denied it"
+    );
+}
+
+#[test]
+fn a_pod_without_its_pod_object_is_pending_both_ways_until_it_is_known() {
+    let w = World::new(false);
+    let open = w.table(|_, _, _, _| true);
+    w.converge("open", &open);
+    // A new pod attached; its Pod object comes later.
+    let conf = w.node.conf("1.0.0", CIDR);
+    let pod = w.node.pod("late").unwrap();
+    let added = add(&w.node, &conf, "pol-late", &pod);
+    let ip = added
+        .ips
+        .iter()
+        .map(|(ip, _)| *ip)
+        .find(IpAddr::is_ipv4)
+        .unwrap();
+    let _server = EchoServer::start(&pod.path, SocketAddr::new(ip, P80)).unwrap();
+    let xa = w.ip("x/a");
+    let probes = || {
+        vec![
+            Probe {
+                from: "x/a".into(),
+                to: "late".into(),
+                proto: Proto::Tcp,
+                port: P80,
+                from_netns: w.pods["x/a"].0.path.clone(),
+                addr: SocketAddr::new(ip, P80),
+            },
+            Probe {
+                from: "late".into(),
+                to: "x/a".into(),
+                proto: Proto::Tcp,
+                port: P80,
+                from_netns: pod.path.clone(),
+                addr: SocketAddr::new(xa, P80),
+            },
+        ]
+    };
+    // Pending: give the agent time to see the endpoint (it polls every 200 ms).
+    std::thread::sleep(Duration::from_secs(1));
+    let got = reach::run(&probes()).unwrap();
+    assert!(
+        got.values().all(|ok| !ok),
+        "a pending pod was reachable: {got:?}"
+    );
+    let c = w.counters();
+    assert!(c.get("drop_policy_pending") > 0, "{c:?}");
+    // Known: no policy selects it, so it is open.
+    w.api.set_pod(
+        "x",
+        "late",
+        w.node.name(),
+        &[("pod", "late")],
+        &[&ip.to_string()],
+        &json!([]),
+    );
+    let start = Instant::now();
+    loop {
+        let got = reach::run(&probes()).unwrap();
+        if got.values().all(|ok| *ok) {
+            break;
+        }
+        assert!(
+            start.elapsed() < CONVERGE,
+            "the pod stayed pending: {got:?}\n{}",
+            log_of(&w.node, LOG)
+        );
+    }
+    eprintln!("known after {} ms", start.elapsed().as_millis());
+}
+
+#[test]
+fn audit_mode_lets_would_be_drops_through_and_counts_them() {
+    let w = World::new(true);
+    w.api.set_network_policy(
+        "x",
+        "deny",
+        &json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+    );
+    // Give the agent the policy, then everything must still be open.
+    let start = Instant::now();
+    loop {
+        let state = std::fs::read_to_string(w.state_file()).unwrap_or_default();
+        if state.contains("x/deny") {
+            break;
+        }
+        assert!(
+            start.elapsed() < CONVERGE,
+            "the agent did not compile the policy:\n{}",
+            log_of(&w.node, LOG)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let open = w.table(|_, _, _, _| true);
+    w.converge("audit", &open);
+    let c = w.counters();
+    assert!(c.get("policy_audit_ingress") > 0, "{c:?}");
+    assert!(c.get("policy_audit_egress") > 0, "{c:?}");
+    assert_eq!(
+        c.get("drop_policy_ingress") + c.get("drop_policy_egress"),
+        0,
+        "{c:?}"
+    );
+}
