@@ -89,6 +89,10 @@ pub fn xdp_may_deliver(pod: &IpKey) -> bool {
 /// `pod_ifindex`: that pod's host device (its drop counter); 0 for
 /// "look it up": a packet not to a pod here then passes. [`PASS`], or
 /// [`TC_ACT_SHOT`] with the drop noted.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference, not copied onto the stack"
+)]
 #[inline(never)]
 pub fn check(ctx: &TcContext, dir: u32, pod_ifindex: u32) -> i32 {
     let Some(step) = STEP.get_ptr_mut(0) else {
@@ -207,6 +211,10 @@ fn allows(step: &mut Step, set: u32, ingress: bool) -> bool {
 }
 
 /// Keeps the verdict for the flow and for its replies.
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys go to the map helpers by reference, not copied onto the stack"
+)]
 #[inline(always)]
 fn record(step: &mut Step, set: u32, flags: u32) {
     let f = PolicyFlow { set, flags };
