@@ -106,9 +106,15 @@ impl World {
             pods,
             agent: None,
         };
-        let mut args = vec!["policy", "--state-file"];
         let state = w.state_file();
-        args.push(&state);
+        let records = w.node.state_dir().display().to_string();
+        let mut args = vec![
+            "policy",
+            "--state-file",
+            &state,
+            "--cni-state-dir",
+            &records,
+        ];
         if audit {
             args.push("--audit");
         }
@@ -525,6 +531,97 @@ fn a_pod_without_its_pod_object_is_pending_both_ways_until_it_is_known() {
         );
     }
     eprintln!("known after {} ms", start.elapsed().as_millis());
+}
+
+/// A pod whose ADD names it (`K8S_POD_NAMESPACE`, `K8S_POD_NAME` in
+/// `CNI_ARGS`, as containerd and CRI-O send) is compiled from its Pod
+/// object's labels before the kubelet reports its address: the agent reads
+/// the plugin's attachment record. Here a default-deny policy selects it.
+#[test]
+fn a_pod_named_at_add_gets_its_policy_before_its_address_is_reported() {
+    let w = World::new(false);
+    let open = w.table(|_, _, _, _| true);
+    w.converge("open", &open);
+    w.api.set_network_policy(
+        "x",
+        "deny-new",
+        &json!({"podSelector": {"matchLabels": {"pod": "new"}}, "policyTypes": ["Ingress"]}),
+    );
+    // The Pod object as the scheduler leaves it: labels, no address yet.
+    w.api.set_pod(
+        "x",
+        "new",
+        w.node.name(),
+        &[("pod", "new")],
+        &[],
+        &json!([]),
+    );
+    let conf = w.node.conf("1.0.0", CIDR);
+    let pod = w.node.pod("new").unwrap();
+    let out = w
+        .node
+        .cni(
+            "ADD",
+            &conf,
+            "pol-new",
+            "eth0",
+            Some(&pod),
+            &[(
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=x;K8S_POD_NAME=new",
+            )],
+        )
+        .unwrap();
+    let ip: IpAddr = out.result()["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap();
+    let _server = EchoServer::start(&pod.path, SocketAddr::new(ip, P80)).unwrap();
+    let from_a = Probe {
+        from: "x/a".into(),
+        to: "x/new".into(),
+        proto: Proto::Tcp,
+        port: P80,
+        from_netns: w.pods["x/a"].0.path.clone(),
+        addr: SocketAddr::new(ip, P80),
+    };
+    let to_a = Probe {
+        from: "x/new".into(),
+        to: "x/a".into(),
+        proto: Proto::Tcp,
+        port: P80,
+        from_netns: pod.path.clone(),
+        addr: SocketAddr::new(w.ip("x/a"), P80),
+    };
+    // Compiled from the record: isolated for ingress (refused), its egress
+    // open; not pending (which would refuse both).
+    let start = Instant::now();
+    loop {
+        let got = reach::run(&[from_a.clone(), to_a.clone()]).unwrap();
+        let into = got[&("x/a".to_string(), "x/new".to_string(), P80, Proto::Tcp)];
+        let out_of = got[&("x/new".to_string(), "x/a".to_string(), P80, Proto::Tcp)];
+        if !into && out_of {
+            break;
+        }
+        assert!(
+            start.elapsed() < CONVERGE,
+            "the pod did not get its policy from its record: {got:?}\n{}",
+            log_of(&w.node, LOG)
+        );
+    }
+    let state = std::fs::read_to_string(w.state_file()).unwrap();
+    let st: Value = serde_json::from_str(&state).unwrap();
+    let me = st["report"]["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "new")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(me["ingressIsolated"], true, "{st:#}");
+    assert_eq!(me["ips"], json!([ip.to_string()]), "{st:#}");
+    eprintln!("compiled {} ms after its ADD", start.elapsed().as_millis());
 }
 
 #[test]

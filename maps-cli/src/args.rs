@@ -157,7 +157,7 @@ pub(crate) struct MonitorArgs {
     #[arg(long)]
     pub json: bool,
     /// Only events of these types (repeatable).
-    #[arg(long = "type", value_name = "TYPE", value_parser = ["drop", "nat", "hostport", "service", "debug"])]
+    #[arg(long = "type", value_name = "TYPE", value_parser = ["drop", "nat", "hostport", "service", "policy", "debug"])]
     pub types: Vec<String>,
     /// Only events of this pod (its IP, or a container id prefix).
     #[arg(long)]
@@ -180,6 +180,10 @@ pub(crate) struct MonitorArgs {
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub duration: Option<u64>,
+    /// The state file `sluice-node policy` writes: NetworkPolicy drops and
+    /// audit events name the policies that select the pod.
+    #[arg(long, default_value = "/run/sluice/policy.json")]
+    pub policy_state: std::path::PathBuf,
 }
 
 #[derive(Args)]

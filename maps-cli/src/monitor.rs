@@ -10,6 +10,7 @@
 //! lines, read here from the `AYA_LOGS` ring of the pinned programs.
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     io::Write,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd, RawFd},
@@ -68,6 +69,7 @@ pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
     muted.store(false, Ordering::Relaxed);
     let lost_before = lost(&dp);
     let mut pods = Pods::read(&dp, a)?;
+    let mut policies = PolicyNames::new(&a.policy_state);
     // One write: tests (and scripts) wait for this whole line, and stderr is
     // unbuffered, so `eprintln!` would write it in pieces.
     let started = format!(
@@ -106,7 +108,8 @@ pub(crate) fn execute(t: &Target, a: &MonitorArgs) -> Result<()> {
             if !pods.matches(&ev, a) {
                 continue;
             }
-            print_event(&ev, &pods, a.json)?;
+            let selecting = policies.of(&ev);
+            print_event(&ev, &pods, selecting.as_ref(), a.json)?;
             shown += 1;
             if a.count.is_some_and(|c| shown >= c) {
                 break 'outer;
@@ -192,7 +195,20 @@ impl Pods {
     fn matches(&self, ev: &Event, a: &MonitorArgs) -> bool {
         let (src, dst) = (addr(ev.family, &ev.src), addr(ev.family, &ev.dst));
         let ips = [src, dst, nat_addr(ev)];
-        if !a.types.is_empty() && !a.types.iter().any(|t| t == type_filter_name(ev.kind)) {
+        // `--type policy`: audit events and NetworkPolicy's drops.
+        let policy_drop = ev.kind == event_kind::DROP
+            && matches!(
+                ev.reason,
+                reason::DROP_POLICY_INGRESS
+                    | reason::DROP_POLICY_EGRESS
+                    | reason::DROP_POLICY_PENDING
+            );
+        if !a.types.is_empty()
+            && !a
+                .types
+                .iter()
+                .any(|t| t == type_filter_name(ev.kind) || (t == "policy" && policy_drop))
+        {
             return false;
         }
         if let Some(sel) = &self.selected_ifindexes {
@@ -235,6 +251,7 @@ fn type_filter_name(kind: u8) -> &'static str {
         event_kind::NAT_NEW | event_kind::NAT_INBOUND | event_kind::NAT_EVICT => "nat",
         event_kind::HOSTPORT_NEW => "hostport",
         event_kind::SERVICE | event_kind::SERVICE_FLOW => "service",
+        event_kind::POLICY_AUDIT => "policy",
         _ => "?",
     }
 }
@@ -249,6 +266,7 @@ fn type_name(kind: u8) -> &'static str {
         event_kind::HOSTPORT_NEW => "hostport-new",
         event_kind::SERVICE => "service",
         event_kind::SERVICE_FLOW => "service-flow",
+        event_kind::POLICY_AUDIT => "policy-audit",
         _ => "unknown",
     }
 }
@@ -319,7 +337,86 @@ fn endpoint(ip: Option<IpAddr>, port: u16, proto: u8) -> String {
     }
 }
 
-fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
+/// The NetworkPolicy side of an event: for a policy drop or audit event,
+/// the direction and the policies that select the pod (from the agent's
+/// state file, read again when it changes).
+struct PolicyNames {
+    path: std::path::PathBuf,
+    modified: Option<std::time::SystemTime>,
+    by_ip: HashMap<IpAddr, Vec<String>>,
+}
+
+impl PolicyNames {
+    fn new(path: &std::path::Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            modified: None,
+            by_ip: HashMap::new(),
+        }
+    }
+
+    fn refresh(&mut self) {
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if modified.is_none() || modified == self.modified {
+            return;
+        }
+        self.modified = modified;
+        self.by_ip.clear();
+        let Some(v) = std::fs::read(&self.path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        else {
+            return;
+        };
+        for p in v["report"]["pods"].as_array().into_iter().flatten() {
+            let names: Vec<String> = p["policies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect();
+            for ip in p["ips"].as_array().into_iter().flatten() {
+                if let Some(ip) = ip.as_str().and_then(|s| s.parse().ok()) {
+                    self.by_ip.insert(ip, names.clone());
+                }
+            }
+        }
+    }
+
+    /// (direction, policies) of a policy event; `None` for other events.
+    fn of(&mut self, ev: &Event) -> Option<(&'static str, Vec<String>)> {
+        let ingress = match (ev.kind, ev.reason) {
+            (event_kind::DROP, reason::DROP_POLICY_INGRESS)
+            | (event_kind::POLICY_AUDIT, reason::POLICY_AUDIT_INGRESS) => true,
+            (event_kind::DROP, reason::DROP_POLICY_EGRESS)
+            | (event_kind::POLICY_AUDIT, reason::POLICY_AUDIT_EGRESS) => false,
+            (event_kind::DROP, reason::DROP_POLICY_PENDING) => {
+                return Some(("pending", Vec::new()));
+            }
+            _ => return None,
+        };
+        self.refresh();
+        let pod = if ingress {
+            addr(ev.family, &ev.dst)
+        } else {
+            addr(ev.family, &ev.src)
+        };
+        let names = pod
+            .and_then(|ip| self.by_ip.get(&ip))
+            .cloned()
+            .unwrap_or_default();
+        Some((if ingress { "ingress" } else { "egress" }, names))
+    }
+}
+
+fn print_event(
+    ev: &Event,
+    pods: &Pods,
+    policy: Option<&(&'static str, Vec<String>)>,
+    json_out: bool,
+) -> Result<()> {
     let unix = unix_time(ev.ts_ns);
     let pod = pods.by_ifindex.get(&ev.ifindex);
     let src = addr(ev.family, &ev.src);
@@ -344,6 +441,11 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
             "natPort": ev.nat_port,
             "len": ev.len,
         });
+        let mut v = v;
+        if let Some((direction, names)) = policy {
+            v["direction"] = json!(direction);
+            v["policies"] = json!(names);
+        }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(());
     }
@@ -352,7 +454,15 @@ fn print_event(ev: &Event, pods: &Pods, json_out: bool) -> Result<()> {
         None if ev.ifindex != 0 => format!("ifindex {}", ev.ifindex),
         None => "-".into(),
     };
-    println!("{} {}", clock(unix), text_line(ev, &who));
+    let mut line = text_line(ev, &who);
+    if let Some((direction, names)) = policy {
+        if names.is_empty() {
+            let _ = write!(line, "  ({direction})");
+        } else {
+            let _ = write!(line, "  ({direction}; selected by {})", names.join(", "));
+        }
+    }
+    println!("{} {line}", clock(unix));
     Ok(())
 }
 
@@ -411,6 +521,10 @@ fn text_line(ev: &Event, who: &str) -> String {
         event_kind::SERVICE_FLOW => format!(
             "service   new flow from outside  {flow}  to {}",
             endpoint(nat, ev.nat_port, ev.proto)
+        ),
+        event_kind::POLICY_AUDIT => format!(
+            "policy    {:<22} {who}  {flow}  let through (audit)",
+            reason_name(ev.reason)
         ),
         k => format!("event kind {k}"),
     }

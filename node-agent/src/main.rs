@@ -227,6 +227,14 @@ struct SyncArgs {
     /// With `--service-proxy`: see `proxy --node-ip`.
     #[arg(long, env = "SLUICE_NODE_IP")]
     node_ip: Option<std::net::IpAddr>,
+    /// Enforce the cluster's `NetworkPolicy` objects in the datapath
+    /// (`enforce`), or only count and report what they would drop
+    /// (`audit`); see `policy`. Without it, policy is off in the datapath.
+    #[arg(long, env = "SLUICE_NETWORK_POLICY", value_parser = ["enforce", "audit", "off", ""])]
+    network_policy: Option<String>,
+    /// With `--network-policy`: see `policy --state-file`.
+    #[arg(long, env = "SLUICE_POLICY_STATE", default_value = DEFAULT_POLICY_STATE)]
+    policy_state_file: PathBuf,
     /// Reconcile everything this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -284,6 +292,10 @@ struct PolicyArgs {
     /// Where the compiled policy is written for `sluicectl policy`.
     #[arg(long, env = "SLUICE_POLICY_STATE", default_value = DEFAULT_POLICY_STATE)]
     state_file: PathBuf,
+    /// The plugin's state directory (its `stateDir`): the attachment
+    /// records name the pod of each address on this node.
+    #[arg(long, env = "SLUICE_CNI_STATE_DIR", default_value = sluice_common::DEFAULT_STATE_DIR)]
+    cni_state_dir: PathBuf,
     /// Compare everything again this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -402,6 +414,29 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 None
             };
+            let policy_opts =
+                if let Some(mode @ ("enforce" | "audit")) = a.network_policy.as_deref() {
+                    Some(policy::Options {
+                        pin_root: pin_root.clone(),
+                        audit: mode == "audit",
+                        state_file: a.policy_state_file.clone(),
+                        cni_state_dir: a.cni_state_dir.clone(),
+                        resync,
+                    })
+                } else {
+                    // Policy off: what an earlier `--network-policy` switched
+                    // on goes (route-sync owns the mode), so no pod waits for
+                    // a compiler that is not running.
+                    let root = sluice_maps::PinRoot::new(&pin_root);
+                    if sluice_maps::policy::config(&root)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|c| c.flags != 0)
+                    {
+                        policy::stop(&pin_root)?;
+                    }
+                    None
+                };
             let services_opts = services::Options {
                 pin_root: pin_root.clone(),
                 resync,
@@ -440,8 +475,20 @@ async fn run(cli: Cli) -> Result<()> {
                             ));
                         })
                 };
-                let (r, p) = futures::join!(ranges, proxied);
-                r.and(p)
+                let policed = async {
+                    let Some(o) = &policy_opts else {
+                        return Ok(());
+                    };
+                    policy::run(client.clone(), o, shutdown.clone())
+                        .await
+                        .inspect_err(|e| {
+                            log(&format!(
+                                "policy: {e}; route-sync goes on without NetworkPolicy (pods keep the policy last written)"
+                            ));
+                        })
+                };
+                let (r, p, n) = futures::join!(ranges, proxied, policed);
+                r.and(p).and(n)
             };
             futures::pin_mut!(routes, services);
             // Both end at SIGTERM. The routes' end (a signal or an error) ends
@@ -500,6 +547,7 @@ async fn run(cli: Cli) -> Result<()> {
                     pin_root,
                     audit: a.audit,
                     state_file: a.state_file,
+                    cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
                 },
                 shutdown::on_signals()?,

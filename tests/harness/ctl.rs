@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 57] = [
+pub const REASONS: [&str; 63] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -93,6 +93,12 @@ pub const REASONS: [&str; 57] = [
     "lb_uplink_flow",
     "drop_lb_no_port",
     "lb_packet_new",
+    "drop_policy_ingress",
+    "drop_policy_egress",
+    "drop_policy_pending",
+    "policy_new",
+    "policy_audit_ingress",
+    "policy_audit_egress",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

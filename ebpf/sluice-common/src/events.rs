@@ -23,6 +23,10 @@ pub mod event_kind {
     /// client and the address it sent to, `nat_addr`/`nat_port` the backend
     /// it was given (`reason` `lb_uplink_new`).
     pub const SERVICE_FLOW: u8 = 7;
+    /// NetworkPolicy audit mode: a new flow policy would have dropped, let
+    /// through (`reason` `policy_audit_ingress` or `policy_audit_egress`,
+    /// `ifindex` the pod whose policy it is).
+    pub const POLICY_AUDIT: u8 = 8;
 }
 
 /// One datapath event in the `sl_events` ring buffer. Addresses are IPv4 in the

@@ -206,7 +206,16 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(u32::try_from(reason::COUNT), Ok(reason::LB_PACKET_NEW + 1));
+        assert_eq!(
+            u32::try_from(reason::COUNT),
+            Ok(reason::POLICY_AUDIT_EGRESS + 1)
+        );
+        assert_eq!(size_of::<PolicyKey>(), 4 + 4 + 4 + 16);
+        assert_eq!(size_of::<PortRange>(), 8);
+        assert_eq!(size_of::<PolicyRules>(), 4 + 16 * 8);
+        assert_eq!(size_of::<PolicyFlowKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(size_of::<PolicyFlow>(), 8);
+        assert_eq!(size_of::<PolicyPod>(), 8);
         assert_eq!(size_of::<Event>(), 8 + 4 + 4 + 4 + 4 + 16 + 16 + 4 + 16 + 4);
         // Written and zeroed in 8-byte words; the ring keeps records 8-aligned.
         assert_eq!(size_of::<Event>() % 8, 0);

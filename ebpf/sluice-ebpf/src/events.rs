@@ -230,6 +230,46 @@ pub fn flow6(
     slot.submit(0);
 }
 
+/// A flow NetworkPolicy's audit mode let through (`r` its reason, `k` the
+/// flow as the packet carries it, `ifindex` the pod whose policy it is),
+/// written in place in the ring as [`flow6`] writes its event.
+#[inline(always)]
+pub fn policy_audit(k: &sluice_common::PolicyFlowKey, r: u32, ifindex: u32) {
+    let Some((now, mut slot)) = ring_slot() else {
+        return;
+    };
+    let e = slot.as_mut_ptr();
+    let v4 = k.src.as_v4().is_some();
+    let words = |a: &sluice_common::IpKey| core::ptr::from_ref(a).cast::<u32>();
+    // SAFETY: a reserved ring slot of one `Event`, 8-byte aligned; every
+    // field is written before it is submitted; `IpKey` is 16 bytes, 4-byte
+    // aligned.
+    unsafe {
+        flow_head(
+            e,
+            now,
+            sluice_common::event_kind::POLICY_AUDIT,
+            if v4 { 4 } else { 6 },
+            k.proto,
+            r,
+            ifindex,
+        );
+        let (src, dst) = (words(&k.src), words(&k.dst));
+        let (ps, pd, pn) = addr_words(e);
+        let mut i = 0;
+        while i < 4 {
+            // IPv4 in the first word, as the event's readers expect.
+            let j = if v4 { (i + 3) & 3 } else { i };
+            ps.add(i).write(if v4 && i > 0 { 0 } else { src.add(j).read() });
+            pd.add(i).write(if v4 && i > 0 { 0 } else { dst.add(j).read() });
+            pn.add(i).write(0);
+            i += 1;
+        }
+        flow_ports(e, k.sport.to_be(), k.dport.to_be(), 0);
+    }
+    slot.submit(0);
+}
+
 /// Keeps the event of an evicted flow (`key` the pod-side tuple, of addresses
 /// `A`: 4 or 16 bytes; `r` the eviction's reason) in a per-CPU note
 /// (`sl_evict_note`) for [`report_eviction`] to send: the eviction runs deep

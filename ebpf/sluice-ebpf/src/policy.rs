@@ -150,11 +150,13 @@ pub fn check(ctx: &TcContext, dir: u32, pod_ifindex: u32) -> i32 {
         .get(0)
         .is_some_and(|c| c.flags & policy_flags::AUDIT != 0);
     if audit {
-        count(if ingress {
+        let r = if ingress {
             reason::POLICY_AUDIT_INGRESS
         } else {
             reason::POLICY_AUDIT_EGRESS
-        });
+        };
+        count(r);
+        crate::events::policy_audit(&step.flow, r, pod_ifindex);
         record(step, set, policy_flow::AUDITED);
         return PASS;
     }

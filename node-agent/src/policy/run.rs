@@ -4,10 +4,12 @@
 //! datapath's policy maps in step (`sluice_maps::policy`).
 //!
 //! The pods here are the addresses in the datapath's endpoint map, polled
-//! every [`LOCAL_POLL`]: a pod the plugin attached is compiled as soon as
-//! its Pod object carries its address. Until then it has no entry in
-//! `sl_pol_pods` and the datapath refuses its flows both ways (pending):
-//! never open by accident.
+//! every [`LOCAL_POLL`]. The plugin's attachment records name each
+//! address's pod (`K8S_POD_NAMESPACE`, `K8S_POD_NAME` in `CNI_ARGS`), so a
+//! pod is compiled at the next poll after its ADD, from its Pod object's
+//! labels and ports, before the kubelet reports its addresses. Until then
+//! it has no entry in `sl_pol_pods` and the datapath refuses its flows both
+//! ways (pending): never open by accident.
 //!
 //! Policy is switched on (`sl_pol_config`) only after the first complete
 //! pass, so an agent that starts on a node with running pods does not make
@@ -16,7 +18,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     os::unix::fs::MetadataExt,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -57,6 +59,9 @@ pub(crate) struct Options {
     pub(crate) audit: bool,
     /// Where the compiled policy is written for `sluicectl policy`.
     pub(crate) state_file: PathBuf,
+    /// The plugin's state directory: its attachment records name the pod
+    /// of each address here.
+    pub(crate) cni_state_dir: PathBuf,
     /// Everything is compared again this often even without a change.
     pub(crate) resync: Duration,
 }
@@ -174,7 +179,11 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
         let started = Instant::now();
         let (p, o, n) = (policies.state(), pods.state(), namespaces.state());
         let p: Vec<NetworkPolicy> = p.iter().map(|x| (**x).clone()).collect();
-        let o: Vec<Pod> = o.iter().map(|x| (**x).clone()).collect();
+        let attached = attached_pods(&opts.cni_state_dir);
+        let o: Vec<Pod> = o
+            .iter()
+            .map(|x| with_attached((**x).clone(), &attached))
+            .collect();
         let n: Vec<Namespace> = n.iter().map(|x| (**x).clone()).collect();
         let compiler = state
             .compiler
@@ -198,6 +207,72 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
             }
         }
     }
+}
+
+/// (namespace, name) -> addresses of the pods the plugin attached here,
+/// from its attachment records (`<state dir>/<network>/attachments/*.json`,
+/// whose `pod` the runtime's `CNI_ARGS` named). Unreadable records are
+/// skipped: their pods wait for the kubelet's report.
+fn attached_pods(state_dir: &Path) -> BTreeMap<(String, String), Vec<IpAddr>> {
+    let mut out: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
+    let Ok(networks) = std::fs::read_dir(state_dir) else {
+        return out;
+    };
+    for net in networks.flatten() {
+        let Ok(records) = std::fs::read_dir(net.path().join("attachments")) else {
+            continue;
+        };
+        for r in records.flatten() {
+            let Ok(text) = std::fs::read_to_string(r.path()) else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            let (Some(ns), Some(name)) =
+                (v["pod"]["namespace"].as_str(), v["pod"]["name"].as_str())
+            else {
+                continue;
+            };
+            let ips = v["ips"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str()?.parse::<IpNetwork>().ok())
+                        .map(|n| n.ip())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            out.entry((ns.to_string(), name.to_string()))
+                .or_default()
+                .extend(ips);
+        }
+    }
+    out
+}
+
+/// `pod` with the addresses its attachment record gives, when its status
+/// has none yet (the kubelet reports them after the ADD).
+fn with_attached(mut pod: Pod, attached: &BTreeMap<(String, String), Vec<IpAddr>>) -> Pod {
+    let key = (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    );
+    let Some(ips) = attached.get(&key).filter(|ips| !ips.is_empty()) else {
+        return pod;
+    };
+    let status = pod.status.get_or_insert_with(Default::default);
+    let has = status.pod_ip.as_deref().is_some_and(|s| !s.is_empty())
+        || status.pod_ips.as_ref().is_some_and(|v| !v.is_empty());
+    if !has {
+        status.pod_ip = Some(ips[0].to_string());
+        status.pod_ips = Some(
+            ips.iter()
+                .map(|ip| k8s_openapi::api::core::v1::PodIP { ip: ip.to_string() })
+                .collect(),
+        );
+    }
+    pod
 }
 
 /// The pod addresses on this node; `None` without a datapath.

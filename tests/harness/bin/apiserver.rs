@@ -13,8 +13,8 @@
 //! `{"error": "..."}`:
 //! `{"put": RESOURCE, "object": {...}}` (create or replace) and
 //! `{"delete": RESOURCE, "namespace": NS, "name": NAME}`, RESOURCE being
-//! `nodes`, `services`, `servicecidrs` or `endpointslices`. It exits at the
-//! end of its input.
+//! `nodes`, `services`, `servicecidrs`, `endpointslices`, `pods`,
+//! `namespaces` or `networkpolicies`. It exits at the end of its input.
 use std::{
     io::{BufRead, Write},
     path::Path,
@@ -30,6 +30,9 @@ fn resource(name: &str) -> Option<Resource> {
         "services" => Some(Resource::Services),
         "servicecidrs" => Some(Resource::ServiceCidrs),
         "endpointslices" => Some(Resource::EndpointSlices),
+        "pods" => Some(Resource::Pods),
+        "namespaces" => Some(Resource::Namespaces),
+        "networkpolicies" => Some(Resource::NetworkPolicies),
         _ => None,
     }
 }
