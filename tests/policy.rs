@@ -27,6 +27,7 @@ use sluice_tests::{
     agent::{log_of, start as agent, stop},
     apiserver::ApiServer,
     counters::Counters,
+    ctl::{wait_lease, CtlChild},
     fixtures::{add, external_host, EXT_IP, UPLINK},
     host::Host,
     masq::EchoServer,
@@ -63,8 +64,23 @@ struct World {
     agent: Option<sluice_tests::exec::Running>,
 }
 
+/// How the agent runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `sluice-node policy`.
+    Enforce,
+    /// `sluice-node policy --audit`.
+    Audit,
+    /// `sluice-node route-sync --network-policy enforce`, as the DaemonSet.
+    RouteSync,
+}
+
 impl World {
     fn new(audit: bool) -> Self {
+        Self::with(if audit { Mode::Audit } else { Mode::Enforce })
+    }
+
+    fn with(mode: Mode) -> Self {
         let node = Node::new().unwrap();
         let ext = external_host(&node, CIDR).unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
@@ -106,20 +122,38 @@ impl World {
             pods,
             agent: None,
         };
-        let state = w.state_file();
-        let records = w.node.state_dir().display().to_string();
-        let mut args = vec![
-            "policy",
-            "--state-file",
-            &state,
-            "--cni-state-dir",
-            &records,
-        ];
-        if audit {
+        w.api.set_node(w.node.name(), &[CIDR], &[]);
+        w.start_agent(mode);
+        w
+    }
+
+    fn start_agent(&mut self, mode: Mode) {
+        let state = self.state_file();
+        let records = self.node.state_dir().display().to_string();
+        let name = self.node.name().to_string();
+        let mut args = match mode {
+            Mode::Enforce | Mode::Audit => vec!["policy", "--state-file", &state],
+            Mode::RouteSync => vec![
+                "route-sync",
+                "--node-name",
+                &name,
+                "--network-policy",
+                "enforce",
+                "--policy-state-file",
+                &state,
+            ],
+        };
+        args.extend(["--cni-state-dir", &records]);
+        if mode == Mode::Audit {
             args.push("--audit");
         }
-        w.agent = Some(agent(&w.node, w.api.port(), &args, LOG).unwrap());
-        w
+        self.agent = Some(agent(&self.node, self.api.port(), &args, LOG).unwrap());
+    }
+
+    fn stop_agent(&mut self) {
+        if let Some(a) = self.agent.take() {
+            stop(a, &self.node, LOG).unwrap();
+        }
     }
 
     fn state_file(&self) -> String {
@@ -418,6 +452,138 @@ fn every_case_gives_network_policys_truth_table() {
         "cases, each with the time to its table:\n{}",
         report.join("\n")
     );
+
+    // `sluicectl policy`: the last case's policy, its pods and rules.
+    let state = w.state_file();
+    let all = w
+        .node
+        .sluicectl_json(&["policy", "--json", "--state", &state])
+        .unwrap();
+    assert_eq!(all["mode"], "enforce", "{all:#}");
+    assert_eq!(all["maps"]["pods"], 5, "{all:#}");
+    let xa = w
+        .node
+        .sluicectl_json(&["policy", "--json", "--state", &state, "--pod", "x/a"])
+        .unwrap();
+    let pods = xa["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 1, "{xa:#}");
+    assert_eq!(pods[0]["ingressIsolated"], true, "{xa:#}");
+    assert_eq!(pods[0]["policies"], json!(["x/expr"]), "{xa:#}");
+    let rules = xa["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "{xa:#}");
+    assert_eq!(rules[0]["policy"], "x/expr", "{xa:#}");
+    assert_eq!(rules[0]["direction"], "ingress", "{xa:#}");
+    assert!(
+        rules[0]["flows"].as_u64().unwrap() > 0,
+        "the rule let no flow in: {xa:#}"
+    );
+    assert!(
+        xa["counters"]["drop_policy_ingress"].as_u64().unwrap() > 0,
+        "{xa:#}"
+    );
+    // By address too, and the text form names the policy.
+    let by_ip = w
+        .node
+        .sluicectl_json(&[
+            "policy",
+            "--json",
+            "--state",
+            &state,
+            "--pod",
+            &w.ip("x/a").to_string(),
+        ])
+        .unwrap();
+    assert_eq!(by_ip["pods"], xa["pods"], "{by_ip:#}");
+    let text = w.node.sluicectl(&["policy", "--state", &state]).unwrap();
+    let text = text.stdout.clone();
+    assert!(
+        text.contains("NetworkPolicy: enforce") && text.contains("x/expr"),
+        "{text}"
+    );
+}
+
+/// Policy drops in the monitor carry the direction and the policies that
+/// select the pod.
+#[test]
+fn the_monitor_shows_policy_drops_with_their_direction_and_policies() {
+    let w = World::new(false);
+    w.api.set_network_policy(
+        "x",
+        "deny-a",
+        &json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"]}),
+    );
+    let want = w.table(|from, to, _, _| to != "x/a" || from == "node");
+    w.converge("deny x/a", &want);
+    let state = w.state_file();
+    let m = CtlChild::monitor(
+        &w.node,
+        &["--json", "--type", "policy", "--policy-state", &state],
+    )
+    .unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
+    let probe = Probe {
+        from: "x/b".into(),
+        to: "x/a".into(),
+        proto: Proto::Tcp,
+        port: P80,
+        from_netns: w.pods["x/b"].0.path.clone(),
+        addr: SocketAddr::new(w.ip("x/a"), P80),
+    };
+    let got = m.wait_for(Duration::from_secs(20), |evs| {
+        if evs.is_empty() {
+            let _ = reach::run(std::slice::from_ref(&probe));
+        }
+        !evs.is_empty()
+    });
+    let end = m.stop(Duration::from_secs(3)).unwrap();
+    assert!(got, "no policy event: {end:#?}");
+    let events = end.json();
+    let e = &events[0];
+    assert_eq!(e["type"], "drop", "{e:#}");
+    assert_eq!(e["reason"], "drop_policy_ingress", "{e:#}");
+    assert_eq!(e["direction"], "ingress", "{e:#}");
+    assert_eq!(e["policies"], json!(["x/deny-a"]), "{e:#}");
+    assert_eq!(e["dst"], w.ip("x/a").to_string(), "{e:#}");
+    assert_eq!(e["src"], w.ip("x/b").to_string(), "{e:#}");
+}
+
+/// `route-sync --network-policy enforce` runs the policy agent, as the
+/// DaemonSet does; started again without it, it switches policy off.
+#[test]
+fn route_sync_runs_policy_and_switches_it_off_without_the_flag() {
+    let mut w = World::with(Mode::RouteSync);
+    w.api.set_network_policy(
+        "y",
+        "deny",
+        &json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+    );
+    let want = w.table(|from, to, _, _| ns(to) != "y" || from == "node");
+    w.converge("route-sync: deny y", &want);
+    w.stop_agent();
+    let name = w.node.name().to_string();
+    let records = w.node.state_dir().display().to_string();
+    w.agent = Some(
+        agent(
+            &w.node,
+            w.api.port(),
+            &[
+                "route-sync",
+                "--node-name",
+                &name,
+                "--cni-state-dir",
+                &records,
+            ],
+            LOG,
+        )
+        .unwrap(),
+    );
+    let open = w.table(|_, _, _, _| true);
+    w.converge("route-sync without --network-policy", &open);
+    assert!(
+        log_of(&w.node, LOG).contains("NetworkPolicy off"),
+        "{}",
+        log_of(&w.node, LOG)
+    );
 }
 
 /// Writes `what` on an open connection and reads the echo.
@@ -646,8 +812,27 @@ fn audit_mode_lets_would_be_drops_through_and_counts_them() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let state = w.state_file();
+    let m = CtlChild::monitor(
+        &w.node,
+        &["--json", "--type", "policy", "--policy-state", &state],
+    )
+    .unwrap();
+    wait_lease(&w.node, true, Duration::from_secs(5)).unwrap();
     let open = w.table(|_, _, _, _| true);
     w.converge("audit", &open);
+    let got = m.wait_for(Duration::from_secs(10), |evs| {
+        evs.iter().any(|e| e["type"] == "policy-audit")
+    });
+    let end = m.stop(Duration::from_secs(3)).unwrap();
+    assert!(got, "no audit event: {end:#?}");
+    let events = end.json();
+    let e = events.iter().find(|e| e["type"] == "policy-audit").unwrap();
+    assert!(
+        e["reason"] == "policy_audit_ingress" || e["reason"] == "policy_audit_egress",
+        "{e:#}"
+    );
+    assert_eq!(e["policies"], json!(["x/deny"]), "{e:#}");
     let c = w.counters();
     assert!(c.get("policy_audit_ingress") > 0, "{c:?}");
     assert!(c.get("policy_audit_egress") > 0, "{c:?}");
