@@ -19,6 +19,7 @@ use std::{
     collections::BTreeMap,
     io::{Read, Write},
     net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -37,6 +38,7 @@ use sluice_tests::{
 };
 
 const CIDR: &str = "10.94.0.0/24";
+const CIDR6: &str = "fd00:94::/64";
 const LOG: &str = "policy.log";
 /// The servers' ports; `SERVE` is also named "serve" on pod a's containers.
 const P80: u16 = 80;
@@ -61,6 +63,8 @@ struct World {
     api: ApiServer,
     /// "ns/name" -> (pod, its IPv4 address, its servers).
     pods: BTreeMap<String, (Pod, IpAddr, Vec<EchoServer>)>,
+    /// "ns/name" -> its IPv6 address (the pods are dual-stack).
+    ip6: BTreeMap<String, IpAddr>,
     agent: Option<sluice_tests::exec::Running>,
 }
 
@@ -85,12 +89,15 @@ impl World {
         let ext = external_host(&node, CIDR).unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
         conf["uplink"] = json!(UPLINK);
+        conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
+        conf["ipam"].as_object_mut().unwrap().remove("subnet");
         let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();
         api.set_bookmark_interval(Duration::from_millis(300));
         for ns in ["x", "y", "z"] {
             api.set_namespace(ns, &[("ns", ns)]);
         }
         let mut pods = BTreeMap::new();
+        let mut ip6 = BTreeMap::new();
         for (ns, name, label) in PODS {
             let pod = node.pod(&format!("{ns}{name}")).unwrap();
             let added = add(&node, &conf, &format!("pol-{ns}-{name}"), &pod);
@@ -100,31 +107,56 @@ impl World {
                 .map(|(ip, _)| *ip)
                 .find(IpAddr::is_ipv4)
                 .unwrap();
+            let v6 = added
+                .ips
+                .iter()
+                .map(|(ip, _)| *ip)
+                .find(IpAddr::is_ipv6)
+                .unwrap();
             let servers = [P80, P81]
                 .iter()
-                .map(|p| EchoServer::start(&pod.path, SocketAddr::new(ip, *p)).unwrap())
+                .flat_map(|p| [SocketAddr::new(ip, *p), SocketAddr::new(v6, *p)])
+                .map(|a| EchoServer::start(&pod.path, a).unwrap())
                 .collect();
             api.set_pod(
                 ns,
                 name,
                 node.name(),
                 &[("pod", label)],
-                &[&ip.to_string()],
+                &[&ip.to_string(), &v6.to_string()],
                 &json!([[{"name": "serve", "containerPort": P81, "protocol": "TCP"}],
                          [{"name": "other", "containerPort": P80, "protocol": "UDP"}]]),
             );
             pods.insert(format!("{ns}/{name}"), (pod, ip, servers));
+            ip6.insert(format!("{ns}/{name}"), v6);
         }
         let mut w = Self {
             node,
             ext,
             api,
             pods,
+            ip6,
             agent: None,
         };
         w.api.set_node(w.node.name(), &[CIDR], &[]);
         w.start_agent(mode);
+        w.wait_applied();
         w
+    }
+
+    /// Waits until the agent's first pass is in the datapath: it writes its
+    /// state file after switching policy on (an open table says nothing
+    /// before that).
+    fn wait_applied(&self) {
+        let start = Instant::now();
+        while !Path::new(&self.state_file()).exists() {
+            assert!(
+                start.elapsed() < CONVERGE,
+                "the agent wrote no state within {CONVERGE:?}:\n{}",
+                log_of(&self.node, LOG)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn start_agent(&mut self, mode: Mode) {
@@ -164,22 +196,26 @@ impl World {
         self.pods[pod].1
     }
 
-    /// Every probe: each pod and the node to each other pod, both ports,
-    /// both protocols.
-    fn probes(&self) -> Vec<Probe> {
+    /// Every probe: each pod, the node and the outside host to each other
+    /// pod, both ports, both protocols, over IPv4; over IPv6 (`v6`) without
+    /// the outside host (no IPv6 route to the pods there).
+    fn probes_of(&self, v6: bool) -> Vec<Probe> {
         let mut clients: Vec<(String, std::path::PathBuf)> = self
             .pods
             .iter()
             .map(|(k, (p, _, _))| (k.clone(), p.path.clone()))
             .collect();
         clients.push(("node".into(), self.node.netns_path()));
-        clients.push(("ext".into(), self.ext.netns_path()));
+        if !v6 {
+            clients.push(("ext".into(), self.ext.netns_path()));
+        }
         let mut v = Vec::new();
         for (from, netns) in &clients {
-            for (to, (_, ip, _)) in &self.pods {
+            for (to, (_, ip4, _)) in &self.pods {
                 if from == to {
                     continue;
                 }
+                let ip = if v6 { &self.ip6[to] } else { ip4 };
                 for port in [P80, P81] {
                     for proto in [Proto::Tcp, Proto::Udp] {
                         v.push(Probe {
@@ -199,7 +235,15 @@ impl World {
 
     /// The truth table `allowed` defines over every probe.
     fn table(&self, allowed: impl Fn(&str, &str, u16, Proto) -> bool) -> BTreeMap<Case, bool> {
-        self.probes()
+        self.table_of(false, allowed)
+    }
+
+    fn table_of(
+        &self,
+        v6: bool,
+        allowed: impl Fn(&str, &str, u16, Proto) -> bool,
+    ) -> BTreeMap<Case, bool> {
+        self.probes_of(v6)
             .into_iter()
             .map(|p| {
                 let ok = allowed(&p.from, &p.to, p.port, p.proto);
@@ -211,8 +255,12 @@ impl World {
     /// Probes until the table is `want` (at most [`CONVERGE`]); the time it
     /// took, or the last difference.
     fn converge(&self, what: &str, want: &BTreeMap<Case, bool>) -> Duration {
+        self.converge_of(false, what, want)
+    }
+
+    fn converge_of(&self, v6: bool, what: &str, want: &BTreeMap<Case, bool>) -> Duration {
         let start = Instant::now();
-        let probes = self.probes();
+        let probes = self.probes_of(v6);
         loop {
             let got = reach::run(&probes).unwrap();
             let d = reach::diff(&got, want);
@@ -460,7 +508,8 @@ fn every_case_gives_network_policys_truth_table() {
         .sluicectl_json(&["policy", "--json", "--state", &state])
         .unwrap();
     assert_eq!(all["mode"], "enforce", "{all:#}");
-    assert_eq!(all["maps"]["pods"], 5, "{all:#}");
+    // Five dual-stack pods.
+    assert_eq!(all["maps"]["pods"], 10, "{all:#}");
     let xa = w
         .node
         .sluicectl_json(&["policy", "--json", "--state", &state, "--pod", "x/a"])
@@ -499,6 +548,39 @@ fn every_case_gives_network_policys_truth_table() {
     assert!(
         text.contains("NetworkPolicy: enforce") && text.contains("x/expr"),
         "{text}"
+    );
+
+    // The metrics: the mode, each rule's flows under its policy's name, the
+    // drops by direction.
+    let m = w
+        .node
+        .sluicectl(&["metrics", "--policy-state", &state])
+        .unwrap()
+        .stdout;
+    assert!(m.contains("sluice_policy_info{mode=\"enforce\"} 1"), "{m}");
+    let rule = m
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "sluice_policy_rule_flows_total{policy=\"x/expr\",direction=\"ingress\",rule=\"0\"}",
+            )
+        })
+        .unwrap_or_else(|| panic!("no series of x/expr's rule: {m}"));
+    let flows: u64 = rule.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(flows > 0, "{rule}");
+    for (reason, direction) in [("policy_ingress", "ingress"), ("policy_egress", "egress")] {
+        let series =
+            format!("sluice_drop_count_total{{reason=\"{reason}\",direction=\"{direction}\"}}");
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("no {series}: {m}"));
+        assert!(!line.ends_with(" 0"), "{line}");
+    }
+    // The last case isolates x/a for ingress only.
+    assert!(
+        m.contains("sluice_policy_pods{isolated=\"ingress\"} 1"),
+        "{m}"
     );
 }
 
@@ -584,6 +666,74 @@ fn route_sync_runs_policy_and_switches_it_off_without_the_flag() {
         "{}",
         log_of(&w.node, LOG)
     );
+}
+
+/// IPv6 gets the same tables: the cases whose peers are pods and blocks,
+/// over the pods' IPv6 addresses (the node included).
+#[test]
+fn ipv6_flows_get_the_same_truth_tables() {
+    let w = World::new(false);
+    let ya6 = w.ip6["y/a"];
+    let cases: Vec<PolicyCase> = vec![
+        PolicyCase {
+            name: "IPv6: default deny ingress in x",
+            policies: vec![(
+                "x",
+                "deny",
+                json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+            )],
+            allowed: Box::new(|from, to, _, _| from == "node" || ns(to) != "x"),
+        },
+        PolicyCase {
+            name: "IPv6: x/a from pod=a in namespace y (AND) on TCP",
+            policies: vec![(
+                "x",
+                "allow-y-a",
+                json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}},
+                                       "podSelector": {"matchLabels": {"pod": "a"}}}],
+                             "ports": [{"protocol": "TCP"}]}]}),
+            )],
+            allowed: Box::new(|from, to, _, proto| {
+                to != "x/a" || from == "node" || (from == "y/a" && proto == Proto::Tcp)
+            }),
+        },
+        PolicyCase {
+            name: "IPv6: x/a from the IPv6 pod range except y/a's address",
+            policies: vec![(
+                "x",
+                "block6",
+                json!({
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": CIDR6, "except": [format!("{ya6}/128")]}}]}]}),
+            )],
+            allowed: Box::new(|from, to, _, _| to != "x/a" || from == "node" || from != "y/a"),
+        },
+        PolicyCase {
+            name: "IPv6: egress of x/b to namespace y on UDP 80 only",
+            policies: vec![(
+                "x",
+                "udp-to-y",
+                json!({
+                "podSelector": {"matchLabels": {"pod": "b"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                            "ports": [{"protocol": "UDP", "port": 80}]}]}),
+            )],
+            allowed: Box::new(|from, to, port, proto| {
+                from != "x/b" || (ns(to) == "y" && port == P80 && proto == Proto::Udp)
+            }),
+        },
+    ];
+    let mut applied: Vec<(&str, &str, Value)> = Vec::new();
+    for case in cases {
+        apply(&w.api, &applied, &case.policies);
+        let want = w.table_of(true, &case.allowed);
+        let took = w.converge_of(true, case.name, &want);
+        eprintln!("{:>6} ms  {}", took.as_millis(), case.name);
+        applied = case.policies;
+    }
 }
 
 /// Writes `what` on an open connection and reads the echo.

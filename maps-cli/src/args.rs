@@ -205,6 +205,14 @@ pub(crate) struct MetricsArgs {
     /// the one whose default pin root is --pin-root].
     #[arg(long, env = "SLUICE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
+    /// The state file `sluice-node policy` writes: the NetworkPolicy rules'
+    /// labels.
+    #[arg(
+        long,
+        env = "SLUICE_POLICY_STATE",
+        default_value = "/run/sluice/policy.json"
+    )]
+    pub policy_state: std::path::PathBuf,
 }
 
 #[derive(Args)]

@@ -48,6 +48,7 @@ pub(crate) fn execute(t: &Target, a: &MetricsArgs) -> Result<()> {
         state_dir: a.state_dir.clone().or_else(|| default_state_dir(t, &dp)),
         dp,
         max_endpoints: usize::try_from(a.max_endpoints).unwrap_or(usize::MAX),
+        policy_state: a.policy_state.clone(),
     };
     let Some(addr) = a.listen else {
         print!("{}", render(&scrape)?);
@@ -64,6 +65,8 @@ struct Scrape {
     /// The network's attachment records (`<stateDir>/<network>`), for the
     /// `namespace` and `pod` labels.
     state_dir: Option<PathBuf>,
+    /// The state file `sluice-node policy` writes: the rules' labels.
+    policy_state: PathBuf,
 }
 
 /// The plugin's default state directory of the network: `-n`'s name, or the
@@ -266,8 +269,8 @@ fn escape(v: &str) -> String {
 /// `egress` (sent by a pod), `ingress` (on the way to one), `unknown` (both).
 fn drop_direction(name: &str) -> &'static str {
     match name {
-        "drop_bw_ingress" => "ingress",
-        "drop_malformed" => "unknown",
+        "drop_bw_ingress" | "drop_policy_ingress" => "ingress",
+        "drop_malformed" | "drop_policy_pending" => "unknown",
         _ => "egress",
     }
 }
@@ -437,6 +440,7 @@ fn render(scrape: &Scrape) -> Result<String> {
     );
 
     bandwidth_families(&mut x, dp, &reading.endpoints, scrape.max_endpoints)?;
+    policy_families(&mut x, dp, &scrape.policy_state)?;
     Ok(x.out)
 }
 
@@ -604,6 +608,82 @@ fn lb_families(
             "sluice_service_translations_total",
             &[("frontend", f)],
             r.translations,
+        );
+    }
+    Ok(())
+}
+
+/// NetworkPolicy (`sluice-node policy`): the mode, the pods here by
+/// isolation, and each compiled rule's new flows, labelled with its policy
+/// (`namespace/name`), direction and index in the policy (from the agent's
+/// state file). Policy drops are `sluice_drops_total`'s `drop_policy_*`
+/// reasons, with their direction. None without the policy maps.
+fn policy_families(x: &mut Exposition, dp: &Datapath, state: &Path) -> Result<()> {
+    let Some(cfg) = sluice_maps::policy::config(&dp.root)? else {
+        return Ok(());
+    };
+    let st: serde_json::Value = std::fs::read(state)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    x.family(
+        "sluice_policy_info",
+        "gauge",
+        "NetworkPolicy in the datapath: its mode (off, enforce, audit; always 1).",
+    );
+    x.sample(
+        "sluice_policy_info",
+        &[("mode", crate::policy::mode(cfg.flags))],
+        1,
+    );
+    let report = &st["report"];
+    let pods = report["pods"].as_array().cloned().unwrap_or_default();
+    x.family(
+        "sluice_policy_pods",
+        "gauge",
+        "Pods on the node the policy agent compiled, by the directions they are isolated for.",
+    );
+    for iso in ["none", "ingress", "egress", "both"] {
+        let n = pods
+            .iter()
+            .filter(|p| {
+                let (i, e) = (
+                    p["ingressIsolated"].as_bool().unwrap_or(false),
+                    p["egressIsolated"].as_bool().unwrap_or(false),
+                );
+                iso == match (i, e) {
+                    (false, false) => "none",
+                    (true, false) => "ingress",
+                    (false, true) => "egress",
+                    (true, true) => "both",
+                }
+            })
+            .count();
+        x.sample("sluice_policy_pods", &[("isolated", iso)], n);
+    }
+    let rules = report["rules"].as_array().cloned().unwrap_or_default();
+    let ids: Vec<u16> = rules
+        .iter()
+        .filter_map(|r| r["id"].as_u64().and_then(|i| u16::try_from(i).ok()))
+        .collect();
+    let hits = sluice_maps::policy::hits_of(&dp.root, &ids)?;
+    x.family(
+        "sluice_policy_rule_flows_total",
+        "counter",
+        "New flows a NetworkPolicy rule let in (the first rule that allowed each), since the agent started.",
+    );
+    for r in &rules {
+        let Some(id) = r["id"].as_u64().and_then(|i| u16::try_from(i).ok()) else {
+            continue;
+        };
+        x.sample(
+            "sluice_policy_rule_flows_total",
+            &[
+                ("policy", r["policy"].as_str().unwrap_or("")),
+                ("direction", r["direction"].as_str().unwrap_or("")),
+                ("rule", &r["index"].to_string()),
+            ],
+            hits.get(&id).copied().unwrap_or(0),
         );
     }
     Ok(())

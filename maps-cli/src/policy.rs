@@ -23,7 +23,7 @@ const COUNTERS: [&str; 6] = [
     "policy_audit_egress",
 ];
 
-fn mode(flags: u32) -> &'static str {
+pub(crate) fn mode(flags: u32) -> &'static str {
     if flags & policy_flags::ON == 0 {
         "off"
     } else if flags & policy_flags::AUDIT != 0 {
