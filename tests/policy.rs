@@ -31,12 +31,14 @@ use sluice_tests::{
     ctl::{wait_lease, CtlChild},
     fixtures::{add, external_host, EXT_IP, UPLINK},
     host::Host,
+    hostport::{client_in, Cgroup},
     masq::EchoServer,
     reach::{self, Case, Probe, Proto},
     traffic::enter_netns,
     Node, Pod,
 };
 
+const CLIENT: &str = env!("CARGO_BIN_EXE_sluice-test-client");
 const CIDR: &str = "10.94.0.0/24";
 const CIDR6: &str = "fd00:94::/64";
 const LOG: &str = "policy.log";
@@ -66,6 +68,8 @@ struct World {
     /// "ns/name" -> its IPv6 address (the pods are dual-stack).
     ip6: BTreeMap<String, IpAddr>,
     agent: Option<sluice_tests::exec::Running>,
+    /// The Service hooks' cgroup ([`Mode::RouteSyncServices`]).
+    cgroup: Option<Cgroup>,
 }
 
 /// How the agent runs.
@@ -77,6 +81,9 @@ enum Mode {
     Audit,
     /// `sluice-node route-sync --network-policy enforce`, as the DaemonSet.
     RouteSync,
+    /// The same with Sluice's Services (`--service-proxy`), its socket
+    /// hooks on a cgroup of the test's own.
+    RouteSyncServices,
 }
 
 impl World {
@@ -137,6 +144,7 @@ impl World {
             pods,
             ip6,
             agent: None,
+            cgroup: (mode == Mode::RouteSyncServices).then(|| Cgroup::new().unwrap()),
         };
         w.api.set_node(w.node.name(), &[CIDR], &[]);
         w.start_agent(mode);
@@ -163,8 +171,25 @@ impl World {
         let state = self.state_file();
         let records = self.node.state_dir().display().to_string();
         let name = self.node.name().to_string();
+        let cg = self
+            .cgroup
+            .as_ref()
+            .map(Cgroup::display)
+            .unwrap_or_default();
         let mut args = match mode {
             Mode::Enforce | Mode::Audit => vec!["policy", "--state-file", &state],
+            Mode::RouteSyncServices => vec![
+                "route-sync",
+                "--node-name",
+                &name,
+                "--network-policy",
+                "enforce",
+                "--policy-state-file",
+                &state,
+                "--service-proxy",
+                "--service-cgroup",
+                &cg,
+            ],
             Mode::RouteSync => vec![
                 "route-sync",
                 "--node-name",
@@ -734,6 +759,84 @@ fn ipv6_flows_get_the_same_truth_tables() {
         eprintln!("{:>6} ms  {}", took.as_millis(), case.name);
         applied = case.policies;
     }
+}
+
+/// Egress rules apply to a Service's backend, not its ClusterIP: Sluice's
+/// Services pick the backend at the socket, so the pod's packets carry the
+/// backend's address when the policy looks at them. x/b may send to pod a
+/// of namespace y on UDP 80 only; its datagrams to the ClusterIP pass while
+/// y/a is the endpoint and are refused once the endpoint is z/c, whom x/a
+/// (not isolated) still reaches through the same ClusterIP.
+#[test]
+fn egress_rules_apply_to_the_service_backend_not_the_cluster_ip() {
+    const CLUSTER_IP: &str = "10.96.9.10";
+    let w = World::with(Mode::RouteSyncServices);
+    w.api.set_service(
+        "y",
+        "web",
+        &json!({"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                "ports": [{"name": "u", "port": P80, "protocol": "UDP", "targetPort": P80}]}),
+        &json!({}),
+    );
+    let backend = |pod: &str| {
+        w.api.set_endpoint_slice(
+            "y",
+            "web-1",
+            "web",
+            "IPv4",
+            &json!([{"addresses": [w.ip(pod).to_string()], "nodeName": w.node.name(),
+                     "conditions": {"ready": true, "serving": true, "terminating": false}}]),
+            &json!([{"name": "u", "port": P80, "protocol": "UDP"}]),
+        );
+    };
+    backend("y/a");
+    w.api.set_network_policy(
+        "x",
+        "b-to-y-a",
+        &json!({"podSelector": {"matchLabels": {"pod": "b"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}},
+                                    "podSelector": {"matchLabels": {"pod": "a"}}}],
+                            "ports": [{"protocol": "UDP", "port": P80}]}]}),
+    );
+    let cg = w.cgroup.as_ref();
+    let send = |from: &str| {
+        let to = format!("{CLUSTER_IP}:{P80}");
+        client_in(
+            Path::new(CLIENT),
+            &w.pods[from].0.path,
+            cg,
+            &["udp", &to, "3", "300"],
+        )
+        .unwrap()
+    };
+    let until = |what: &str, from: &str, ok: bool| {
+        let start = Instant::now();
+        loop {
+            let r = send(from);
+            if r.ok == ok {
+                return r;
+            }
+            assert!(
+                start.elapsed() < CONVERGE,
+                "{what}: {from} -> {CLUSTER_IP}: {r:?}\n{}",
+                log_of(&w.node, LOG)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let r = until("the allowed backend y/a", "x/b", true);
+    assert_eq!(
+        r.from.map(|f| f.ip().to_string()),
+        Some(CLUSTER_IP.to_string()),
+        "{r:?}"
+    );
+    backend("z/c");
+    until("the backend z/c, which x/b may not reach", "x/b", false);
+    until("x/a, not isolated, to z/c", "x/a", true);
+    let c = w.counters();
+    assert!(c.get("drop_policy_egress") > 0, "{c:?}");
+    assert!(c.get("lb_sock") > 0, "{c:?}");
 }
 
 /// Writes `what` on an open connection and reads the echo.
