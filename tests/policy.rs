@@ -96,6 +96,10 @@ impl World {
         let ext = external_host(&node, CIDR).unwrap();
         let mut conf = node.conf("1.0.0", CIDR);
         conf["uplink"] = json!(UPLINK);
+        // Masquerade on: connections from outside into a pod with policy
+        // (delivered through the kernel) must still have their replies
+        // leave untranslated.
+        conf["ipMasq"] = json!(true);
         conf["ipam"]["ranges"] = json!([[{"subnet": CIDR}], [{"subnet": CIDR6}]]);
         conf["ipam"].as_object_mut().unwrap().remove("subnet");
         let api = ApiServer::start(&node.netns_path(), "127.0.0.1:0").unwrap();

@@ -237,6 +237,9 @@ pub(crate) enum BenchTable {
     /// pod -> ClusterIP with 1, 1,000 and 10,000 Services: Sluice's own
     /// Services (socket hooks) against kube-proxy's iptables rules.
     Services,
+    /// pod -> pod on one node with NetworkPolicy off, and on with 0, 100 and
+    /// 1,000 rules selecting the server (`sluice-node policy`); its apply times.
+    Policy,
 }
 
 #[derive(Debug, Args)]

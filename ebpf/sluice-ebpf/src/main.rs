@@ -489,13 +489,16 @@ fn uplink_in_rest_inline(ctx: &TcContext) -> i32 {
             count(reason::UPLINK_KERNEL_FLOW);
             TCX_NEXT
         }
-        // NetworkPolicy: a pod with policy gets what comes from outside
-        // through the kernel, whose routing passes `to_pod`'s check (a call
-        // of the check here took `uplink_in` past 512 bytes of stack on
-        // Linux 5.10).
-        Some(_) if !policy::xdp_may_deliver(&h.dst_key()) => TCX_NEXT,
         Some(ep) if h.ttl() > 1 => {
             nat::note_inbound(ctx, &h, ep.ifindex);
+            // NetworkPolicy: a pod with policy gets what comes from outside
+            // through the kernel, whose routing passes `to_pod`'s check (a
+            // call of the check here took `uplink_in` past 512 bytes of
+            // stack on Linux 5.10). Noted inbound first all the same: with
+            // masquerade on, the pod's replies must leave untranslated.
+            if !policy::xdp_may_deliver(&h.dst_key()) {
+                return TCX_NEXT;
+            }
             endpoint::deliver_tc(&h, ep, bandwidth::wire_len(ctx), reason::UPLINK_TO_POD)
         }
         Some(_) => {

@@ -30,7 +30,7 @@ use crate::{
     packet::read,
     proto::{
         ETH_LEN, ETH_P_IPV6_BE, ETH_P_IP_BE, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, PROTO_ICMPV6,
-        PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+        PROTO_SCTP, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
     },
 };
 
@@ -55,6 +55,12 @@ static HITS: PerCpuArray<u64> = PerCpuArray::pinned(map_sizes::POL_HITS, 0);
 pub struct Step {
     flow: PolicyFlowKey,
     rules: PolicyKey,
+    /// The packet opens its flow: a TCP SYN without ACK, or any packet of
+    /// another protocol (no state to tell). Only then is the reverse kept as
+    /// the flow's replies: a packet mid-way through a TCP connection (the
+    /// pod's ACK of a connection a tightened policy now refuses) must not
+    /// open the way back for the other side.
+    opens: bool,
 }
 
 /// Not pinned: [`Step`] per CPU.
@@ -100,7 +106,7 @@ pub fn check(ctx: &TcContext, dir: u32, pod_ifindex: u32) -> i32 {
     };
     // SAFETY: this CPU's slot, used only while this program runs.
     let step = unsafe { &mut *step };
-    if !fill(ctx, &mut step.flow) {
+    if !fill(ctx, step) {
         return PASS;
     }
     step.flow.dir = dir as u8;
@@ -212,7 +218,8 @@ fn allows(step: &mut Step, set: u32, ingress: bool) -> bool {
     false
 }
 
-/// Keeps the verdict for the flow and for its replies.
+/// Keeps the verdict for the flow and, when the packet opens it, for its
+/// replies.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys go to the map helpers by reference, not copied onto the stack"
@@ -221,6 +228,9 @@ fn allows(step: &mut Step, set: u32, ingress: bool) -> bool {
 fn record(step: &mut Step, set: u32, flags: u32) {
     let f = PolicyFlow { set, flags };
     let _ = FLOWS.insert(&step.flow, &f, 0);
+    if !step.opens {
+        return;
+    }
     let k = &mut step.flow;
     core::mem::swap(&mut k.src, &mut k.dst);
     core::mem::swap(&mut k.sport, &mut k.dport);
@@ -237,7 +247,9 @@ fn record(step: &mut Step, set: u32, flags: u32) {
 /// neighbour discovery (RFC 4861 types 133-137), which NetworkPolicy does
 /// not cover.
 #[inline(always)]
-fn fill(ctx: &TcContext, k: &mut PolicyFlowKey) -> bool {
+fn fill(ctx: &TcContext, step: &mut Step) -> bool {
+    step.opens = true;
+    let k = &mut step.flow;
     let Ok(ether) = read::<u16>(ctx, 12) else {
         return false;
     };
@@ -261,8 +273,10 @@ fn fill(ctx: &TcContext, k: &mut PolicyFlowKey) -> bool {
         k.src = IpKey::v4(src);
         k.dst = IpKey::v4(dst);
         k.proto = proto[1];
-        // A later fragment has no ports: it is checked as the protocol alone.
+        // A later fragment has no ports: it is checked as the protocol alone
+        // (and opens nothing).
         if u16::from_be_bytes(frag) & 0x1fff != 0 {
+            step.opens = false;
             k.sport = 0;
             k.dport = 0;
             return true;
@@ -300,6 +314,11 @@ fn fill(ctx: &TcContext, k: &mut PolicyFlowKey) -> bool {
             k.sport = u16::from_be_bytes([ports[0], ports[1]]);
             k.dport = u16::from_be_bytes([ports[2], ports[3]]);
         }
+    }
+    if k.proto == PROTO_TCP {
+        // Byte 13 of the TCP header: the flags.
+        step.opens = read::<[u8; 2]>(ctx, l4_off + 12)
+            .is_ok_and(|f| f[1] & (TCP_SYN | TCP_ACK) == TCP_SYN);
     }
     true
 }

@@ -80,6 +80,29 @@ impl StandIn {
         Ok(Instant::now())
     }
 
+    /// Deletes the `resource` `namespace/name`; the instant it was stored
+    /// (what watches see from then on).
+    pub(super) fn delete(
+        &mut self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Instant> {
+        writeln!(
+            self.stdin,
+            "{}",
+            json!({"delete": resource, "namespace": namespace, "name": name})
+        )?;
+        self.stdin.flush()?;
+        let answer = self.line()?;
+        if answer != "ok" {
+            bail!(
+                "the stand-in API server refused to delete {resource} {namespace}/{name}: {answer}"
+            );
+        }
+        Ok(Instant::now())
+    }
+
     /// A kubeconfig for a client in the stand-in's namespace.
     pub(super) fn kubeconfig(&self) -> String {
         json!({
@@ -171,8 +194,35 @@ impl Agent {
             .arg(cgroup)
             // No pod's records: the bench's Services are TCP ones.
             .args(["--cni-state-dir", "/nonexistent"])
-            .env("KUBECONFIG", kubeconfig)
-            .stdin(Stdio::null())
+            .env("KUBECONFIG", kubeconfig);
+        Self::spawn(bin, c)
+    }
+
+    /// Starts `sluice-node <args>` for the node at `netns`, reaching the API
+    /// with `kubeconfig` (a file), with the environment `env`; killed with
+    /// the bench if it dies (it may run through a whole table).
+    pub(super) fn start_with(
+        bin: &Path,
+        netns: &Path,
+        kubeconfig: &Path,
+        args: &[std::ffi::OsString],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<(Self, Instant)> {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", netns.display()))
+            .arg("--")
+            .arg(bin)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        sluice_testbed::exec::die_with_parent(&mut c);
+        Self::spawn(bin, c)
+    }
+
+    fn spawn(bin: &Path, mut c: Command) -> Result<(Self, Instant)> {
+        c.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let t0 = Instant::now();
@@ -227,6 +277,32 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+impl Agent {
+    /// Fails if the agent has ended, with what it said.
+    pub(super) fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            while let Ok((_, l)) = self.lines.try_recv() {
+                self.said.push(l);
+            }
+            bail!(
+                "the agent ended ({status}); it said:\n{}",
+                self.said.join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    /// What it said that no [`Agent::wait_for`] has read yet.
+    pub(super) fn unread(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok((_, l)) = self.lines.try_recv() {
+            self.said.push(l.clone());
+            out.push(l);
+        }
+        out
     }
 }
 

@@ -11,7 +11,9 @@
 //! bandwidth limits on two more (bridge + the reference `bandwidth` plugin, and
 //! Sluice, each a node with one pod per limit), and the control plane on four
 //! more (`filling`: both plugins, without and with a hostPort per pod, as a
-//! node fills up to 1,000 pods and empties again).
+//! node fills up to 1,000 pods and empties again), and NetworkPolicy on four
+//! more (`policy`: Sluice with policy off, and with `sluice-node policy` and
+//! 0, 100 and 1,000 rules selecting the server pod).
 //! `--only <table>` runs one table's setups and figures alone. `cargo xtask
 //! profile` runs the per-packet figures on the same testbed under `perf`.
 mod agent_apply;
@@ -20,6 +22,7 @@ mod connloop;
 mod filling;
 pub(crate) mod hostport;
 mod measure;
+mod policy;
 mod profile;
 mod progstats;
 mod report;
@@ -78,10 +81,15 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    let (svc_cgroups, apiserver) = if want(BenchTable::Services) {
-        (services::cgroups()?, apiserver_bin(ws, args.prebuilt)?)
+    let svc_cgroups = if want(BenchTable::Services) {
+        services::cgroups()?
     } else {
-        (Vec::new(), std::path::PathBuf::new())
+        Vec::new()
+    };
+    let apiserver = if want(BenchTable::Services) || want(BenchTable::Policy) {
+        apiserver_bin(ws, args.prebuilt)?
+    } else {
+        std::path::PathBuf::new()
     };
     let fill_cgroup = if want(BenchTable::Filling) {
         Some(hostport::Cgroup::new("sfl")?)
@@ -174,6 +182,13 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
+    // Its agents and stand-in API servers run until it is dropped (before
+    // the testbed).
+    let mut pol = if want(BenchTable::Policy) {
+        policy::setups(&mut tb, &bins, &apiserver, &mut report.policy)?
+    } else {
+        Vec::new()
+    };
     if let Some(before) = &ifbs_before {
         check_ifbs(&tb, &bw, before)?;
     }
@@ -200,7 +215,19 @@ pub(crate) fn run(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         if !svc.is_empty() {
             services::round(&tb, &svc, &svc_cgroups, args.seconds, &mut report.services)?;
         }
+        if !pol.is_empty() {
+            policy::round(
+                &tb,
+                &bins,
+                &mut pol,
+                usize::try_from(round)?,
+                args.seconds,
+                &mut report.policy,
+            )?;
+        }
     }
+    policy::finish(&mut pol)?;
+    drop(pol);
     // What the floods did to Sluice's tables (issue 49's figure).
     for (i, setup) in &masq {
         if *i == SLUICE_MASQ || *i == SLUICE_MASQ6 {

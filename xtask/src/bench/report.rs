@@ -371,6 +371,8 @@ pub(super) struct Report {
     pub sluice_egress: Option<String>,
     /// The Services table (its own rows: sizes and ways of translating).
     pub services: super::services::Results,
+    /// The NetworkPolicy table (its own rows: numbers of rules).
+    pub policy: super::policy::Results,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -389,6 +391,7 @@ impl Report {
             values: Vec::new(),
             sluice_egress: None,
             services: super::services::Results::default(),
+            policy: super::policy::Results::default(),
         }
     }
 
@@ -808,7 +811,8 @@ impl Report {
                 }
                 // The issue asks for the figures beside the reference's, with
                 // no target ratio.
-                BenchTable::Clusterip | BenchTable::Services => {}
+                // Services and NetworkPolicy: their own sections print theirs.
+                BenchTable::Clusterip | BenchTable::Services | BenchTable::Policy => {}
                 BenchTable::Hostport => out.extend(self.hostport_targets()),
                 BenchTable::Bandwidth => out.extend(self.bandwidth_targets()),
                 BenchTable::Filling => out.extend(self.filling_targets()),
@@ -993,8 +997,9 @@ impl Report {
                 BenchTable::Hostport => &["hostport"],
                 BenchTable::Bandwidth => &["bandwidth"],
                 BenchTable::Filling => &["filling"],
-                // Its own section (`services.rs`), not one of `TABLES`.
-                BenchTable::Services => &[],
+                // Their own sections (`services.rs`, `policy.rs`), not
+                // `TABLES`.
+                BenchTable::Services | BenchTable::Policy => &[],
             };
             for s in sections {
                 if !names.contains(s) {
@@ -1038,6 +1043,9 @@ impl Report {
         }
         if !self.services.is_empty() {
             out.push_str(&self.services.text());
+        }
+        if !self.policy.is_empty() {
+            out.push_str(&self.policy.text());
         }
         let _ = writeln!(out, "\ntargets:");
         for t in self.targets() {
@@ -1085,6 +1093,9 @@ impl Report {
         if !self.services.is_empty() {
             md.push_str(&self.services.markdown(level));
         }
+        if !self.policy.is_empty() {
+            md.push_str(&self.policy.markdown(level));
+        }
         let _ = writeln!(
             md,
             "{level} Targets (issues: routing datapath, masquerade, IPv6 masquerade, hostPort, bandwidth)\n"
@@ -1115,7 +1126,7 @@ fn ratio_text(a: Option<f64>, b: Option<f64>) -> String {
 }
 
 /// 10000 -> "10,000".
-fn thousands(n: usize) -> String {
+pub(super) fn thousands(n: usize) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -1359,8 +1370,9 @@ mod tests {
     fn every_table_once_with_known_setups_and_a_method() {
         use clap::ValueEnum;
         for which in BenchTable::value_variants() {
-            // Its own rows and method (`services.rs`), not one of `TABLES`.
-            if *which == BenchTable::Services {
+            // Their own rows and method (`services.rs`, `policy.rs`), not
+            // `TABLES`.
+            if matches!(*which, BenchTable::Services | BenchTable::Policy) {
                 continue;
             }
             let t: Vec<&Table> = TABLES.iter().filter(|t| t.which == *which).collect();

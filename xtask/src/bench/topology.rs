@@ -1041,3 +1041,15 @@ pub(super) struct ApplyTimes {
     /// From one EndpointSlice stored in the API to its port rewritten.
     pub change_ms: Vec<f64>,
 }
+
+// --- the NetworkPolicy table -------------------------------------------------------
+
+/// Sluice with its defaults (as [`sluice`]) for NetworkPolicy-table node `i`:
+/// the first pod the client, the second the server. Whether policy is on is
+/// up to the agent the table starts (or not) on it.
+pub(super) fn policy_node(tb: &mut Testbed, bins: &Binaries, i: usize) -> Result<(String, Setup)> {
+    let tag = format!("spo{i}");
+    let at = (130 + u8::try_from(i)?, Family::V4);
+    let s = sluice_with(tb, bins, &tag, at, false, json!({}))?;
+    Ok((tag, s))
+}
