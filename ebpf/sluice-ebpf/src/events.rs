@@ -260,8 +260,10 @@ pub fn policy_audit(k: &sluice_common::PolicyFlowKey, r: u32, ifindex: u32) {
         while i < 4 {
             // IPv4 in the first word, as the event's readers expect.
             let j = if v4 { (i + 3) & 3 } else { i };
-            ps.add(i).write(if v4 && i > 0 { 0 } else { src.add(j).read() });
-            pd.add(i).write(if v4 && i > 0 { 0 } else { dst.add(j).read() });
+            ps.add(i)
+                .write(if v4 && i > 0 { 0 } else { src.add(j).read() });
+            pd.add(i)
+                .write(if v4 && i > 0 { 0 } else { dst.add(j).read() });
             pn.add(i).write(0);
             i += 1;
         }

@@ -317,8 +317,8 @@ fn fill(ctx: &TcContext, step: &mut Step) -> bool {
     }
     if k.proto == PROTO_TCP {
         // Byte 13 of the TCP header: the flags.
-        step.opens = read::<[u8; 2]>(ctx, l4_off + 12)
-            .is_ok_and(|f| f[1] & (TCP_SYN | TCP_ACK) == TCP_SYN);
+        step.opens =
+            read::<[u8; 2]>(ctx, l4_off + 12).is_ok_and(|f| f[1] & (TCP_SYN | TCP_ACK) == TCP_SYN);
     }
     true
 }
