@@ -91,7 +91,16 @@ pub async fn add(env: &Env, conf: &NetConf) -> Result<Value, Error> {
     };
     steps.done("ipam");
     match pod::setup(&setup, &ipam_result, &mut steps).await {
-        Ok(made) => Ok(result(conf, &setup, ipam_result, &made)),
+        Ok(made) => {
+            // With NetworkPolicy on, a pod the runtime names starts with its
+            // policy in place (see there); its flows are refused until then.
+            if pod.is_some() {
+                let ips: Vec<_> = ipam_result.ips.iter().map(|c| c.address.ip()).collect();
+                pod::policy_wait::wait(&conf.pin_root, &ips);
+                steps.done("policy");
+            }
+            Ok(result(conf, &setup, ipam_result, &made))
+        }
         Err(e) => {
             if let Err(undo) = pod::teardown(conf, id, &ipam, &store, &host_nl).await {
                 eprintln!(

@@ -4,13 +4,15 @@
 //!   addresses: the record, the pair, addressing, node settings, the datapath;
 //! - [`teardown`]: what a DEL (and a failed ADD's rollback, and GC) removes;
 //! - [`check`]: CHECK of what Sluice keeps (the pair, the record, the datapath);
-//! - [`repair`]: the recorded pods re-attached to a datapath loaded anew.
+//! - [`repair`]: the recorded pods re-attached to a datapath loaded anew;
+//! - [`policy_wait`]: ADD's bounded wait for the pod's NetworkPolicy.
 //!
 //! Each builds the one [`Attachment`] the datapath's verbs take, from what it
 //! has: the pair it made ([`setup`]) or finds ([`check`]), both
 //! [`Attachment::paired`]; a record and the kernel's view of its veth
 //! ([`repair`]); a record alone ([`Attachment::recorded`], a DEL).
 pub mod check;
+pub mod policy_wait;
 pub mod repair;
 pub mod setup;
 pub mod teardown;

@@ -50,8 +50,9 @@ use crate::{
 };
 
 /// How often the datapath's endpoints are read: a new pod waits at most
-/// this long (after its Pod object has its address) for its policy.
-const LOCAL_POLL: Duration = Duration::from_millis(200);
+/// this long for its policy (the plugin's ADD waits for it, see
+/// `cni-plugin/src/pod/policy_wait.rs`).
+const LOCAL_POLL: Duration = Duration::from_millis(100);
 
 pub(crate) struct Options {
     pub(crate) pin_root: PathBuf,
