@@ -28,6 +28,7 @@ mod install;
 mod node_addrs;
 mod policy;
 mod proxy;
+mod records;
 mod routes;
 mod services;
 mod shutdown;

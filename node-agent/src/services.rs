@@ -393,6 +393,30 @@ struct Watches {
 
 pub(crate) type Ev<K> = Option<std::result::Result<watcher::Event<K>, watcher::Error>>;
 
+/// One event of a reflector's watch of `what`, for a duty (`who`, its log
+/// prefix) that recomputes everything on a change: `ready` once the first
+/// list is complete, `dirty` on every change. The watch ending is an error.
+pub(crate) fn take_event<K>(
+    who: &str,
+    what: &str,
+    (ready, dirty): (&mut bool, &mut bool),
+    ev: Ev<K>,
+) -> Result<()> {
+    match ev {
+        Some(Ok(watcher::Event::InitDone)) => {
+            *ready = true;
+            *dirty = true;
+        }
+        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => *dirty = true,
+        // The store swaps in a relist at its end (InitDone).
+        Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+        // The watcher retries with backoff (a 410 Gone with a relist).
+        Some(Err(e)) => crate::log(&format!("{who}: watching {what}: {e}")),
+        None => return Err(Error::invalid(format!("{what} watch"), "", "ended")),
+    }
+    Ok(())
+}
+
 impl Watches {
     fn ready(&self) -> bool {
         self.services_ready && self.cidr != CidrApi::Unknown

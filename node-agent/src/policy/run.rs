@@ -43,9 +43,9 @@ use sluice_maps::{endpoint::Endpoints, policy as pmaps, PinRoot};
 
 use super::compile::{Compiled, Compiler};
 use crate::{
-    error::{Error, Result},
+    error::Result,
     log,
-    services::{drain, slim, Ev},
+    services::{drain, slim, take_event, Ev},
     shutdown::Shutdown,
 };
 
@@ -82,17 +82,7 @@ struct Watches {
 
 impl Watches {
     fn take<K>(ready: &mut bool, dirty: &mut bool, what: &str, ev: Ev<K>) -> Result<()> {
-        match ev {
-            Some(Ok(watcher::Event::InitDone)) => {
-                *ready = true;
-                *dirty = true;
-            }
-            Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => *dirty = true,
-            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
-            Some(Err(e)) => log(&format!("policy: watching {what}: {e}")),
-            None => return Err(Error::invalid(format!("{what} watch"), "", "ended")),
-        }
-        Ok(())
+        take_event("policy", what, (ready, dirty), ev)
     }
 
     fn ready(&self) -> bool {
@@ -216,38 +206,20 @@ pub(crate) async fn run(client: Client, opts: &Options, mut shutdown: Shutdown) 
 /// skipped: their pods wait for the kubelet's report.
 fn attached_pods(state_dir: &Path) -> BTreeMap<(String, String), Vec<IpAddr>> {
     let mut out: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
-    let Ok(networks) = std::fs::read_dir(state_dir) else {
-        return out;
-    };
-    for net in networks.flatten() {
-        let Ok(records) = std::fs::read_dir(net.path().join("attachments")) else {
+    for v in crate::records::all(state_dir) {
+        let (Some(ns), Some(name)) = (v["pod"]["namespace"].as_str(), v["pod"]["name"].as_str())
+        else {
             continue;
         };
-        for r in records.flatten() {
-            let Ok(text) = std::fs::read_to_string(r.path()) else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-                continue;
-            };
-            let (Some(ns), Some(name)) =
-                (v["pod"]["namespace"].as_str(), v["pod"]["name"].as_str())
-            else {
-                continue;
-            };
-            let ips = v["ips"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str()?.parse::<IpNetwork>().ok())
-                        .map(|n| n.ip())
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            out.entry((ns.to_string(), name.to_string()))
-                .or_default()
-                .extend(ips);
-        }
+        let ips = v["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str()?.parse::<IpNetwork>().ok())
+            .map(|n| n.ip());
+        out.entry((ns.to_string(), name.to_string()))
+            .or_default()
+            .extend(ips);
     }
     out
 }

@@ -31,9 +31,9 @@ use sluice_common::{lb_flags, maps, svc_scope, IpKey, LbConfig};
 use sluice_maps::{lb, PinRoot};
 
 use crate::{
-    error::{Error, Result},
+    error::Result,
     log,
-    services::{drain, slim, Ev},
+    services::{drain, slim, take_event, Ev},
     shutdown::Shutdown,
 };
 
@@ -67,28 +67,22 @@ struct Watches {
 }
 
 impl Watches {
-    fn take<K>(ready: &mut bool, dirty: &mut bool, what: &str, ev: Ev<K>) -> Result<()> {
-        match ev {
-            Some(Ok(watcher::Event::InitDone)) => {
-                *ready = true;
-                *dirty = true;
-            }
-            Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => *dirty = true,
-            // The store swaps in a relist at its end (InitDone).
-            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
-            // The watcher retries with backoff (a 410 Gone with a relist).
-            Some(Err(e)) => log(&format!("proxy: watching {what}: {e}")),
-            None => return Err(Error::invalid(format!("{what} watch"), "", "ended")),
-        }
-        Ok(())
-    }
-
     fn service(&mut self, ev: Ev<Service>) -> Result<()> {
-        Self::take(&mut self.services, &mut self.dirty, "Services", ev)
+        take_event(
+            "proxy",
+            "Services",
+            (&mut self.services, &mut self.dirty),
+            ev,
+        )
     }
 
     fn slice(&mut self, ev: Ev<EndpointSlice>) -> Result<()> {
-        Self::take(&mut self.slices, &mut self.dirty, "EndpointSlices", ev)
+        take_event(
+            "proxy",
+            "EndpointSlices",
+            (&mut self.slices, &mut self.dirty),
+            ev,
+        )
     }
 }
 

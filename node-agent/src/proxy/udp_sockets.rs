@@ -46,24 +46,11 @@ const RECV_TIMEOUT: Duration = Duration::from_secs(2);
 /// The network namespaces of the pods the plugin attached: the `netns` of
 /// every record under `<state_dir>/<network>/attachments/`.
 pub(crate) fn pod_namespaces(state_dir: &Path) -> Vec<PathBuf> {
-    let mut out = BTreeSet::new();
-    let Ok(networks) = std::fs::read_dir(state_dir) else {
-        return Vec::new();
-    };
-    for net in networks.flatten() {
-        let Ok(records) = std::fs::read_dir(net.path().join("attachments")) else {
-            continue;
-        };
-        for r in records.flatten() {
-            let Ok(text) = std::fs::read_to_string(r.path()) else {
-                continue;
-            };
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            if let Some(ns) = v["netns"].as_str().filter(|s| !s.is_empty()) {
-                out.insert(PathBuf::from(ns));
-            }
-        }
-    }
+    let out: BTreeSet<PathBuf> = crate::records::all(state_dir)
+        .iter()
+        .filter_map(|v| v["netns"].as_str().filter(|s| !s.is_empty()))
+        .map(PathBuf::from)
+        .collect();
     out.into_iter().collect()
 }
 
