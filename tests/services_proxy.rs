@@ -795,3 +795,66 @@ fn a_pod_reaches_itself_through_its_service() {
     );
     stop(a, &w.node, LOG).unwrap();
 }
+
+/// `internalTrafficPolicy: Local` on a node without a local endpoint: a
+/// pod's connect is dropped (it times out, nobody refuses), as kube-proxy's
+/// "has no local endpoints" DROP rule does; refused only where the Service
+/// has no endpoint anywhere. Once the endpoint is this node's, it is reached.
+#[test]
+fn internal_local_policy_without_a_local_endpoint_drops_as_kube_proxy_does() {
+    let w = World::new();
+    w.api.set_service(
+        "shop",
+        "web",
+        &json!({"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP],
+                "internalTrafficPolicy": "Local",
+                "ports": [{"name": "http", "port": HTTP, "protocol": "TCP", "targetPort": TARGET},
+                          {"name": "dns", "port": DNS, "protocol": "UDP", "targetPort": TARGET}]}),
+        &json!({}),
+    );
+    // The only endpoint is on another node.
+    let elsewhere = |node: &str| {
+        w.api.set_endpoint_slice(
+            "shop",
+            "web-1",
+            "web",
+            "IPv4",
+            &json!([{"addresses": [w.ip(0).to_string()], "nodeName": node}]),
+            &json!([{"name": "http", "port": TARGET, "protocol": "TCP"},
+                     {"name": "dns", "port": TARGET, "protocol": "UDP"}]),
+        );
+    };
+    elsewhere("node-b");
+    let a = w.proxy();
+    assert!(
+        wait_for(FOLLOW, || frontends(&w.node) > 0),
+        "no frontends\n{}",
+        w.log()
+    );
+    let c0 = w.node.counters().unwrap();
+    let before = w.backends[0].1.peers().tcp.len();
+    let r = w.run(true, &["tcp", &format!("{CLUSTER_IP}:{HTTP}"), "500"]);
+    assert!(
+        !r.ok,
+        "reached under Local without a local endpoint: {}",
+        r.output
+    );
+    if no_endpoint_errno() == libc::ECONNREFUSED {
+        // Dropped in from_pod: a timeout, not a refusal.
+        assert_eq!(r.errno, None, "{}", r.output);
+        let d = w.node.counters().unwrap().since(&c0);
+        assert!(d.get("drop_lb_no_endpoint") >= 1, "{d}");
+    } else {
+        // Before 5.14 the hook refuses every such connect (EPERM).
+        assert_eq!(r.errno, Some(libc::EPERM), "{}", r.output);
+    }
+    assert_eq!(w.backends[0].1.peers().tcp.len(), before);
+    // The endpoint is this node's: reached.
+    elsewhere("node-a");
+    assert!(
+        wait_for(FOLLOW, || w.tcp().ok),
+        "the local endpoint was never reached\n{}",
+        w.log()
+    );
+    stop(a, &w.node, LOG).unwrap();
+}

@@ -552,7 +552,7 @@ fn an_ipv6_node_port_from_outside_reaches_a_pod_here_and_an_endpoint_elsewhere()
 }
 
 #[test]
-fn a_node_port_without_any_endpoint_refuses_from_outside_as_kube_proxy_does() {
+fn a_service_port_without_any_endpoint_refuses_from_outside_as_kube_proxy_does() {
     let w = World::new();
     w.service("NodePort", "Cluster");
     w.endpoints(false, false);
@@ -581,8 +581,12 @@ fn a_node_port_without_any_endpoint_refuses_from_outside_as_kube_proxy_does() {
     let u = w.far(&["udp-connected", &at.to_string(), "2", "1000"]);
     assert!(!u.ok, "{}", u.output);
     assert_eq!(u.errno, Some(libc::ECONNREFUSED), "{}", u.output);
+    // The ClusterIP routed here from outside: refused too (kube-proxy's
+    // REJECT in KUBE-SERVICES, which FORWARD walks).
+    let r = w.tcp_to(CLUSTER_IP, HTTP);
+    assert!(r.refused(), "far -> {CLUSTER_IP}:{HTTP}: {}", r.output);
     let d = w.node.counters().unwrap().since(&c0);
-    assert!(d.get("drop_lb_no_endpoint") >= 2, "{d}");
+    assert!(d.get("drop_lb_no_endpoint") >= 3, "{d}");
     assert_eq!(d.get("uplink_pass"), 0, "{d}");
     stop(a, &w.node, LOG).unwrap();
 }

@@ -317,7 +317,7 @@ const TCG_MAIN_TESTS: [&str; 33] = [
     "kube_proxy_rules@6.12",
     "services_proxy:a_pods_connections_to_a_cluster_ip|connected_udp_sockets@5.10",
     "services_proxy:a_pods_connections_to_a_cluster_ip|ipv6_and_dual_stack@6.1",
-    "services_uplink:a_node_port_from_outside|cluster_policy|an_ipv6|a_node_port_without@5.10",
+    "services_uplink:a_node_port_from_outside|cluster_policy|an_ipv6|a_service_port_without@5.10",
     "services_uplink:native_xdp|local_policy@6.1",
     "policy:every_case|a_pod_named|audit_mode@5.10",
 ];

@@ -81,11 +81,13 @@ pub mod svc_flags {
     /// The backends in the slots are terminating ones (no ready endpoint is
     /// left; kube-proxy then uses the serving terminating endpoints).
     pub const TERMINATING: u32 = 1;
-    /// A frontend from outside whose Service port has no endpoint at all
-    /// (not only none on this node): its packets are answered with port
-    /// unreachable, as kube-proxy's `KUBE-EXTERNAL-SERVICES` rejects them;
-    /// without it an empty external frontend (`externalTrafficPolicy:
-    /// Local`, no local endpoint) drops them, as kube-proxy does.
+    /// A frontend whose Service port has no endpoint at all (not only none
+    /// on this node): its opening packets are answered with port
+    /// unreachable, as kube-proxy's `REJECT` rules in `KUBE-SERVICES` (a
+    /// ClusterIP, from a pod or routed from outside) and
+    /// `KUBE-EXTERNAL-SERVICES` (from outside) answer them; without it an
+    /// empty frontend (a `Local` traffic policy, no local endpoint) drops
+    /// them, as kube-proxy does.
     pub const REJECT: u32 = 2;
 }
 

@@ -338,6 +338,10 @@ fn from_pod_verdict(ctx: &TcContext, ifindex: u32, netkit: bool) -> i32 {
         // there), the packet counted and reported as it was.
         if let Some(r) = lb::reject::to_reject(ctx, &h) {
             note_drop(reason::DROP_LB_NO_ENDPOINT, 0);
+            // Only a local endpoint missing: dropped (reported on exit).
+            if !r.answer {
+                return TC_ACT_SHOT;
+            }
             events::dropped(ctx, ifindex);
             return lb::reject::reject(ctx, r, ifindex);
         }

@@ -330,12 +330,15 @@ pub(crate) fn desired<'a>(
                     .filter(|k| !cluster.iter().any(|c| frontend(*c, svc_port, proto) == **k))
                     .map(|k| k.external())
                     .collect();
+                // No endpoint anywhere: rejected (kube-proxy's `REJECT` in
+                // KUBE-SERVICES and KUBE-EXTERNAL-SERVICES); none only on
+                // this node (a `Local` policy): dropped, as kube-proxy does.
+                let reject = if of_family(&anywhere, family_v6).is_empty() {
+                    svc_flags::REJECT
+                } else {
+                    0
+                };
                 if !external.is_empty() {
-                    let reject = if of_family(&anywhere, family_v6).is_empty() {
-                        svc_flags::REJECT
-                    } else {
-                        0
-                    };
                     ports.insert(
                         format!("{key}/external"),
                         Port {
@@ -351,7 +354,7 @@ pub(crate) fn desired<'a>(
                     Port {
                         frontends,
                         backends,
-                        flags,
+                        flags: flags | reject,
                         affinity_secs,
                     },
                 );
@@ -489,6 +492,8 @@ mod tests {
     fn no_endpoint_is_a_frontend_with_no_backend_and_local_policy_keeps_this_nodes() {
         let (ports, _) = desired(&[web(&json!({}))], &[], "n1");
         assert!(ports["shop/web:80/TCP/v4"].backends.is_empty());
+        // No endpoint anywhere: refused (kube-proxy's REJECT in KUBE-SERVICES).
+        assert_ne!(ports["shop/web:80/TCP/v4"].flags & svc_flags::REJECT, 0);
         let s = [web(&json!({"internalTrafficPolicy": "Local"}))];
         let e = [web_slice(
             "IPv4",
@@ -499,6 +504,12 @@ mod tests {
         )];
         let (ports, _) = desired(&s, &e, "n1");
         assert_eq!(backends(&ports["shop/web:80/TCP/v4"]), ["10.1.0.5:8080"]);
+        assert_eq!(ports["shop/web:80/TCP/v4"].flags & svc_flags::REJECT, 0);
+        // A node without one of its own: no backend, and dropped rather than
+        // refused (kube-proxy's DROP "has no local endpoints").
+        let (ports, _) = desired(&s, &e, "n3");
+        assert!(ports["shop/web:80/TCP/v4"].backends.is_empty());
+        assert_eq!(ports["shop/web:80/TCP/v4"].flags & svc_flags::REJECT, 0);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::TcContext,
 };
-use sluice_common::{lb_flags, IpKey, SvcKey};
+use sluice_common::{lb_flags, svc_flags, IpKey, SvcKey};
 
 use crate::{
     l3::{Headers, L3},
@@ -75,6 +75,11 @@ fn frame<const N: usize>() -> Option<&'static mut [u8; N]> {
 pub struct Rejected {
     v4: bool,
     tcp: bool,
+    /// Answered (the port has no endpoint anywhere, `svc_flags::REJECT`);
+    /// else dropped, as kube-proxy drops what an `internalTrafficPolicy:
+    /// Local` Service without a local endpoint gets ("has no local
+    /// endpoints").
+    pub answer: bool,
 }
 
 #[inline(always)]
@@ -120,6 +125,7 @@ pub fn to_reject(ctx: &TcContext, h: &Headers) -> Option<Rejected> {
     (svc.count == 0).then_some(Rejected {
         v4,
         tcp: l4 == PROTO_TCP,
+        answer: svc.flags & svc_flags::REJECT != 0,
     })
 }
 
@@ -160,7 +166,15 @@ pub fn from_outside(ctx: &TcContext, v4: bool) -> i32 {
     };
     // SAFETY: `skb` points at the context the kernel passed in.
     let uplink = unsafe { (*ctx.skb.skb).ifindex };
-    reject(ctx, Rejected { v4, tcp }, uplink)
+    reject(
+        ctx,
+        Rejected {
+            v4,
+            tcp,
+            answer: true,
+        },
+        uplink,
+    )
 }
 
 /// Answers the packet [`to_reject`] found with port unreachable, sent back
