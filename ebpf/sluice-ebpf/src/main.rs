@@ -620,7 +620,7 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
         let pod = match nat::dnat_xdp(ctx, &h) {
             Some(pod) => Some((IpKey::v4(pod), true)),
             None => hostport::from_uplink_xdp(ctx, &h)
-                .or_else(|| lb::uplink::from_uplink_xdp(ctx))
+                .or_else(|| lb::uplink::from_uplink_xdp(ctx, &h))
                 .map(|p| (p, false)),
         };
         if let Some((pod, masq)) = pod {

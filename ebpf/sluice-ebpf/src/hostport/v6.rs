@@ -230,27 +230,43 @@ pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
     if config().is_none() {
         return false;
     }
-    let Some(proto) = ptr_at::<u8>(ctx, ETH_LEN + 6) else {
+    let Some((p, frame)) = xdp_load(ctx) else {
         return false;
     };
+    if !lookup_into(p) {
+        return false;
+    }
+    remember_reply(p);
+    if !xdp_to(ctx, &frame, p) {
+        return false;
+    }
+    count(reason::HOSTPORT_DNAT);
+    true
+}
+
+/// Where an IPv6 frame's destination and ports are, for [`xdp_to`].
+pub(crate) struct XdpFrame {
+    dst: *mut [u16; 8],
+    ports: *mut [u16; 2],
+}
+
+/// XDP: this CPU's scratch entry with the frame's flow in `k` (TCP, UDP or
+/// SCTP right after the fixed header: fragments and extension headers are
+/// the kernel's), and where to rewrite it.
+#[inline(always)]
+pub(crate) fn xdp_load(ctx: &XdpContext) -> Option<(&'static mut Scratch, XdpFrame)> {
+    let proto = ptr_at::<u8>(ctx, ETH_LEN + 6)?;
     // SAFETY: bounds checked by ptr_at.
     let proto = unsafe { *proto };
-    // Fragments and extension headers are the kernel's (next header not L4).
     if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP) {
-        return false;
+        return None;
     }
     // Addresses as eight 16-bit words: in the frame they are 2-byte aligned
     // only (after the 14-byte Ethernet header).
-    let (Some(src), Some(dst), Some(ports)) = (
-        ptr_at::<[u16; 8]>(ctx, SRC_OFF),
-        ptr_at::<[u16; 8]>(ctx, DST_OFF),
-        ptr_at::<[u16; 2]>(ctx, L4_OFF),
-    ) else {
-        return false;
-    };
-    let Some(p) = HP_SCRATCH6.get_ptr_mut(0) else {
-        return false;
-    };
+    let src = ptr_at::<[u16; 8]>(ctx, SRC_OFF)?;
+    let dst = ptr_at::<[u16; 8]>(ctx, DST_OFF)?;
+    let ports = ptr_at::<[u16; 2]>(ctx, L4_OFF)?;
+    let p = HP_SCRATCH6.get_ptr_mut(0)?;
     // SAFETY: this CPU's entry, used by this program run only; the packet
     // pointers were bounds checked by ptr_at.
     let p = unsafe { &mut *p };
@@ -262,10 +278,15 @@ pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
         p.k.dst_port = (*ports)[1];
         p.k.proto = proto;
     }
-    if !lookup_into(p) {
-        return false;
-    }
-    remember_reply(p);
+    Some((p, XdpFrame { dst, ports }))
+}
+
+/// XDP: the frame's destination `p.k` becomes `p.t`'s pod address and port,
+/// the L4 checksum updated by hand; `false` (nothing written) where the
+/// checksum is out of reach.
+#[inline(always)]
+pub(crate) fn xdp_to(ctx: &XdpContext, frame: &XdpFrame, p: &Scratch) -> bool {
+    let proto = p.k.proto;
     // The checksum pointer is taken on the path that uses it (5.10's verifier
     // loses a pointer chosen on a merged path, see `csum::l4_replace`).
     let ports_change = (p.k.dst_port, p.t.pod_port);
@@ -288,13 +309,20 @@ pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
         // SCTP's CRC32c covers no pseudo header, and the port keeps its number.
         _ => {}
     }
-    // SAFETY: bounds checked by ptr_at.
+    // SAFETY: bounds checked by ptr_at in `xdp_load`.
     unsafe {
-        (*ports)[1] = p.t.pod_port;
-        *dst = core::mem::transmute::<[u8; 16], [u16; 8]>(p.t.pod_ip.0);
+        (*frame.ports)[1] = p.t.pod_port;
+        *frame.dst = core::mem::transmute::<[u8; 16], [u16; 8]>(p.t.pod_ip.0);
     }
-    count(reason::HOSTPORT_DNAT);
     true
+}
+
+/// Where [`xdp_to`] sends the packet in the scratch entry: a pod's address
+/// and port (`lb::uplink6`'s flows from outside set it too).
+#[inline(always)]
+pub(crate) fn set_xdp_target(p: &mut Scratch, addr: Addr6, port: u16) {
+    p.t.pod_ip = addr;
+    p.t.pod_port = port;
 }
 
 /// The pod [`from_uplink_xdp`] translated the packet to.

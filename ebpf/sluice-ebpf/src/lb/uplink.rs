@@ -25,9 +25,9 @@
 //!   has no endpoint at all, the opening packet is answered with port
 //!   unreachable, as kube-proxy's `REJECT` does (`super::reject`).
 //!
-//! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a pod
-//!   here are translated and delivered before any skb exists; first packets
-//!   and the rest go on to tc.
+//! - In native XDP ([`from_uplink_xdp`], both families) the packets of a
+//!   known flow to a pod here are translated and delivered before any skb
+//!   exists; first packets and the rest go on to tc.
 //! - `sl_lb_ct` also holds the per-packet flows of pods outside the hooks'
 //!   cgroup (`super::packet`): their replies from another node come back
 //!   through here.
@@ -57,7 +57,7 @@ use crate::{
         v6::{NOT_OURS, TRANSLATED},
         PORT_TRIES,
     },
-    l3,
+    l3::{self, Headers},
     l4::{self, ETH_LEN, L4, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CONFIG, LB_CT, LB_SVC, NODE_ADDRS},
     packet::ptr_at,
@@ -383,8 +383,16 @@ pub(super) fn translate(ctx: &TcContext) -> i32 {
 /// gives it its backend and records it (choosing here too pushed
 /// `uplink_xdp`'s chain of calls past 512 bytes of stack); so does what
 /// needs a new source (a backend on another node).
+/// IPv6 in `super::uplink6::from_uplink_xdp`.
 #[inline(always)]
-pub fn from_uplink_xdp(ctx: &XdpContext) -> Option<IpKey> {
+pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<IpKey> {
+    if h.v4_fields().is_none() {
+        return if super::uplink6::from_uplink_xdp(ctx) {
+            crate::hostport::v6::xdp_pod()
+        } else {
+            None
+        };
+    }
     let pod = xdp_translate(ctx);
     (pod != 0).then(|| IpKey::v4((pod as u32).to_ne_bytes()))
 }

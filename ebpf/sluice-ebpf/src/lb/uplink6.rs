@@ -11,7 +11,7 @@
 )]
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
-    programs::TcContext,
+    programs::{TcContext, XdpContext},
 };
 use sluice_common::{event_kind, reason, svc_flags, svc_scope, Addr6, IpKey, SvcKey, SvcValue};
 
@@ -25,10 +25,13 @@ use crate::{
     forward,
     hostport::{
         try_port,
-        v6::{apply, parse, Scratch, HP_SCRATCH6, NOT_OURS, TRANSLATED},
+        v6::{
+            apply, parse, set_xdp_target, xdp_load, xdp_to, Scratch, HP_SCRATCH6, NOT_OURS,
+            TRANSLATED,
+        },
         PORT_TRIES,
     },
-    l3,
+    l3::{self, same6},
     l4::{ETH_LEN, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CT6, LB_SVC, NODE_ADDRS6},
 };
@@ -238,6 +241,43 @@ fn send(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` points at the context the kernel passed in.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     forward::forward(ctx, &h, ifindex, false)
+}
+
+/// XDP (native mode only, see `nat::dnat_xdp`), IPv6: as
+/// `super::uplink::from_uplink_xdp`, a packet of a known flow from outside
+/// to a pod here (only its destination rewritten), translated with the
+/// checksum updated by hand; `true` when translated, the pod in
+/// `hostport::v6::xdp_pod`. A flow's first packet, and one whose source
+/// changes (an endpoint elsewhere), go on to tc. A call of its own beside
+/// hostPort's, its state in the same scratch entry.
+#[inline(never)]
+pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
+    if super::uplink::config().is_none() {
+        return false;
+    }
+    let Some((p, frame)) = xdp_load(ctx) else {
+        return false;
+    };
+    if !matches!(p.k.proto, PROTO_TCP | PROTO_UDP) {
+        return false;
+    }
+    // SAFETY: map values are only read.
+    let Some(f) = (unsafe { LB_CT6.get(&p.k) }) else {
+        return false;
+    };
+    if !same6(&f.src_ip, &p.k.src_ip) || f.src_port != p.k.src_port {
+        return false;
+    }
+    // SAFETY: as above.
+    if unsafe { ENDPOINTS.get(IpKey::v6(f.dst_ip.0)) }.is_none() {
+        return false;
+    }
+    set_xdp_target(p, f.dst_ip, f.dst_port);
+    if !xdp_to(ctx, &frame, p) {
+        return false;
+    }
+    count(reason::LB_UPLINK_FLOW);
+    true
 }
 
 /// Host veth ingress, IPv6: a local backend's reply to a client from
