@@ -204,10 +204,17 @@ impl World {
                 &self.cgroup.display(),
                 "--cni-state-dir",
                 &state,
+                "--state-file",
+                &self.state_file(),
             ],
             LOG,
         )
         .unwrap()
+    }
+
+    /// The agent's state file (Service names and endpoint states).
+    fn state_file(&self) -> String {
+        self.node.dir().join("services.json").display().to_string()
     }
 }
 
@@ -293,9 +300,10 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     assert_eq!(d.get("lb_sock"), 0, "{d}");
     assert_eq!(frontends(&w.node), 2, "{}", w.log());
     // sluicectl shows each Service port: frontends, backends, translations.
+    let state = w.state_file();
     let lb = w
         .node
-        .sluicectl_json(&["services", "lb", "--json"])
+        .sluicectl_json(&["services", "lb", "--json", "--state", &state])
         .unwrap();
     assert_eq!(lb["hooksAttached"], json!(true), "{lb}");
     let ports = lb["servicePorts"].as_array().unwrap();
@@ -314,6 +322,21 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
         .collect();
     have.sort();
     assert_eq!(have, want, "{lb}");
+    // Named from the agent's state file, each endpoint with its state.
+    assert_eq!(http["service"], json!("shop/web"), "{http:#}");
+    assert_eq!(http["port"], json!("http"), "{http:#}");
+    assert_eq!(http["protocol"], json!("TCP"), "{http:#}");
+    let eps = http["endpoints"].as_array().unwrap();
+    assert_eq!(eps.len(), 2, "{http:#}");
+    for e in eps {
+        assert_eq!(e["node"], json!("node-a"), "{e}");
+        assert_eq!(e["backend"], json!(true), "{e}");
+        assert_eq!(
+            e["conditions"],
+            json!({"ready": true, "serving": true, "terminating": false}),
+            "{e}"
+        );
+    }
     let translations = http["translations"].as_u64().unwrap();
     // One Service port by its frontend.
     let one = w
@@ -329,21 +352,24 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     assert_eq!(one["servicePorts"].as_array().unwrap().len(), 1, "{one}");
     assert_eq!(one["servicePorts"][0]["id"], http["id"], "{one}");
     assert!(translations >= 26, "{lb}");
-    // The same as metrics, per Service port.
-    let m = w.node.sluicectl(&["metrics"]).unwrap();
+    // The same as metrics, per Service port, named.
+    let m = w
+        .node
+        .sluicectl(&["metrics", "--service-state", &state])
+        .unwrap();
     assert!(m.success(), "{m}");
-    let series = format!(
-        "sluice_service_translations_total{{frontend=\"{CLUSTER_IP}:{HTTP}/tcp\"}} {translations}"
+    let labels = format!(
+        "{{frontend=\"{CLUSTER_IP}:{HTTP}/tcp\",scope=\"node\",service=\"shop/web\",port=\"http\"}}"
     );
+    let series = format!("sluice_service_translations_total{labels} {translations}");
     assert!(
         m.stdout.contains(&series),
         "no {series:?} in:\n{}",
         m.stdout
     );
     assert!(
-        m.stdout.contains(&format!(
-            "sluice_service_backends{{frontend=\"{CLUSTER_IP}:{HTTP}/tcp\"}} 2"
-        )),
+        m.stdout
+            .contains(&format!("sluice_service_backends{labels} 2")),
         "{}",
         m.stdout
     );
@@ -370,6 +396,42 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     // ready (kube-proxy's fallback).
     w.endpoints(&[(0, false, true, true), (1, true, true, false)]);
     assert!(wait_for(FOLLOW, || w.spread(4) == [0, 4]), "{}", w.log());
+    // The operator's view of one Service port: the terminating endpoint is
+    // there, not a backend while another is ready.
+    let one = w
+        .node
+        .sluicectl(&[
+            "services",
+            "lb",
+            "--service",
+            "shop/web:http",
+            "--state",
+            &state,
+        ])
+        .unwrap();
+    assert!(one.success(), "{one}");
+    let line = |ip: IpAddr| {
+        one.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{ip}:{TARGET} ")))
+            .unwrap_or_else(|| panic!("no {ip} in:\n{}", one.stdout))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        line(w.ip(0)),
+        format!("{}:{TARGET} node-a serving, terminating no", w.ip(0)),
+        "{}",
+        one.stdout
+    );
+    assert_eq!(
+        line(w.ip(1)),
+        format!("{}:{TARGET} node-a ready yes", w.ip(1)),
+        "{}",
+        one.stdout
+    );
+    assert!(one.stdout.contains("shop/web:http/TCP"), "{}", one.stdout);
     w.endpoints(&[(0, false, true, true)]);
     assert!(wait_for(FOLLOW, || w.spread(4) == [4, 0]), "{}", w.log());
     // No endpoint: refused at once, no timeout, as kube-proxy's REJECT

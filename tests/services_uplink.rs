@@ -217,6 +217,8 @@ impl World {
                 &self.node.state_dir().display().to_string(),
                 "--node-ip",
                 NODE_IP,
+                "--service-state-file",
+                &self.state_file(),
             ],
             LOG,
         )
@@ -257,6 +259,11 @@ impl World {
 
     fn log(&self) -> String {
         log_of(&self.node, LOG)
+    }
+
+    /// The agent's state file (Service names and endpoint states).
+    fn state_file(&self) -> String {
+        self.node.dir().join("services.json").display().to_string()
     }
 }
 
@@ -333,7 +340,7 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
     // connections, once from outside.
     let v = w
         .node
-        .sluicectl_json(&["services", "lb", "--json"])
+        .sluicectl_json(&["services", "lb", "--json", "--state", &w.state_file()])
         .unwrap();
     let outside: Vec<&Value> = v["servicePorts"]
         .as_array()
@@ -341,8 +348,14 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
         .iter()
         .filter(|p| p["fromOutside"] == json!(true))
         .collect();
-    // TCP and UDP, IPv4 and IPv6.
+    // TCP and UDP, IPv4 and IPv6, each named.
     assert_eq!(outside.len(), 4, "{v:#}");
+    assert!(
+        outside
+            .iter()
+            .all(|p| p["service"] == json!("shop/web") && p["port"].is_string()),
+        "{v:#}"
+    );
     assert!(
         outside.iter().any(|p| p["frontends"]
             .as_array()

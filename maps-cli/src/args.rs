@@ -213,6 +213,14 @@ pub(crate) struct MetricsArgs {
         default_value = "/run/sluice/policy.json"
     )]
     pub policy_state: std::path::PathBuf,
+    /// The state file `sluice-node proxy --state-file` writes: the Service
+    /// series' `service` and `port` labels.
+    #[arg(
+        long,
+        env = "SLUICE_SERVICE_STATE",
+        default_value = "/run/sluice/services.json"
+    )]
+    pub service_state: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -444,6 +452,19 @@ pub(crate) struct ServicesLbArgs {
     /// `fd00::10`) or an address and port (`10.96.0.10:53`, `[fd00::10]:53`).
     #[arg(long)]
     pub frontend: Option<String>,
+    /// Only this Service (`namespace/name`) or Service port
+    /// (`namespace/name:port`, its name or number), with each endpoint's
+    /// state; names come from the agent's state file.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// The state file `sluice-node proxy --state-file` writes (Service
+    /// names and endpoint states).
+    #[arg(
+        long,
+        env = "SLUICE_SERVICE_STATE",
+        default_value = "/run/sluice/services.json"
+    )]
+    pub state: std::path::PathBuf,
 }
 
 #[derive(Subcommand)]

@@ -49,6 +49,7 @@ pub(crate) fn execute(t: &Target, a: &MetricsArgs) -> Result<()> {
         dp,
         max_endpoints: usize::try_from(a.max_endpoints).unwrap_or(usize::MAX),
         policy_state: a.policy_state.clone(),
+        service_state: a.service_state.clone(),
     };
     let Some(addr) = a.listen else {
         print!("{}", render(&scrape)?);
@@ -67,6 +68,8 @@ struct Scrape {
     state_dir: Option<PathBuf>,
     /// The state file `sluice-node policy` writes: the rules' labels.
     policy_state: PathBuf,
+    /// The state file `sluice-node proxy` writes: the Service ports' labels.
+    service_state: PathBuf,
 }
 
 /// The plugin's default state directory of the network: `-n`'s name, or the
@@ -413,7 +416,7 @@ fn render(scrape: &Scrape) -> Result<String> {
     }
     nat_pressure_families(&mut x, dp, &reading, scrape.max_endpoints)?;
     service_families(&mut x, dp, &mut pressure)?;
-    lb_families(&mut x, dp, &mut pressure)?;
+    lb_families(&mut x, dp, &scrape.service_state, &mut pressure)?;
     x.family(
         "sluice_bpf_map_pressure",
         "gauge",
@@ -559,19 +562,22 @@ fn service_families(
 }
 
 /// The Services Sluice translates itself (`sluice-node proxy`), per Service
-/// port (labelled by its first frontend): its backends and its
-/// translations at the socket; the fill of the frontend and backend maps
-/// joins `pressure` (a full one is a Service port the agent could not
-/// write). None without the Service maps.
+/// port (labelled by its first frontend, its scope (`node`: the cluster's
+/// own connections, `outside`: the uplink's) and, from the agent's state
+/// file, its Service and port): its backends and the connections sent to
+/// them; the fill of the frontend and backend maps joins `pressure` (a
+/// full one is a Service port the agent could not write). None without the
+/// Service maps.
 fn lb_families(
     x: &mut Exposition,
     dp: &Datapath,
+    state: &Path,
     pressure: &mut Vec<(&'static str, f64)>,
 ) -> Result<()> {
     let Some(maps) = sluice_maps::lb::LbMaps::open(&dp.root)? else {
         return Ok(());
     };
-    let rows = crate::lb::rows(&maps);
+    let rows = crate::lb::rows(&maps, &crate::lb::state(state));
     let frontends: usize = rows.iter().map(|r| r.frontends.len()).sum();
     let backends: usize = rows.iter().map(|r| r.backends.len()).sum();
     for (spec, n) in [(&maps::LB_SVC, frontends), (&maps::LB_BACKENDS, backends)] {
@@ -589,24 +595,42 @@ fn lb_families(
         "gauge",
         "Backends of a Service port Sluice translates (0: connections to it are refused).",
     );
+    let labels = |r: &crate::lb::Row| {
+        (
+            r.frontends.first().cloned().unwrap_or_default(),
+            if r.external { "outside" } else { "node" },
+            r.service().unwrap_or("").to_string(),
+            r.port_name().unwrap_or_default(),
+        )
+    };
     for r in &rows {
-        let f = r.frontends.first().map_or("", String::as_str);
+        let (f, scope, svc, port) = labels(r);
         x.sample(
             "sluice_service_backends",
-            &[("frontend", f)],
+            &[
+                ("frontend", &f),
+                ("scope", scope),
+                ("service", &svc),
+                ("port", &port),
+            ],
             r.backends.len(),
         );
     }
     x.family(
         "sluice_service_translations_total",
         "counter",
-        "Connections (and datagrams of unconnected UDP) to a Service port pointed at a backend at the socket.",
+        "New connections (and datagrams of unconnected UDP) to a Service port sent to a backend: at the socket, and new flows from outside or per packet.",
     );
     for r in &rows {
-        let f = r.frontends.first().map_or("", String::as_str);
+        let (f, scope, svc, port) = labels(r);
         x.sample(
             "sluice_service_translations_total",
-            &[("frontend", f)],
+            &[
+                ("frontend", &f),
+                ("scope", scope),
+                ("service", &svc),
+                ("port", &port),
+            ],
             r.translations,
         );
     }

@@ -228,6 +228,9 @@ struct SyncArgs {
     /// With `--service-proxy`: see `proxy --node-ip`.
     #[arg(long, env = "SLUICE_NODE_IP")]
     node_ip: Option<std::net::IpAddr>,
+    /// With `--service-proxy`: see `proxy --state-file`.
+    #[arg(long, env = "SLUICE_SERVICE_STATE")]
+    service_state_file: Option<PathBuf>,
     /// Enforce the cluster's `NetworkPolicy` objects in the datapath
     /// (`enforce`), or only count and report what they would drop
     /// (`audit`); see `policy`. Without it, policy is off in the datapath.
@@ -274,6 +277,11 @@ struct ProxyArgs {
     /// such flows are left to the node's stack.
     #[arg(long, env = "SLUICE_NODE_IP")]
     node_ip: Option<std::net::IpAddr>,
+    /// Write each Service port's name, frontends and endpoints (with their
+    /// state) here, for `sluicectl services lb` and the metrics (the maps
+    /// hold addresses only); the DaemonSet uses /run/sluice/services.json.
+    #[arg(long, env = "SLUICE_SERVICE_STATE")]
+    state_file: Option<PathBuf>,
     /// Compare everything again this often (seconds) even without a change.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     resync_secs: u64,
@@ -406,6 +414,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cni_state_dir: a.cni_state_dir.clone(),
                     resync,
                     node_ip: node_ip4(a.node_ip),
+                    state_file: a.service_state_file.clone(),
                 })
             } else {
                 // Back to kube-proxy: the hooks an earlier `--service-proxy`
@@ -531,6 +540,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cni_state_dir: a.cni_state_dir,
                     resync: Duration::from_secs(a.resync_secs),
                     node_ip: node_ip4(a.node_ip),
+                    state_file: a.state_file,
                 },
                 shutdown::on_signals()?,
             )

@@ -52,6 +52,11 @@ impl Applied {
         self.by_name.len()
     }
 
+    /// The id the Service port `name` holds in the maps, if written.
+    pub(crate) fn id_of(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).map(|w| w.id)
+    }
+
     fn take_id(&mut self) -> u32 {
         if let Some(id) = self.free.pop_first() {
             return id;
@@ -94,6 +99,7 @@ impl Applied {
                             backends,
                             flags: v.flags,
                             affinity_secs: v.affinity_secs,
+                            about: super::desired::About::default(),
                         },
                     },
                 );

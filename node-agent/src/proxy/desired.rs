@@ -50,6 +50,51 @@ pub(crate) struct Port {
     pub(crate) flags: u32,
     /// `sessionAffinity: ClientIP`'s timeout (seconds); 0: none.
     pub(crate) affinity_secs: u32,
+    /// What it is, for operators (the agent's state file): not written to
+    /// the maps, not compared.
+    pub(crate) about: About,
+}
+
+/// A Service port as operators name it, and the endpoints it was made of.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct About {
+    /// `namespace/name`.
+    pub(crate) service: String,
+    /// The port's name (empty for a single unnamed port) and number.
+    pub(crate) port_name: String,
+    pub(crate) port: u16,
+    /// `TCP` or `UDP`.
+    pub(crate) protocol: String,
+    /// 4 or 6.
+    pub(crate) family: u8,
+    /// The uplink's frontends (`externalTrafficPolicy`'s endpoints).
+    pub(crate) from_outside: bool,
+    /// Every endpoint of the port's family, with its state and whether it
+    /// is a backend here.
+    pub(crate) endpoints: Vec<EndpointState>,
+}
+
+/// One endpoint of a Service port, as its EndpointSlice says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EndpointState {
+    /// `address:port`.
+    pub(crate) address: String,
+    pub(crate) node: Option<String>,
+    pub(crate) conditions: Conditions,
+    /// A backend of this Service port on this node (kube-proxy's choice:
+    /// ready ones, else serving terminating ones, the traffic policy's).
+    pub(crate) backend: bool,
+}
+
+/// An endpoint's conditions, as the EndpointSlice API names them (absent
+/// ones as the API defaults them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Conditions {
+    pub(crate) ready: bool,
+    pub(crate) serving: bool,
+    pub(crate) terminating: bool,
 }
 
 /// Service ports by name (`namespace/name:port/PROTO`).
@@ -72,6 +117,9 @@ struct Ep {
     ready: bool,
     serving_terminating: bool,
     local: bool,
+    /// As the slice says (the agent's state file).
+    node: Option<String>,
+    conditions: Conditions,
 }
 
 /// The endpoints of `slices` for the Service port named `port_name` over
@@ -109,6 +157,12 @@ fn endpoints(slices: &[&EndpointSlice], port_name: &str, proto: &str, node: &str
                 ready: ready && !terminating,
                 serving_terminating: serving && terminating,
                 local,
+                node: e.node_name.clone(),
+                conditions: Conditions {
+                    ready,
+                    serving,
+                    terminating,
+                },
             });
         }
     }
@@ -162,6 +216,20 @@ fn of_family(picked: &[&Ep], v6: bool) -> Vec<Backend> {
         .iter()
         .filter(|e| e.addr.is_ipv6() == v6)
         .map(|e| backend(e.addr, e.port))
+        .collect()
+}
+
+/// The endpoints of `eps` of one family, each marked as a backend where
+/// `picked` has it.
+fn states(eps: &[Ep], picked: &[&Ep], v6: bool) -> Vec<EndpointState> {
+    eps.iter()
+        .filter(|e| e.addr.is_ipv6() == v6)
+        .map(|e| EndpointState {
+            address: std::net::SocketAddr::new(e.addr, e.port).to_string(),
+            node: e.node.clone(),
+            conditions: e.conditions,
+            backend: picked.iter().any(|p| p.addr == e.addr && p.port == e.port),
+        })
         .collect()
 }
 
@@ -338,6 +406,15 @@ pub(crate) fn desired<'a>(
                 } else {
                     0
                 };
+                let about = |from_outside: bool, picked: &[&Ep]| About {
+                    service: format!("{ns}/{name}"),
+                    port_name: port_name.to_string(),
+                    port: svc_port,
+                    protocol: proto_name.to_string(),
+                    family: if family_v6 { 6 } else { 4 },
+                    from_outside,
+                    endpoints: states(&eps, picked, family_v6),
+                };
                 if !external.is_empty() {
                     ports.insert(
                         format!("{key}/external"),
@@ -346,6 +423,7 @@ pub(crate) fn desired<'a>(
                             backends: of_family(&picked_ext, family_v6),
                             flags: flags_ext | reject,
                             affinity_secs,
+                            about: about(true, &picked_ext),
                         },
                     );
                 }
@@ -356,6 +434,7 @@ pub(crate) fn desired<'a>(
                         backends,
                         flags: flags | reject,
                         affinity_secs,
+                        about: about(false, &picked),
                     },
                 );
             }
@@ -610,6 +689,21 @@ mod tests {
             .all(|k| k.scope == sluice_common::svc_scope::EXTERNAL));
         assert_eq!(ext.flags & svc_flags::REJECT, 0);
         assert_eq!(backends(&ports["shop/web:80/TCP/v4"]).len(), 2);
+        // Named for operators, every endpoint listed, the backends marked.
+        assert_eq!(ext.about.service, "shop/web");
+        assert_eq!((ext.about.port_name.as_str(), ext.about.port), ("http", 80));
+        assert!(ext.about.from_outside);
+        let used: Vec<(&str, bool)> = ext
+            .about
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.backend))
+            .collect();
+        assert_eq!(used, [("10.1.0.5:8080", true), ("10.1.0.4:8080", false)]);
+        assert!(ext.about.endpoints[1].conditions.ready);
+        assert_eq!(ext.about.endpoints[1].node.as_deref(), Some("n2"));
+        let inside = &ports["shop/web:80/TCP/v4"].about;
+        assert!(!inside.from_outside && inside.endpoints.iter().all(|e| e.backend));
         // Local on a node without one: dropped, not rejected (there are
         // endpoints elsewhere); the health check says 0.
         let (ports, _) = desired(&[lb("Local")], &e, "n3");

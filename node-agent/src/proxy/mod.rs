@@ -14,6 +14,7 @@
 mod apply;
 mod desired;
 mod health;
+mod state;
 mod udp_sockets;
 
 use std::{os::unix::fs::MetadataExt, path::PathBuf, time::Duration};
@@ -56,6 +57,8 @@ pub(crate) struct Options {
     /// balancer IP leave with towards a backend on another node (a NodePort
     /// flow leaves with the node address it came to).
     pub(crate) node_ip: Option<std::net::Ipv4Addr>,
+    /// Where the agent keeps its state file (see [`state`]), if anywhere.
+    pub(crate) state_file: Option<PathBuf>,
 }
 
 /// The two watches' progress.
@@ -180,6 +183,8 @@ struct State {
     said: Option<String>,
     /// This (the node's) network namespace's cookie, where the kernel tells it.
     node_netns: Option<u64>,
+    /// The state file's text as last written.
+    file_text: Option<String>,
 }
 
 impl State {
@@ -271,6 +276,13 @@ impl State {
             log(&format!("proxy: Service port {name} NOT written: {why}"));
         }
         close_udp(&pass.gone_udp, want, opts);
+        if let Some(path) = &opts.state_file {
+            state::write(
+                path,
+                &state::render(want, &self.applied),
+                &mut self.file_text,
+            );
+        }
         if pass.written + pass.removed > 0 {
             log(&format!(
                 "proxy: {} Service ports written, {} removed; {} in the maps",
