@@ -13,7 +13,10 @@
 //! (`ECONNREFUSED` in a pod, as kube-proxy's REJECT; `EPERM` on the node);
 //! terminating endpoints serve only when none is ready; a Service deleted
 //! leaves its address untranslated; the maps are as the agent says; the
-//! hooks go with `proxy --stop`.
+//! hooks go with `proxy --stop`; `internalTrafficPolicy: Local` without a
+//! local endpoint drops; the watches resume from bookmarks and list again
+//! after `410 Expired`; `sluicectl services lb` names Service ports from
+//! the agent's state file.
 #![cfg(test)] // Everything here is test code (lets clippy's test exemptions apply).
 use std::{
     collections::BTreeSet,
@@ -918,5 +921,62 @@ fn internal_local_policy_without_a_local_endpoint_drops_as_kube_proxy_does() {
         "the local endpoint was never reached\n{}",
         w.log()
     );
+    stop(a, &w.node, LOG).unwrap();
+}
+
+/// The proxy's watches resume from bookmarks and, where the history they
+/// would resume from is gone (`410 Expired`, at a watch's start or inside
+/// an open one), list again: an endpoint removed while the watches were
+/// held back still stops getting connections, and one added still gets
+/// them.
+#[test]
+fn endpoint_changes_a_410_hid_are_caught_up_by_listing_again() {
+    let w = World::new();
+    w.endpoints(&[(0, true, true, false), (1, true, true, false)]);
+    let a = w.proxy();
+    assert!(wait_for(FOLLOW, || w.tcp().ok), "{}", w.log());
+    let slice_lists = || {
+        w.api
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.starts_with("GET /apis/discovery.k8s.io/v1/endpointslices?")
+                    && !r.contains("watch=")
+            })
+            .count()
+    };
+    // Bookmarks flow while nothing changes (the World sends one every
+    // 300 ms).
+    let marks = w.api.bookmarks_sent();
+    assert!(
+        wait_for(Duration::from_secs(5), || w.api.bookmarks_sent() > marks),
+        "no bookmark sent to the proxy's watches"
+    );
+    // 410 at the watches' start: the change never reaches them.
+    let (lists, expired) = (slice_lists(), w.api.expired_watches());
+    w.api.hold_watches();
+    w.endpoints(&[(1, true, true, false)]);
+    w.api.expire();
+    assert!(
+        wait_for(FOLLOW, || w.spread(6) == [0, 6]),
+        "the removed endpoint still gets connections after a 410\n{}\n{:?}",
+        w.log(),
+        w.api.requests()
+    );
+    assert!(w.api.expired_watches() > expired, "{:?}", w.api.requests());
+    assert!(slice_lists() > lists, "{:?}", w.api.requests());
+    // 410 inside an open watch: the history compacted under it.
+    let (lists, expired) = (slice_lists(), w.api.expired_watches());
+    w.api.hold_watches();
+    w.endpoints(&[(0, true, true, false)]);
+    w.api.compact();
+    assert!(
+        wait_for(FOLLOW, || w.spread(6) == [6, 0]),
+        "the endpoint change is not followed after a 410 in a watch\n{}\n{:?}",
+        w.log(),
+        w.api.requests()
+    );
+    assert!(w.api.expired_watches() > expired, "{:?}", w.api.requests());
+    assert!(slice_lists() > lists, "{:?}", w.api.requests());
     stop(a, &w.node, LOG).unwrap();
 }
