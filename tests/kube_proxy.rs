@@ -329,7 +329,7 @@ fn sluice_services_every_service_path_works() {
 }
 
 /// With masquerade, tcx and native XDP on the uplink (the flows from outside
-/// are translated and delivered from XDP too).
+/// are translated and delivered, or sent on to another node, from XDP too).
 #[test]
 fn sluice_services_with_masquerade_tcx_and_native_xdp() {
     let c = sluice_every_path_works(Cni::Sluice(Sluice {
@@ -338,9 +338,13 @@ fn sluice_services_with_masquerade_tcx_and_native_xdp() {
         xdp: "native",
         ..Sluice::default()
     }));
-    // The NodePort flows to the pod on node 1 went in from XDP.
+    // The NodePort flows to the pod on node 1 went in from XDP, and the
+    // flows from outside to a pod on the other node went back out from
+    // XDP, both ways (the client's packets and the endpoint's answers).
     let d = c.counters(0).unwrap();
     assert!(d.get("xdp_to_pod") > 0, "{d}");
+    let sent = d.get("xdp_lb_send") + c.counters(1).unwrap().get("xdp_lb_send");
+    assert!(sent >= 4, "xdp_lb_send {sent} on both nodes\n{d}");
 }
 
 #[test]

@@ -391,14 +391,26 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     // An endpoint removed takes no new connection.
     w.endpoints(&[(1, true, true, false)]);
     assert!(
-        wait_for(FOLLOW, || w.spread(6) == [0, 6]),
-        "connections still reach the removed endpoint\nagent log:\n{}",
+        wait_for(FOLLOW, || http_backends(&w) == [w.ip(1)]),
+        "the removed endpoint is still a backend\nagent log:\n{}",
         w.log()
+    );
+    assert_eq!(
+        w.spread(8),
+        [0, 8],
+        "connections still reach the removed endpoint"
     );
     // Not ready but serving while terminating: used only when no endpoint is
     // ready (kube-proxy's fallback).
     w.endpoints(&[(0, false, true, true), (1, true, true, false)]);
-    assert!(wait_for(FOLLOW, || w.spread(4) == [0, 4]), "{}", w.log());
+    assert!(
+        wait_for(FOLLOW, || http_backends(&w) == [w.ip(1)]
+            && std::fs::read_to_string(w.state_file())
+                .is_ok_and(|s| s.contains("\"terminating\": true"))),
+        "{}",
+        w.log()
+    );
+    assert_eq!(w.spread(8), [0, 8]);
     // The operator's view of one Service port: the terminating endpoint is
     // there, not a backend while another is ready.
     let one = w
@@ -436,7 +448,12 @@ fn a_pods_connections_to_a_cluster_ip_go_straight_to_its_endpoints() {
     );
     assert!(one.stdout.contains("shop/web:http/TCP"), "{}", one.stdout);
     w.endpoints(&[(0, false, true, true)]);
-    assert!(wait_for(FOLLOW, || w.spread(4) == [4, 0]), "{}", w.log());
+    assert!(
+        wait_for(FOLLOW, || http_backends(&w) == [w.ip(0)]),
+        "{}",
+        w.log()
+    );
+    assert_eq!(w.spread(8), [8, 0]);
     // No endpoint: refused at once, no timeout, as kube-proxy's REJECT
     // (ICMP port unreachable: ECONNREFUSED) where the agent knows the
     // node's namespace (5.14 on); before, and on the node, EPERM at the
@@ -958,11 +975,12 @@ fn endpoint_changes_a_410_hid_are_caught_up_by_listing_again() {
     w.endpoints(&[(1, true, true, false)]);
     w.api.expire();
     assert!(
-        wait_for(FOLLOW, || w.spread(6) == [0, 6]),
-        "the removed endpoint still gets connections after a 410\n{}\n{:?}",
+        wait_for(FOLLOW, || http_backends(&w) == [w.ip(1)]),
+        "the removed endpoint is still a backend after a 410\n{}\n{:?}",
         w.log(),
         w.api.requests()
     );
+    assert_eq!(w.spread(8), [0, 8]);
     assert!(w.api.expired_watches() > expired, "{:?}", w.api.requests());
     assert!(slice_lists() > lists, "{:?}", w.api.requests());
     // 410 inside an open watch: the history compacted under it.
@@ -971,12 +989,32 @@ fn endpoint_changes_a_410_hid_are_caught_up_by_listing_again() {
     w.endpoints(&[(0, true, true, false)]);
     w.api.compact();
     assert!(
-        wait_for(FOLLOW, || w.spread(6) == [6, 0]),
+        wait_for(FOLLOW, || http_backends(&w) == [w.ip(0)]),
         "the endpoint change is not followed after a 410 in a watch\n{}\n{:?}",
         w.log(),
         w.api.requests()
     );
+    assert_eq!(w.spread(8), [8, 0]);
     assert!(w.api.expired_watches() > expired, "{:?}", w.api.requests());
     assert!(slice_lists() > lists, "{:?}", w.api.requests());
     stop(a, &w.node, LOG).unwrap();
+}
+
+/// The TCP Service port's backend addresses in the maps (`sluicectl
+/// services lb`).
+fn http_backends(w: &World) -> Vec<IpAddr> {
+    let Ok(v) = w.node.sluicectl_json(&["services", "lb", "--json"]) else {
+        return Vec::new();
+    };
+    v["servicePorts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["frontends"] == json!([format!("{CLUSTER_IP}:{HTTP}/tcp")]))
+        .and_then(|p| p["backends"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.as_str()?.parse::<SocketAddr>().ok())
+        .map(|a| a.ip())
+        .collect()
 }

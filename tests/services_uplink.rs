@@ -29,7 +29,7 @@ use sluice_tests::{
     apiserver::ApiServer,
     ctl::{wait_lease, CtlChild},
     fixtures::{add, UPLINK},
-    host::tx_checksum_off,
+    host::{gro_on, tx_checksum_off},
     hostport::{client_in, Cgroup, ClientReport},
     masq::{
         in_netns, routed_external_host6, wait_for, EchoServer, Routed, FAR6_IP, FAR_IP,
@@ -81,6 +81,8 @@ impl World {
         let wire = routed_external_host6(&node, 1500).unwrap();
         if xdp == "native" {
             tx_checksum_off(&wire.router.netns_path(), "r0").unwrap();
+            // What the uplink's XDP sends back out reaches the router.
+            gro_on(&wire.router.netns_path(), "r0").unwrap();
         }
         // The load balancer's address reaches this node.
         wire.router
@@ -367,7 +369,7 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
 }
 
 #[test]
-fn native_xdp_delivers_a_node_ports_packets_to_a_pod_here_in_both_families() {
+fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() {
     let w = World::with_xdp("native");
     w.service("NodePort", "Cluster");
     w.endpoints(true, false);
@@ -438,6 +440,35 @@ fn native_xdp_delivers_a_node_ports_packets_to_a_pod_here_in_both_families() {
         !peers.tcp.is_empty() && peers.tcp.iter().all(|p| p.ip() == far6),
         "the pod's IPv6 TCP peers: {:?}",
         peers.tcp
+    );
+    // The endpoint on another node (the router's): the client's packets
+    // go back out from XDP to it, from the node address, and its answers
+    // back out to the client, once the FIB knows the neighbours.
+    w.endpoints(false, true);
+    assert!(
+        wait_for(FOLLOW, || w.tcp_to(NODE_IP, NODE_PORT).ok
+            && !w.remote.peers().tcp.is_empty()),
+        "far -> {at} (node-b's endpoint)\n{}\n{}",
+        w.log(),
+        w.node.counters().unwrap()
+    );
+    let c0 = w.node.counters().unwrap();
+    let r = w.tcp_to(NODE_IP, NODE_PORT);
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at), "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    if native {
+        // Both ways: the connection's and the datagrams' packets.
+        assert!(d.get("xdp_lb_send") >= 6, "{d}");
+    }
+    let node_ip: IpAddr = NODE_IP.parse().unwrap();
+    assert!(
+        w.remote.peers().tcp.iter().all(|p| p.ip() == node_ip),
+        "node-b's peers: {:?}",
+        w.remote.peers().tcp
     );
     stop(a, &w.node, LOG).unwrap();
 }

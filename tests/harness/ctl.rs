@@ -35,7 +35,7 @@ use crate::{
 
 /// Every reason name `sluicectl counters --json` prints under `node`, in the
 /// datapath's order (`sluice_common::reason::NAMES`): the stable JSON names.
-pub const REASONS: [&str; 63] = [
+pub const REASONS: [&str; 64] = [
     "from_pod_to_local_pod",
     "from_pod_fib_redirect",
     "from_pod_fib_neigh",
@@ -99,6 +99,7 @@ pub const REASONS: [&str; 63] = [
     "policy_new",
     "policy_audit_ingress",
     "policy_audit_egress",
+    "xdp_lb_send",
 ];
 
 /// A node with masquerade on, the hostPort socket hooks on a cgroup of its own

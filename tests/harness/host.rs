@@ -49,3 +49,10 @@ impl Host {
 pub fn tx_checksum_off(netns: &Path, dev: &str) -> Result<()> {
     exec::tool(Some(netns), "ethtool", &["-K", dev, "tx", "off"]).map(drop)
 }
+
+/// Turns GRO on for `dev` in `netns`: a veth receives what its peer's XDP
+/// sends back (`XDP_TX`) or redirects to it only with NAPI on, which GRO
+/// turns on (Linux 5.13 on; before, only an XDP program of its own).
+pub fn gro_on(netns: &Path, dev: &str) -> Result<()> {
+    exec::tool(Some(netns), "ethtool", &["-K", dev, "gro", "on"]).map(drop)
+}

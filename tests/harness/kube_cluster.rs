@@ -1176,7 +1176,10 @@ impl KubeNode {
         router.ip(&["route", "add", &pod_cidr4, "via", &ip4.to_string()])?;
         router.ip(&["-6", "route", "add", &pod_cidr6, "via", &ip6.to_string()])?;
         if matches!(cni, Cni::Sluice(s) if s.xdp == "native") {
+            // As a NIC's: complete checksums, and what the node's XDP sends
+            // back out arrives (a veth takes XDP frames only with NAPI on).
             host::tx_checksum_off(&router.netns_path(), &ext_if)?;
+            host::gro_on(&router.netns_path(), &ext_if)?;
         }
         let hostname = format!("node-{n}");
         let (conf, reference) = match cni {

@@ -276,6 +276,7 @@ mod tests {
                 || name == map_names::EVICT_NOTE
                 || name == map_names::LB_REJECT
                 || name == map_names::LB_STEP
+                || name == map_names::LB_FIB
                 || name == map_names::POL_STEP
                 || name.starts_with('.')
                 || name == "AYA_LOGS"

@@ -204,7 +204,10 @@ pub(super) async fn current(
     let Ok(c) = sluice_maps::node::config(root) else {
         return Ok(false);
     };
-    if c.uplink_ifindex != u.ifindex || c.flags & WANT_MASK != want_flags(resolve_xdp(s.xdp, u)) {
+    if c.uplink_ifindex != u.ifindex
+        || c.flags & WANT_MASK != want_flags(resolve_xdp(s.xdp, u))
+        || (c.flags & config_flags::UPLINK_VETH != 0) != u.is_veth
+    {
         return Ok(false);
     }
     if c.flags & config_flags::UPLINK_TC_FILTERS == 0 {
@@ -254,6 +257,9 @@ pub(super) async fn prepare(
         };
     if attached.filters {
         flags |= config_flags::UPLINK_TC_FILTERS;
+    }
+    if u.is_veth {
+        flags |= config_flags::UPLINK_VETH;
     }
     sluice_maps::node::write_config(
         root,

@@ -206,10 +206,7 @@ mod tests {
         assert_eq!(size_of::<EndpointInfo>(), 64 + 16 + 16 + 8 + 8);
         assert_eq!(size_of::<DatapathMeta>(), 24);
         assert_eq!(size_of::<NodeConfig>(), 16);
-        assert_eq!(
-            u32::try_from(reason::COUNT),
-            Ok(reason::POLICY_AUDIT_EGRESS + 1)
-        );
+        assert_eq!(u32::try_from(reason::COUNT), Ok(reason::XDP_LB_SEND + 1));
         assert_eq!(size_of::<PolicyKey>(), 4 + 4 + 4 + 16);
         assert_eq!(size_of::<PortRange>(), 8);
         assert_eq!(size_of::<PolicyRules>(), 4 + 16 * 8);

@@ -345,6 +345,9 @@ pub mod map_names {
     /// Per-CPU scratch: a packet from the uplink between the steps of its
     /// Service translation (not pinned).
     pub const LB_STEP: &str = "sl_lb_step";
+    /// Per-CPU scratch: the FIB lookup of a Service flow XDP sends back out
+    /// of the uplink (not pinned).
+    pub const LB_FIB: &str = "sl_lb_fib";
 }
 
 /// Default sizes of the maps (entries).

@@ -28,6 +28,9 @@ pub mod config_flags {
     /// The uplink's tc programs are `cls_bpf` filters on a clsact qdisc (a kernel
     /// without tcx, before 6.6), not pinned tcx links.
     pub const UPLINK_TC_FILTERS: u32 = 1 << 5;
+    /// The uplink is a veth (nested setups, test beds): XDP sends a packet
+    /// back out of it by redirect, not `XDP_TX` (see `lb::uplink::xdp_send`).
+    pub const UPLINK_VETH: u32 = 1 << 6;
 }
 
 /// Identity of the loaded datapath, at index 0 of the `sl_meta` array.

@@ -222,6 +222,10 @@ reasons! {
     /// NetworkPolicy audit mode: a new flow out of a pod that enforcement
     /// would have dropped, let through.
     count POLICY_AUDIT_EGRESS = 62 "policy_audit_egress";
+    /// Services from outside in native XDP: a packet of a flow to a backend
+    /// on another node (or that backend's answer to the client) translated
+    /// and sent back out from XDP (also counted as `lb_uplink_flow`).
+    count XDP_LB_SEND = 63 "xdp_lb_send";
 }
 
 /// Slots in the array (room to append).

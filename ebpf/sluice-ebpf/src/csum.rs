@@ -68,6 +68,26 @@ pub(crate) unsafe fn l4_replace(
     }
 }
 
+/// XDP: the source address of the IPv4 header at `ip` becomes `addr`, with
+/// the header checksum updated.
+///
+/// # Safety
+/// `ip` points into the frame and was bounds checked.
+#[inline(always)]
+pub(crate) unsafe fn set_src_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (os, ns) = (words((*ip).src_addr), words(addr));
+        (*ip).check = csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [os[0], os[1], 0],
+            [ns[0], ns[1], 0],
+        )
+        .to_ne_bytes();
+        (*ip).src_addr = addr;
+    }
+}
+
 /// XDP: the destination address of the IPv4 header at `ip` becomes `addr`,
 /// with the header checksum updated.
 ///

@@ -619,9 +619,15 @@ fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
         // (each counts its own).
         let pod = match nat::dnat_xdp(ctx, &h) {
             Some(pod) => Some((IpKey::v4(pod), true)),
-            None => hostport::from_uplink_xdp(ctx, &h)
-                .or_else(|| lb::uplink::from_uplink_xdp(ctx, &h))
-                .map(|p| (p, false)),
+            None => match hostport::from_uplink_xdp(ctx, &h) {
+                Some(p) => Some((p, false)),
+                None => match lb::uplink::from_uplink_xdp(ctx, &h) {
+                    lb::uplink::Xdp::Pod(p) => Some((p, false)),
+                    // Sent back out (a Service flow to another node).
+                    lb::uplink::Xdp::Sent(v) => return v,
+                    lb::uplink::Xdp::Pass => None,
+                },
+            },
         };
         if let Some((pod, masq)) = pod {
             // SAFETY: the map value is only read.

@@ -25,24 +25,32 @@
 //!   has no endpoint at all, the opening packet is answered with port
 //!   unreachable, as kube-proxy's `REJECT` does (`super::reject`).
 //!
-//! - In native XDP ([`from_uplink_xdp`], both families) the packets of a
-//!   known flow to a pod here are translated and delivered before any skb
-//!   exists; first packets and the rest go on to tc.
+//! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a
+//!   pod here (both families) are translated and delivered before any skb
+//!   exists, and those of an IPv4 flow to a backend elsewhere, and its
+//!   answers, translated and sent back out ([`xdp_send`]) where the FIB
+//!   knows the next hop; first packets and the rest go on to tc.
 //! - `sl_lb_ct` also holds the per-packet flows of pods outside the hooks'
 //!   cgroup (`super::packet`): their replies from another node come back
 //!   through here.
 //!
 //! IPv4 TCP and UDP here, IPv6 in `super::uplink6`; fragments are left to
 //! the stack.
+use core::mem::size_of;
+
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    bindings::{
+        bpf_fib_lookup as FibParams, xdp_action, BPF_FIB_LKUP_RET_SUCCESS, BPF_NOEXIST, TC_ACT_SHOT,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect},
     macros::map,
     maps::PerCpuArray,
     programs::{TcContext, XdpContext},
+    EbpfContext,
 };
 use sluice_common::{
-    event_kind, lb_flags, reason, svc_flags, svc_scope, HpFlow, IpKey, LbConfig, NatKey, SvcKey,
-    SvcValue,
+    config_flags, event_kind, lb_flags, reason, svc_flags, svc_scope, HpFlow, IpKey, LbConfig,
+    NatKey, SvcKey, SvcValue,
 };
 
 use super::choose;
@@ -57,7 +65,7 @@ use crate::{
         v6::{NOT_OURS, TRANSLATED},
         PORT_TRIES,
     },
-    l3::{self, Headers},
+    l3::{self, Headers, AF_INET},
     l4::{self, ETH_LEN, L4, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CONFIG, LB_CT, LB_SVC, NODE_ADDRS},
     packet::ptr_at,
@@ -383,24 +391,46 @@ pub(super) fn translate(ctx: &TcContext) -> i32 {
 /// gives it its backend and records it (choosing here too pushed
 /// `uplink_xdp`'s chain of calls past 512 bytes of stack); so does what
 /// needs a new source (a backend on another node).
-/// IPv6 in `super::uplink6::from_uplink_xdp`.
+/// What [`from_uplink_xdp`] did with a packet.
+pub enum Xdp {
+    /// Not a Service flow XDP handles: the rest of `uplink_xdp`, then tc.
+    Pass,
+    /// Translated for this pod here, to deliver.
+    Pod(IpKey),
+    /// Translated and sent on (a backend elsewhere, or its answer going
+    /// back to the client): this verdict.
+    Sent(u32),
+}
+
+/// IPv6 in `super::uplink6::from_uplink_xdp` (a pod here only).
 #[inline(always)]
-pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Option<IpKey> {
+pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Xdp {
     if h.v4_fields().is_none() {
-        return if super::uplink6::from_uplink_xdp(ctx) {
-            crate::hostport::v6::xdp_pod()
-        } else {
-            None
+        return match super::uplink6::from_uplink_xdp(ctx)
+            .then(crate::hostport::v6::xdp_pod)
+            .flatten()
+        {
+            Some(pod) => Xdp::Pod(pod),
+            None => Xdp::Pass,
         };
     }
-    let pod = xdp_translate(ctx);
-    (pod != 0).then(|| IpKey::v4((pod as u32).to_ne_bytes()))
+    let v = xdp_translate(ctx);
+    match v >> 32 {
+        1 => Xdp::Pod(IpKey::v4((v as u32).to_ne_bytes())),
+        // Beside it, not below it: `uplink_xdp`'s chain.
+        2 => match xdp_send(ctx) {
+            0 => Xdp::Pass,
+            v => Xdp::Sent(v as u32),
+        },
+        _ => Xdp::Pass,
+    }
 }
 
 /// [`from_uplink_xdp`]'s work, in a call of its own beside hostPort's IPv6
 /// call (not inlined into `uplink_xdp`'s frame), parsing the frame itself
 /// (no packet pointers passed in). Returns the pod's address as
-/// `1 << 32 | address` (native byte order), or 0.
+/// `1 << 32 | address` (native byte order), `2 << 32` for a flow whose
+/// both ends change (its rewrite in `sl_lb_step`, for [`xdp_send`]), or 0.
 #[expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys go to the map helpers by reference, not copied onto the stack"
@@ -438,7 +468,19 @@ fn xdp_translate(ctx: &XdpContext) -> u64 {
     };
     // SAFETY: as above.
     let here = unsafe { ENDPOINTS.get(IpKey::v4(f.dst_ip)) }.is_some();
-    if f.src_ip != src || f.src_port != sport || !here {
+    if f.src_ip != src || f.src_port != sport {
+        // Both ends rewritten: a backend elsewhere, or its answer.
+        if here {
+            return 0;
+        }
+        let Some(step) = STEP.get_ptr_mut(0) else {
+            return 0;
+        };
+        // SAFETY: this CPU's slot, for this packet's next call.
+        unsafe { (*step).f = f };
+        return 2 << 32;
+    }
+    if !here {
         return 0;
     }
     let Some(c) = ptr_at::<u16>(ctx, csum_off) else {
@@ -452,6 +494,106 @@ fn xdp_translate(ctx: &XdpContext) -> u64 {
     }
     count(reason::LB_UPLINK_FLOW);
     (1 << 32) | u64::from(u32::from_ne_bytes(f.dst_ip))
+}
+
+/// Not pinned: the FIB lookup's parameters of [`xdp_send`] (64 bytes its
+/// call has no room for on `uplink_xdp`'s chain).
+#[map(name = "sl_lb_fib")]
+static FIB: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
+
+/// XDP: a packet of a Service flow whose both ends change (`f`): a client's
+/// to a backend on another node, from the node address, or that backend's
+/// answer on its way back to the client. The FIB is asked first, for the
+/// translated addresses, and the packet is rewritten and sent (`XDP_TX`
+/// back out of the uplink, else redirected) only when the FIB knows the
+/// next hop's address (`BPF_FIB_LKUP_RET_SUCCESS`) and its MTU takes the
+/// packet (`tot_len`); anything else goes on to tc untouched, which
+/// forwards it (`send`). Returns `2 << 32 | verdict`, or 0. A call of its
+/// own, the flow in `sl_lb_step` ([`xdp_translate`] found it): `uplink_xdp`'s
+/// chain.
+#[inline(never)]
+fn xdp_send(ctx: &XdpContext) -> u64 {
+    let (Some(p), Some(step)) = (FIB.get_ptr_mut(0), STEP.get_ptr(0)) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot, written by `xdp_translate` for this packet.
+    let f = unsafe { &(*step).f };
+    let Ok(h) = l3::parse(ctx) else {
+        return 0;
+    };
+    let Some(v4) = h.v4_fields() else {
+        return 0;
+    };
+    let (ip, proto) = (v4.hdr, v4.proto);
+    if h.ttl() <= 1 || v4.vihl != 0x45 {
+        return 0;
+    }
+    let l4_off = v4.l4_off();
+    let Some(ports) = ptr_at::<[u16; 2]>(ctx, l4_off) else {
+        return 0;
+    };
+    // SAFETY: this CPU's entry, used by this program run only; `ip` was
+    // bounds checked by `l3::parse`.
+    let (tot_len, ifindex) = unsafe {
+        crate::mem::zero_words(p);
+        (
+            u16::from_be_bytes((*ip).tot_len),
+            (*ctx.ctx).ingress_ifindex,
+        )
+    };
+    // SAFETY: as above.
+    let rc = unsafe {
+        (*p).family = AF_INET;
+        (*p).l4_protocol = proto;
+        (*p).__bindgen_anon_1.tot_len = tot_len;
+        (*p).ifindex = ifindex;
+        (*p).__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(f.src_ip);
+        (*p).__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(f.dst_ip);
+        bpf_fib_lookup(ctx.as_ptr(), p, size_of::<FibParams>() as i32, 0)
+    };
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return 0;
+    }
+    // The L4 checksum pointer on the path that uses it (see
+    // `csum::l4_replace`).
+    let c = match proto {
+        PROTO_TCP => ptr_at::<u16>(ctx, l4_off + 16),
+        PROTO_UDP => ptr_at::<u16>(ctx, l4_off + 6),
+        _ => None,
+    };
+    let Some(c) = c else {
+        return 0;
+    };
+    // SAFETY: bounds checked by ptr_at / l3::parse; `p` as above.
+    unsafe {
+        let (src, dst) = ((*ip).src_addr, (*ip).dst_addr);
+        let [sport, dport] = *ports;
+        csum::l4_replace(c, proto, (src, f.src_ip), (sport, f.src_port));
+        csum::l4_replace(c, proto, (dst, f.dst_ip), (dport, f.dst_port));
+        *ports = [f.src_port, f.dst_port];
+        csum::set_src_addr(ip, f.src_ip);
+        csum::set_dst_addr(ip, f.dst_ip);
+        h.decrement_ttl();
+        h.set_macs((*p).dmac, (*p).smac);
+    }
+    count(reason::LB_UPLINK_FLOW);
+    count(reason::XDP_LB_SEND);
+    // SAFETY: as above.
+    let out = unsafe { (*p).ifindex };
+    // Back out of the uplink: `XDP_TX`, except on a veth, which hands what
+    // `XDP_TX` returns to its peer but wakes the peer only when that has an
+    // XDP program of its own (`veth_xdp_flush`); a redirect's flush wakes
+    // it either way (`XDP_XMIT_FLUSH`).
+    let veth = crate::maps::CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & config_flags::UPLINK_VETH != 0);
+    let v = if out == ifindex && !veth {
+        xdp_action::XDP_TX
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect(out, 0) as u32 }
+    };
+    (2 << 32) | u64::from(v)
 }
 
 /// A translated packet: to a pod here, [`NOT_OURS`] (`uplink_in` then
