@@ -1613,6 +1613,10 @@ fn flows_survive_a_datapath_upgrade() {
     for m in ["sl_nat_fwd", "sl_nat_rev"] {
         assert_eq!(max_entries(&w.node, m), 2048, "{m}");
     }
+    // The Service flow tables: two entries a flow, natMaxFlows flows.
+    for m in ["sl_lb_ct", "sl_lb_ct6"] {
+        assert_eq!(max_entries(&w.node, m), 4096, "{m}");
+    }
     let after: BTreeSet<(String, u64)> = w
         .flows(&[])
         .iter()

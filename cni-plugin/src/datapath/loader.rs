@@ -96,6 +96,11 @@ pub(super) fn load_and_pin(
         // The rings of recent flows have a slot per flow (see nat::evict).
         .map_max_entries(map_names::NAT_RING, nat_flows)
         .map_max_entries(map_names::NAT6_RING, nat_flows)
+        // Services' flows from outside (and per packet): two entries a flow,
+        // LRU, so `natMaxFlows` flows of each family before the least
+        // recently used one goes.
+        .map_max_entries(map_names::LB_CT, nat_flows.saturating_mul(2))
+        .map_max_entries(map_names::LB_CT6, nat_flows.saturating_mul(2))
         // Kernel features the programs may use (constant for the verifier).
         .override_global(kernel_features::GLOBAL, &bits, true)
         .load(&object)

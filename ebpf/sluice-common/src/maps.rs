@@ -400,10 +400,12 @@ pub mod map_sizes {
     pub const LB_STATS: u32 = 65_536;
     /// Clients with session affinity to a Service port (LRU).
     pub const LB_AFFINITY: u32 = 65_536;
-    /// Flows from the uplink to Services, two entries each.
-    pub const LB_CT: u32 = 65_536;
-    /// IPv6 flows from the uplink to Services, two entries each.
-    pub const LB_CT6: u32 = 32_768;
+    /// Flows from the uplink to Services, two entries each (the default;
+    /// config `natMaxFlows` sizes it: twice that many entries).
+    pub const LB_CT: u32 = 131_072;
+    /// IPv6 flows from the uplink to Services, two entries each (as
+    /// [`LB_CT`]).
+    pub const LB_CT6: u32 = 131_072;
     /// Pod addresses with policy (two per dual-stack pod).
     pub const POL_PODS: u32 = 8_192;
     /// Compiled (rule set, direction, peer prefix) entries: 1,000 rules for
