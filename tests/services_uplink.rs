@@ -470,6 +470,32 @@ fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() 
         "node-b's peers: {:?}",
         w.remote.peers().tcp
     );
+    // The same over IPv6.
+    w.endpoints6(false, true);
+    assert!(
+        wait_for(FOLLOW, || w.far(&["tcp", &at6.to_string(), "2000"]).ok
+            && !w.remote6.peers().tcp.is_empty()),
+        "far -> {at6} (node-b's endpoint)\n{}\n{}",
+        w.log(),
+        w.node.counters().unwrap()
+    );
+    let c0 = w.node.counters().unwrap();
+    let r = w.far(&["tcp", &at6.to_string(), "2000"]);
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(at6), "{}", r.output);
+    let u = w.far(&["udp", &at6.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at6), "{}", u.output);
+    let d = w.node.counters().unwrap().since(&c0);
+    if native {
+        assert!(d.get("xdp_lb_send") >= 6, "{d}");
+    }
+    let node6: IpAddr = NODE6_ROUTED.parse().unwrap();
+    assert!(
+        w.remote6.peers().tcp.iter().all(|p| p.ip() == node6),
+        "node-b's IPv6 peers: {:?}",
+        w.remote6.peers().tcp
+    );
     stop(a, &w.node, LOG).unwrap();
 }
 

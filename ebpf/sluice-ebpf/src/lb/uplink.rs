@@ -25,11 +25,11 @@
 //!   has no endpoint at all, the opening packet is answered with port
 //!   unreachable, as kube-proxy's `REJECT` does (`super::reject`).
 //!
-//! - In native XDP ([`from_uplink_xdp`]) the packets of a known flow to a
-//!   pod here (both families) are translated and delivered before any skb
-//!   exists, and those of an IPv4 flow to a backend elsewhere, and its
-//!   answers, translated and sent back out ([`xdp_send`]) where the FIB
-//!   knows the next hop; first packets and the rest go on to tc.
+//! - In native XDP ([`from_uplink_xdp`], both families) the packets of a
+//!   known flow to a pod here are translated and delivered before any skb
+//!   exists, and those of a flow to a backend elsewhere, and its answers,
+//!   translated and sent back out ([`xdp_send`]) where the FIB knows the
+//!   next hop; first packets and the rest go on to tc.
 //! - `sl_lb_ct` also holds the per-packet flows of pods outside the hooks'
 //!   cgroup (`super::packet`): their replies from another node come back
 //!   through here.
@@ -402,26 +402,30 @@ pub enum Xdp {
     Sent(u32),
 }
 
-/// IPv6 in `super::uplink6::from_uplink_xdp` (a pod here only).
+/// IPv6 in `super::uplink6::from_uplink_xdp`.
 #[inline(always)]
 pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Xdp {
+    use super::uplink6;
+    // Each send a call beside the one that found the flow, not below it:
+    // `uplink_xdp`'s chain.
+    let sent = |v: u64| match v {
+        0 => Xdp::Pass,
+        v => Xdp::Sent(v as u32),
+    };
     if h.v4_fields().is_none() {
-        return match super::uplink6::from_uplink_xdp(ctx)
-            .then(crate::hostport::v6::xdp_pod)
-            .flatten()
-        {
-            Some(pod) => Xdp::Pod(pod),
-            None => Xdp::Pass,
+        return match uplink6::from_uplink_xdp(ctx) {
+            uplink6::XDP_POD => match crate::hostport::v6::xdp_pod() {
+                Some(pod) => Xdp::Pod(pod),
+                None => Xdp::Pass,
+            },
+            uplink6::XDP_SEND => sent(uplink6::xdp_send(ctx)),
+            _ => Xdp::Pass,
         };
     }
     let v = xdp_translate(ctx);
     match v >> 32 {
         1 => Xdp::Pod(IpKey::v4((v as u32).to_ne_bytes())),
-        // Beside it, not below it: `uplink_xdp`'s chain.
-        2 => match xdp_send(ctx) {
-            0 => Xdp::Pass,
-            v => Xdp::Sent(v as u32),
-        },
+        2 => sent(xdp_send(ctx)),
         _ => Xdp::Pass,
     }
 }
@@ -501,6 +505,33 @@ fn xdp_translate(ctx: &XdpContext) -> u64 {
 #[map(name = "sl_lb_fib")]
 static FIB: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
 
+/// This CPU's FIB parameters (`super::uplink6::xdp_send` too).
+#[inline(always)]
+pub(super) fn fib() -> Option<*mut FibParams> {
+    FIB.get_ptr_mut(0)
+}
+
+/// Sends a packet XDP rewrote out of `out` (from the uplink, `ingress`):
+/// `2 << 32 | verdict`. Back out of the uplink: `XDP_TX`, except on a veth,
+/// which hands what `XDP_TX` returns to its peer but wakes the peer only
+/// when that has an XDP program of its own (`veth_xdp_flush`); a
+/// redirect's flush wakes it either way (`XDP_XMIT_FLUSH`).
+#[inline(always)]
+pub(super) fn xdp_out(ingress: u32, out: u32) -> u64 {
+    count(reason::LB_UPLINK_FLOW);
+    count(reason::XDP_LB_SEND);
+    let veth = crate::maps::CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & config_flags::UPLINK_VETH != 0);
+    let v = if out == ingress && !veth {
+        xdp_action::XDP_TX
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect(out, 0) as u32 }
+    };
+    (2 << 32) | u64::from(v)
+}
+
 /// XDP: a packet of a Service flow whose both ends change (`f`): a client's
 /// to a backend on another node, from the node address, or that backend's
 /// answer on its way back to the client. The FIB is asked first, for the
@@ -576,24 +607,8 @@ fn xdp_send(ctx: &XdpContext) -> u64 {
         h.decrement_ttl();
         h.set_macs((*p).dmac, (*p).smac);
     }
-    count(reason::LB_UPLINK_FLOW);
-    count(reason::XDP_LB_SEND);
     // SAFETY: as above.
-    let out = unsafe { (*p).ifindex };
-    // Back out of the uplink: `XDP_TX`, except on a veth, which hands what
-    // `XDP_TX` returns to its peer but wakes the peer only when that has an
-    // XDP program of its own (`veth_xdp_flush`); a redirect's flush wakes
-    // it either way (`XDP_XMIT_FLUSH`).
-    let veth = crate::maps::CONFIG
-        .get(0)
-        .is_some_and(|c| c.flags & config_flags::UPLINK_VETH != 0);
-    let v = if out == ifindex && !veth {
-        xdp_action::XDP_TX
-    } else {
-        // SAFETY: plain helper call.
-        unsafe { bpf_redirect(out, 0) as u32 }
-    };
-    (2 << 32) | u64::from(v)
+    xdp_out(ifindex, unsafe { (*p).ifindex })
 }
 
 /// A translated packet: to a pod here, [`NOT_OURS`] (`uplink_in` then

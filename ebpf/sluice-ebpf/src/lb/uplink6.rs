@@ -10,8 +10,10 @@
     reason = "keys go to the map helpers by reference: IPv6 keys are 20 to 40 bytes of a 512-byte stack"
 )]
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    bindings::{bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_SUCCESS, BPF_NOEXIST, TC_ACT_SHOT},
+    helpers::bpf_fib_lookup,
     programs::{TcContext, XdpContext},
+    EbpfContext,
 };
 use sluice_common::{event_kind, reason, svc_flags, svc_scope, Addr6, IpKey, SvcKey, SvcValue};
 
@@ -21,6 +23,7 @@ use super::{
 };
 use crate::{
     counters::count,
+    csum,
     events::{self, note_drop},
     forward,
     hostport::{
@@ -31,9 +34,11 @@ use crate::{
         },
         PORT_TRIES,
     },
-    l3::{self, same6},
+    l3::{self, same6, AF_INET6},
     l4::{ETH_LEN, PROTO_TCP, PROTO_UDP},
     maps::{ENDPOINTS, LB_CT6, LB_SVC, NODE_ADDRS6},
+    packet::ptr_at,
+    proto::{IP6_DST_OFF as DST_OFF, IP6_L4_OFF as L4_OFF, IP6_SRC_OFF as SRC_OFF},
 };
 
 /// This CPU's scratch entry, as the steps after [`decide`] find it.
@@ -243,41 +248,150 @@ fn send(ctx: &TcContext) -> i32 {
     forward::forward(ctx, &h, ifindex, false)
 }
 
+/// What [`from_uplink_xdp`] found: not a flow XDP handles, translated for
+/// a pod here, or one whose both ends change (for [`xdp_send`]).
+pub const XDP_PASS_ON: u32 = 0;
+pub const XDP_POD: u32 = 1;
+pub const XDP_SEND: u32 = 2;
+
 /// XDP (native mode only, see `nat::dnat_xdp`), IPv6: as
-/// `super::uplink::from_uplink_xdp`, a packet of a known flow from outside
+/// `super::uplink::from_uplink_xdp`: a packet of a known flow from outside
 /// to a pod here (only its destination rewritten), translated with the
-/// checksum updated by hand; `true` when translated, the pod in
-/// `hostport::v6::xdp_pod`. A flow's first packet, and one whose source
-/// changes (an endpoint elsewhere), go on to tc. A call of its own beside
-/// hostPort's, its state in the same scratch entry.
+/// checksum updated by hand ([`XDP_POD`], the pod in
+/// `hostport::v6::xdp_pod`); one whose both ends change, its rewrite in the
+/// scratch entry ([`XDP_SEND`]). A flow's first packet goes on to tc. A
+/// call of its own beside hostPort's, its state in the same scratch entry.
 #[inline(never)]
-pub fn from_uplink_xdp(ctx: &XdpContext) -> bool {
+pub fn from_uplink_xdp(ctx: &XdpContext) -> u32 {
     if super::uplink::config().is_none() {
-        return false;
+        return XDP_PASS_ON;
     }
     let Some((p, frame)) = xdp_load(ctx) else {
-        return false;
+        return XDP_PASS_ON;
     };
     if !matches!(p.k.proto, PROTO_TCP | PROTO_UDP) {
-        return false;
+        return XDP_PASS_ON;
     }
     // SAFETY: map values are only read.
     let Some(f) = (unsafe { LB_CT6.get(&p.k) }) else {
-        return false;
+        return XDP_PASS_ON;
     };
-    if !same6(&f.src_ip, &p.k.src_ip) || f.src_port != p.k.src_port {
-        return false;
-    }
     // SAFETY: as above.
-    if unsafe { ENDPOINTS.get(IpKey::v6(f.dst_ip.0)) }.is_none() {
-        return false;
+    let here = unsafe { ENDPOINTS.get(IpKey::v6(f.dst_ip.0)) }.is_some();
+    if !same6(&f.src_ip, &p.k.src_ip) || f.src_port != p.k.src_port {
+        if here {
+            return XDP_PASS_ON;
+        }
+        // Field by field: a whole copy is a `memmove` call.
+        p.f.src_ip = f.src_ip;
+        p.f.dst_ip = f.dst_ip;
+        p.f.src_port = f.src_port;
+        p.f.dst_port = f.dst_port;
+        return XDP_SEND;
+    }
+    if !here {
+        return XDP_PASS_ON;
     }
     set_xdp_target(p, f.dst_ip, f.dst_port);
     if !xdp_to(ctx, &frame, p) {
-        return false;
+        return XDP_PASS_ON;
     }
     count(reason::LB_UPLINK_FLOW);
-    true
+    XDP_POD
+}
+
+/// XDP, IPv6: `super::uplink::xdp_send` for the flow in the scratch entry
+/// (both addresses and ports rewritten, the L4 checksum by hand: IPv6 has
+/// no header checksum). Returns `2 << 32 | verdict`, or 0 (untouched, on to
+/// tc).
+#[inline(never)]
+pub fn xdp_send(ctx: &XdpContext) -> u64 {
+    let (Some(fib), Some(p)) = (super::uplink::fib(), HP_SCRATCH6.get_ptr(0)) else {
+        return 0;
+    };
+    // SAFETY: this CPU's entry, written by `from_uplink_xdp` for this packet.
+    let p = unsafe { &*p };
+    let Ok(h) = l3::parse(ctx) else {
+        return 0;
+    };
+    let Some((_, _, next)) = h.v6_fields() else {
+        return 0;
+    };
+    if h.ttl() <= 1 || next != p.k.proto {
+        return 0;
+    }
+    let (Some(src), Some(dst), Some(ports), Some(plen)) = (
+        ptr_at::<[u16; 8]>(ctx, SRC_OFF),
+        ptr_at::<[u16; 8]>(ctx, DST_OFF),
+        ptr_at::<[u16; 2]>(ctx, L4_OFF),
+        ptr_at::<[u8; 2]>(ctx, ETH_LEN + 4),
+    ) else {
+        return 0;
+    };
+    // SAFETY: this CPU's entry; bounds checked by ptr_at.
+    let (ifindex, rc) = unsafe {
+        let ifindex = (*ctx.ctx).ingress_ifindex;
+        crate::mem::zero_words(fib);
+        (*fib).family = AF_INET6;
+        (*fib).l4_protocol = p.k.proto;
+        (*fib).__bindgen_anon_1.tot_len = u16::from_be_bytes(*plen).saturating_add(40);
+        (*fib).ifindex = ifindex;
+        core::ptr::copy_nonoverlapping(
+            p.f.src_ip.0.as_ptr(),
+            (&raw mut (*fib).__bindgen_anon_3.ipv6_src).cast::<u8>(),
+            16,
+        );
+        core::ptr::copy_nonoverlapping(
+            p.f.dst_ip.0.as_ptr(),
+            (&raw mut (*fib).__bindgen_anon_4.ipv6_dst).cast::<u8>(),
+            16,
+        );
+        (
+            ifindex,
+            bpf_fib_lookup(
+                ctx.as_ptr(),
+                fib,
+                core::mem::size_of::<FibParams>() as i32,
+                0,
+            ),
+        )
+    };
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return 0;
+    }
+    // The checksum pointer on the path that uses it (see
+    // `csum::l4_replace`).
+    let c = match p.k.proto {
+        PROTO_TCP => ptr_at::<u16>(ctx, L4_OFF + 16),
+        PROTO_UDP => ptr_at::<u16>(ctx, L4_OFF + 6),
+        _ => None,
+    };
+    let Some(c) = c else {
+        return 0;
+    };
+    // SAFETY: bounds checked by ptr_at / l3::parse; `fib` as above.
+    unsafe {
+        let k = &p.k;
+        csum::l4_replace6(
+            c,
+            k.proto,
+            (&k.src_ip, &p.f.src_ip),
+            (k.src_port, p.f.src_port),
+        );
+        csum::l4_replace6(
+            c,
+            k.proto,
+            (&k.dst_ip, &p.f.dst_ip),
+            (k.dst_port, p.f.dst_port),
+        );
+        *ports = [p.f.src_port, p.f.dst_port];
+        // Copies, not assignments (those became `memmove` calls).
+        core::ptr::copy_nonoverlapping(p.f.src_ip.0.as_ptr(), src.cast::<u8>(), 16);
+        core::ptr::copy_nonoverlapping(p.f.dst_ip.0.as_ptr(), dst.cast::<u8>(), 16);
+        h.decrement_ttl();
+        h.set_macs((*fib).dmac, (*fib).smac);
+        super::uplink::xdp_out(ifindex, (*fib).ifindex)
+    }
 }
 
 /// Host veth ingress, IPv6: a local backend's reply to a client from
