@@ -384,13 +384,6 @@ pub(super) fn translate(ctx: &TcContext) -> i32 {
     DECIDED
 }
 
-/// XDP (native mode only, see `nat::dnat_xdp`): a packet from outside of a
-/// Service flow that goes to a pod on this node with the client's own
-/// address, its destination rewritten with incremental checksum updates;
-/// returns the pod to deliver to. A flow's first packet goes on to tc, which
-/// gives it its backend and records it (choosing here too pushed
-/// `uplink_xdp`'s chain of calls past 512 bytes of stack); so does what
-/// needs a new source (a backend on another node).
 /// What [`from_uplink_xdp`] did with a packet.
 pub enum Xdp {
     /// Not a Service flow XDP handles: the rest of `uplink_xdp`, then tc.
@@ -402,7 +395,14 @@ pub enum Xdp {
     Sent(u32),
 }
 
-/// IPv6 in `super::uplink6::from_uplink_xdp`.
+/// XDP (native mode only, see `nat::dnat_xdp`): a packet from outside of a
+/// known Service flow. To a pod on this node with the client's own address:
+/// its destination rewritten with incremental checksum updates, the pod
+/// returned to deliver to. Both ends rewritten (a backend on another node,
+/// or its answer to the client): sent on from here ([`xdp_send`]). A flow's
+/// first packet goes on to tc, which gives it its backend and records it
+/// (choosing here too pushed `uplink_xdp`'s chain of calls past 512 bytes
+/// of stack). IPv6 in `super::uplink6::from_uplink_xdp`.
 #[inline(always)]
 pub fn from_uplink_xdp(ctx: &XdpContext, h: &Headers) -> Xdp {
     use super::uplink6;
