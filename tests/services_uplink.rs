@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use sluice_tests::{
     agent::{log_of, start as agent, stop},
     apiserver::ApiServer,
+    counters::Counters,
     ctl::{wait_lease, CtlChild},
     fixtures::{add, UPLINK},
     host::{gro_on, tx_checksum_off},
@@ -368,6 +369,32 @@ fn a_node_port_from_outside_reaches_a_pod_here_with_the_clients_own_address() {
     stop(a, &w.node, LOG).unwrap();
 }
 
+/// The far host's TCP connection and UDP datagrams to the NodePort `at`,
+/// once a connection gets through and `ready` holds: both answered from
+/// `at`. The node's counters over that exchange.
+fn exchange(w: &World, at: SocketAddr, ready: impl Fn() -> bool) -> Counters {
+    let mut last = None;
+    assert!(
+        wait_for(FOLLOW, || {
+            let r = w.far(&["tcp", &at.to_string(), "2000"]);
+            let ok = r.ok && ready();
+            last = Some(r.output);
+            ok
+        }),
+        "far -> {at}: {last:?}\n{}\n{}",
+        w.log(),
+        w.node.counters().unwrap()
+    );
+    let c0 = w.node.counters().unwrap();
+    let r = w.far(&["tcp", &at.to_string(), "2000"]);
+    assert!(r.ok, "{}", r.output);
+    assert_eq!(r.peer, Some(at), "{}", r.output);
+    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
+    assert!(u.ok, "{}", u.output);
+    assert_eq!(u.from, Some(at), "{}", u.output);
+    w.node.counters().unwrap().since(&c0)
+}
+
 #[test]
 fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() {
     let w = World::with_xdp("native");
@@ -375,29 +402,13 @@ fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() 
     w.endpoints(true, false);
     let a = w.agent();
     let at = SocketAddr::new(NODE_IP.parse().unwrap(), NODE_PORT);
-    let mut last = None;
-    assert!(
-        wait_for(FOLLOW, || {
-            let r = w.tcp_to(NODE_IP, NODE_PORT);
-            let ok = r.ok;
-            last = Some(r);
-            ok
-        }),
-        "far -> {at}: {:?}\n{}",
-        last.map(|r| r.output),
-        w.log()
-    );
-    let c0 = w.node.counters().unwrap();
-    let r = w.tcp_to(NODE_IP, NODE_PORT);
-    assert!(r.ok, "{}", r.output);
-    assert_eq!(r.peer, Some(at), "{}", r.output);
-    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
-    assert!(u.ok, "{}", u.output);
-    let d = w.node.counters().unwrap().since(&c0);
-    // The connection's packets and the datagrams went into the pod from
-    // XDP, translated there (before 5.13 native XDP falls back to off on
-    // this veth uplink, and tc does it).
+    let at6 = SocketAddr::new(NODE6_ROUTED.parse().unwrap(), NODE_PORT);
+    // Before 5.13 native XDP falls back to off on this veth uplink, and tc
+    // does it all.
     let native = sluice_tests::kernel::xdp_mode("native") == "native";
+    // The connection's packets and the datagrams went into the pod from
+    // XDP, translated there.
+    let d = exchange(&w, at, || true);
     if native {
         assert!(d.get("xdp_to_pod") >= 3, "{d}");
     }
@@ -409,27 +420,7 @@ fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() 
     );
     // IPv6: the same, from XDP.
     w.endpoints6(true, false);
-    let at6 = SocketAddr::new(NODE6_ROUTED.parse().unwrap(), NODE_PORT);
-    let mut last = None;
-    assert!(
-        wait_for(FOLLOW, || {
-            let r = w.far(&["tcp", &at6.to_string(), "2000"]);
-            let ok = r.ok;
-            last = Some(r);
-            ok
-        }),
-        "far -> {at6}: {:?}\n{}",
-        last.map(|r| r.output),
-        w.log()
-    );
-    let c0 = w.node.counters().unwrap();
-    let r = w.far(&["tcp", &at6.to_string(), "2000"]);
-    assert!(r.ok, "{}", r.output);
-    assert_eq!(r.peer, Some(at6), "{}", r.output);
-    let u = w.far(&["udp", &at6.to_string(), "3", "1000"]);
-    assert!(u.ok, "{}", u.output);
-    assert_eq!(u.from, Some(at6), "{}", u.output);
-    let d = w.node.counters().unwrap().since(&c0);
+    let d = exchange(&w, at6, || true);
     if native {
         assert!(d.get("xdp_to_pod") >= 3, "{d}");
     }
@@ -443,25 +434,11 @@ fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() 
     );
     // The endpoint on another node (the router's): the client's packets
     // go back out from XDP to it, from the node address, and its answers
-    // back out to the client, once the FIB knows the neighbours.
+    // back out to the client (both ways: the connection's and the
+    // datagrams' packets), once the FIB knows the neighbours.
     w.endpoints(false, true);
-    assert!(
-        wait_for(FOLLOW, || w.tcp_to(NODE_IP, NODE_PORT).ok
-            && !w.remote.peers().tcp.is_empty()),
-        "far -> {at} (node-b's endpoint)\n{}\n{}",
-        w.log(),
-        w.node.counters().unwrap()
-    );
-    let c0 = w.node.counters().unwrap();
-    let r = w.tcp_to(NODE_IP, NODE_PORT);
-    assert!(r.ok, "{}", r.output);
-    assert_eq!(r.peer, Some(at), "{}", r.output);
-    let u = w.far(&["udp", &at.to_string(), "3", "1000"]);
-    assert!(u.ok, "{}", u.output);
-    assert_eq!(u.from, Some(at), "{}", u.output);
-    let d = w.node.counters().unwrap().since(&c0);
+    let d = exchange(&w, at, || !w.remote.peers().tcp.is_empty());
     if native {
-        // Both ways: the connection's and the datagrams' packets.
         assert!(d.get("xdp_lb_send") >= 6, "{d}");
     }
     let node_ip: IpAddr = NODE_IP.parse().unwrap();
@@ -472,21 +449,7 @@ fn native_xdp_translates_a_node_ports_flows_to_a_pod_here_and_to_another_node() 
     );
     // The same over IPv6.
     w.endpoints6(false, true);
-    assert!(
-        wait_for(FOLLOW, || w.far(&["tcp", &at6.to_string(), "2000"]).ok
-            && !w.remote6.peers().tcp.is_empty()),
-        "far -> {at6} (node-b's endpoint)\n{}\n{}",
-        w.log(),
-        w.node.counters().unwrap()
-    );
-    let c0 = w.node.counters().unwrap();
-    let r = w.far(&["tcp", &at6.to_string(), "2000"]);
-    assert!(r.ok, "{}", r.output);
-    assert_eq!(r.peer, Some(at6), "{}", r.output);
-    let u = w.far(&["udp", &at6.to_string(), "3", "1000"]);
-    assert!(u.ok, "{}", u.output);
-    assert_eq!(u.from, Some(at6), "{}", u.output);
-    let d = w.node.counters().unwrap().since(&c0);
+    let d = exchange(&w, at6, || !w.remote6.peers().tcp.is_empty());
     if native {
         assert!(d.get("xdp_lb_send") >= 6, "{d}");
     }

@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr, path::Path};
 use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_common::{svc_flags, svc_scope, SvcValue};
-use sluice_maps::lb::{addr_port, hooks_attached, LbMaps};
+use sluice_maps::lb::{addr_port, frontend_text, hooks_attached, LbMaps};
 
 use crate::{args::ServicesLbArgs, table, target::Datapath};
 
@@ -89,28 +89,15 @@ pub(crate) fn state(path: &Path) -> BTreeMap<u32, (Vec<String>, Value)> {
         .collect()
 }
 
-fn proto_name(p: u8) -> String {
-    match p {
-        6 => "tcp".into(),
-        17 => "udp".into(),
-        n => n.to_string(),
-    }
-}
-
 /// The Service ports in the maps, named where `names` (see [`state`])
 /// agrees with the maps.
 pub(crate) fn rows(maps: &LbMaps, names: &BTreeMap<u32, (Vec<String>, Value)>) -> Vec<Row> {
     let mut by_id: BTreeMap<u32, (SvcValue, Vec<String>, bool)> = BTreeMap::new();
     for (k, v) in maps.frontends() {
-        let (ip, port) = addr_port(&k.addr, k.port);
         let e = by_id
             .entry(v.id)
             .or_insert((v, Vec::new(), k.scope == svc_scope::EXTERNAL));
-        e.1.push(format!(
-            "{}/{}",
-            SocketAddr::new(ip, port),
-            proto_name(k.proto)
-        ));
+        e.1.push(frontend_text(&k));
     }
     by_id
         .into_iter()

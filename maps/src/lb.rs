@@ -39,6 +39,19 @@ pub fn addr_port(addr: &IpKey, port_be: u16) -> (IpAddr, u16) {
     (key_ip(addr), u16::from_be(port_be))
 }
 
+/// A frontend as operators read it, `addr:port/proto` (`10.96.0.10:53/udp`):
+/// how `sluicectl services lb` prints it and the agent's state file names
+/// it (the two are compared).
+pub fn frontend_text(k: &SvcKey) -> String {
+    let (ip, port) = addr_port(&k.addr, k.port);
+    let proto = match k.proto {
+        6 => "tcp".to_string(),
+        17 => "udp".to_string(),
+        n => n.to_string(),
+    };
+    format!("{}/{proto}", std::net::SocketAddr::new(ip, port))
+}
+
 /// Writes the hooks' view of the node (`sl_lb_cfg`) unless it holds that
 /// already; a datapath without the map (an older sluice loaded it) is left
 /// alone.

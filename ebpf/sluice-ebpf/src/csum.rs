@@ -68,6 +68,27 @@ pub(crate) unsafe fn l4_replace(
     }
 }
 
+/// XDP: the address at `field` of the IPv4 header at `ip` (its source or
+/// destination) becomes `addr`, with the header checksum updated.
+///
+/// # Safety
+/// `ip` points into the frame and was bounds checked; `field` is one of its
+/// address fields.
+#[inline(always)]
+unsafe fn set_addr(ip: *mut Ipv4Hdr, field: *mut [u8; 4], addr: [u8; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (old, new) = (words(*field), words(addr));
+        (*ip).check = csum_update(
+            u16::from_ne_bytes((*ip).check),
+            [old[0], old[1], 0],
+            [new[0], new[1], 0],
+        )
+        .to_ne_bytes();
+        *field = addr;
+    }
+}
+
 /// XDP: the source address of the IPv4 header at `ip` becomes `addr`, with
 /// the header checksum updated.
 ///
@@ -76,16 +97,7 @@ pub(crate) unsafe fn l4_replace(
 #[inline(always)]
 pub(crate) unsafe fn set_src_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
     // SAFETY: the caller's contract.
-    unsafe {
-        let (os, ns) = (words((*ip).src_addr), words(addr));
-        (*ip).check = csum_update(
-            u16::from_ne_bytes((*ip).check),
-            [os[0], os[1], 0],
-            [ns[0], ns[1], 0],
-        )
-        .to_ne_bytes();
-        (*ip).src_addr = addr;
-    }
+    unsafe { set_addr(ip, &raw mut (*ip).src_addr, addr) }
 }
 
 /// XDP: the destination address of the IPv4 header at `ip` becomes `addr`,
@@ -96,16 +108,7 @@ pub(crate) unsafe fn set_src_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
 #[inline(always)]
 pub(crate) unsafe fn set_dst_addr(ip: *mut Ipv4Hdr, addr: [u8; 4]) {
     // SAFETY: the caller's contract.
-    unsafe {
-        let (od, nd) = (words((*ip).dst_addr), words(addr));
-        (*ip).check = csum_update(
-            u16::from_ne_bytes((*ip).check),
-            [od[0], od[1], 0],
-            [nd[0], nd[1], 0],
-        )
-        .to_ne_bytes();
-        (*ip).dst_addr = addr;
-    }
+    unsafe { set_addr(ip, &raw mut (*ip).dst_addr, addr) }
 }
 
 /// XDP, IPv6: the TCP or UDP checksum at `csum` after the destination address

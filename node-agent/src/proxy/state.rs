@@ -8,21 +8,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use sluice_common::svc_scope;
-use sluice_maps::lb::addr_port;
+use sluice_maps::lb::frontend_text;
 
 use super::{apply::Applied, desired::Ports};
 use crate::log;
-
-/// `addr:port/proto`, as `sluicectl services lb` prints a frontend.
-fn frontend_text(k: &sluice_common::SvcKey) -> String {
-    let (ip, port) = addr_port(&k.addr, k.port);
-    let proto = match k.proto {
-        6 => "tcp".to_string(),
-        17 => "udp".to_string(),
-        n => n.to_string(),
-    };
-    format!("{}/{proto}", std::net::SocketAddr::new(ip, port))
-}
 
 /// The state of what `applied` holds of `want`.
 pub(crate) fn render(want: &Ports, applied: &Applied) -> Value {
