@@ -857,18 +857,20 @@ fn a_policy_that_tightens_cuts_open_flows_at_their_next_packet() {
     let (from, to) = (w.pods["x/b"].0.path.clone(), w.ip("x/a"));
     // A connection x/b -> x/a opened while everything is allowed.
     let (tx, rx) = std::sync::mpsc::channel::<bool>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<(bool, bool)>();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
     let t = std::thread::spawn(move || {
         enter_netns(&from).unwrap();
         let mut s =
             TcpStream::connect_timeout(&SocketAddr::new(to, P80), Duration::from_secs(2)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let before = exchange(&mut s, b"before");
+        let _ = opened_tx.send(exchange(&mut s, b"before"));
         // Wait for the policy.
         let _ = rx.recv_timeout(Duration::from_secs(30));
-        let after = exchange(&mut s, b"after");
-        let _ = done_tx.send((before, after));
+        let _ = done_tx.send(exchange(&mut s, b"after"));
     });
+    // The connection is open (and used) before the policy exists.
+    let before = opened_rx.recv_timeout(Duration::from_secs(30)).unwrap();
     w.api.set_network_policy(
         "x",
         "deny",
@@ -877,7 +879,7 @@ fn a_policy_that_tightens_cuts_open_flows_at_their_next_packet() {
     let want = w.table(|from, to, _, _| to != "x/a" || from == "node");
     w.converge("deny x/a", &want);
     tx.send(true).unwrap();
-    let (before, after) = done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let after = done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
     t.join().unwrap();
     assert!(before, "the connection did not work before the policy");
     assert!(
